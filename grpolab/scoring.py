@@ -1,0 +1,235 @@
+"""Held-out evaluation metrics, deliberately independent of the training reward code.
+
+Answer policy (``extract_final``): the content of the *last* ``\\boxed{...}`` if the
+completion has a complete one; otherwise the candidate that *ends last* in the text,
+where candidates are LaTeX math spans (``$...$``, ``$$...$$``, ``\\(...\\)``,
+``\\[...\\]``; only the part after their last ``=`` is kept), bare ``\\frac{a}{b}`` and
+plain numbers (sign, thousands commas, decimals, ``a/b``). Equivalence of the extracted
+answer with the gold answer is then decided by ``math_verify`` (sympy), both sides being
+wrapped as inline LaTeX. We do not let math_verify pick the answer from the raw text:
+its priority rules prefer an early "answer is 10" over a later, final "= 9".
+"""
+from __future__ import annotations
+
+import re
+import threading
+from typing import Callable, Sequence
+
+import numpy as np
+
+_BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
+_SPAN = re.compile(
+    r"\$\$(?P<a>.+?)\$\$|\\\[(?P<b>.+?)\\\]|(?<!\\)\$(?P<c>[^$\n]+?)(?<!\\)\$|\\\((?P<d>.+?)\\\)",
+    re.DOTALL,
+)
+_FRAC = re.compile(r"-?\\[dt]?frac\{[^{}]+\}\{[^{}]+\}")
+_NUM = re.compile(r"(?<![\w.])(?:(?<![\w)\]}])-)?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:/\d+)?")
+_PLAIN_NUM = re.compile(r"-?\$?\d(?:[\d,]*\d)?(?:\.\d+)?")
+_NUMBER_ONLY = re.compile(r"-?\d+(?:\.\d+)?")
+
+
+def _last_boxed(text: str) -> str | None:
+    """Content of the last complete ``\\boxed{...}`` (balanced braces), else None."""
+    for m in reversed(list(_BOXED.finditer(text))):
+        depth, i = 1, m.end()
+        while i < len(text) and depth:
+            depth += {"{": 1, "}": -1}.get(text[i], 0)
+            i += 1
+        if depth == 0:
+            return text[m.end() : i - 1].strip()
+    return None
+
+
+def extract_final(completion: str) -> str | None:
+    """The final answer of a completion (policy in the module docstring), or None.
+
+    >>> extract_final("so 4 + 1 = 5.")
+    '5'
+    >>> extract_final(r"It is \\boxed{\\frac{1}{2}}, not 3")
+    '\\\\frac{1}{2}'
+    >>> extract_final(r"we get $x = -\\sqrt{2}$.")
+    '-\\\\sqrt{2}'
+    >>> extract_final("no digits here") is None
+    True
+    """
+    if not isinstance(completion, str):
+        return None
+    boxed = _last_boxed(completion)
+    if boxed:
+        return boxed
+    best: tuple[int, str] | None = None
+    for m in _SPAN.finditer(completion):
+        body = next(g for g in m.groups() if g is not None).split("=")[-1].strip()
+        if body and (best is None or m.end() >= best[0]):
+            best = (m.end(), body)
+    for pat in (_FRAC, _NUM):
+        for m in pat.finditer(completion):
+            if best is None or m.end() > best[0]:
+                best = (m.end(), m.group(0))
+    return best[1] if best else None
+
+
+def _timeout() -> int | None:
+    # math_verify's timeouts use signal.alarm, which raises ValueError off the main
+    # thread; there we run without a timeout (math_verify then logs a warning once).
+    return 5 if threading.current_thread() is threading.main_thread() else None
+
+
+def _mv_parse(s: str):
+    from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse
+
+    s = s.replace("\\$", "").replace("$", "").replace("\n", " ").strip().rstrip(".").strip()
+    if not s:
+        return []
+    cfg = [LatexExtractionConfig(), ExprExtractionConfig()]
+    return parse("$" + s + "$", extraction_config=cfg, parsing_timeout=_timeout())
+
+
+def is_equivalent_answers(answer: str | None, gold: str | None) -> bool:
+    """``math_verify.verify(parse(gold), parse(answer))`` on ``$``-wrapped strings.
+
+    Never raises: empty/None input, parse failures and timeouts give False.
+
+    >>> is_equivalent_answers("0.5", r"\\frac{1}{2}"), is_equivalent_answers("3", "4")
+    (True, False)
+    """
+    if not answer or not gold or not isinstance(answer, str) or not isinstance(gold, str):
+        return False
+    from math_verify import verify
+    from math_verify.errors import TimeoutException
+
+    try:
+        g, p = _mv_parse(gold), _mv_parse(answer)
+        return bool(g and p and verify(g, p, timeout_seconds=_timeout()))
+    except (Exception, TimeoutException):
+        return False
+
+
+def is_correct(completion: str, gold: str) -> bool:
+    """``is_equivalent_answers(extract_final(completion), gold)``.
+
+    >>> is_correct(r"The answer is \\boxed{\\frac{1}{2}}", "0.5")
+    True
+    >>> is_correct("which is 10. So, 3 + 6 = 9.", "10")
+    False
+    """
+    return is_equivalent_answers(extract_final(completion), gold)
+
+
+def _to_number(s: str | None) -> float | None:
+    if s is None:
+        return None
+    s = re.sub(r"\\[!,;]|\\\$|[$,\s]", "", str(s)).rstrip(".")
+    return float(s) if _NUMBER_ONLY.fullmatch(s) else None
+
+
+def _num_eq(a: float | None, b: float | None) -> bool:
+    return a is not None and b is not None and abs(a - b) <= 1e-6 * max(1.0, abs(b))
+
+
+def gsm8k_strict(completion: str, gold: str) -> bool:
+    """Requested format: the final ``\\boxed{}`` must hold a number equal to gold.
+
+    Commas, ``$`` and spaces are removed before a numeric comparison (tol 1e-6, rel.).
+
+    >>> gsm8k_strict(r"... \\boxed{1,000}", "1000"), gsm8k_strict("1000", "1000")
+    (True, False)
+    """
+    if not isinstance(completion, str):
+        return False
+    return _num_eq(_to_number(_last_boxed(completion)), _to_number(gold))
+
+
+def gsm8k_flexible(completion: str, gold: str) -> bool:
+    """The last number in the text (lm-eval-harness flexible-extract) equals gold.
+
+    >>> gsm8k_flexible("is 10. So, 3 + 6 = 9.", "9"), gsm8k_flexible("costs $1,200.", "1200")
+    (True, True)
+    """
+    if not isinstance(completion, str):
+        return False
+    nums = _PLAIN_NUM.findall(completion)
+    return bool(nums) and _num_eq(_to_number(nums[-1]), _to_number(gold))
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k = 1 - C(n-c, k) / C(n, k) (Chen et al. 2021).
+
+    Computed as 1 - prod_{i=n-c+1}^{n} (1 - k/i); ValueError if k > n or args invalid.
+
+    >>> round(pass_at_k(5, 2, 1), 12), round(pass_at_k(5, 2, 2), 12)
+    (0.4, 0.7)
+    """
+    if k > n:
+        raise ValueError(f"k={k} > n={n}")
+    if k < 1 or not 0 <= c <= n:
+        raise ValueError(f"need k >= 1 and 0 <= c <= n, got n={n}, c={c}, k={k}")
+    if n - c < k:
+        return 1.0
+    return float(1.0 - np.prod(1.0 - k / np.arange(n - c + 1, n + 1)))
+
+
+def maj_at_k(
+    answers: Sequence[str | None],
+    gold: str,
+    equal: Callable[[str, str], bool] = is_equivalent_answers,
+) -> bool:
+    """Majority vote: cluster non-None answers with ``equal``; the largest cluster wins
+    (ties: the cluster seen first); correct iff ``equal(winner, gold)``.
+
+    >>> maj_at_k(["3", "4", "4", "3", None], "3", equal=str.__eq__)
+    True
+    """
+    clusters: list[list] = []  # [representative, count]
+    for a in answers:
+        if a is None:
+            continue
+        for cl in clusters:
+            if a == cl[0] or equal(a, cl[0]):
+                cl[1] += 1
+                break
+        else:
+            clusters.append([a, 1])
+    if not clusters:
+        return False
+    best = max(clusters, key=lambda cl: cl[1])  # max keeps the first of equal counts
+    return bool(equal(best[0], gold))
+
+
+def mean_at_k(correct: Sequence[bool]) -> float:
+    """Fraction of the k samples that are correct (mean@k); ValueError if empty."""
+    if len(correct) == 0:
+        raise ValueError("mean_at_k of an empty list")
+    return float(np.mean(np.asarray(correct, dtype=float)))
+
+
+def bootstrap_ci(
+    values: np.ndarray | Sequence[float], n_boot: int = 2000, alpha: float = 0.05, seed: int = 0
+) -> tuple[float, float, float]:
+    """(mean, lo, hi): percentile bootstrap of the mean, resampling items with replacement.
+
+    lo/hi are the alpha/2 and 1-alpha/2 quantiles of n_boot resampled means
+    (numpy ``default_rng(seed)``; resamples drawn in chunks to bound memory).
+    """
+    v = np.asarray(values, dtype=float).ravel()
+    if v.size == 0:
+        raise ValueError("bootstrap_ci of no values")
+    rng = np.random.default_rng(seed)
+    chunk = max(1, 4_000_000 // v.size)
+    means = np.concatenate(
+        [v[rng.integers(0, v.size, (min(chunk, n_boot - s), v.size))].mean(axis=1)
+         for s in range(0, n_boot, chunk)]
+    )
+    lo, hi = np.quantile(means, [alpha / 2, 1 - alpha / 2])
+    return float(v.mean()), float(lo), float(hi)
+
+
+def paired_bootstrap_diff(
+    a: np.ndarray | Sequence[float], b: np.ndarray | Sequence[float],
+    n_boot: int = 2000, alpha: float = 0.05, seed: int = 0,
+) -> tuple[float, float, float]:
+    """(mean, lo, hi) of per-item d = b - a, items resampled jointly (paired bootstrap)."""
+    a, b = np.asarray(a, dtype=float).ravel(), np.asarray(b, dtype=float).ravel()
+    if a.shape != b.shape:
+        raise ValueError(f"paired inputs differ in length: {a.size} vs {b.size}")
+    return bootstrap_ci(b - a, n_boot=n_boot, alpha=alpha, seed=seed)

@@ -1,0 +1,68 @@
+"""Task sources: a registry of task factories, and the prompt rendering shared by all tasks.
+
+make_task(name, **kwargs) builds a task from config; an unknown name or option raises
+ConfigError naming it and listing the accepted ones.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, Callable
+
+from grpolab.errors import ConfigError
+from grpolab.tasks.arithmetic import ArithmeticTask
+from grpolab.tasks.base import PROMPT_INSTRUCTION, Problem, Task
+from grpolab.tasks.gsm8k import GSM8KTask
+from grpolab.tasks.jsonl import JsonlTask
+from grpolab.tasks.math500 import Math500Task
+
+TASKS: dict[str, Callable[..., Task]] = {
+    "arithmetic": ArithmeticTask,
+    "gsm8k": GSM8KTask,
+    "jsonl": JsonlTask,
+    "math500": Math500Task,
+}
+
+
+def _options(factory: Callable[..., Task]) -> tuple[list[str], list[str]]:
+    """(all keyword options, the required ones) a task factory takes."""
+    params = [p for p in inspect.signature(factory).parameters.values() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    return [p.name for p in params], [p.name for p in params if p.default is inspect.Parameter.empty]
+
+
+def make_task(name: str, **kwargs: Any) -> Task:
+    """Build the task registered as `name` with `kwargs` as its options.
+
+    >>> make_task("arithmetic", digits=2).name
+    'arithmetic'
+    """
+    if name not in TASKS:
+        raise ConfigError(f"task.name: unknown task {name!r}; expected one of {', '.join(sorted(TASKS))}")
+    factory = TASKS[name]
+    accepted, required = _options(factory)
+    unknown = sorted(set(kwargs) - set(accepted))
+    if unknown:
+        raise ConfigError(f"task.{unknown[0]}: unknown option for task {name!r}; accepted: {', '.join(accepted)}")
+    missing = [option for option in required if option not in kwargs]
+    if missing:
+        raise ConfigError(f"task.{missing[0]}: required for task {name!r}")
+    return factory(**kwargs)
+
+
+def render_prompt(problem: Problem) -> str:
+    """The user message for a problem: its question, a newline, then the answer-format instruction."""
+    return problem.question + "\n" + PROMPT_INSTRUCTION
+
+
+__all__ = [
+    "TASKS",
+    "ArithmeticTask",
+    "GSM8KTask",
+    "JsonlTask",
+    "Math500Task",
+    "PROMPT_INSTRUCTION",
+    "Problem",
+    "Task",
+    "make_task",
+    "render_prompt",
+]

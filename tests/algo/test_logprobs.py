@@ -1,0 +1,161 @@
+"""token_logprobs and entropy_from_logits (grpolab.algo.logprobs) against naive float64 log-softmax loops."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from grpolab.algo.logprobs import entropy_from_logits, token_logprobs
+
+
+def naive_logsoftmax_row(row: list[float], temperature: float) -> list[float]:
+    z = [x / temperature for x in row]
+    m = max(z)
+    s = 0.0
+    for v in z:
+        s += math.exp(v - m)
+    lse = m + math.log(s)
+    return [v - lse for v in z]
+
+
+def naive(logits: torch.Tensor, ids: torch.Tensor, temperature: float):
+    """Returns (logp [B][T], entropy [B][T]) from the exact float64 widening of the logits."""
+    lg = logits.double().tolist()
+    tok = ids.tolist()
+    lp, ent = [], []
+    for b in range(len(lg)):
+        lrow, erow = [], []
+        for t in range(len(lg[b])):
+            ls = naive_logsoftmax_row(lg[b][t], temperature)
+            lrow.append(ls[tok[b][t]])
+            h = 0.0
+            for v in ls:
+                h -= math.exp(v) * v
+            erow.append(h)
+        lp.append(lrow)
+        ent.append(erow)
+    return torch.tensor(lp, dtype=torch.float64), torch.tensor(ent, dtype=torch.float64)
+
+
+def _inputs(seed: int, dtype, B=3, T=5, V=11, scale=3.0, offset=0.0):
+    g = torch.Generator().manual_seed(seed)
+    logits = (torch.randn(B, T, V, generator=g, dtype=torch.float64) * scale + offset).to(dtype)
+    ids = torch.randint(0, V, (B, T), generator=g)
+    return logits, ids
+
+
+TEMPS = [1.0, 0.7, 1.3]
+
+
+@pytest.mark.parametrize("temperature", TEMPS)
+@pytest.mark.parametrize("seed", range(3))
+def test_float64_vs_naive(temperature, seed):
+    logits, ids = _inputs(seed, torch.float64)
+    lp_ref, h_ref = naive(logits, ids, temperature)
+    lp = token_logprobs(logits, ids, temperature)
+    h = entropy_from_logits(logits, temperature)
+    assert lp.dtype == torch.float64 and h.dtype == torch.float64
+    assert lp.shape == ids.shape and h.shape == ids.shape
+    torch.testing.assert_close(lp, lp_ref, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(h, h_ref, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("temperature", TEMPS)
+def test_float32_vs_naive(temperature):
+    logits, ids = _inputs(4, torch.float32)
+    lp_ref, h_ref = naive(logits, ids, temperature)
+    lp = token_logprobs(logits, ids, temperature)
+    h = entropy_from_logits(logits, temperature)
+    assert lp.dtype == torch.float32 and h.dtype == torch.float32
+    torch.testing.assert_close(lp.double(), lp_ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(h.double(), h_ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("low", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("temperature", TEMPS)
+def test_half_precision_input_is_upcast(low, temperature):
+    logits, ids = _inputs(5, low, scale=4.0)
+    lp = token_logprobs(logits, ids, temperature)
+    h = entropy_from_logits(logits, temperature)
+    assert lp.dtype == torch.float32 and h.dtype == torch.float32
+    # exactly the float32 computation on the (exactly widened) half-precision values
+    assert torch.equal(lp, token_logprobs(logits.float(), ids, temperature))
+    assert torch.equal(h, entropy_from_logits(logits.float(), temperature))
+    # and float32-accurate against the float64 reference on the same values
+    lp_ref, h_ref = naive(logits, ids, temperature)
+    torch.testing.assert_close(lp.double(), lp_ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(h.double(), h_ref, rtol=1e-5, atol=1e-5)
+
+
+def test_half_precision_upcast_has_teeth():
+    """Computing the log-softmax in bf16 itself would be visibly wrong, so the upcast matters."""
+    logits, ids = _inputs(6, torch.bfloat16, scale=4.0, V=50)
+    lp_ref, _ = naive(logits, ids, 0.7)
+    in_bf16 = torch.gather(torch.log_softmax(logits / 0.7, -1), -1, ids.unsqueeze(-1)).squeeze(-1)
+    assert (in_bf16.double() - lp_ref).abs().max() > 1e-3
+    assert (token_logprobs(logits, ids, 0.7).double() - lp_ref).abs().max() < 1e-5
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_large_logits_stable(dtype):
+    """logits around 1e3 do not overflow; logp is shift-invariant."""
+    logits, ids = _inputs(7, torch.float64, scale=3.0)
+    shifted = (logits + 1000.0).to(dtype)
+    lp = token_logprobs(shifted, ids, 0.8)
+    h = entropy_from_logits(shifted, 0.8)
+    assert torch.isfinite(lp).all() and torch.isfinite(h).all()
+    lp_ref, h_ref = naive(logits, ids, 0.8)
+    tol = 1e-3 if dtype == torch.float32 else 1e-9
+    torch.testing.assert_close(lp.double(), lp_ref, rtol=tol, atol=tol)
+    torch.testing.assert_close(h.double(), h_ref, rtol=tol, atol=tol)
+
+
+def test_entropy_bounds_and_special_cases():
+    V = 13
+    uniform = torch.zeros(2, 3, V, dtype=torch.float64)
+    torch.testing.assert_close(entropy_from_logits(uniform), torch.full((2, 3), math.log(V), dtype=torch.float64))
+    # uniform at any temperature
+    torch.testing.assert_close(entropy_from_logits(uniform, 0.3), torch.full((2, 3), math.log(V), dtype=torch.float64))
+    ids = torch.zeros(2, 3, dtype=torch.long)
+    torch.testing.assert_close(token_logprobs(uniform, ids), torch.full((2, 3), -math.log(V), dtype=torch.float64))
+    # a peaked distribution has ~0 entropy
+    peaked = torch.zeros(1, 1, V, dtype=torch.float64)
+    peaked[..., 3] = 60.0
+    assert 0 <= entropy_from_logits(peaked).item() < 1e-20
+    assert token_logprobs(peaked, torch.tensor([[3]])).item() == pytest.approx(0.0, abs=1e-20)
+    # random logits: 0 <= H <= log V, and temperature raises the entropy
+    logits, _ = _inputs(8, torch.float64, V=V)
+    h1 = entropy_from_logits(logits, 1.0)
+    h2 = entropy_from_logits(logits, 2.0)
+    assert (h1 >= 0).all() and (h1 <= math.log(V) + 1e-12).all()
+    assert (h2 > h1).all()
+
+
+def test_logprobs_normalised_over_vocab():
+    logits, _ = _inputs(9, torch.float64, V=7)
+    B, T, V = logits.shape
+    total = torch.zeros(B, T, dtype=torch.float64)
+    for v in range(V):
+        total += torch.exp(token_logprobs(logits, torch.full((B, T), v), 0.6))
+    torch.testing.assert_close(total, torch.ones(B, T, dtype=torch.float64), rtol=1e-14, atol=1e-14)
+
+
+def test_logprob_gradient():
+    """d log p_tok / d logits_v = (1[v = tok] - softmax(z)_v) / T."""
+    logits, ids = _inputs(10, torch.float64, B=2, T=3, V=5)
+    logits.requires_grad_()
+    T_ = 0.7
+    (grad,) = torch.autograd.grad(token_logprobs(logits, ids, T_).sum(), logits)
+    p = torch.softmax(logits.detach() / T_, -1)
+    onehot = torch.nn.functional.one_hot(ids, 5).double()
+    torch.testing.assert_close(grad, (onehot - p) / T_, rtol=1e-12, atol=1e-14)
+
+
+def test_inputs_not_modified():
+    logits, ids = _inputs(11, torch.float32)
+    before = logits.clone()
+    token_logprobs(logits, ids, 0.5)
+    entropy_from_logits(logits, 0.5)
+    assert torch.equal(logits, before)
