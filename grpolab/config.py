@@ -98,6 +98,7 @@ class TrainConfig:
     min_lr_ratio: float = 0.0
     grad_clip: float = 1.0
     precision: Literal["fp32", "bf16"] = "fp32"  # bf16 = bfloat16 autocast over fp32 master weights
+    share_prompt: bool = True  # run each group's prompt once in training passes (needs micro_batch_size % G == 0)
     seed: int = 0
     save_every: int = 0  # 0 = only at the end
     keep_last: int = 2

@@ -1,5 +1,19 @@
-"""Held-out evaluation: greedy decoding on problems the model never trained on, scored by math-verify
-(grpolab.scoring, which shares no code with the training reward), with bootstrap intervals."""
+"""Held-out evaluation: decoding on problems the model never trained on, scored by math-verify
+(grpolab.scoring, which shares no code with the training reward), with bootstrap intervals.
+
+Per problem i (one "item"), every metric is a number s_i; a model's metric is mean_i s_i with a 95% percentile
+bootstrap interval over problems (grpolab.scoring.bootstrap_ci), and two models are compared on the same
+problems by the paired bootstrap of d_i = s_i(model) - s_i(first model). Metrics:
+
+- ``accuracy``: greedy completion correct (math-verify equivalence of its final answer with gold).
+- ``strict`` / ``flexible`` (GSM8K only): greedy correct in the requested ``\\boxed{}`` format / by last number.
+- with k samples at temperature T: ``pass@j`` = unbiased 1 - C(k-c, j)/C(k, j) for j in 1, 2, 4, ... and k
+  (c = correct samples); ``maj@k`` = the majority answer (math-verify clusters) is correct;
+  ``mean@k`` = c / k.
+
+Slices: the task's own label (``digits=2``, ``level=3``) and, for MATH-500, ``subject=<name>`` read from the uid.
+Length is counted in completion tokens (the EOS included); truncated = hit max_new_tokens without EOS.
+"""
 
 from __future__ import annotations
 
@@ -12,8 +26,31 @@ import numpy as np
 
 from .prompting import prompt_ids
 from .rollout.base import RolloutEngine, SamplingParams
-from .scoring import bootstrap_ci, is_correct
+from .scoring import (bootstrap_ci, extract_final, gsm8k_flexible, gsm8k_strict, is_correct, maj_at_k, mean_at_k,
+                      paired_bootstrap_diff, pass_at_k)
 from .tasks.base import Problem
+
+METRIC_NAME = "math-verify equivalence of the final answer (grpolab.scoring)"
+
+
+@dataclass(frozen=True)
+class EvalSettings:
+    """How to decode. samples = 0: greedy only; k > 0: also k samples per problem at `temperature`."""
+
+    max_new_tokens: int = 64
+    batch_size: int = 64  # sequences per generate call (prompts per call = batch_size // k when sampling)
+    samples: int = 0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    task: str = ""
+    seed: int = 0
+
+
+@dataclass
+class Completion:
+    text: str
+    length: int
+    truncated: bool
 
 
 @dataclass
@@ -22,44 +59,151 @@ class EvalResult:
     ci_low: float
     ci_high: float
     n: int
-    per_slice: dict[str, dict[str, float]]
+    per_slice: dict[str, dict[str, Any]]
     len_mean: float
     truncated_frac: float
     problems_per_s: float
     items: list[dict[str, Any]] = field(default_factory=list)
+    metrics: dict[str, dict[str, float]] = field(default_factory=dict)
+    len_max: int = 0
 
     def summary(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if k != "items"}
 
 
-def greedy_eval(engine: RolloutEngine, tokenizer, problems: list[Problem], max_new_tokens: int, batch_size: int = 64) -> EvalResult:
-    """Greedy completions for every problem, batched; accuracy with a 95% percentile-bootstrap interval."""
-    start = time.perf_counter()
-    items: list[dict[str, Any]] = []
-    params = SamplingParams(group_size=1, max_new_tokens=max_new_tokens, greedy=True)
-    for i in range(0, len(problems), batch_size):
-        chunk = problems[i : i + batch_size]
-        out = engine.generate([prompt_ids(tokenizer, p) for p in chunk], params)
-        lengths = out.completion_mask.sum(-1).tolist()
-        for p, text, n, trunc in zip(chunk, out.texts, lengths, out.truncated.tolist()):
-            items.append({"uid": p.uid, "slice": p.slice, "gold": p.answer, "completion": text,
-                          "correct": bool(is_correct(text, p.answer)), "length": int(n), "truncated": bool(trunc)})
-    elapsed = time.perf_counter() - start
-    correct = np.array([it["correct"] for it in items], dtype=float)
-    mean, lo, hi = bootstrap_ci(correct)
-    by_slice: dict[str, list[float]] = defaultdict(list)
+def generate_all(engine: RolloutEngine, tokenizer, problems: list[Problem], params: SamplingParams,
+                 batch_size: int) -> list[list[Completion]]:
+    """params.group_size completions per problem (1 when greedy), generated batch_size sequences at a time."""
+    g = 1 if params.greedy else params.group_size
+    per_call = max(1, batch_size // g)
+    out: list[list[Completion]] = []
+    for i in range(0, len(problems), per_call):
+        chunk = problems[i : i + per_call]
+        r = engine.generate([prompt_ids(tokenizer, p) for p in chunk], params)
+        lengths, truncated = r.completion_mask.sum(-1).tolist(), r.truncated.tolist()
+        for j in range(len(chunk)):
+            rows = range(j * g, (j + 1) * g)
+            out.append([Completion(r.texts[k], int(lengths[k]), bool(truncated[k])) for k in rows])
+    return out
+
+
+def slice_labels(problem: Problem) -> list[str]:
+    """The slices a problem belongs to: its task label, plus ``subject=<s>`` for MATH-500 uids."""
+    labels = [problem.slice]
+    parts = problem.uid.split("/")
+    if parts[0] == "math500" and len(parts) >= 4:  # math500/test/<subject>/<n>.json
+        labels.append(f"subject={parts[2]}")
+    return labels
+
+
+def pass_ks(k: int) -> list[int]:
+    """1, 2, 4, ... below k, and k itself.
+
+    >>> pass_ks(8), pass_ks(5), pass_ks(1)
+    ([1, 2, 4, 8], [1, 2, 4, 5], [1])
+    """
+    ks, j = [], 1
+    while j < k:
+        ks.append(j)
+        j *= 2
+    return ks + [k]
+
+
+def score_item(problem: Problem, greedy: Completion, samples: list[Completion], task: str) -> dict[str, Any]:
+    """One evaluation record: the greedy completion and its checks, the samples, and per-item ``scores``."""
+    correct = bool(is_correct(greedy.text, problem.answer))
+    item: dict[str, Any] = {
+        "uid": problem.uid, "slice": problem.slice, "slices": slice_labels(problem), "gold": problem.answer,
+        "completion": greedy.text, "answer": extract_final(greedy.text), "correct": correct,
+        "length": greedy.length, "truncated": greedy.truncated, "scores": {"accuracy": float(correct)},
+    }
+    if task == "gsm8k":
+        item["scores"]["strict"] = float(gsm8k_strict(greedy.text, problem.answer))
+        item["scores"]["flexible"] = float(gsm8k_flexible(greedy.text, problem.answer))
+    if samples:
+        answers = [extract_final(s.text) for s in samples]
+        ok = [bool(is_correct(s.text, problem.answer)) for s in samples]
+        k, c = len(samples), sum(ok)
+        item["samples"] = [{"completion": s.text, "answer": a, "correct": o, "length": s.length, "truncated": s.truncated}
+                           for s, a, o in zip(samples, answers, ok)]
+        item["scores"].update({f"pass@{j}": pass_at_k(k, c, j) for j in pass_ks(k)})
+        item["scores"][f"maj@{k}"] = float(maj_at_k(answers, problem.answer))
+        item["scores"][f"mean@{k}"] = mean_at_k(ok)
+    return item
+
+
+def _ci(values: list[float] | np.ndarray) -> dict[str, float]:
+    m, lo, hi = bootstrap_ci(np.asarray(values, dtype=float))
+    return {"mean": m, "ci_low": lo, "ci_high": hi}
+
+
+def summarise(items: list[dict[str, Any]], elapsed: float) -> EvalResult:
+    """EvalResult from item records (each with ``scores``, ``slices``, ``length``, ``truncated``)."""
+    if not items:
+        raise ValueError("no items to summarise")
+    names = list(items[0]["scores"])
+    metrics = {m: _ci([it["scores"][m] for it in items]) for m in names}
+    by_slice: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for it in items:
-        by_slice[it["slice"]].append(float(it["correct"]))
+        for s in it.get("slices", [it["slice"]]):
+            by_slice[s].append(it)
     per_slice = {}
-    for s, v in sorted(by_slice.items()):
-        m, l, h = bootstrap_ci(np.array(v))
-        per_slice[s] = {"accuracy": m, "ci_low": l, "ci_high": h, "n": len(v)}
+    for s, group in sorted(by_slice.items()):
+        sm = {m: _ci([it["scores"][m] for it in group]) for m in names}
+        per_slice[s] = {"n": len(group), "accuracy": sm["accuracy"]["mean"], "ci_low": sm["accuracy"]["ci_low"],
+                        "ci_high": sm["accuracy"]["ci_high"], "len_mean": float(np.mean([it["length"] for it in group])),
+                        "truncated_frac": float(np.mean([it["truncated"] for it in group])), "metrics": sm}
+    acc = metrics["accuracy"]
     return EvalResult(
-        accuracy=float(mean), ci_low=float(lo), ci_high=float(hi), n=len(items), per_slice=per_slice,
+        accuracy=acc["mean"], ci_low=acc["ci_low"], ci_high=acc["ci_high"], n=len(items), per_slice=per_slice,
         len_mean=float(np.mean([it["length"] for it in items])),
         truncated_frac=float(np.mean([it["truncated"] for it in items])),
-        problems_per_s=len(items) / elapsed if elapsed > 0 else float("nan"), items=items,
+        problems_per_s=len(items) / elapsed if elapsed > 0 else float("nan"), items=items, metrics=metrics,
+        len_max=int(max(it["length"] for it in items)),
     )
+
+
+def evaluate_model(engine: RolloutEngine, tokenizer, problems: list[Problem], settings: EvalSettings) -> EvalResult:
+    """Greedy completions (and k samples when settings.samples > 0) for every problem, scored and summarised."""
+    import torch
+
+    start = time.perf_counter()
+    greedy = generate_all(engine, tokenizer, problems,
+                          SamplingParams(group_size=1, max_new_tokens=settings.max_new_tokens, greedy=True),
+                          settings.batch_size)
+    sampled: list[list[Completion]] = [[] for _ in problems]
+    if settings.samples > 0:
+        torch.manual_seed(settings.seed)
+        params = SamplingParams(group_size=settings.samples, logprobs=False, temperature=settings.temperature, top_p=settings.top_p,
+                                max_new_tokens=settings.max_new_tokens)
+        sampled = generate_all(engine, tokenizer, problems, params, settings.batch_size)
+    items = [score_item(p, g[0], s, settings.task) for p, g, s in zip(problems, greedy, sampled)]
+    result = summarise(items, time.perf_counter() - start)
+    if settings.samples > 0:
+        all_s = [s for it in items for s in it["samples"]]
+        result.metrics["sampled_len_mean"] = {"mean": float(np.mean([s["length"] for s in all_s]))}
+        result.metrics["sampled_truncated_frac"] = {"mean": float(np.mean([s["truncated"] for s in all_s]))}
+    return result
+
+
+def greedy_eval(engine: RolloutEngine, tokenizer, problems: list[Problem], max_new_tokens: int, batch_size: int = 64,
+                task: str = "") -> EvalResult:
+    """Greedy completions for every problem, batched; accuracy with a 95% percentile-bootstrap interval."""
+    return evaluate_model(engine, tokenizer, problems, EvalSettings(max_new_tokens, batch_size, task=task))
+
+
+def paired_diffs(first: list[dict[str, Any]], other: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Paired bootstrap of other - first for every metric both have, on the problems (uids) both have."""
+    a = {it["uid"]: it["scores"] for it in first}
+    b = {it["uid"]: it["scores"] for it in other}
+    uids = [u for u in a if u in b]
+    if not uids:
+        return {}
+    out = {}
+    for m in (m for m in a[uids[0]] if m in b[uids[0]]):
+        d, lo, hi = paired_bootstrap_diff([a[u][m] for u in uids], [b[u][m] for u in uids])
+        out[m] = {"mean": d, "ci_low": lo, "ci_high": hi, "n": len(uids)}
+    return out
 
 
 def load_eval_problems(task: str, options: dict[str, Any], split: str, limit: int) -> list[Problem]:
@@ -69,29 +213,57 @@ def load_eval_problems(task: str, options: dict[str, Any], split: str, limit: in
     return problems[:limit] if limit else problems
 
 
+def model_row(name: str, path: str, result: EvalResult, held_out: dict[str, Any], method: str) -> dict[str, Any]:
+    """One entry of an evaluation JSON's ``models`` list."""
+    return {"model": name, "path": path, "method": method, "held_out": held_out, **result.summary(), "items": result.items}
+
+
+def add_paired(rows: list[dict[str, Any]]) -> None:
+    """``paired_vs_first`` (every metric) and ``diff_vs_first`` (accuracy) on every row after the first."""
+    for row in rows[1:]:
+        row["paired_vs_first"] = paired_diffs(rows[0]["items"], row["items"])
+        if "accuracy" in row["paired_vs_first"]:
+            row["diff_vs_first"] = {k: v for k, v in row["paired_vs_first"]["accuracy"].items() if k != "n"}
+
+
+def eval_header(task: str, options: dict[str, Any], split: str, problems: list[Problem], dtype: str,
+                decoding: dict[str, Any]) -> dict[str, Any]:
+    """The part of an evaluation JSON that identifies the evaluation set and the decoding."""
+    from .manifest import data_hash, versions
+
+    return {"grpolab_eval": 1, "task": task, "task_options": options, "split": split, "n": len(problems),
+            "data_hash": data_hash(problems), "decoding": decoding, "max_new_tokens": decoding["max_new_tokens"],
+            "dtype": dtype, "metric": METRIC_NAME, "versions": versions(),
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+
+
 def run_eval(models: list[str], task: str, options: dict[str, Any], split: str, limit: int,
-             max_new_tokens: int, batch_size: int, dtype: str) -> dict[str, Any]:
-    """Evaluate each model on the same problems; paired bootstrap differences against the first model."""
-    from .manifest import data_hash
+             max_new_tokens: int, batch_size: int, dtype: str, samples: int = 0, temperature: float = 1.0,
+             top_p: float = 1.0, seed: int = 0) -> dict[str, Any]:
+    """Evaluate each model on the same problems; paired bootstrap differences against the first model.
+
+    Every model's held-out integrity is checked (grpolab.overlap) before any model is loaded.
+    """
     from .models import DTYPES, load_causal_lm, load_tokenizer, resolve_model_path
+    from .overlap import check_held_out
     from .rollout.hf import HFEngine
-    from .scoring import paired_bootstrap_diff
 
     problems = load_eval_problems(task, options, split, limit)
-    rows, first = [], None
-    for name in models:
-        path = resolve_model_path(name)
+    if not problems:
+        from .errors import GrpolabError
+
+        raise GrpolabError(f"task {task!r} has no problems in split {split!r}")
+    paths = [resolve_model_path(name) for name in models]
+    checks = [check_held_out(name, path, problems) for name, path in zip(models, paths)]
+    settings = EvalSettings(max_new_tokens, batch_size, samples, temperature, top_p, task, seed)
+    rows = []
+    for name, path, held_out in zip(models, paths, checks):
         tokenizer = load_tokenizer(path)
         model = load_causal_lm(path, dtype)
-        result = greedy_eval(HFEngine(model, tokenizer, DTYPES[dtype]), tokenizer, problems, max_new_tokens, batch_size)
-        row = {"model": name, "path": path, **result.summary(), "items": result.items}
-        correct = np.array([it["correct"] for it in result.items], dtype=float)
-        if first is None:
-            first = correct
-        else:
-            d, lo, hi = paired_bootstrap_diff(first, correct)
-            row["diff_vs_first"] = {"mean": d, "ci_low": lo, "ci_high": hi}
-        rows.append(row)
-    return {"task": task, "task_options": options, "split": split, "n": len(problems),
-            "data_hash": data_hash(problems), "decoding": "greedy", "max_new_tokens": max_new_tokens,
-            "dtype": dtype, "metric": "math-verify equivalence of the final answer", "models": rows}
+        result = evaluate_model(HFEngine(model, tokenizer, DTYPES[dtype]), tokenizer, problems, settings)
+        rows.append(model_row(name, path, result, held_out, "sampled" if samples else "greedy"))
+        del model
+    add_paired(rows)
+    decoding = {"greedy": True, "samples": samples, "temperature": temperature if samples else None,
+                "top_p": top_p if samples else None, "seed": seed, "max_new_tokens": max_new_tokens}
+    return {**eval_header(task, options, split, problems, dtype, decoding), "models": rows}

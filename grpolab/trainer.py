@@ -25,8 +25,10 @@ from .evaluate import EvalResult, greedy_eval
 from .metrics import JsonlSink, completion_metrics, group_metrics, peak_rss_mb, reward_metrics
 from .models import DTYPES, frozen_copy, load_causal_lm, load_tokenizer, resolve_model_path
 from .prompting import prompt_ids
+from .algo.kl import KLPlacement, token_kl
 from .rewards import score_completion
-from .rollout.base import Rollout, SamplingParams
+from .rewards.overlong import soft_overlong_penalty
+from .rollout.base import Rollout, SamplingParams, concat_rollouts
 from .rollout.hf import HFEngine
 from .tasks import make_task
 from .tasks.base import Problem
@@ -74,15 +76,35 @@ def lr_lambda(cfg: Config) -> Callable[[int], float]:
     return f
 
 
-def score_rollout(rollout: Rollout, problems: list[Problem], weights: dict[str, float]) -> Scores:
-    """Reward every completion against its prompt's gold answer; failures are invalid, never a silent 0."""
+def score_rollout(rollout: Rollout, problems: list[Problem], cfg: Config) -> Scores:
+    """Reward every completion against its prompt's gold answer; failures are invalid, never a silent 0.
+
+    With algorithm.overlong_buffer > 0 the DAPO soft overlong penalty is added as the `overlong` component.
+    """
+    weights = cfg.reward.weights
     results = [score_completion(text, problems[g].answer, weights) for text, g in zip(rollout.texts, rollout.group.tolist())]
-    names = list(weights)
-    return Scores(
-        rewards=torch.tensor([r.total for r in results], dtype=torch.float64),
-        components={n: torch.tensor([r.components.get(n, math.nan) for r in results], dtype=torch.float64) for n in names},
-        invalid=torch.tensor([r.invalid for r in results]),
-    )
+    components = {n: torch.tensor([r.components.get(n, math.nan) for r in results], dtype=torch.float64) for n in weights}
+    rewards = torch.tensor([r.total for r in results], dtype=torch.float64)
+    a = cfg.algorithm
+    if a.overlong_buffer > 0:
+        lengths = rollout.completion_mask.sum(-1).tolist()
+        pen = [soft_overlong_penalty(n, cfg.rollout.max_new_tokens, a.overlong_buffer, a.overlong_penalty) for n in lengths]
+        components["overlong"] = torch.tensor(pen, dtype=torch.float64)
+        rewards = rewards + components["overlong"]
+    return Scores(rewards=rewards, components=components, invalid=torch.tensor([r.invalid for r in results]))
+
+
+@dataclass
+class Batch:
+    """What one step trains on: the kept rollout, its prompts (indexed by rollout.group), scores, advantages."""
+
+    rollout: Rollout
+    problems: list[Problem]
+    scores: Scores
+    advantages: torch.Tensor  # [N]
+    zero_std: torch.Tensor  # [groups] of the *first* generation round (what the sampler saw)
+    zero_std_slices: list[str]
+    stats: dict[str, float]
 
 
 class Trainer:
@@ -113,6 +135,7 @@ class Trainer:
         )
         self._prompt_cache: dict[str, list[int]] = {}
         self.step = 0
+        self.timing = {"rollout": 0.0, "reward": 0.0}
         self.last_eval: EvalResult | None = None
 
     # ------------------------------------------------------------------------------------------ one step
@@ -122,40 +145,109 @@ class Trainer:
             self._prompt_cache[problem.uid] = prompt_ids(self.tokenizer, problem)
         return self._prompt_cache[problem.uid]
 
-    def train_step(self) -> tuple[dict[str, float], list[dict[str, Any]]]:
-        cfg, t0 = self.cfg, time.perf_counter()
-        problems = self.sampler.take(cfg.train.prompts_per_step)
+    def generate_round(self, n_prompts: int) -> tuple[Rollout, list[Problem], Scores]:
+        """Sample n_prompts new problems, generate G completions each, score them (timed into self.timing)."""
+        t0 = time.perf_counter()
+        problems = self.sampler.take(n_prompts)
         rollout = self.engine.generate([self.prompt_ids(p) for p in problems], self.sampling)
         t1 = time.perf_counter()
-        scores = score_rollout(rollout, problems, cfg.reward.weights)
-        t2 = time.perf_counter()
-        g = cfg.rollout.group_size
-        a = cfg.algorithm
-        adv = compute_advantages(
+        scores = score_rollout(rollout, problems, self.cfg)
+        self.timing["rollout"] += t1 - t0
+        self.timing["reward"] += time.perf_counter() - t1
+        return rollout, problems, scores
+
+    def advantages(self, scores: Scores):
+        a, g = self.cfg.algorithm, self.cfg.rollout.group_size
+        return compute_advantages(
             scores.rewards.view(-1, g), ~scores.invalid.view(-1, g), baseline=a.baseline, scaling=a.scaling,
             eps=a.adv_eps, std_kind=a.std_kind,
         )
-        update_metrics = self.updater.update(rollout, adv.advantages.view(-1), ~scores.invalid)
+
+    def collect(self) -> Batch:
+        """Generate and score prompts_per_step groups; with dynamic sampling, drop zero-variance groups and
+        refill with new prompts for up to max_extra_rounds extra rounds, then train on what was kept."""
+        cfg, p = self.cfg, self.cfg.train.prompts_per_step
+        rollout, problems, scores = self.generate_round(p)
+        first_zero = self.advantages(scores).zero_std
+        first_slices = [q.slice for q in problems]
+        rounds = 0
+        if cfg.algorithm.dynamic_sampling:
+            parts = [(rollout, problems, scores)]
+            kept = [(0, gi) for gi in (~first_zero).nonzero().flatten().tolist()]
+            while len(kept) < p and rounds < cfg.algorithm.max_extra_rounds:
+                rounds += 1
+                parts.append(self.generate_round(p))
+                zero = self.advantages(parts[-1][2]).zero_std
+                kept += [(rounds, gi) for gi in (~zero).nonzero().flatten().tolist()]
+            if kept:  # budget spent with nothing kept: train on the first round as it is (no signal, logged)
+                rollout, problems, scores = self.keep_groups(parts, kept[:p])
+        stats = {"dynamic/extra_rounds": float(rounds), "dynamic/kept_groups": float(len(kept[:p]) if cfg.algorithm.dynamic_sampling else p)}
+        adv = self.advantages(scores).advantages.view(-1)
+        return Batch(rollout, problems, scores, adv, first_zero, first_slices, stats)
+
+    def keep_groups(self, parts, kept: list[tuple[int, int]]) -> tuple[Rollout, list[Problem], Scores]:
+        """The kept (round, group) pairs of several generation rounds, as one batch."""
+        g = self.cfg.rollout.group_size
+        rows, problems, offsets = [], [], [0]
+        for r, _, _ in parts:
+            offsets.append(offsets[-1] + len(r))
+        for rnd, gi in kept:
+            rows += list(range(offsets[rnd] + gi * g, offsets[rnd] + (gi + 1) * g))
+            problems.append(parts[rnd][1][gi])
+        rollout = concat_rollouts([r for r, _, _ in parts], self.tokenizer.pad_token_id).select(rows)
+        rollout.group = torch.arange(len(kept)).repeat_interleave(g)
+        cat = lambda xs: torch.cat(xs)[rows]  # noqa: E731
+        scores = Scores(
+            rewards=cat([s.rewards for _, _, s in parts]),
+            components={k: cat([s.components[k] for _, _, s in parts]) for k in parts[0][2].components},
+            invalid=cat([s.invalid for _, _, s in parts]),
+        )
+        return rollout, problems, scores
+
+    def kl_in_reward(self, batch: Batch) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """With KL placed in the reward: R_i <- R_i - beta * sum_t kl(pi_old || pi_ref); returns (ref, old) logprobs."""
+        a = self.cfg.algorithm
+        if not (a.beta > 0 and a.kl_placement == KLPlacement.REWARD):
+            return None, None
+        ref = self.updater.logprobs_no_grad(self.reference, batch.rollout, "fp32")
+        old = self.updater.logprobs_no_grad(self.policy, batch.rollout, self.cfg.train.precision)
+        kl_seq = (token_kl(old, ref, a.kl_estimator) * batch.rollout.completion_mask).sum(-1).double()
+        batch.scores.rewards = batch.scores.rewards - a.beta * kl_seq
+        batch.advantages = self.advantages(batch.scores).advantages.view(-1)
+        return ref, old
+
+    def train_step(self) -> tuple[dict[str, float], list[dict[str, Any]]]:
+        t0, self.timing = time.perf_counter(), {"rollout": 0.0, "reward": 0.0}
+        batch = self.collect()
+        t1 = time.perf_counter()
+        ref, old = self.kl_in_reward(batch)
+        rollout, scores = batch.rollout, batch.scores
+        update_metrics = self.updater.update(rollout, batch.advantages, ~scores.invalid, ref_logp=ref, old_logp=old)
         self.engine.sync_weights(self.policy)
-        t3 = time.perf_counter()
+        t2 = time.perf_counter()
         self.step += 1
         metrics = {
             **reward_metrics(scores.rewards, scores.components, scores.invalid),
-            **group_metrics(adv.zero_std, [p.slice for p in problems]),
+            **group_metrics(batch.zero_std, batch.zero_std_slices),
             **completion_metrics(rollout),
             **update_metrics,
+            **(batch.stats if self.cfg.algorithm.dynamic_sampling else {}),
             "optim/lr": self.scheduler.get_last_lr()[0],
-            "time/rollout_s": t1 - t0, "time/reward_s": t2 - t1, "time/update_s": t3 - t2, "time/step_s": t3 - t0,
-            "throughput/tokens_per_s": (rollout.completion_mask.sum().item() + rollout.prompt_mask.sum().item()) / (t3 - t0),
+            "time/rollout_s": self.timing["rollout"], "time/reward_s": self.timing["reward"], "time/update_s": t2 - t1,
+            "time/step_s": t2 - t0,
+            "throughput/tokens_per_s": (rollout.completion_mask.sum().item() + rollout.prompt_mask.sum().item()) / (t2 - t0),
             "memory/peak_rss_mb": peak_rss_mb(),
         }
-        samples = [
-            {"step": self.step, "uid": problems[gi].uid, "gold": problems[gi].answer, "completion": rollout.texts[i],
-             "reward": scores.rewards[i].item(), "advantage": adv.advantages.view(-1)[i].item(),
-             **{f"reward/{k}": v[i].item() for k, v in scores.components.items()}}
-            for i, gi in enumerate(rollout.group.tolist()[: cfg.train.samples_per_step])
+        return metrics, self.samples(batch)
+
+    def samples(self, batch: Batch) -> list[dict[str, Any]]:
+        r, n = batch.rollout, self.cfg.train.samples_per_step
+        return [
+            {"step": self.step, "uid": batch.problems[gi].uid, "gold": batch.problems[gi].answer, "completion": r.texts[i],
+             "reward": batch.scores.rewards[i].item(), "advantage": batch.advantages[i].item(),
+             **{f"reward/{k}": v[i].item() for k, v in batch.scores.components.items()}}
+            for i, gi in enumerate(r.group.tolist()[:n])
         ]
-        return metrics, samples
 
     def evaluate(self) -> EvalResult:
         max_new = self.cfg.eval.max_new_tokens or self.cfg.rollout.max_new_tokens

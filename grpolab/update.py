@@ -34,13 +34,14 @@ class PolicyUpdater:
         )
         self.is_params = ISParams(c_max=a.is_c_max, c_min=a.is_c_min)
         self.temperature = cfg.rollout.temperature
+        self.group_size = cfg.rollout.group_size if cfg.train.share_prompt else 1
 
     @torch.no_grad()
     def logprobs_no_grad(self, model, rollout: Rollout, precision: str) -> torch.Tensor:
         """[N, Lc] logprobs of every completion token under `model` (micro-batched, no graph)."""
         out = torch.zeros(rollout.completion_ids.shape, dtype=torch.float32)
         for rows in torch.arange(len(rollout)).split(self.cfg.train.micro_batch_size):
-            fo = completion_logprobs(model, rollout, rows, self.temperature, precision)
+            fo = completion_logprobs(model, rollout, rows, self.temperature, precision, group_size=self.group_size)
             out[rows, fo.cols] = fo.logp.float()
         return out
 
@@ -51,26 +52,28 @@ class PolicyUpdater:
             mask[rollout.truncated] = 0
         return mask
 
-    def update(self, rollout: Rollout, advantages: torch.Tensor, valid: torch.Tensor, ref_logp: torch.Tensor | None = None) -> dict[str, float]:
+    def update(self, rollout: Rollout, advantages: torch.Tensor, valid: torch.Tensor,
+               ref_logp: torch.Tensor | None = None, old_logp: torch.Tensor | None = None) -> dict[str, float]:
+        """One rollout batch's update; ref/old logprobs are computed here unless the caller already has them."""
         cfg = self.cfg
         t = cfg.train
         mask = self.loss_mask(rollout, valid)
         if self.reference is not None and ref_logp is None:
             ref_logp = self.logprobs_no_grad(self.reference, rollout, "fp32")
-        reuse_old = t.mu == 1 and t.minibatches == 1
-        old_all = None if reuse_old else self.logprobs_no_grad(self.policy, rollout, t.precision)
+        reuse_old = t.mu == 1 and t.minibatches == 1 and old_logp is None
+        old_all = old_logp if reuse_old or old_logp is not None else self.logprobs_no_grad(self.policy, rollout, t.precision)
         sums: dict[str, float] = defaultdict(float)
         mismatch: dict[str, list[torch.Tensor]] = defaultdict(list)
         n = len(rollout)
         for it in range(t.mu):
-            order = torch.randperm(n) if t.minibatches > 1 else torch.arange(n)
+            order = self.group_order(rollout) if t.minibatches > 1 else torch.arange(n)
             for mb in order.chunk(t.minibatches):
                 weights = token_weights(mask[mb], cfg.algorithm.aggregation, cfg.l_max)
                 self.optimizer.zero_grad(set_to_none=True)
                 for start in range(0, len(mb), t.micro_batch_size):
                     rows = mb[start : start + t.micro_batch_size]
-                    fo = completion_logprobs(self.policy, rollout, rows, self.temperature, t.precision,
-                                             with_entropy=True, entropy_grad=cfg.algorithm.entropy_coef != 0)
+                    fo = completion_logprobs(self.policy, rollout, rows, self.temperature, t.precision, with_entropy=True,
+                                             entropy_grad=cfg.algorithm.entropy_coef != 0, group_size=self.group_size)
                     c = fo.cols
                     m = mask[rows][:, c]
                     old = fo.logp.detach() if reuse_old else old_all[rows][:, c]
@@ -99,6 +102,12 @@ class PolicyUpdater:
                 sums["grad_norm"] += self.optimizer_step()
                 sums["optimizer_steps"] += 1
         return self._summarise(sums, mismatch)
+
+    def group_order(self, rollout: Rollout) -> torch.Tensor:
+        """A random order of the rows that keeps each group's rows together (so prompts can be shared)."""
+        g = self.cfg.rollout.group_size
+        groups = torch.randperm(len(rollout) // g)
+        return (groups.unsqueeze(1) * g + torch.arange(g)).flatten()
 
     def optimizer_step(self) -> float:
         """Clip, step the optimizer and the LR schedule; a non-finite gradient skips the step (returns NaN)."""

@@ -152,3 +152,24 @@ def test_paired_bootstrap_diff():
     assert paired_bootstrap_diff(a, a + 1) == pytest.approx((1.0, 1.0, 1.0))
     with pytest.raises(ValueError):
         paired_bootstrap_diff([1.0, 2.0], [1.0])
+
+
+@pytest.mark.parametrize(
+    "answer, gold, expected",
+    [
+        (r"\frac{2}{4}", "0.5", True),
+        (r"\sqrt{4}", "2", True),
+        ("10^3", "1000", True),
+        ("1,000,000", "1000000", True),
+        ("-0.5", r"\frac{1}{2}", False),
+        ("3.0001", "3", False),
+        ("1,000", "100", False),
+        ("x=3", "4", False),
+        ("0.5", r"\frac{1}{3}", False),
+    ],
+)
+def test_equivalence_beyond_string_match(answer, gold, expected):
+    """Equivalent pairs here are all missed by a naive string match; the non-equivalent ones look alike."""
+    assert is_equivalent_answers(answer, gold) is expected
+    if expected:
+        assert answer.strip() != gold.strip()

@@ -16,6 +16,7 @@ class SamplingParams:
     top_k: int = 0
     max_new_tokens: int = 64
     greedy: bool = False
+    logprobs: bool = True  # record the sampler's logprobs (training); evaluation sampling can skip them
 
 
 @dataclass
@@ -67,3 +68,29 @@ class RolloutEngine(Protocol):
     def sync_weights(self, policy: torch.nn.Module) -> None:
         """Make the sampler's weights equal to the policy's (cast to the sampler's dtype)."""
         ...
+
+
+def concat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
+    """Stack rollouts of different widths: prompts re-padded on the left, completions on the right;
+    group indices are offset so they stay unique."""
+    lp = max(r.prompt_ids.shape[1] for r in parts)
+    lc = max(r.completion_ids.shape[1] for r in parts)
+
+    def pad(x: torch.Tensor, width: int, value: float, left: bool) -> torch.Tensor:
+        extra = width - x.shape[1]
+        return torch.nn.functional.pad(x, (extra, 0) if left else (0, extra), value=value)
+
+    offset, groups = 0, []
+    for r in parts:
+        groups.append(r.group + offset)
+        offset += int(r.group.max()) + 1 if len(r) else 0
+    return Rollout(
+        prompt_ids=torch.cat([pad(r.prompt_ids, lp, pad_id, True) for r in parts]),
+        prompt_mask=torch.cat([pad(r.prompt_mask, lp, 0, True) for r in parts]),
+        completion_ids=torch.cat([pad(r.completion_ids, lc, pad_id, False) for r in parts]),
+        completion_mask=torch.cat([pad(r.completion_mask, lc, 0, False) for r in parts]),
+        sampler_logprobs=torch.cat([pad(r.sampler_logprobs, lc, 0.0, False) for r in parts]),
+        truncated=torch.cat([r.truncated for r in parts]),
+        group=torch.cat(groups),
+        texts=[t for r in parts for t in r.texts],
+    )

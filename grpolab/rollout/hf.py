@@ -58,6 +58,7 @@ class HFEngine:
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> Rollout:
         ids, mask = left_pad(prompts, self.tokenizer.pad_token_id)
         g = 1 if params.greedy else params.group_size
+        want_logp = params.logprobs and not params.greedy
         was_training = self.model.training
         self.model.eval()
         sampling = {} if params.greedy else {
@@ -66,14 +67,14 @@ class HFEngine:
         out = self.model.generate(
             input_ids=ids, attention_mask=mask, max_new_tokens=params.max_new_tokens,
             num_return_sequences=g, do_sample=not params.greedy, pad_token_id=self.tokenizer.pad_token_id,
-            eos_token_id=self.stop_ids, return_dict_in_generate=True, output_logits=not params.greedy,
+            eos_token_id=self.stop_ids, return_dict_in_generate=True, output_logits=want_logp,
             **{k: v for k, v in sampling.items() if k != "do_sample"},
         )
         self.model.train(was_training)
         comp = out.sequences[:, ids.shape[1] :]
         cmask, truncated = completion_mask(comp, self.stop_ids)
-        if params.greedy:
-            logp = torch.zeros(comp.shape, dtype=torch.float32)
+        if not want_logp:
+            logp = torch.full(comp.shape, float("nan"), dtype=torch.float32)
         else:
             logits = torch.stack(out.logits, dim=1)  # [N, Lc, V], raw logits of the sampler
             logp = token_logprobs(logits, comp, params.temperature).float() * cmask

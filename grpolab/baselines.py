@@ -1,0 +1,260 @@
+"""Baselines on the same problems as a GRPO run: best-of-n reward ranking, and SFT / rejection-sampling FT.
+
+best-of-n: sample n completions per problem (temperature T); keep the one the *training* reward
+(grpolab.rewards.score_completion with the run's weights) ranks highest -- argmax of the total, an invalid
+(NaN) reward never beats a valid one, ties go to the earliest sample -- and score the kept one with the held-out
+metric (math-verify). ``oracle@n`` (any of the n correct under the held-out metric) is reported beside it.
+The training reward sees the gold answer, so this is a verifier-reranking upper reference, not a deployable model.
+
+SFT: fine-tune the base model on (prompt, target) pairs of the task's *train* split with the token-mean
+cross-entropy of the target tokens (prompt tokens are masked; the target ends with EOS), AdamW, constant LR,
+gradient clipping, for exactly ``steps`` optimizer steps of ``batch_size`` examples (examples are drawn
+epoch-wise in a seeded shuffled order), i.e. the same optimizer-step budget as a GRPO run.
+- mode ``gold``: the target is the gold solution (GSM8K: its worked solution with the ``<<...>>`` calculator
+  notes removed and ``#### x`` turned into ``\\boxed{x}``; arithmetic: ``a + b = x``) ending in ``\\boxed{answer}``.
+- mode ``rft`` (rejection-sampling FT): sample ``rft_samples`` completions per train problem from the base
+  model, keep the distinct ones with training-reward component ``correct`` >= 1, fine-tune on those.
+The result is an HF checkpoint directory with a ``baseline_manifest.json`` that records the training problems,
+so ``grpolab eval`` refuses evaluation sets that overlap them (grpolab.overlap).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .errors import GrpolabError
+from .evaluate import Completion, EvalResult, generate_all, summarise
+from .prompting import prompt_ids
+from .rewards import score_completion
+from .rollout.base import RolloutEngine, SamplingParams
+from .scoring import is_correct
+from .tasks.base import Problem
+
+BASELINE_MANIFEST = "baseline_manifest.json"
+
+
+# ---------------------------------------------------------------------------------------------- best-of-n
+
+def select_best(texts: list[str], gold: str, weights: dict[str, float]) -> tuple[int, list[float]]:
+    """(index of the highest training reward, all rewards); NaN (invalid) ranks below any number; ties -> first.
+
+    >>> select_best(["7", "\\\\boxed{4}", "4"], "4", {"correct": 1.0, "format": 0.1})
+    (1, [0.0, 1.1, 1.0])
+    """
+    rewards = [score_completion(t, gold, weights).total for t in texts]
+    keyed = [(-math.inf if math.isnan(r) else r) for r in rewards]
+    return max(range(len(texts)), key=lambda i: (keyed[i], -i)), rewards
+
+
+def best_of_n_item(problem: Problem, samples: list[Completion], weights: dict[str, float]) -> dict[str, Any]:
+    """Evaluation record of the reward-selected sample (same shape as evaluate.score_item's)."""
+    best, rewards = select_best([s.text for s in samples], problem.answer, weights)
+    chosen = samples[best]
+    ok = [bool(is_correct(s.text, problem.answer)) for s in samples]
+    return {
+        "uid": problem.uid, "slice": problem.slice, "slices": [problem.slice], "gold": problem.answer,
+        "completion": chosen.text, "correct": ok[best], "length": chosen.length, "truncated": chosen.truncated,
+        "chosen": best, "rewards": rewards, "samples_correct": ok,
+        "scores": {"accuracy": float(ok[best]), f"oracle@{len(samples)}": float(any(ok))},
+    }
+
+
+def best_of_n_eval(engine: RolloutEngine, tokenizer, problems: list[Problem], n: int, weights: dict[str, float],
+                   temperature: float = 1.0, max_new_tokens: int = 64, batch_size: int = 64, seed: int = 0) -> EvalResult:
+    """Best-of-n by training reward, scored by the held-out metric (``accuracy``), with ``oracle@n``."""
+    if n < 1:
+        raise GrpolabError(f"best-of-n: n must be >= 1, got {n}")
+    start = time.perf_counter()
+    torch.manual_seed(seed)
+    params = SamplingParams(group_size=n, logprobs=False, temperature=temperature, max_new_tokens=max_new_tokens)
+    samples = generate_all(engine, tokenizer, problems, params, batch_size)
+    items = [best_of_n_item(p, s, weights) for p, s in zip(problems, samples)]
+    return summarise(items, time.perf_counter() - start)
+
+
+# ---------------------------------------------------------------------------------------------- SFT data
+
+@dataclass(frozen=True)
+class SFTSettings:
+    mode: str = "gold"  # "gold" or "rft"
+    steps: int = 20  # optimizer steps (match a GRPO run: train.steps * train.mu * train.minibatches)
+    batch_size: int = 8
+    lr: float = 1e-5
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    precision: str = "fp32"  # "bf16" = bfloat16 autocast over fp32 weights
+    seed: int = 0
+    rft_samples: int = 4
+    rft_temperature: float = 1.0
+    max_new_tokens: int = 64
+    gen_batch_size: int = 64
+
+
+_CALC = re.compile(r"<<[^<>]*>>")
+
+
+def gold_target(problem: Problem, solution: str | None = None) -> str:
+    """The SFT target for one problem (rules in the module docstring).
+
+    >>> gold_target(Problem("arithmetic/3 + 4", "What is 3 + 4?", "7"))
+    '3 + 4 = 7. The answer is \\\\boxed{7}.'
+    >>> gold_target(Problem("gsm8k/train/0", "q", "72"), "48/2 = <<48/2=24>>24 clips.\\n#### 72")
+    '48/2 = 24 clips.\\nThe answer is \\\\boxed{72}.'
+    """
+    boxed = f"The answer is \\boxed{{{problem.answer}}}."
+    if solution and "####" in solution:
+        return _CALC.sub("", solution.rsplit("####", 1)[0]).strip() + "\n" + boxed
+    if problem.uid.startswith("arithmetic/"):
+        return f"{problem.uid.removeprefix('arithmetic/')} = {problem.answer}. {boxed}"
+    return boxed
+
+
+def gold_solutions(task: str, options: dict[str, Any], split: str) -> dict[str, str]:
+    """uid -> worked solution text where the task's source has one (GSM8K), else {}."""
+    if task != "gsm8k":
+        return {}
+    from .tasks import make_task
+
+    _, rows = make_task(task, **options)._rows(split)  # uid index = row index, as GSM8KTask assigns it
+    return {f"gsm8k/{split}/{i}": row["answer"] for i, (_, row) in enumerate(rows) if isinstance(row.get("answer"), str)}
+
+
+def rft_examples(engine: RolloutEngine, tokenizer, problems: list[Problem], s: SFTSettings) -> list[tuple[Problem, str]]:
+    """Distinct own samples whose training-reward ``correct`` component is >= 1 (rejection sampling)."""
+    params = SamplingParams(group_size=s.rft_samples, logprobs=False, temperature=s.rft_temperature, max_new_tokens=s.max_new_tokens)
+    torch.manual_seed(s.seed)
+    samples = generate_all(engine, tokenizer, problems, params, s.gen_batch_size)
+    out: list[tuple[Problem, str]] = []
+    for p, group in zip(problems, samples):
+        kept: set[str] = set()
+        for c in group:
+            r = score_completion(c.text, p.answer, {"correct": 1.0})
+            if not c.truncated and not r.invalid and r.components["correct"] >= 1.0 and c.text not in kept:
+                kept.add(c.text)
+                out.append((p, c.text))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- SFT training
+
+def encode(tokenizer, problem: Problem, target: str) -> tuple[list[int], list[int]]:
+    """(input ids, labels): chat-template prompt + target + EOS; labels are -100 on the prompt."""
+    p = prompt_ids(tokenizer, problem)
+    t = tokenizer(target, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    return p + t, [-100] * len(p) + t
+
+
+def collate(encoded: list[tuple[list[int], list[int]]], pad_id: int) -> dict[str, torch.Tensor]:
+    """Right-pad a batch: input_ids, attention_mask, labels (-100 on padding)."""
+    width = max(len(ids) for ids, _ in encoded)
+    ids = torch.full((len(encoded), width), pad_id, dtype=torch.long)
+    labels = torch.full((len(encoded), width), -100, dtype=torch.long)
+    mask = torch.zeros((len(encoded), width), dtype=torch.long)
+    for i, (x, y) in enumerate(encoded):
+        ids[i, : len(x)], labels[i, : len(y)], mask[i, : len(x)] = torch.tensor(x), torch.tensor(y), 1
+    return {"input_ids": ids, "attention_mask": mask, "labels": labels}
+
+
+def sft_loss(model, batch: dict[str, torch.Tensor], precision: str = "fp32") -> torch.Tensor:
+    """Token-mean cross-entropy of the target tokens (HF shifts labels inside the model)."""
+    from .forward import autocast
+
+    with autocast(precision):
+        return model(**batch).loss.float()
+
+
+@torch.no_grad()
+def mean_loss(model, tokenizer, encoded: list[tuple[list[int], list[int]]], batch_size: int = 16) -> float:
+    """Target-token-weighted mean loss over all examples (model in eval mode, fp32)."""
+    was = model.training
+    model.eval()
+    total, tokens = 0.0, 0
+    for i in range(0, len(encoded), batch_size):
+        batch = collate(encoded[i : i + batch_size], tokenizer.pad_token_id)
+        n = int((batch["labels"][:, 1:] != -100).sum())
+        total += sft_loss(model, batch).item() * n
+        tokens += n
+    model.train(was)
+    return total / max(tokens, 1)
+
+
+def train_sft(model, tokenizer, examples: list[tuple[Problem, str]], s: SFTSettings) -> list[float]:
+    """Exactly s.steps AdamW steps over seeded epoch-wise shuffles of the examples; returns each step's loss."""
+    if not examples:
+        raise GrpolabError("sft: no training examples (rft kept no correct sample; try more --rft-samples or mode gold)")
+    encoded = [encode(tokenizer, p, t) for p, t in examples]
+    opt = torch.optim.AdamW(model.parameters(), lr=s.lr, weight_decay=s.weight_decay)
+    g = torch.Generator().manual_seed(s.seed)
+    order: list[int] = []
+    losses: list[float] = []
+    model.train()
+    for _ in range(s.steps):
+        idx = []
+        while len(idx) < min(s.batch_size, len(encoded)):
+            if not order:
+                order = torch.randperm(len(encoded), generator=g).tolist()
+            idx.append(order.pop())
+        loss = sft_loss(model, collate([encoded[i] for i in idx], tokenizer.pad_token_id), s.precision)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), s.grad_clip or float("inf"))
+        opt.step()
+        losses.append(loss.item())
+    model.eval()
+    return losses
+
+
+def run_sft(model_name: str, task: str, options: dict[str, Any], s: SFTSettings, out_dir: Path,
+            limit: int = 0, split: str = "train") -> dict[str, Any]:
+    """Build the SFT/RFT data, fine-tune, write an HF checkpoint + baseline_manifest.json to out_dir."""
+    from .evaluate import load_eval_problems
+    from .manifest import data_hash, problem_hashes, versions, write_json_atomic
+    from .models import load_causal_lm, load_tokenizer, resolve_model_path
+    from .rollout.hf import HFEngine
+
+    out_dir = Path(out_dir)
+    if out_dir.exists() and any(out_dir.iterdir()):
+        raise GrpolabError(f"{out_dir}: exists and is not empty; choose another --out")
+    if s.mode not in ("gold", "rft"):
+        raise GrpolabError(f"sft mode: expected 'gold' or 'rft', got {s.mode!r}")
+    problems = load_eval_problems(task, options, split, limit)
+    path = resolve_model_path(model_name)
+    tokenizer, model = load_tokenizer(path), load_causal_lm(path, "float32")
+    start = time.perf_counter()
+    if s.mode == "gold":
+        sol = gold_solutions(task, options, split)
+        examples = [(p, gold_target(p, sol.get(p.uid))) for p in problems]
+    else:
+        examples = rft_examples(HFEngine(model, tokenizer, torch.float32), tokenizer, problems, s)
+    encoded = [encode(tokenizer, p, t) for p, t in examples]
+    before = mean_loss(model, tokenizer, encoded) if encoded else float("nan")
+    losses = train_sft(model, tokenizer, examples, s)
+    after = mean_loss(model, tokenizer, encoded)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    manifest = {
+        "grpolab_baseline": 1, "method": f"sft-{s.mode}", "base_model": model_name, "base_path": path,
+        # the same shape as a run's config where it matters, so manifest.diff_manifests can group seeds
+        "config": {"model": {"name": model_name}, "task": {"name": task, "options": options, "split": split,
+                                                            "limit": limit}, "train": asdict(s)},
+        "num_problems": len(problems), "num_examples": len(examples),
+        "problems_with_examples": len({p.uid for p, _ in examples}),
+        "train_problem_hashes": problem_hashes(problems), "train_data_hash": data_hash(problems),
+        "loss_before": before, "loss_after": after, "losses": losses,
+        "seconds": time.perf_counter() - start, "versions": versions(),
+    }
+    write_json_atomic(out_dir / BASELINE_MANIFEST, manifest)
+    return manifest
+
+
+def load_baseline_manifest(path: str | Path) -> dict[str, Any]:
+    return json.loads((Path(path) / BASELINE_MANIFEST).read_text(encoding="utf-8"))

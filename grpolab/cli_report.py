@@ -1,0 +1,50 @@
+"""The `grpolab report` command (release gate)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from .cli import app, console
+
+
+@app.command()
+def report(
+    run_dir: Annotated[Path, typer.Argument(help="run directory (manifest.json, metrics.jsonl, eval/*.json)")],
+    baseline: Annotated[list[str], typer.Option("--baseline", help="'base', an eval JSON, or another run directory; repeatable")] = [],
+    threshold: Annotated[list[str], typer.Option("--threshold", help="override a check threshold: NAME=VALUE; repeatable")] = [],
+    skip_safety: Annotated[bool, typer.Option(
+        "--skip-safety", help="do not run the harmful-request probe (the check WARNs 'not measured')")] = False,
+    safety_max_new_tokens: int = 64,
+    capability_task: Annotated[str, typer.Option(help="evaluate base and trained model on this untrained task, e.g. gsm8k")] = "",
+    capability_n: Annotated[int, typer.Option(help="problems for --capability-task")] = 50,
+    capability_option: Annotated[list[str], typer.Option(
+        "--capability-option", help="task option KEY=VALUE, e.g. path=../shared/data/gsm8k")] = [],
+    capability_max_new_tokens: int = 256,
+    dtype: Annotated[str, typer.Option(help="float32 or bfloat16, for the models this command runs")] = "bfloat16",
+    strict: Annotated[bool, typer.Option("--strict", help="exit 1 unless the verdict is 'ship' (for CI)")] = False,
+) -> None:
+    """Release gate: checks (reward hacking, learning signal, drift, regressions, uncertainty) -> report.html + report.md."""
+    from .config import parse_override
+    from .report import ReportOptions, build_report
+    from .report.checks import parse_thresholds
+
+    opts = ReportOptions(
+        baselines=list(baseline), thresholds=parse_thresholds(threshold), skip_safety=skip_safety,
+        safety_max_new_tokens=safety_max_new_tokens, dtype=dtype, capability_task=capability_task or None,
+        capability_n=capability_n, capability_options=dict(parse_override(o) for o in capability_option),
+        capability_max_new_tokens=capability_max_new_tokens,
+    )
+    result = build_report(run_dir, opts, log=lambda s: console.print(f"[dim]{s}[/]"))
+    colour = {"PASS": "green", "WARN": "yellow", "FAIL": "red"}
+    for c in result["checks"]:
+        console.print(f"[{colour[c.status]}]{c.status:4}[/] {c.name:22} {c.reason}", highlight=False, soft_wrap=True)
+    label, why = result["verdict"]
+    style = {"ship": "bold green", "don't ship": "bold red"}.get(label, "bold yellow")
+    console.print(f"[{style}]verdict: {label}[/] — {why}", highlight=False, soft_wrap=True)
+    console.print(f"wrote {result['paths']['html']} and {result['paths']['md']}")
+    if strict and label != "ship":
+        sys.exit(1)

@@ -1,0 +1,20 @@
+"""The release gate: checks, plots and the HTML/Markdown report of a run directory (`grpolab report`).
+
+Modules: checks (metric-history checks, Thresholds), gates (held-out, capability, safety, reproducibility,
+verdict), evidence (reading a run directory), safety (harmful-request probe), plots, render, build.
+Importing this package is cheap; `build_report` and `ReportOptions` load their dependencies on first use.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["ReportOptions", "build_report"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in __all__:
+        from . import build
+
+        return getattr(build, name)
+    raise AttributeError(name)

