@@ -260,24 +260,11 @@ def test_capability_task_runs_eval_for_base_and_trained(tmp_path, monkeypatch):
         build_report(run, ReportOptions(capability_task="arithmetic"))
 
 
-def test_safety_probe_generates_with_a_tiny_model(tmp_path):
-    """The real generation path (resolve -> load -> HFEngine greedy) on a random 1-layer model."""
-    from grpolab.models import cache_dir
+def test_safety_probe_generates_with_a_tiny_model(tiny_model_dir):
+    """The real generation path (resolve -> load -> HFEngine greedy, chat template) on a random tiny model."""
     from grpolab.report.safety import generate_greedy
 
-    tok_dir = cache_dir() / "models" / "smollm2-135m-instruct"
-    if not (tok_dir / "tokenizer.json").is_file():
-        pytest.skip("bundled tokenizer not converted on this machine")
-    import torch
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-
-    tok = AutoTokenizer.from_pretrained(tok_dir)
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                      num_attention_heads=2, num_key_value_heads=1, eos_token_id=tok.eos_token_id)
-    LlamaForCausalLM(cfg).save_pretrained(tmp_path / "tiny")
-    tok.save_pretrained(tmp_path / "tiny")
-    texts = generate_greedy(str(tmp_path / "tiny"), [p["prompt"] for p in load_prompts()[:2]], 4, "float32")
+    texts = generate_greedy(tiny_model_dir, [p["prompt"] for p in load_prompts()[:2]], 4, "float32")
     assert len(texts) == 2 and all(isinstance(t, str) for t in texts)
 
 
