@@ -33,6 +33,7 @@ demo: $(STAMP)
 	$(VENV)/bin/grpolab eval bundled:smollm2-135m-instruct $(DEMO_RUN) --task arithmetic \
 		--task-option digits=1 --task-option operators=+- --task-option terms=2 --task-option num_test=$(EVAL_N) \
 		--split test --max-new-tokens 48 --out $(DEMO_RUN)/eval/base_vs_trained.json
+	$(VENV)/bin/grpolab report $(DEMO_RUN) --skip-safety
 
 bench: $(STAMP)
 	$(PY) -m pip install --quiet -e ".[bench]"

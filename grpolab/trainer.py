@@ -19,7 +19,7 @@ import torch
 from . import checkpoint as ckpt
 from .algo.advantages import compute_advantages
 from .config import Config
-from .data import PromptSampler
+from .prompt_sampler import PromptSampler
 from .errors import GrpolabError
 from .evaluate import EvalResult, greedy_eval
 from .metrics import JsonlSink, completion_metrics, group_metrics, peak_rss_mb, reward_metrics
