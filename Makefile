@@ -31,7 +31,8 @@ demo: $(STAMP)
 	rm -rf $(DEMO_RUN)
 	$(VENV)/bin/grpolab train configs/quickstart.yaml --set run.name=$(notdir $(DEMO_RUN)) --set run.output_dir=$(dir $(DEMO_RUN))
 	$(VENV)/bin/grpolab eval bundled:smollm2-135m-instruct $(DEMO_RUN) --task arithmetic \
-		--task-option digits=1 --task-option operators=+- --task-option terms=2 --task-option num_test=$(EVAL_N) \
+		--task-option max_operand=20 --task-option operators=+- --task-option terms=2 --task-option test_fraction=0.3 \
+		--task-option num_test=$(EVAL_N) \
 		--split test --max-new-tokens 48 --out $(DEMO_RUN)/eval/base_vs_trained.json
 	$(VENV)/bin/grpolab report $(DEMO_RUN) --skip-safety
 

@@ -54,6 +54,7 @@ def formula(cfg: Config) -> tuple[str, str]:
     tex += rf"\Big],\quad A_i = {adv_tex}"
     if a.beta > 0 and a.kl_placement == "reward":
         text += f",  R_i <- R_i - {a.beta} sum_t KL_{a.kl_estimator.value}"
+        tex += rf",\quad R_i \leftarrow R_i - {a.beta}\sum_t \mathrm{{KL}}_{{{a.kl_estimator.value}}}"
     return text, tex
 
 
@@ -109,7 +110,7 @@ def _openrlhf(cfg: Config) -> dict[str, Any]:
         "--dual_clip": a.dual_clip_c if a.surrogate == "dual_clip" else None,
         "--use_kl_loss / --init_kl_coef / --kl_estimator": (a.kl_placement == "loss", a.beta, a.kl_estimator.value),
         "aggregation": "token mean" if a.aggregation == "token_mean" else NONE + f" for {a.aggregation.value}",
-        "sequence-level ratio (GSPO)": NONE if a.surrogate == "gspo" else None,
+        "--policy_loss_type": "gspo" if a.surrogate == "gspo" else "ppo",
         "--n_samples_per_prompt": cfg.rollout.group_size,
     }
 

@@ -2,23 +2,33 @@
 
     runs/<name>/checkpoints/step-N/   model.safetensors, config.json, tokenizer files, trainer_state.pt
 
-A crash while writing leaves only a `.tmp-step-N-*` directory, which is ignored and cleaned up; the previous
-complete checkpoint stays loadable. `keep_last` newest complete checkpoints are kept.
+Every file is fsync'ed before the rename, so a crash, a kill -9 or a full disk while writing leaves at most a
+`.tmp-step-N-*` directory, which `checkpoints()` ignores and `remove_partial()` deletes; the previous complete
+checkpoint stays loadable. Only after the new one is in place are older ones pruned to the newest `keep_last`.
+
+trainer_state.pt holds what an exact resume needs besides the weights (grpolab.trainer.Trainer.state_dict):
+step, optimizer, LR scheduler, every RNG (python, numpy, torch), prompt cursor, fault counters and the byte
+length of metrics.jsonl / samples.jsonl at save time.
 """
 
 from __future__ import annotations
 
 import os
+import random
 import re
 import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
+
+from .errors import GrpolabError
 
 STATE_FILE = "trainer_state.pt"
 _STEP = re.compile(r"^step-(\d+)$")
+_PARTIAL = (".tmp-step-", ".old-step-")
 
 
 def checkpoints(run_dir: Path) -> list[Path]:
@@ -35,19 +45,63 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     return found[-1] if found else None
 
 
+def checkpoint_step(path: Path) -> int:
+    m = _STEP.match(Path(path).name)
+    if not m:
+        raise GrpolabError(f"{path}: not a checkpoint directory (expected a name like step-N)")
+    return int(m.group(1))
+
+
+def remove_partial(run_dir: Path) -> list[Path]:
+    """Delete what interrupted writes left behind (.tmp-step-* / .old-step-* directories); returns them."""
+    root = Path(run_dir) / "checkpoints"
+    stale = [p for p in root.iterdir() if p.name.startswith(_PARTIAL)] if root.is_dir() else []
+    for p in stale:
+        shutil.rmtree(p, ignore_errors=True)
+    return stale
+
+
+def _fsync_tree(directory: Path) -> None:
+    """Flush every file of `directory` and the directory entry itself to disk."""
+    for p in directory.rglob("*"):
+        if p.is_file():
+            with open(p, "rb") as f:
+                os.fsync(f.fileno())
+    _fsync_dir(directory)
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def save_checkpoint(run_dir: Path, step: int, model, tokenizer, state: dict[str, Any], keep_last: int) -> Path:
-    """Write step-N atomically (temp dir + rename), then prune to the newest `keep_last`."""
+    """Write step-N atomically (temp dir, fsync, rename), then prune to the newest `keep_last`.
+
+    Any failure (an OSError such as a full disk included) removes the temporary directory and re-raises; the
+    checkpoints already in place are untouched.
+    """
     root = Path(run_dir) / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
     target = root / f"step-{step}"
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-step-{step}-", dir=root))
     try:
+        os.chmod(tmp, 0o755)  # mkdtemp makes it private; a checkpoint is as readable as the rest of the run
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        torch.save(state, tmp / STATE_FILE)
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(tmp, target)
+        torch.save(state, tmp / STATE_FILE)  # written last: its presence marks a complete checkpoint
+        _fsync_tree(tmp)
+        if target.exists():  # re-saving a step: move the old copy aside first, never delete before replacing
+            aside = Path(tempfile.mkdtemp(prefix=f".old-step-{step}-", dir=root))
+            os.replace(target, aside / target.name)
+            os.replace(tmp, target)
+            shutil.rmtree(aside, ignore_errors=True)
+        else:
+            os.replace(tmp, target)
+        _fsync_dir(root)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -57,4 +111,33 @@ def save_checkpoint(run_dir: Path, step: int, model, tokenizer, state: dict[str,
 
 
 def load_state(ckpt: Path) -> dict[str, Any]:
-    return torch.load(Path(ckpt) / STATE_FILE, weights_only=False)
+    path = Path(ckpt) / STATE_FILE
+    try:
+        return torch.load(path, weights_only=False)
+    except (OSError, RuntimeError, EOFError) as e:
+        raise GrpolabError(f"{path}: cannot read the trainer state ({type(e).__name__}: {e})") from None
+
+
+# ----------------------------------------------------------------------------------------------- RNG states
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)  # seeds every CUDA device too
+
+
+def rng_state() -> dict[str, Any]:
+    """Every global RNG the loop draws from: python, numpy, torch CPU (and CUDA when present)."""
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])

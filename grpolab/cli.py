@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
@@ -14,11 +15,13 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from .errors import GrpolabError
+from .faults import TrainingInterrupted
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="GRPO post-training with held-out evidence.")
 manifest_app = typer.Typer(no_args_is_help=True, help="Inspect run manifests.")
 app.add_typer(manifest_app, name="manifest")
 console = Console()
+err_console = Console(stderr=True)
 
 
 def _progress() -> Progress:
@@ -32,22 +35,35 @@ def _progress() -> Progress:
 def train(
     config: Annotated[Optional[Path], typer.Argument(help="YAML config (defaults when omitted)")] = None,
     set_: Annotated[list[str], typer.Option("--set", help="override a field: --set train.steps=50")] = [],
+    resume: Annotated[Optional[Path], typer.Option("--resume", help="continue RUN_DIR from its last complete checkpoint (config from its manifest)")] = None,
+    allow_changes: Annotated[bool, typer.Option("--allow-changes", help="with --resume: accept (and record) differences from the manifest")] = False,
 ) -> None:
     """Train with GRPO and write a run directory (manifest, metrics, samples, checkpoints)."""
     from .config import load_config
-    from .manifest import write_json_atomic
-    from .runs import build_manifest, new_run_dir
-    from .trainer import Trainer
+    from .runs import resume_run, start_run, trainer_manifest
 
-    cfg = load_config(config, set_)
-    run_dir = new_run_dir(cfg)
-    console.print(f"[bold]run[/] {run_dir}")
-    trainer = Trainer(cfg, run_dir)
-    manifest = build_manifest(cfg, trainer.model_path, trainer.tokenizer, trainer.train_problems, trainer.eval_problems)
-    write_json_atomic(run_dir / "manifest.json", manifest)
+    _show_warnings()
+    if resume is not None:
+        if config is not None:
+            raise GrpolabError("--resume RUN_DIR reads its config from RUN_DIR/manifest.json; pass no config file "
+                               "(change fields with --set ... --allow-changes)")
+        trainer, ckpt = resume_run(resume, set_, allow_changes)
+        console.print(f"[bold]resume[/] {resume} from " + (f"{ckpt.name}" if ckpt else "step 0 (no checkpoint yet)"),
+                      highlight=False, soft_wrap=True)
+        manifest = trainer_manifest(trainer)
+    else:
+        if allow_changes:
+            raise GrpolabError("--allow-changes only applies with --resume RUN_DIR")
+        trainer, manifest = start_run(load_config(config, set_))
+        console.print(f"[bold]run[/] {trainer.run_dir}", highlight=False, soft_wrap=True)
+    cfg, run_dir = trainer.cfg, trainer.run_dir
+    console.print(f"[bold]data[/] {_data_line(trainer.data_summary)}", highlight=False)
     console.print(f"[bold]objective[/] {manifest['objective']['formula']}")
+    if trainer.step >= cfg.train.steps:
+        console.print(f"already finished: step {trainer.step} of train.steps = {cfg.train.steps}; nothing to do")
+        return
     with _progress() as progress:
-        task = progress.add_task("train", total=cfg.train.steps, info="")
+        task = progress.add_task("train", total=cfg.train.steps, completed=trainer.step, info="")
 
         def on_step(step: int, m: dict[str, float]) -> None:
             info = f"reward {m['reward/mean']:.3f}"
@@ -57,7 +73,35 @@ def train(
             progress.update(task, completed=step, info=info)
 
         trainer.fit(on_step)
-    console.print(f"[green]done[/] checkpoints in {run_dir / 'checkpoints'}")
+    console.print(f"[green]done[/] checkpoints in {run_dir / 'checkpoints'}", highlight=False, soft_wrap=True)
+
+
+class _WarningLine(logging.Handler):
+    """grpolab's warnings (skipped non-finite steps, invalid rewards, ...) as one stderr line each."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        err_console.print(f"[yellow]warning:[/] {record.getMessage()}", highlight=False, soft_wrap=True)
+
+
+def _show_warnings() -> None:
+    logger = logging.getLogger("grpolab")
+    if not any(isinstance(h, _WarningLine) for h in logger.handlers):
+        handler = _WarningLine(logging.WARNING)
+        logger.addHandler(handler)
+
+
+def _data_line(summary: dict[str, int]) -> str:
+    """'train 7470 problems (3 rows without a usable gold answer skipped), held-out 64 problems'."""
+    parts = []
+    for split, label in (("train", "train"), ("held_out", "held-out")):
+        if f"{split}_problems" not in summary:
+            continue
+        text = f"{label} {summary[f'{split}_problems']} problems"
+        skipped = summary.get(f"{split}_skipped", 0)
+        if skipped:
+            text += f" ({skipped} row{'s' if skipped > 1 else ''} without a usable gold answer skipped)"
+        parts.append(text)
+    return ", ".join(parts)
 
 
 @manifest_app.command("diff")
@@ -90,15 +134,19 @@ from . import cli_eval, cli_report  # noqa: E402,F401  (register `eval`, `compar
 
 
 def main() -> None:
-    """Entry point: user errors print one line and exit 2; usage errors are click's own messages."""
+    """Entry point: user errors print one line to stderr and exit 2; usage errors are click's own messages;
+    Ctrl-C exits 130 (during training after writing a checkpoint, whose path is printed)."""
     try:
         app(standalone_mode=False)
+    except TrainingInterrupted as e:
+        err_console.print(str(e), highlight=False, soft_wrap=True)
+        sys.exit(130)
     except GrpolabError as e:
-        console.print(f"[red]error:[/] {e}", highlight=False, soft_wrap=True)
+        err_console.print(f"[red]error:[/] {e}", highlight=False, soft_wrap=True)
         sys.exit(2)
     except click.ClickException as e:
         e.show()
         sys.exit(e.exit_code)
     except click.exceptions.Abort:
-        console.print("aborted")
+        err_console.print("aborted")
         sys.exit(130)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import enum
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -103,6 +104,7 @@ class TrainConfig:
     save_every: int = 0  # 0 = only at the end
     keep_last: int = 2
     samples_per_step: int = 4
+    max_nonfinite_steps: int = 3  # stop after this many consecutive steps with a NaN/Inf loss or gradient
 
 
 @dataclass(frozen=True)
@@ -195,14 +197,19 @@ def _build(cls: type, raw: Any, path: str) -> Any:
             hint = f"; did you mean '{path + '.' if path else ''}{close[0]}'?" if close else f"; known fields: {', '.join(names)}"
             raise ConfigError(f"unknown field '{where}'{hint}")
         tp = hints[key]
-        kwargs[key] = _build(tp, value, where) if dataclasses.is_dataclass(tp) else _coerce(where, tp, value)
+        if dataclasses.is_dataclass(tp):
+            kwargs[key] = _build(tp, value, where)
+        else:
+            kwargs[key] = _coerce(where, tp, _from_cli(value, tp))
     return cls(**kwargs)
 
 
 def _expand_preset(raw: dict) -> dict:
-    algo = dict(raw.get("algorithm") or {})
+    algo = raw.get("algorithm") or {}
+    if not isinstance(algo, dict):
+        raise ConfigError(f"algorithm: expected a mapping of fields, got {algo!r}")
     preset = algo.get("preset", AlgorithmConfig.preset)
-    if preset not in PRESETS:
+    if not isinstance(preset, str) or preset not in PRESETS:
         raise ConfigError(f"algorithm.preset: expected one of {', '.join(map(repr, PRESETS))}, got {preset!r}")
     return {**raw, "algorithm": {"preset": preset, **PRESETS[preset], **algo}}
 
@@ -218,12 +225,25 @@ def set_path(raw: dict, dotted: str, value: Any) -> None:
     node[parts[-1]] = value
 
 
+class CliText(str):
+    """The raw text of a --set value: kept verbatim for string fields, parsed as YAML for all others."""
+
+
+def _from_cli(value: Any, tp: Any = None) -> Any:
+    if isinstance(value, dict):
+        return {k: _from_cli(v) for k, v in value.items()}
+    if isinstance(value, CliText):
+        return str(value) if tp is str else (yaml.safe_load(value) if value.strip() else "")
+    return value
+
+
 def parse_override(text: str) -> tuple[str, Any]:
-    """'train.steps=50' -> ('train.steps', 50); the value is parsed as YAML (numbers, booleans, lists)."""
+    """'train.steps=50' -> ('train.steps', CliText('50')); the value becomes 50 for an int field, '50' for a
+    string field, and is otherwise read as YAML (numbers, booleans, lists)."""
     if "=" not in text:
         raise ConfigError(f"--set {text!r}: expected KEY=VALUE, e.g. train.steps=50")
     key, value = text.split("=", 1)
-    return key.strip(), yaml.safe_load(value) if value.strip() else ""
+    return key.strip(), CliText(value)
 
 
 def from_dict(raw: dict) -> Config:
@@ -293,7 +313,15 @@ _RANGES: list[tuple[str, Any, str]] = [
     ("train.grad_clip", lambda v: v >= 0, "a number >= 0 (0 = off)"),
     ("train.save_every", lambda v: v >= 0, "an integer >= 0"),
     ("train.keep_last", lambda v: v >= 1, "an integer >= 1"),
+    ("train.adam_beta1", lambda v: 0 <= v < 1, "a number in [0, 1)"),
+    ("train.adam_beta2", lambda v: 0 <= v < 1, "a number in [0, 1)"),
+    ("train.min_lr_ratio", lambda v: 0 <= v <= 1, "a number in [0, 1]"),
+    ("train.samples_per_step", lambda v: v >= 0, "an integer >= 0"),
+    ("train.max_nonfinite_steps", lambda v: v >= 1, "an integer >= 1"),
+    ("algorithm.entropy_coef", math.isfinite, "a finite number"),
     ("eval.every_steps", lambda v: v >= 0, "an integer >= 0"),
+    ("eval.batch_size", lambda v: v >= 1, "an integer >= 1"),
+    ("eval.max_new_tokens", lambda v: v >= 0, "an integer >= 0 (0 = rollout.max_new_tokens)"),
     ("eval.num_problems", lambda v: v >= 1, "an integer >= 1"),
 ]
 
@@ -311,6 +339,10 @@ def validate(cfg: Config) -> None:
         if not ok(value):
             raise ConfigError(f"{path}: expected {expected}, got {value!r}")
     a = cfg.algorithm
+    if a.overlong_buffer >= cfg.rollout.max_new_tokens:
+        raise ConfigError(
+            f"algorithm.overlong_buffer: expected < rollout.max_new_tokens ({cfg.rollout.max_new_tokens}), got {a.overlong_buffer}"
+        )
     if a.is_c_min > a.is_c_max:
         raise ConfigError(f"algorithm.is_c_min: expected <= algorithm.is_c_max ({a.is_c_max}), got {a.is_c_min}")
     rollouts = cfg.train.prompts_per_step * cfg.rollout.group_size

@@ -12,6 +12,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Iterable
 
+from .errors import GrpolabError
 from .tasks.base import Problem
 
 MODEL_FILES = ("*.safetensors", "*.bin")
@@ -95,10 +96,16 @@ def write_json_atomic(path: Path, data: Any) -> None:
 
 
 def read_manifest(run_dir: Path) -> dict[str, Any]:
-    return json.loads((Path(run_dir) / "manifest.json").read_text(encoding="utf-8"))
+    path = Path(run_dir) / "manifest.json"
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (FileNotFoundError, NotADirectoryError):
+        raise GrpolabError(f"{path}: no manifest.json; expected a run directory written by `grpolab train`") from None
+    except json.JSONDecodeError as e:
+        raise GrpolabError(f"{path}: not valid JSON ({e})") from None
 
 
-SEMANTIC_SECTIONS = ("config", "objective", "hashes", "versions")
+SEMANTIC_SECTIONS = ("config", "objective", "hashes", "versions", "git")
 IGNORED_CONFIG_KEYS = {"config.run.name", "config.run.output_dir"}
 
 

@@ -78,6 +78,21 @@ class JsonlSink:
         self.file.close()
 
 
+def truncate_log(path: Path, offset: int) -> int:
+    """Cut a JSONL log back to `offset` bytes (its length when a checkpoint was saved); returns the bytes removed.
+
+    Rows written after that checkpoint (and a half-written last line after a kill) belong to steps the resumed
+    run will redo, so keeping them would duplicate those steps.
+    """
+    if not path.is_file():
+        return 0
+    size = path.stat().st_size
+    if size > offset:
+        with open(path, "r+b") as f:
+            f.truncate(offset)
+    return max(0, size - offset)
+
+
 class TensorBoardSink:
     def __init__(self, logdir: Path):
         from torch.utils.tensorboard import SummaryWriter  # needs the `tensorboard` extra

@@ -1,29 +1,50 @@
-"""Creating a run directory and its manifest (DESIGN.md section 6)."""
+"""Creating a run directory and its manifest, and resuming one (DESIGN.md section 6).
+
+A resume reads the config from RUN_DIR/manifest.json (plus any --set overrides), rebuilds the trainer and a
+fresh manifest, and refuses -- naming every difference -- when the resolved config, objective, model weights,
+tokenizer, chat template, reward code, data or package versions differ from the recorded ones, unless the
+user passes --allow-changes. Every resume is recorded in the manifest's "resumes" list (time, checkpoint step,
+accepted differences, git state of the resuming code); accepted changes also update the manifest's own sections, so the next resume compares
+against what the run now is.
+"""
 
 from __future__ import annotations
 
+import copy
+import json
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import manifest as mf
 from .card import objective_card
-from .config import Config, to_dict
+from .config import Config, from_dict, parse_override, set_path, to_dict
 from .errors import GrpolabError
 from .tasks.base import Problem
 
+if TYPE_CHECKING:
+    from .trainer import Trainer
 
-def new_run_dir(cfg: Config) -> Path:
+
+def plan_run_dir(cfg: Config) -> Path:
+    """The run directory a new run will use; refuses one that already holds something (nothing is created)."""
     name = cfg.run.name or f"{cfg.task.name}-{cfg.algorithm.preset}-{time.strftime('%Y%m%d-%H%M%S')}"
     path = Path(cfg.run.output_dir) / name
-    if path.exists() and any(path.iterdir()):
-        raise GrpolabError(f"run.name: {path} already exists and is not empty; choose another name or use --resume")
+    if path.exists() and (not path.is_dir() or any(path.iterdir())):
+        raise GrpolabError(f"run.name: {path} already exists and is not empty; choose another name, "
+                           f"or continue it with: grpolab train --resume {path}")
+    return path
+
+
+def new_run_dir(cfg: Config) -> Path:
+    path = plan_run_dir(cfg)
     path.mkdir(parents=True, exist_ok=True)
     return path
 
 
-def build_manifest(cfg: Config, model_path: str, tokenizer, train: list[Problem], held_out: list[Problem]) -> dict[str, Any]:
+def build_manifest(cfg: Config, model_path: str, tokenizer, train: list[Problem], held_out: list[Problem],
+                   data_summary: dict[str, int] | None = None) -> dict[str, Any]:
     hashes = mf.hash_model_dir(model_path)
     return {
         "grpolab_manifest": 1,
@@ -39,6 +60,7 @@ def build_manifest(cfg: Config, model_path: str, tokenizer, train: list[Problem]
             "train_data": mf.data_hash(train),
             "held_out_data": mf.data_hash(held_out),
         },
+        "data": data_summary or {"train_problems": len(train), "held_out_problems": len(held_out)},
         "model_path": model_path,
         "train_problem_hashes": mf.problem_hashes(train),
         "versions": mf.versions(),
@@ -46,3 +68,79 @@ def build_manifest(cfg: Config, model_path: str, tokenizer, train: list[Problem]
         "seed": cfg.train.seed,
         "machine": mf.machine(),
     }
+
+
+def trainer_manifest(trainer: "Trainer") -> dict[str, Any]:
+    """The manifest of a built trainer, as it reads back from JSON (tuples as lists), so it compares equal."""
+    built = build_manifest(trainer.cfg, trainer.model_path, trainer.tokenizer, trainer.train_problems,
+                           trainer.eval_problems, trainer.data_summary)
+    return json.loads(json.dumps(built))
+
+
+def start_run(cfg: Config) -> tuple["Trainer", dict[str, Any]]:
+    """A new run: check the directory is free, build the trainer (bad input fails here, before anything is
+    written), then create the directory and write its manifest."""
+    from .trainer import Trainer
+
+    run_dir = plan_run_dir(cfg)
+    trainer = Trainer(cfg, run_dir)
+    manifest = trainer_manifest(trainer)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    mf.write_json_atomic(run_dir / "manifest.json", manifest)
+    return trainer, manifest
+
+
+def resume_config(run_dir: Path, overrides: list[str]) -> tuple[Config, dict[str, Any]]:
+    """(config recorded in RUN_DIR/manifest.json with --set overrides applied, the manifest)."""
+    run_dir = Path(run_dir)
+    if not (run_dir / "manifest.json").is_file():
+        raise GrpolabError(f"--resume {run_dir}: not a run directory (no manifest.json); start a new run instead")
+    try:
+        manifest = mf.read_manifest(run_dir)
+        raw = copy.deepcopy(manifest["config"])
+    except (ValueError, KeyError, OSError) as e:
+        raise GrpolabError(f"--resume {run_dir}: unreadable manifest.json ({type(e).__name__}: {e})") from None
+    for text in overrides:
+        set_path(raw, *parse_override(text))
+    return from_dict(raw), manifest
+
+
+# What a resume must match. The git state is recorded with each resume but does not block it: a commit that
+# touches nothing the run uses (docs, tests) is not a reason to refuse, and what does matter is hashed here.
+RESUME_GUARDED = ("config", "objective", "hashes", "versions")
+
+
+def check_resume(recorded: dict[str, Any], current: dict[str, Any], run_dir: Path, allow_changes: bool) -> list[tuple[str, Any, Any]]:
+    """The differences between the recorded and the current manifest; refuses any unless allow_changes."""
+    guarded = lambda m: {k: m.get(k) for k in RESUME_GUARDED}  # noqa: E731
+    diffs = mf.diff_manifests(guarded(recorded), guarded(current))
+    if diffs and not allow_changes:
+        listed = "; ".join(f"{k}: {a!r} -> {b!r}" for k, a, b in diffs)
+        raise GrpolabError(f"--resume {run_dir}: the run no longer matches its manifest ({len(diffs)} difference"
+                           f"{'s' if len(diffs) > 1 else ''}: {listed}); pass --allow-changes to continue anyway "
+                           f"(the differences are recorded in the manifest)")
+    return diffs
+
+
+def resume_run(run_dir: Path, overrides: list[str], allow_changes: bool) -> tuple["Trainer", Path | None]:
+    """Rebuild the trainer of RUN_DIR, check it against the manifest, restore the newest complete checkpoint
+    (step 0 when there is none) and record the resume. Returns (trainer, checkpoint resumed from)."""
+    from .trainer import Trainer
+
+    run_dir = Path(run_dir)
+    cfg, recorded = resume_config(run_dir, overrides)
+    trainer = Trainer(cfg, run_dir)
+    current = trainer_manifest(trainer)
+    diffs = check_resume(recorded, current, run_dir, allow_changes)
+    path = trainer.resume()
+    updated = dict(recorded)
+    if diffs:
+        updated.update({k: current[k] for k in RESUME_GUARDED})
+    updated["resumes"] = [*recorded.get("resumes", []), {
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "step": trainer.step,
+        "checkpoint": path.name if path else None, "command": " ".join(["grpolab", *sys.argv[1:]]),
+        "allow_changes": allow_changes, "differences": [{"field": k, "recorded": a, "now": b} for k, a, b in diffs],
+        "git": current.get("git"),
+    }]
+    mf.write_json_atomic(run_dir / "manifest.json", updated)
+    return trainer, path

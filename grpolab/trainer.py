@@ -6,26 +6,28 @@
 
 from __future__ import annotations
 
+import logging
 import math
-import random
+import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-import numpy as np
 import torch
 
 from . import checkpoint as ckpt
 from .algo.advantages import compute_advantages
-from .config import Config
-from .prompt_sampler import PromptSampler
-from .errors import GrpolabError
-from .evaluate import EvalResult, greedy_eval
-from .metrics import JsonlSink, completion_metrics, group_metrics, peak_rss_mb, reward_metrics
-from .models import DTYPES, frozen_copy, load_causal_lm, load_tokenizer, resolve_model_path
-from .prompting import prompt_ids
 from .algo.kl import KLPlacement, token_kl
+from .checkpoint import rng_state, seed_everything, set_rng_state  # noqa: F401  (re-exported)
+from .config import Config
+from .errors import DataError, GrpolabError
+from .evaluate import EvalResult, greedy_eval
+from .faults import InterruptGuard, NonFiniteTracker, TrainingInterrupted
+from .metrics import JsonlSink, completion_metrics, group_metrics, peak_rss_mb, reward_metrics, truncate_log
+from .models import DTYPES, frozen_copy, load_causal_lm, load_tokenizer, resolve_model_path
+from .prompt_sampler import PromptSampler
+from .prompting import prompt_ids
 from .rewards import score_completion
 from .rewards.overlong import soft_overlong_penalty
 from .rollout.base import Rollout, SamplingParams, concat_rollouts
@@ -33,6 +35,9 @@ from .rollout.hf import HFEngine
 from .tasks import make_task
 from .tasks.base import Problem
 from .update import PolicyUpdater
+
+log = logging.getLogger("grpolab")
+LOGS = ("metrics.jsonl", "samples.jsonl")  # truncated to their checkpointed length on resume
 
 
 @dataclass
@@ -42,22 +47,7 @@ class Scores:
     rewards: torch.Tensor
     components: dict[str, torch.Tensor]
     invalid: torch.Tensor
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
-
-
-def rng_state() -> dict[str, Any]:
-    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
+    errors: list[str | None] = field(default_factory=list)  # [N] why a sample is invalid (None: valid)
 
 
 def lr_lambda(cfg: Config) -> Callable[[int], float]:
@@ -91,7 +81,30 @@ def score_rollout(rollout: Rollout, problems: list[Problem], cfg: Config) -> Sco
         pen = [soft_overlong_penalty(n, cfg.rollout.max_new_tokens, a.overlong_buffer, a.overlong_penalty) for n in lengths]
         components["overlong"] = torch.tensor(pen, dtype=torch.float64)
         rewards = rewards + components["overlong"]
-    return Scores(rewards=rewards, components=components, invalid=torch.tensor([r.invalid for r in results]))
+    invalid = torch.tensor([r.invalid for r in results])
+    return Scores(rewards=rewards, components=components, invalid=invalid, errors=[r.error for r in results])
+
+
+def load_problems(cfg: Config) -> tuple[list[Problem], list[Problem], dict[str, int]]:
+    """(train problems, held-out problems, data summary); an unreadable source is a DataError naming it.
+
+    Rows a task skips for lacking a usable gold answer (its `last_skipped`) are counted in the summary; the
+    task itself fails when more than its allowed share are bad (e.g. task.max_bad_fraction of gsm8k).
+    """
+    task = make_task(cfg.task.name, **cfg.task.options)
+    source = cfg.task.options.get("path", cfg.task.name)
+    try:
+        train = task.problems("train")
+        summary = {"train_problems": len(train), "train_skipped": getattr(task, "last_skipped", 0)}
+        held_out: list[Problem] = []
+        if cfg.eval.every_steps:
+            held_out = task.problems(cfg.eval.split)[: cfg.eval.num_problems]
+            summary.update(held_out_problems=len(held_out), held_out_skipped=getattr(task, "last_skipped", 0))
+    except (OSError, UnicodeDecodeError) as e:
+        raise DataError(f"{source}: cannot read the task data ({type(e).__name__}: {e})") from None
+    if not train:
+        raise DataError(f"{source}: no training problems")
+    return train, held_out, summary
 
 
 @dataclass
@@ -112,9 +125,7 @@ class Trainer:
         self.cfg = cfg
         self.run_dir = Path(run_dir)
         seed_everything(cfg.train.seed)
-        task = make_task(cfg.task.name, **cfg.task.options)
-        self.train_problems = task.problems("train")
-        self.eval_problems = task.problems(cfg.eval.split)[: cfg.eval.num_problems] if cfg.eval.every_steps else []
+        self.train_problems, self.eval_problems, self.data_summary = load_problems(cfg)
         self.model_path = resolve_model_path(cfg.model.name)
         self.tokenizer = load_tokenizer(self.model_path)
         self.policy = load_causal_lm(self.model_path, cfg.model.dtype)
@@ -124,7 +135,7 @@ class Trainer:
         self.engine = HFEngine(self.policy, self.tokenizer, DTYPES[cfg.rollout.dtype])
         self.optimizer = torch.optim.AdamW(
             self.policy.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay,
-            betas=(cfg.train.adam_beta1, cfg.train.adam_beta2),
+            betas=(cfg.train.adam_beta1, cfg.train.adam_beta2), foreach=True,
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(cfg))
         self.updater = PolicyUpdater(cfg, self.policy, self.reference, self.optimizer, self.scheduler)
@@ -135,6 +146,9 @@ class Trainer:
         )
         self._prompt_cache: dict[str, list[int]] = {}
         self.step = 0
+        self.saved_step: int | None = None  # step of the newest checkpoint this trainer wrote or loaded
+        self.nonfinite = NonFiniteTracker(cfg.train.max_nonfinite_steps)
+        self.skipped_in_step = 0
         self.timing = {"rollout": 0.0, "reward": 0.0}
         self.last_eval: EvalResult | None = None
 
@@ -197,10 +211,12 @@ class Trainer:
         rollout = concat_rollouts([r for r, _, _ in parts], self.tokenizer.pad_token_id).select(rows)
         rollout.group = torch.arange(len(kept)).repeat_interleave(g)
         cat = lambda xs: torch.cat(xs)[rows]  # noqa: E731
+        errors = [e for _, _, s in parts for e in s.errors]
         scores = Scores(
             rewards=cat([s.rewards for _, _, s in parts]),
             components={k: cat([s.components[k] for _, _, s in parts]) for k in parts[0][2].components},
             invalid=cat([s.invalid for _, _, s in parts]),
+            errors=[errors[i] for i in rows],
         )
         return rollout, problems, scores
 
@@ -217,15 +233,25 @@ class Trainer:
         return ref, old
 
     def train_step(self) -> tuple[dict[str, float], list[dict[str, Any]]]:
+        """One whole step (collect + update) without logging or checkpointing."""
         t0, self.timing = time.perf_counter(), {"rollout": 0.0, "reward": 0.0}
-        batch = self.collect()
+        return self.update_step(self.collect(), t0)
+
+    def update_step(self, batch: Batch, t0: float) -> tuple[dict[str, float], list[dict[str, Any]]]:
+        """Update the policy on a collected batch and return (metrics, samples) of the completed step."""
         t1 = time.perf_counter()
         ref, old = self.kl_in_reward(batch)
         rollout, scores = batch.rollout, batch.scores
+        skipped = self.updater.skipped_steps
         update_metrics = self.updater.update(rollout, batch.advantages, ~scores.invalid, ref_logp=ref, old_logp=old)
+        self.skipped_in_step = self.updater.skipped_steps - skipped
         self.engine.sync_weights(self.policy)
         t2 = time.perf_counter()
         self.step += 1
+        errors = [e for e in scores.errors if e]
+        if errors:
+            log.warning("step %d: %d of %d completions have no valid reward (excluded from the update); first: %s",
+                        self.step, len(errors), len(rollout), errors[0])
         metrics = {
             **reward_metrics(scores.rewards, scores.components, scores.invalid),
             **group_metrics(batch.zero_std, batch.zero_std_slices),
@@ -254,52 +280,132 @@ class Trainer:
         self.last_eval = greedy_eval(self.engine, self.tokenizer, self.eval_problems, max_new, self.cfg.eval.batch_size)
         return self.last_eval
 
+    def eval_metrics(self) -> dict[str, float]:
+        r = self.evaluate()
+        return {"eval/accuracy": r.accuracy, "eval/ci_low": r.ci_low, "eval/ci_high": r.ci_high,
+                "eval/len_mean": r.len_mean, "eval/truncated_frac": r.truncated_frac}
+
     # ------------------------------------------------------------------------------------------ state
 
+    def cursor_state(self) -> dict[str, Any]:
+        """What a step changes before its update: the RNG states and the prompt cursor (cheap to copy)."""
+        return {"rng": rng_state(), "sampler": self.sampler.state_dict()}
+
     def state_dict(self) -> dict[str, Any]:
+        """Everything an exact resume needs besides the weights (DESIGN.md section 6). Dynamic sampling keeps no
+        state across steps (each step refills from the prompt cursor), so the cursor covers it."""
         return {
-            "step": self.step, "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
-            "rng": rng_state(), "sampler": self.sampler.state_dict(),
+            **self.cursor_state(), "step": self.step, "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(), "faults": {"skipped_steps": self.updater.skipped_steps},
+            "logs": {name: _size(self.run_dir / name) for name in LOGS}, "torch_threads": torch.get_num_threads(),
         }
 
     def save(self) -> Path:
-        return ckpt.save_checkpoint(self.run_dir, self.step, self.policy, self.tokenizer, self.state_dict(), self.cfg.train.keep_last)
+        """Write checkpoints/step-N atomically; a failed write (full disk...) stops the run with the previous
+        checkpoint intact."""
+        try:
+            path = ckpt.save_checkpoint(self.run_dir, self.step, self.policy, self.tokenizer, self.state_dict(),
+                                        self.cfg.train.keep_last)
+        except (OSError, RuntimeError) as e:
+            prev = ckpt.latest_checkpoint(self.run_dir)
+            kept = f"the previous checkpoint {prev} is intact" if prev else "there is no earlier checkpoint"
+            raise GrpolabError(f"could not write the checkpoint of step {self.step} ({type(e).__name__}: {e}); {kept}; "
+                               f"fix the cause (disk space?) and continue with: grpolab train --resume {self.run_dir}") from None
+        self.saved_step = self.step
+        return path
 
     def load(self, path: Path) -> None:
+        """Restore a checkpoint. The RNG states are restored last, after everything that could draw from them."""
         state = ckpt.load_state(path)
         self.policy.load_state_dict(load_causal_lm(str(path), self.cfg.model.dtype).state_dict())
         self.engine.sync_weights(self.policy)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.sampler.load_state_dict(state["sampler"])
+        self.updater.skipped_steps = state.get("faults", {}).get("skipped_steps", 0)
+        for name, offset in state.get("logs", {}).items():
+            truncate_log(self.run_dir / name, offset)
+        self.step = self.saved_step = state["step"]
+        if state.get("torch_threads", torch.get_num_threads()) != torch.get_num_threads():
+            log.warning("%s was written with %d torch threads, this process uses %d: CPU results may differ in the "
+                        "last bits (set OMP_NUM_THREADS=%d for an exact resume)", path, state["torch_threads"],
+                        torch.get_num_threads(), state["torch_threads"])
         set_rng_state(state["rng"])
-        self.step = state["step"]
+
+    def resume(self) -> Path | None:
+        """Continue from the newest complete checkpoint, or from step 0 (logs emptied) when there is none."""
+        ckpt.remove_partial(self.run_dir)
+        path = ckpt.latest_checkpoint(self.run_dir)
+        if path is None:
+            for name in LOGS:
+                truncate_log(self.run_dir / name, 0)
+            return None
+        self.load(path)
+        return path
 
     # ------------------------------------------------------------------------------------------ loop
 
     def fit(self, on_step: Callable[[int, dict[str, float]], None] | None = None) -> dict[str, float]:
-        """Run to train.steps, logging every step, evaluating every eval.every_steps, checkpointing."""
-        cfg = self.cfg
-        metrics_sink = JsonlSink(self.run_dir / "metrics.jsonl")
-        samples_sink = JsonlSink(self.run_dir / "samples.jsonl")
+        """Run to train.steps, logging every step, evaluating every eval.every_steps, checkpointing.
+
+        Ctrl-C: see grpolab.faults (raises TrainingInterrupted after writing a checkpoint). Non-finite steps are
+        skipped and stop the run after train.max_nonfinite_steps in a row (GrpolabError)."""
         metrics: dict[str, float] = {}
+        sinks = {name: JsonlSink(self.run_dir / name) for name in LOGS}
         try:
-            while self.step < cfg.train.steps:
-                metrics, samples = self.train_step()
-                if cfg.eval.every_steps and (self.step % cfg.eval.every_steps == 0 or self.step == cfg.train.steps):
-                    result = self.evaluate()
-                    metrics.update({"eval/accuracy": result.accuracy, "eval/ci_low": result.ci_low, "eval/ci_high": result.ci_high})
-                if not all(math.isfinite(v) for k, v in metrics.items() if k.startswith("loss/")):
-                    raise GrpolabError(f"step {self.step}: non-finite loss {metrics}")
-                metrics_sink.log(self.step, metrics)
-                for s in samples:
-                    samples_sink.log(self.step, s)
-                if on_step:
-                    on_step(self.step, metrics)
-                if cfg.train.save_every and self.step % cfg.train.save_every == 0 and self.step < cfg.train.steps:
-                    self.save()
-            self.save()
+            with InterruptGuard() as guard:
+                while self.step < self.cfg.train.steps:
+                    before, t0 = self.cursor_state(), time.perf_counter()
+                    self.timing = {"rollout": 0.0, "reward": 0.0}
+                    try:
+                        batch = self.collect()
+                    except KeyboardInterrupt:  # nothing trained yet: roll the step back and keep the last one
+                        self.sampler.load_state_dict(before["sampler"])
+                        set_rng_state(before["rng"])
+                        raise self.interrupted() from None
+                    with guard.critical_section():
+                        metrics = self.end_step(*self.update_step(batch, t0), sinks, on_step)
+                    if guard.requested:
+                        raise self.interrupted()
+                with guard.critical_section():
+                    if self.saved_step != self.step:
+                        self.save()
+        except KeyboardInterrupt:  # a second Ctrl-C inside the critical section
+            raise TrainingInterrupted(self.run_dir, ckpt.latest_checkpoint(self.run_dir), written=False) from None
         finally:
-            metrics_sink.close()
-            samples_sink.close()
+            for sink in sinks.values():
+                sink.close()
         return metrics
+
+    def end_step(self, metrics: dict[str, float], samples: list[dict[str, Any]], sinks: dict[str, JsonlSink],
+                 on_step: Callable[[int, dict[str, float]], None] | None) -> dict[str, float]:
+        """Periodic eval, logging, non-finite bookkeeping and the periodic checkpoint of the step just taken."""
+        cfg, step = self.cfg, self.step
+        if cfg.eval.every_steps and (step % cfg.eval.every_steps == 0 or step == cfg.train.steps):
+            metrics.update(self.eval_metrics())
+        bad = self.skipped_in_step > 0 or not all(math.isfinite(v) for k, v in metrics.items() if k.startswith("loss/"))
+        sinks["metrics.jsonl"].log(step, metrics)
+        for s in samples:
+            sinks["samples.jsonl"].log(step, s)
+        if on_step:
+            on_step(step, metrics)
+        if self.nonfinite.record(step, bad, self.updater.skipped_steps):
+            last = ckpt.latest_checkpoint(self.run_dir)
+            raise GrpolabError(
+                f"step {step}: {self.nonfinite.streak} consecutive steps with a non-finite loss or gradient "
+                f"(train.max_nonfinite_steps = {self.nonfinite.limit}); stopped. "
+                + (f"The last good checkpoint is {last}" if last else "No checkpoint was written"))
+        if cfg.train.save_every and step % cfg.train.save_every == 0 and step < cfg.train.steps and not self.nonfinite.streak:
+            self.save()
+        return metrics
+
+    def interrupted(self) -> TrainingInterrupted:
+        """Checkpoint the last completed step (unless it already is, or nothing was trained) for a Ctrl-C."""
+        written = self.step > 0 and self.saved_step != self.step and not self.nonfinite.streak
+        if written:
+            self.save()
+        return TrainingInterrupted(self.run_dir, ckpt.latest_checkpoint(self.run_dir), written)
+
+
+def _size(path: Path) -> int:
+    return os.path.getsize(path) if path.is_file() else 0

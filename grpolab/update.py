@@ -35,6 +35,7 @@ class PolicyUpdater:
         self.is_params = ISParams(c_max=a.is_c_max, c_min=a.is_c_min)
         self.temperature = cfg.rollout.temperature
         self.group_size = cfg.rollout.group_size if cfg.train.share_prompt else 1
+        self.skipped_steps = 0  # optimizer steps skipped for a non-finite loss or gradient, over the whole run
 
     @torch.no_grad()
     def logprobs_no_grad(self, model, rollout: Rollout, precision: str) -> torch.Tensor:
@@ -70,6 +71,7 @@ class PolicyUpdater:
             for mb in order.chunk(t.minibatches):
                 weights = token_weights(mask[mb], cfg.algorithm.aggregation, cfg.l_max)
                 self.optimizer.zero_grad(set_to_none=True)
+                finite = True
                 for start in range(0, len(mb), t.micro_batch_size):
                     rows = mb[start : start + t.micro_batch_size]
                     fo = completion_logprobs(self.policy, rollout, rows, self.temperature, t.precision, with_entropy=True,
@@ -83,11 +85,14 @@ class PolicyUpdater:
                         fo.logp, old, None if ref_logp is None else ref_logp[rows][:, c], advantages[rows],
                         weights[start : start + len(rows)][:, c], isw, m, self.params, fo.entropy,
                     )
-                    terms.total.backward()
+                    total = terms.total.item()
+                    finite = finite and math.isfinite(total)
+                    if finite:  # a NaN/Inf loss skips this optimizer step anyway: no backward needed
+                        terms.total.backward()
                     mf = m.float()
                     sums["loss/policy"] += terms.policy
                     sums["loss/kl"] += terms.kl
-                    sums["loss/total"] += terms.total.item()
+                    sums["loss/total"] += total
                     sums["kl_tok"] += terms.kl_token_sum
                     sums["clip_low"] += terms.clip_low_count
                     sums["clip_high"] += terms.clip_high_count
@@ -99,9 +104,11 @@ class PolicyUpdater:
                         sel = m.bool()
                         mismatch["diff"].append((old - sampler).abs()[sel])
                         mismatch["w"].append(isw[sel])
-                sums["grad_norm"] += self.optimizer_step()
+                sums["grad_norm"] += self.optimizer_step(finite)
                 sums["optimizer_steps"] += 1
-        return self._summarise(sums, mismatch)
+        out = self._summarise(sums, mismatch)
+        out["optim/skipped_steps"] = float(self.skipped_steps)
+        return out
 
     def group_order(self, rollout: Rollout) -> torch.Tensor:
         """A random order of the rows that keeps each group's rows together (so prompts can be shared)."""
@@ -109,12 +116,18 @@ class PolicyUpdater:
         groups = torch.randperm(len(rollout) // g)
         return (groups.unsqueeze(1) * g + torch.arange(g)).flatten()
 
-    def optimizer_step(self) -> float:
-        """Clip, step the optimizer and the LR schedule; a non-finite gradient skips the step (returns NaN)."""
-        clip = self.cfg.train.grad_clip or float("inf")
-        norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), clip).item()
+    def optimizer_step(self, finite_loss: bool = True) -> float:
+        """Clip, step the optimizer and the LR schedule. A non-finite loss or gradient norm skips the step
+        (counted in self.skipped_steps; returns NaN or the non-finite norm) and leaves weights, optimizer
+        moments and the LR schedule untouched."""
+        if not finite_loss:
+            norm = math.nan
+        else:
+            clip = self.cfg.train.grad_clip or float("inf")
+            norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), clip).item()
         if not math.isfinite(norm):
             self.optimizer.zero_grad(set_to_none=True)
+            self.skipped_steps += 1
             return norm
         self.optimizer.step()
         self.scheduler.step()

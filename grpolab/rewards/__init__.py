@@ -5,14 +5,20 @@ the named ones as ``total = sum(weights[name] * fn(completion, gold))``. A rewar
 the result invalid (``total`` is NaN and ``error`` says which reward failed and why); it is never
 silently counted as 0.
 
-Time limits: each ``RewardSpec`` records ``time_limit_s``, but it is NOT enforced yet (no threads or
-signals are used here); enforcing it is left to a later change.
+Time limits: each ``RewardSpec`` declares ``time_limit_s`` (None = no limit), and it is enforced. Rewards run
+in a daemon worker thread and the caller waits at most the limit; a call that runs over makes the result
+invalid (``"<name>: TimeoutError: ..."``) and the worker is abandoned -- a new one serves later calls, so a
+hanging reward never hangs the trainer. A thread cannot be killed: an abandoned call keeps running in the
+background until it returns (or the process exits), so a reward that spins forever in pure Python keeps
+costing CPU. Rewards that can run away (untrusted code) belong in a sandboxed process, not here.
 """
 
 from __future__ import annotations
 
+import queue
+import threading
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 from grpolab.errors import ConfigError
 from grpolab.rewards.math import correctness_reward, extract_answer, format_reward, normalize_answer
@@ -20,11 +26,61 @@ from grpolab.rewards.math import correctness_reward, extract_answer, format_rewa
 
 @dataclass(frozen=True)
 class RewardSpec:
-    """A registered reward: the function, what it measures, and its (not yet enforced) time limit."""
+    """A registered reward: the function, what it measures, and its time limit in seconds (None = none)."""
 
     fn: Callable[[str, str], float]
     description: str
-    time_limit_s: float = 5.0
+    time_limit_s: float | None = 5.0
+
+
+class _Worker:
+    """One daemon thread running calls from its queue, one at a time."""
+
+    def __init__(self) -> None:
+        self.jobs: queue.SimpleQueue = queue.SimpleQueue()
+        threading.Thread(target=self._loop, name="grpolab-reward", daemon=True).start()
+
+    def _loop(self) -> None:
+        while True:
+            fn, args, box, done = self.jobs.get()
+            try:
+                box["value"] = fn(*args)
+            except BaseException as exc:  # reported to the caller, who decides
+                box["error"] = exc
+            done.set()
+
+
+_worker: _Worker | None = None
+_worker_lock = threading.Lock()
+
+
+def call_with_time_limit(fn: Callable[..., Any], args: tuple, limit_s: float | None) -> Any:
+    """fn(*args), raising TimeoutError when it has not returned within limit_s seconds (None: call directly).
+
+    >>> call_with_time_limit(max, (1, 2), 1.0)
+    2
+    """
+    global _worker
+    if limit_s is None:
+        return fn(*args)
+    with _worker_lock:
+        if _worker is None:
+            _worker = _Worker()
+        worker = _worker
+        box: dict[str, Any] = {}
+        done = threading.Event()
+        worker.jobs.put((fn, args, box, done))
+        try:
+            finished = done.wait(limit_s)
+        except BaseException:  # Ctrl-C while waiting: the worker may still be busy, do not reuse it
+            _worker = None
+            raise
+        if not finished:
+            _worker = None  # this one is stuck in fn: abandon it, the next call starts a fresh worker
+            raise TimeoutError(f"exceeded its time limit of {limit_s:g} s")
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
 
 
 @dataclass(frozen=True)
@@ -65,7 +121,8 @@ def score_completion(completion: str, gold: str, weights: dict[str, float]) -> R
     errors: list[str] = []
     for name in weights:
         try:
-            components[name] = float(REWARD_FUNCTIONS[name].fn(completion, gold))
+            spec = REWARD_FUNCTIONS[name]
+            components[name] = float(call_with_time_limit(spec.fn, (completion, gold), spec.time_limit_s))
         except Exception as exc:  # a broken reward must be visible, never a silent 0
             components[name] = float("nan")
             errors.append(f"{name}: {type(exc).__name__}: {exc}")
@@ -79,6 +136,7 @@ __all__ = [
     "REWARD_FUNCTIONS",
     "RewardResult",
     "RewardSpec",
+    "call_with_time_limit",
     "correctness_reward",
     "extract_answer",
     "format_reward",

@@ -7,6 +7,8 @@ Rules:
 - Each operand is drawn in two steps: first its number of digits k, uniform over 1..`digits`,
   then its value, uniform over the k-digit integers (0..9 for k = 1). So with digits=3 a third
   of the operands are single-digit, rather than ~1% as a uniform draw over 0..999 would give.
+  With `max_operand` > 0 the operands are instead uniform over 0..max_operand (digits is ignored):
+  a finer difficulty knob, e.g. 0..20.
 - The answer is evaluated exactly with normal precedence ("*" before "+"/"-", left to right),
   without eval(). Answers may be negative.
 - The split of an expression is a pure function of its text:
@@ -94,8 +96,10 @@ class ArithmeticTask:
         test_fraction: float = 0.2,
         num_train: int = 2000,
         num_test: int = 200,
+        max_operand: int = 0,
     ) -> None:
         self.digits = _check_int("digits", digits, 1)
+        self.max_operand = _check_int("max_operand", max_operand, 0)
         self.operators = _check_operators(operators)
         self.terms = _check_int("terms", terms, 2)
         if isinstance(seed, bool) or not isinstance(seed, int):
@@ -126,6 +130,7 @@ class ArithmeticTask:
         if not found:
             raise ConfigError(
                 f"task.test_fraction: no {split} problems could be generated with digits={self.digits}, "
+                f"max_operand={self.max_operand}, "
                 f"terms={self.terms}, operators={self.operators!r}, test_fraction={self.test_fraction}; "
                 "raise task.digits or task.terms, or move task.test_fraction away from 0/1"
             )
@@ -138,9 +143,11 @@ class ArithmeticTask:
         for i in range(self.terms):
             if i:
                 tokens.append(rng.choice(self.operators))
-            k = rng.randint(1, self.digits)
-            low = 0 if k == 1 else 10 ** (k - 1)
-            operands.append(str(rng.randint(low, 10**k - 1)))
+            if self.max_operand:
+                operands.append(str(rng.randint(0, self.max_operand)))
+            else:
+                k = rng.randint(1, self.digits)
+                operands.append(str(rng.randint(0 if k == 1 else 10 ** (k - 1), 10**k - 1)))
             tokens.append(operands[-1])
         return operands, tokens
 
