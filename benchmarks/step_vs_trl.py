@@ -42,6 +42,7 @@ import json
 import math
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -406,7 +407,11 @@ def worker_main(args) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
-    result = (run_ours if args.worker == "ours" else run_trl)(args, args.model)
+    tempfile.tempdir = tempfile.mkdtemp(prefix=f"grpolab-bench-{args.worker}-")  # run dirs of this worker, removed below
+    try:
+        result = (run_ours if args.worker == "ours" else run_trl)(args, args.model)
+    finally:
+        shutil.rmtree(tempfile.tempdir, ignore_errors=True)
     result["settings"] = settings_dict(args)
     Path(args.worker_out).write_text(json.dumps(result))
 

@@ -39,8 +39,9 @@ def train(
     allow_changes: Annotated[bool, typer.Option("--allow-changes", help="with --resume: accept (and record) differences from the manifest")] = False,
 ) -> None:
     """Train with GRPO and write a run directory (manifest, metrics, samples, checkpoints)."""
+    from .card import objective_card
     from .config import load_config
-    from .runs import resume_run, start_run, trainer_manifest
+    from .runs import resume_run, start_run
 
     _show_warnings()
     if resume is not None:
@@ -50,15 +51,14 @@ def train(
         trainer, ckpt = resume_run(resume, set_, allow_changes)
         console.print(f"[bold]resume[/] {resume} from " + (f"{ckpt.name}" if ckpt else "step 0 (no checkpoint yet)"),
                       highlight=False, soft_wrap=True)
-        manifest = trainer_manifest(trainer)
     else:
         if allow_changes:
             raise GrpolabError("--allow-changes only applies with --resume RUN_DIR")
-        trainer, manifest = start_run(load_config(config, set_))
+        trainer, _ = start_run(load_config(config, set_))
         console.print(f"[bold]run[/] {trainer.run_dir}", highlight=False, soft_wrap=True)
     cfg, run_dir = trainer.cfg, trainer.run_dir
     console.print(f"[bold]data[/] {_data_line(trainer.data_summary)}", highlight=False)
-    console.print(f"[bold]objective[/] {manifest['objective']['formula']}")
+    console.print(f"[bold]objective[/] {objective_card(cfg)['formula']}")
     if trainer.step >= cfg.train.steps:
         console.print(f"already finished: step {trainer.step} of train.steps = {cfg.train.steps}; nothing to do")
         return

@@ -47,7 +47,7 @@ class Scores:
     rewards: torch.Tensor
     components: dict[str, torch.Tensor]
     invalid: torch.Tensor
-    errors: list[str | None] = field(default_factory=list)  # [N] why a sample is invalid (None: valid)
+    errors: list[str] = field(default_factory=list)  # why each invalid sample is invalid, in row order
 
 
 def lr_lambda(cfg: Config) -> Callable[[int], float]:
@@ -82,7 +82,7 @@ def score_rollout(rollout: Rollout, problems: list[Problem], cfg: Config) -> Sco
         components["overlong"] = torch.tensor(pen, dtype=torch.float64)
         rewards = rewards + components["overlong"]
     invalid = torch.tensor([r.invalid for r in results])
-    return Scores(rewards=rewards, components=components, invalid=invalid, errors=[r.error for r in results])
+    return Scores(rewards=rewards, components=components, invalid=invalid, errors=[r.error for r in results if r.invalid])
 
 
 def load_problems(cfg: Config) -> tuple[list[Problem], list[Problem], dict[str, int]]:
@@ -211,12 +211,12 @@ class Trainer:
         rollout = concat_rollouts([r for r, _, _ in parts], self.tokenizer.pad_token_id).select(rows)
         rollout.group = torch.arange(len(kept)).repeat_interleave(g)
         cat = lambda xs: torch.cat(xs)[rows]  # noqa: E731
-        errors = [e for _, _, s in parts for e in s.errors]
+        errors = [e for _, _, s in parts for e in _row_errors(s)]
         scores = Scores(
             rewards=cat([s.rewards for _, _, s in parts]),
             components={k: cat([s.components[k] for _, _, s in parts]) for k in parts[0][2].components},
             invalid=cat([s.invalid for _, _, s in parts]),
-            errors=[errors[i] for i in rows],
+            errors=[errors[i] for i in rows if errors[i] is not None],
         )
         return rollout, problems, scores
 
@@ -248,10 +248,10 @@ class Trainer:
         self.engine.sync_weights(self.policy)
         t2 = time.perf_counter()
         self.step += 1
-        errors = [e for e in scores.errors if e]
-        if errors:
-            log.warning("step %d: %d of %d completions have no valid reward (excluded from the update); first: %s",
-                        self.step, len(errors), len(rollout), errors[0])
+        if scores.invalid.any():
+            first = f"; first: {scores.errors[0]}" if scores.errors else ""
+            log.warning("step %d: %d of %d completions have no valid reward (excluded from the update)%s",
+                        self.step, int(scores.invalid.sum()), len(rollout), first)
         metrics = {
             **reward_metrics(scores.rewards, scores.components, scores.invalid),
             **group_metrics(batch.zero_std, batch.zero_std_slices),
@@ -405,6 +405,12 @@ class Trainer:
         if written:
             self.save()
         return TrainingInterrupted(self.run_dir, ckpt.latest_checkpoint(self.run_dir), written)
+
+
+def _row_errors(scores: Scores) -> list[str | None]:
+    """scores.errors spread over the rows: the message of each invalid row, None for a valid one."""
+    messages = iter(scores.errors)
+    return [next(messages, None) if bad else None for bad in scores.invalid.tolist()]
 
 
 def _size(path: Path) -> int:

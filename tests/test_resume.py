@@ -111,13 +111,12 @@ def test_kill9_at_a_random_moment_then_resume_equals_an_uninterrupted_run(refere
     try:
         t1 = wait_for(killed / "checkpoints" / "step-1" / ckpt.STATE_FILE, proc)
         t2 = wait_for(killed / "checkpoints" / "step-2" / ckpt.STATE_FILE, proc)
-        delay = random.uniform(0, 1.5 * (t2 - t1))  # somewhere in step 3, its checkpoint write, or step 4
+        delay = random.uniform(0, t2 - t1)  # somewhere in step 3, its checkpoint write, or early in step 4
         time.sleep(delay)
         proc.send_signal(signal.SIGKILL)
     finally:
         proc.wait(60)
     state = f"killed {delay:.2f}s after step-2 (rc {proc.returncode}); left: {sorted(p.name for p in (killed / 'checkpoints').iterdir())}"
-    Path("/tmp/killstate.txt").open("a").write(state + "\n")  # TEMP
 
     capsys.readouterr()
     code = run_main(monkeypatch, "train", "--resume", killed)  # in this process: saves a second torch import

@@ -76,8 +76,9 @@ class HFEngine:
         if not want_logp:
             logp = torch.full(comp.shape, float("nan"), dtype=torch.float32)
         else:
-            logits = torch.stack(out.logits, dim=1)  # [N, Lc, V], raw logits of the sampler
-            logp = token_logprobs(logits, comp, params.temperature).float() * cmask
+            # one decode step at a time: never a [N, Lc, V] copy of the logits
+            logp = torch.stack([token_logprobs(step.unsqueeze(1), comp[:, t : t + 1], params.temperature)[:, 0]
+                                for t, step in enumerate(out.logits)], dim=1).float() * cmask
         texts = self.tokenizer.batch_decode(comp * cmask + self.tokenizer.pad_token_id * (1 - cmask), skip_special_tokens=True)
         return Rollout(
             prompt_ids=ids.repeat_interleave(g, dim=0),
