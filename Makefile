@@ -34,7 +34,7 @@ demo: $(STAMP)
 		--task-option max_operand=20 --task-option operators=+- --task-option terms=2 --task-option test_fraction=0.3 \
 		--task-option num_test=$(EVAL_N) \
 		--split test --max-new-tokens 48 --out $(DEMO_RUN)/eval/base_vs_trained.json
-	$(VENV)/bin/grpolab report $(DEMO_RUN) --skip-safety
+	$(VENV)/bin/grpolab report $(DEMO_RUN)
 
 bench: $(STAMP)
 	$(PY) -m pip install --quiet -e ".[bench]"

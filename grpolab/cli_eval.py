@@ -30,9 +30,9 @@ SEED_KEYS = {"config.train.seed"}
 
 
 def _options(task_option: list[str]) -> dict[str, Any]:
-    from .config import parse_override
+    from .config import parse_option
 
-    return dict(parse_override(o) for o in task_option)
+    return dict(parse_option(o) for o in task_option)
 
 
 def _ci(m: dict[str, float]) -> str:

@@ -28,14 +28,14 @@ def report(
     strict: Annotated[bool, typer.Option("--strict", help="exit 1 unless the verdict is 'ship' (for CI)")] = False,
 ) -> None:
     """Release gate: checks (reward hacking, learning signal, drift, regressions, uncertainty) -> report.html + report.md."""
-    from .config import parse_override
+    from .config import parse_option
     from .report import ReportOptions, build_report
     from .report.checks import parse_thresholds
 
     opts = ReportOptions(
         baselines=list(baseline), thresholds=parse_thresholds(threshold), skip_safety=skip_safety,
         safety_max_new_tokens=safety_max_new_tokens, dtype=dtype, capability_task=capability_task or None,
-        capability_n=capability_n, capability_options=dict(parse_override(o) for o in capability_option),
+        capability_n=capability_n, capability_options=dict(parse_option(o) for o in capability_option),
         capability_max_new_tokens=capability_max_new_tokens,
     )
     result = build_report(run_dir, opts, log=lambda s: console.print(f"[dim]{s}[/]"))

@@ -246,6 +246,12 @@ def parse_override(text: str) -> tuple[str, Any]:
     return key.strip(), CliText(value)
 
 
+def parse_option(text: str) -> tuple[str, Any]:
+    """'digits=2' -> ('digits', 2): a KEY=VALUE option outside the typed tree (task options), read as YAML."""
+    key, value = parse_override(text)
+    return key, _from_cli(value)
+
+
 def from_dict(raw: dict) -> Config:
     cfg = _build(Config, _expand_preset(raw), "")
     validate(cfg)

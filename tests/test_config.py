@@ -401,3 +401,8 @@ def test_overlong_buffer_must_be_below_max_new_tokens():
 def test_set_numeric_looking_string_field():
     cfg = load_config(None, ["run.name=2024", "eval.split=test"])
     assert cfg.run.name == "2024"
+
+
+def test_parse_option_reads_task_options_as_yaml():
+    assert config_mod.parse_option("max_operand=20") == ("max_operand", 20)
+    assert config_mod.parse_option("operators=+-") == ("operators", "+-")
