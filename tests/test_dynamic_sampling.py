@@ -391,12 +391,9 @@ def test_beta_zero_loads_no_reference(tiny_model_dir, tmp_path):
     assert t.reference is None
 
 
-# --------------------------------------------------------------------------------------------- bugs (xfail)
+# --------------------------------------------------------------------------------------------- once-bugs (regressions)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG trainer.Trainer.keep_groups: the kept batch's Scores is built without `errors`, so after dynamic sampling "
-    "an invalid kept completion has invalid=True but scores.errors == [] and update_step logs no warning"))
 def test_dynamic_sampling_keeps_the_errors_of_invalid_kept_rows(tiny_model_dir, tmp_path, script):
     t = make_trainer(tiny_model_dir, tmp_path, group_size=3, prompts=2, dynamic_sampling=True, max_extra_rounds=1)
     script([[[1, 0, NAN], [1, 1, 1]], [[0, 1, 0], [1, 1, 1]]], max_calls=2)
