@@ -184,7 +184,7 @@ class Trainer:
         rollout, problems, scores = self.generate_round(p)
         first_zero = self.advantages(scores).zero_std
         first_slices = [q.slice for q in problems]
-        rounds = 0
+        rounds, kept = 0, []
         if cfg.algorithm.dynamic_sampling:
             parts = [(rollout, problems, scores)]
             kept = [(0, gi) for gi in (~first_zero).nonzero().flatten().tolist()]
@@ -195,7 +195,8 @@ class Trainer:
                 kept += [(rounds, gi) for gi in (~zero).nonzero().flatten().tolist()]
             if kept:  # budget spent with nothing kept: train on the first round as it is (no signal, logged)
                 rollout, problems, scores = self.keep_groups(parts, kept[:p])
-        stats = {"dynamic/extra_rounds": float(rounds), "dynamic/kept_groups": float(len(kept[:p]) if cfg.algorithm.dynamic_sampling else p)}
+        kept_groups = min(len(kept), p) if cfg.algorithm.dynamic_sampling else p
+        stats = {"dynamic/extra_rounds": float(rounds), "dynamic/kept_groups": float(kept_groups)}
         adv = self.advantages(scores).advantages.view(-1)
         return Batch(rollout, problems, scores, adv, first_zero, first_slices, stats)
 

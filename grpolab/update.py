@@ -14,7 +14,7 @@ from collections import defaultdict
 import torch
 
 from .algo.aggregation import token_weights
-from .algo.importance import ISParams, is_weights
+from .algo.importance import ISParams, is_weights, mismatch_stats
 from .algo.kl import KLPlacement
 from .algo.loss import ObjectiveParams, objective
 from .algo.surrogate import ClipParams
@@ -102,7 +102,8 @@ class PolicyUpdater:
                     sums["signal_tokens"] += (mf * (advantages[rows] != 0).unsqueeze(-1)).sum().item()
                     if it == 0:
                         sel = m.bool()
-                        mismatch["diff"].append((old - sampler).abs()[sel])
+                        mismatch["old"].append(old[sel])
+                        mismatch["sampler"].append(sampler[sel])
                         mismatch["w"].append(isw[sel])
                 sums["grad_norm"] += self.optimizer_step(finite)
                 sums["optimizer_steps"] += 1
@@ -144,12 +145,7 @@ class PolicyUpdater:
             "policy/clip_frac_high": sums["clip_high"] / tokens, "policy/approx_kl_old": sums["approx_kl_old"] / tokens,
             "loss/signal_token_frac": sums["signal_tokens"] / tokens, "optim/grad_norm": sums["grad_norm"] / steps,
         }
-        if mismatch["diff"]:
-            diff, w = torch.cat(mismatch["diff"]), torch.cat(mismatch["w"])
-            if diff.numel():
-                out.update({
-                    "sampler/logp_diff_mean": diff.mean().item(), "sampler/logp_diff_max": diff.max().item(),
-                    "sampler/is_weight_min": w.min().item(), "sampler/is_weight_mean": w.mean().item(),
-                    "sampler/is_weight_max": w.max().item(),
-                })
+        if mismatch["old"]:
+            old, sampler, w = (torch.cat(mismatch[k]) for k in ("old", "sampler", "w"))
+            out.update(mismatch_stats(old, sampler, torch.ones_like(old), w))
         return out
