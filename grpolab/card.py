@@ -43,7 +43,7 @@ def formula(cfg: Config) -> tuple[str, str]:
         tex += rf"\ \text{{(dual clip }}c={a.dual_clip_c}\text{{)}}"
     if a.is_mode != "none":
         text += f" * w_IS[{a.is_mode}]"
-        tex += rf" \cdot w^{{IS}}"
+        tex += r" \cdot w^{IS}"
     if a.beta > 0 and a.kl_placement == "loss":
         text += f" - {a.beta} KL_{a.kl_estimator.value}(pi_theta || pi_ref)"
         tex += rf" - {a.beta}\,\mathrm{{KL}}_{{{a.kl_estimator.value}}}"

@@ -45,3 +45,15 @@ def tiny_model_dir(tmp_path_factory) -> str:
     model.save_pretrained(out)
     tok.save_pretrained(out)
     return str(out)
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny tensors: one intra-op thread is several times faster than two on a busy 2-core machine. Subprocesses
+    of the tests get the same count (OMP_NUM_THREADS=1), so runs in and out of the test process compare bitwise."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

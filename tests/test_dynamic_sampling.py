@@ -23,13 +23,7 @@ from grpolab.trainer import Scores, Trainer, score_rollout
 NAN = math.nan
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """Tiny tensors: one intra-op thread is several times faster than two, and far faster on a loaded machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def make_trainer(model_dir: str, tmp_path, *, group_size=2, prompts=2, max_new_tokens=4, task=None, train=None,
@@ -353,7 +347,7 @@ def test_kl_in_reward_subtracts_beta_times_summed_token_kl(tiny_model_dir, tmp_p
 
     t.kl_in_reward = spy
     metrics, _, batch = step_with_batch(t)
-    ro, m = batch.rollout, batch.rollout.completion_mask
+    m = batch.rollout.completion_mask
     log_rho = (seen["ref"] - seen["old"]).double()
     k = -log_rho if estimator == "k1" else torch.exp(log_rho) - log_rho - 1
     kl_seq = (k * m).sum(-1)

@@ -20,14 +20,7 @@ from grpolab.rewards import REWARD_FUNCTIONS, RewardSpec, call_with_time_limit, 
 from grpolab.trainer import Trainer
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """Tiny tensors: one intra-op thread is several times faster than two on a busy 2-core machine. Subprocesses
-    get the same count (OMP_NUM_THREADS=1 in ENV), so runs in and out of this process compare bitwise."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def tiny(model_dir: str, out: Path, rewards: dict | None = None, **train) -> dict:

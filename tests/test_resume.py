@@ -29,14 +29,7 @@ VOLATILE = ("time/", "throughput/", "memory/")
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TQDM_DISABLE": "1", "OMP_NUM_THREADS": "1"}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """Tiny tensors: one intra-op thread is several times faster than two on a busy 2-core machine. Subprocesses
-    get the same count (OMP_NUM_THREADS=1 in ENV), so runs in and out of this process compare bitwise."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def tiny(model_dir: str, out: Path, name: str, **train) -> dict:
