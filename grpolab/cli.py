@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import time
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -37,9 +38,9 @@ def train(
     set_: Annotated[list[str], typer.Option("--set", help="override a field: --set train.steps=50")] = [],
     resume: Annotated[Optional[Path], typer.Option("--resume", help="continue RUN_DIR from its last complete checkpoint (config from its manifest)")] = None,
     allow_changes: Annotated[bool, typer.Option("--allow-changes", help="with --resume: accept (and record) differences from the manifest")] = False,
+    seeds: Annotated[Optional[str], typer.Option("--seeds", help="repeat the run once per seed, e.g. 1,2,3 (one run directory each)")] = None,
 ) -> None:
     """Train with GRPO and write a run directory (manifest, metrics, samples, checkpoints)."""
-    from .card import objective_card
     from .config import load_config
     from .runs import resume_run, start_run
 
@@ -51,11 +52,41 @@ def train(
         trainer, ckpt = resume_run(resume, set_, allow_changes)
         console.print(f"[bold]resume[/] {resume} from " + (f"{ckpt.name}" if ckpt else "step 0 (no checkpoint yet)"),
                       highlight=False, soft_wrap=True)
-    else:
-        if allow_changes:
-            raise GrpolabError("--allow-changes only applies with --resume RUN_DIR")
+        _fit(trainer)
+        return
+    if allow_changes:
+        raise GrpolabError("--allow-changes only applies with --resume RUN_DIR")
+    if seeds is None:
         trainer, _ = start_run(load_config(config, set_))
         console.print(f"[bold]run[/] {trainer.run_dir}", highlight=False, soft_wrap=True)
+        _fit(trainer)
+        return
+    base = load_config(config, set_)
+    name = base.run.name or f"{base.task.name}-{base.algorithm.preset}-{time.strftime('%Y%m%d-%H%M%S')}"
+    run_dirs = []
+    for seed in _parse_seeds(seeds):
+        trainer, _ = start_run(load_config(config, [*set_, f"train.seed={seed}", f"run.name={name}-seed{seed}"]))
+        console.print(f"[bold]run[/] {trainer.run_dir} (seed {seed})", highlight=False, soft_wrap=True)
+        _fit(trainer)
+        run_dirs.append(str(trainer.run_dir))
+    console.print(f"compare the seeds: grpolab compare {' '.join(run_dirs)}", highlight=False, soft_wrap=True)
+
+
+def _parse_seeds(text: str) -> list[int]:
+    """'1,2,3' -> [1, 2, 3]; anything else is a clear error."""
+    try:
+        seeds = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise GrpolabError(f"--seeds: expected comma-separated integers like 1,2,3, got {text!r}") from None
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise GrpolabError(f"--seeds: expected distinct integers like 1,2,3, got {text!r}")
+    return seeds
+
+
+def _fit(trainer) -> None:
+    """Train `trainer` to its configured steps with a progress bar (step, reward, held-out accuracy, ETA)."""
+    from .card import objective_card
+
     cfg, run_dir = trainer.cfg, trainer.run_dir
     console.print(f"[bold]data[/] {_data_line(trainer.data_summary)}", highlight=False)
     console.print(f"[bold]objective[/] {objective_card(cfg)['formula']}")

@@ -141,3 +141,16 @@ def test_rows_without_gold_are_skipped_with_a_summary(tiny_model_dir, tmp_path, 
     assert "train 9 problems (1 row without a usable gold answer skipped)" in output
     manifest = json.loads((tmp_path / "runs" / "bad" / "manifest.json").read_text())
     assert manifest["data"] == {"train_problems": 9, "train_skipped": 1}
+
+
+def test_seeds_run_once_per_seed_and_reject_bad_lists(tiny_model_dir, tmp_path, monkeypatch, capsys):
+    """--seeds 1,2 writes one run directory per seed, each recording its seed; a malformed list is a clear error."""
+    config = config_file(tmp_path, base(tiny_model_dir, tmp_path))
+    code, output = cli_main(monkeypatch, capsys, "train", config, "--seeds", "1,2")
+    assert code == 0, output
+    manifests = {s: json.loads((tmp_path / "runs" / f"bad-seed{s}" / "manifest.json").read_text()) for s in (1, 2)}
+    assert [manifests[s]["config"]["train"]["seed"] for s in (1, 2)] == [1, 2]
+    assert "grpolab compare" in output
+    samples = [(tmp_path / "runs" / f"bad-seed{s}" / "samples.jsonl").read_text() for s in (1, 2)]
+    assert samples[0] != samples[1], "different seeds must sample different completions"
+    assert_clear_failure(*cli_main(monkeypatch, capsys, "train", config, "--seeds", "1,x"), "--seeds: expected")
