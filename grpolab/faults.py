@@ -1,6 +1,7 @@
 """Faults inside the training loop: Ctrl-C, non-finite losses and gradients.
 
-Ctrl-C (SIGINT) policy, installed by Trainer.fit in the main thread:
+Ctrl-C (SIGINT) policy, installed by Trainer.fit in the main thread; SIGTERM (what a cluster scheduler sends
+before pre-empting a job) is treated exactly like Ctrl-C:
 
 - during rollout and reward scoring the step has changed nothing that matters yet: the interrupt is raised at
   once, the trainer rolls the step back (RNG states and prompt cursor as they were after the last step) and
@@ -41,27 +42,30 @@ class TrainingInterrupted(Exception):
 
 
 class InterruptGuard:
-    """SIGINT handling of the loop (see the module docstring). A no-op outside the main thread."""
+    """SIGINT / SIGTERM handling of the loop (see the module docstring). A no-op outside the main thread."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
     def __init__(self) -> None:
         self.critical = False
         self.requested = False
-        self._previous = None
+        self._previous: dict[int, object] = {}
 
     def __enter__(self) -> "InterruptGuard":
         if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGINT, self._handle)
+            self._previous = {sig: signal.signal(sig, self._handle) for sig in self.SIGNALS}
         return self
 
     def __exit__(self, *exc) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGINT, self._previous)
-            self._previous = None
+        for sig, previous in self._previous.items():
+            signal.signal(sig, previous)
+        self._previous = {}
 
     def _handle(self, signum, frame) -> None:
         if self.critical and not self.requested:
             self.requested = True
-            log.warning("Ctrl-C: finishing this step, then writing a checkpoint (press again to stop at once)")
+            log.warning("%s: finishing this step, then writing a checkpoint (interrupt again to stop at once)",
+                        signal.Signals(signum).name)
             return
         raise KeyboardInterrupt
 

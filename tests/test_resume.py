@@ -233,8 +233,10 @@ def test_ctrl_c_during_rollout_checkpoints_the_last_step_and_resumes_exactly(ref
     assert_same_run(whole, run)
 
 
-def test_ctrl_c_during_the_update_finishes_the_step_then_checkpoints(tiny_model_dir, tmp_path, monkeypatch, capsys):
-    """A real SIGINT delivered while the policy updates is deferred to the end of the step."""
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_ctrl_c_during_the_update_finishes_the_step_then_checkpoints(tiny_model_dir, tmp_path, monkeypatch, capsys, sig):
+    """A real SIGINT (or SIGTERM, as a scheduler sends) delivered while the policy updates is deferred to the end
+    of the step."""
     from grpolab.update import PolicyUpdater
 
     cfg = tiny(tiny_model_dir, tmp_path, "sigint", steps=3, save_every=0)
@@ -242,7 +244,7 @@ def test_ctrl_c_during_the_update_finishes_the_step_then_checkpoints(tiny_model_
     real = PolicyUpdater.update
 
     def update(self, *args, **kwargs):
-        os.kill(os.getpid(), signal.SIGINT)
+        os.kill(os.getpid(), sig)
         return real(self, *args, **kwargs)
 
     monkeypatch.setattr(PolicyUpdater, "update", update)
@@ -250,4 +252,5 @@ def test_ctrl_c_during_the_update_finishes_the_step_then_checkpoints(tiny_model_
     run = tmp_path / "sigint"
     assert f"checkpoint written to {run / 'checkpoints' / 'step-1'}" in capsys.readouterr().err
     assert [r["step"] for r in rows(run / "metrics.jsonl")] == [1]
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler is put back
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handlers are put back
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
