@@ -19,7 +19,7 @@ import torch
 from . import checkpoint as ckpt
 from .algo.advantages import compute_advantages
 from .algo.kl import KLPlacement, token_kl
-from .checkpoint import rng_state, seed_everything, set_rng_state  # noqa: F401  (re-exported)
+from .checkpoint import rng_state, seed_everything, set_rng_state
 from .config import Config
 from .errors import DataError, GrpolabError
 from .evaluate import EvalResult, greedy_eval
