@@ -20,7 +20,6 @@ so ``grpolab eval`` refuses evaluation sets that overlap them (grpolab.overlap).
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import time
@@ -254,7 +253,3 @@ def run_sft(model_name: str, task: str, options: dict[str, Any], s: SFTSettings,
     }
     write_json_atomic(out_dir / BASELINE_MANIFEST, manifest)
     return manifest
-
-
-def load_baseline_manifest(path: str | Path) -> dict[str, Any]:
-    return json.loads((Path(path) / BASELINE_MANIFEST).read_text(encoding="utf-8"))

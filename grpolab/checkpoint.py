@@ -45,13 +45,6 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     return found[-1] if found else None
 
 
-def checkpoint_step(path: Path) -> int:
-    m = _STEP.match(Path(path).name)
-    if not m:
-        raise GrpolabError(f"{path}: not a checkpoint directory (expected a name like step-N)")
-    return int(m.group(1))
-
-
 def remove_partial(run_dir: Path) -> list[Path]:
     """Delete what interrupted writes left behind (.tmp-step-* / .old-step-* directories); returns them."""
     root = Path(run_dir) / "checkpoints"

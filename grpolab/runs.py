@@ -37,12 +37,6 @@ def plan_run_dir(cfg: Config) -> Path:
     return path
 
 
-def new_run_dir(cfg: Config) -> Path:
-    path = plan_run_dir(cfg)
-    path.mkdir(parents=True, exist_ok=True)
-    return path
-
-
 def build_manifest(cfg: Config, model_path: str, tokenizer, train: list[Problem], held_out: list[Problem],
                    data_summary: dict[str, int] | None = None) -> dict[str, Any]:
     hashes = mf.hash_model_dir(model_path)
