@@ -48,6 +48,7 @@ class RewardConfig:
 @dataclass(frozen=True)
 class RolloutConfig:
     engine: Literal["hf"] = "hf"
+    decoder: Literal["grpolab", "hf"] = "grpolab"  # grpolab's decode loop (rollout/decode.py) or HF generate
     group_size: int = 8  # G completions per prompt
     temperature: float = 1.0
     top_p: float = 1.0
@@ -100,6 +101,7 @@ class TrainConfig:
     grad_clip: float = 1.0
     precision: Literal["fp32", "bf16"] = "fp32"  # bf16 = bfloat16 autocast over fp32 master weights
     share_prompt: bool = True  # run each group's prompt once in training passes (needs micro_batch_size % G == 0)
+    pack_completions: bool = True  # with share_prompt: a group's completions in one row, no padding (SDPA models)
     seed: int = 0
     save_every: int = 0  # 0 = only at the end
     keep_last: int = 2

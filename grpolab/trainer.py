@@ -132,7 +132,7 @@ class Trainer:
         self.policy.train()
         compute_dtype = torch.bfloat16 if cfg.train.precision == "bf16" else DTYPES[cfg.model.dtype]
         self.reference = frozen_copy(self.policy, compute_dtype) if cfg.algorithm.beta > 0 else None
-        self.engine = HFEngine(self.policy, self.tokenizer, DTYPES[cfg.rollout.dtype])
+        self.engine = HFEngine(self.policy, self.tokenizer, DTYPES[cfg.rollout.dtype], cfg.rollout.decoder)
         self.optimizer = torch.optim.AdamW(
             self.policy.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay,
             betas=(cfg.train.adam_beta1, cfg.train.adam_beta2), foreach=True,

@@ -13,6 +13,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from ..algo.logprobs import token_logprobs
 from ..models import frozen_copy
 from .base import Rollout, SamplingParams
+from .decode import decode_groups
 
 
 def left_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -42,7 +43,14 @@ def completion_mask(completion_ids: torch.Tensor, stop_ids: list[int]) -> tuple[
 
 
 class HFEngine:
-    def __init__(self, policy: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, dtype: torch.dtype):
+    """decoder "grpolab": our decode loop (rollout/decode.py: prefill once per group, finished rows leave the
+    batch, inverse-CDF sampling); "hf": `model.generate`, the plain path it is tested against."""
+
+    def __init__(self, policy: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, dtype: torch.dtype,
+                 decoder: str = "grpolab"):
+        if decoder not in ("grpolab", "hf"):
+            raise ValueError(f"rollout.decoder: expected 'grpolab' or 'hf', got {decoder!r}")
+        self.decoder = decoder
         self.tokenizer = tokenizer
         self.own_copy = next(policy.parameters()).dtype != dtype
         self.model = frozen_copy(policy, dtype) if self.own_copy else policy
@@ -61,6 +69,13 @@ class HFEngine:
         want_logp = params.logprobs and not params.greedy
         was_training = self.model.training
         self.model.eval()
+        if self.decoder == "grpolab":
+            temperature = 1.0 if params.greedy else params.temperature
+            d = decode_groups(self.model, ids, mask, g, params.max_new_tokens, temperature, self.stop_ids,
+                              self.tokenizer.pad_token_id, greedy=params.greedy, top_k=params.top_k, top_p=params.top_p)
+            self.model.train(was_training)
+            logp = d.logprobs if want_logp else torch.full(d.tokens.shape, float("nan"))
+            return self._rollout(ids, mask, g, d.tokens, d.mask, logp, d.truncated)
         sampling = {} if params.greedy else {
             "do_sample": True, "temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k or None,
         }
@@ -79,6 +94,9 @@ class HFEngine:
             # one decode step at a time: never a [N, Lc, V] copy of the logits
             logp = torch.stack([token_logprobs(step.unsqueeze(1), comp[:, t : t + 1], params.temperature)[:, 0]
                                 for t, step in enumerate(out.logits)], dim=1).float() * cmask
+        return self._rollout(ids, mask, g, comp, cmask, logp, truncated)
+
+    def _rollout(self, ids, mask, g, comp, cmask, logp, truncated) -> Rollout:
         texts = self.tokenizer.batch_decode(comp * cmask + self.tokenizer.pad_token_id * (1 - cmask), skip_special_tokens=True)
         return Rollout(
             prompt_ids=ids.repeat_interleave(g, dim=0),
@@ -87,6 +105,6 @@ class HFEngine:
             completion_mask=cmask,
             sampler_logprobs=logp,
             truncated=truncated,
-            group=torch.arange(len(prompts)).repeat_interleave(g),
+            group=torch.arange(len(ids)).repeat_interleave(g),
             texts=texts,
         )

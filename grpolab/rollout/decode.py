@@ -1,0 +1,128 @@
+"""grpolab's own decode loop for group sampling: the default way the HF engine samples (`rollout.decoder: grpolab`).
+
+It computes the same thing as `model.generate(do_sample=True, num_return_sequences=G)` -- G independent samples
+from softmax(logits / T) (optionally top-k / top-p truncated) until a stop token or max_new_tokens -- with less
+work per token:
+
+- **prefill once per group**: each distinct prompt runs through the model once and its key/value cache is repeated
+  G times (`generate` with num_return_sequences=G prefills every copy);
+- **finished rows leave the batch**: a row that emitted a stop token is dropped from the batch and the cache, so
+  later steps run only the rows still sampling;
+- **inverse-CDF sampling**: one uniform number per row and a cumulative sum, instead of `torch.multinomial`, which
+  draws one exponential per vocabulary entry (on this CPU that was 40 ms of a ~130 ms decode step);
+- the sampled token's log-probability comes out of the same log-sum-exp, never a second pass.
+
+The uniform numbers are drawn for every row at every step, active or not, so the tokens a row gets do not depend on
+when other rows finish (tested: compaction on and off sample identical tokens).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..forward import cache_kwarg
+
+
+@dataclass
+class Decoded:
+    tokens: torch.Tensor  # [N, Lc] long, right-padded with pad_id
+    mask: torch.Tensor  # [N, Lc] long, 1 on every sampled token (the stop token included)
+    logprobs: torch.Tensor  # [N, Lc] float32 log q(token) under softmax(logits / T), before truncation; 0 on pads
+    truncated: torch.Tensor  # [N] bool, no stop token within max_new_tokens
+
+
+def truncate_logits(z: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """Top-k then top-p (nucleus) truncation of scaled logits z [B, V]: removed entries become -inf.
+
+    top-k keeps the k largest; top-p keeps the smallest set of largest entries whose probability sums to >= top_p
+    (always at least one), as Hugging Face's TopK/TopP logits warpers do.
+    """
+    if top_k and top_k < z.shape[-1]:
+        kth = torch.topk(z, top_k, dim=-1).values[:, -1:]
+        z = z.masked_fill(z < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_z, order = torch.sort(z, dim=-1, descending=True)
+        cum = torch.softmax(sorted_z, dim=-1).cumsum(-1)
+        drop_sorted = (cum - torch.softmax(sorted_z, dim=-1)) >= top_p  # mass before this entry already >= top_p
+        z = z.masked_fill(torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted), float("-inf"))
+    return z
+
+
+def sample_tokens(
+    logits: torch.Tensor, temperature: float, uniform: torch.Tensor | None, top_k: int = 0, top_p: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One decode step: (token [B], log q(token) [B]) from logits [B, V].
+
+    z = logits / T, log q(v) = z_v - logsumexp(z) (the untruncated distribution, recorded for importance weights).
+    Sampling (uniform u [B] in [0, 1)): p = softmax(truncate(z)), F = cumsum(p) in float64, and the token is the
+    first v with F(v) > u * F(V) -- inverse-CDF sampling, so P(token = v) = p_v exactly. uniform None = greedy
+    (argmax of z).
+    """
+    z = logits.float() / temperature
+    lse = torch.logsumexp(z, dim=-1)
+    if uniform is None:
+        token = z.argmax(-1)
+    else:
+        zt = truncate_logits(z, top_k, top_p)
+        cdf = torch.exp(zt - lse.unsqueeze(-1)).cumsum(-1, dtype=torch.float64)
+        target = (uniform.to(torch.float64) * cdf[:, -1]).unsqueeze(-1)
+        token = torch.searchsorted(cdf, target, right=True).squeeze(-1).clamp_(max=z.shape[-1] - 1)
+    return token, z.gather(-1, token.unsqueeze(-1)).squeeze(-1) - lse
+
+
+@torch.no_grad()
+def decode_groups(
+    model: torch.nn.Module,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    group_size: int,
+    max_new_tokens: int,
+    temperature: float,
+    stop_ids: list[int],
+    pad_id: int,
+    greedy: bool = False,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    compact: bool = True,
+) -> Decoded:
+    """Sample group_size completions for each left-padded prompt row; rows of the result are group-major."""
+    n = prompt_ids.shape[0] * group_size
+    positions = (prompt_mask.cumsum(-1) - 1).clamp(min=0)
+    out = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=positions, use_cache=True, logits_to_keep=1)
+    cache = getattr(out, "cache", None) or out.past_key_values
+    if group_size > 1:
+        cache.batch_repeat_interleave(group_size)
+    logits = out.logits[:, -1].repeat_interleave(group_size, dim=0)
+    attn = prompt_mask.repeat_interleave(group_size, dim=0)
+    next_pos = attn.sum(-1)
+    stops = torch.tensor(stop_ids, dtype=torch.long)
+
+    tokens = torch.full((n, max_new_tokens), pad_id, dtype=torch.long)
+    logprobs = torch.zeros((n, max_new_tokens), dtype=torch.float32)
+    lengths = torch.full((n,), max_new_tokens, dtype=torch.long)
+    ended = torch.zeros(n, dtype=torch.bool)  # per output row: a stop token was sampled
+    rows = torch.arange(n)  # which output row each batch row is
+    finished = torch.zeros(n, dtype=torch.bool)  # per batch row (only used when compaction is off)
+    for t in range(max_new_tokens):
+        u = None if greedy else torch.rand(n)[rows]
+        tok, lp = sample_tokens(logits, temperature, u, top_k, top_p)
+        live = ~finished
+        tokens[rows[live], t], logprobs[rows[live], t] = tok[live], lp[live]
+        stopped = live & torch.isin(tok, stops)
+        lengths[rows[stopped]], ended[rows[stopped]] = t + 1, True
+        finished |= stopped
+        if bool(finished.all()) or t + 1 == max_new_tokens:
+            break
+        if compact and bool(stopped.any()):
+            keep = (~finished).nonzero().squeeze(-1)
+            cache.batch_select_indices(keep)
+            rows, tok, attn, next_pos, finished = rows[keep], tok[keep], attn[keep], next_pos[keep], finished[keep]
+        attn = torch.cat([attn, torch.ones_like(attn[:, :1])], dim=1)
+        step = model(input_ids=tok.unsqueeze(-1), attention_mask=attn, position_ids=next_pos.unsqueeze(-1),
+                     use_cache=True, **cache_kwarg(model, cache))
+        logits, next_pos = step.logits[:, -1], next_pos + 1
+    width = int(lengths.max())
+    mask = (torch.arange(width).unsqueeze(0) < lengths.unsqueeze(1)).long()
+    return Decoded(tokens[:, :width], mask, logprobs[:, :width], ~ended)
