@@ -101,6 +101,7 @@ class TrainConfig:
     grad_clip: float = 1.0
     precision: Literal["fp32", "bf16"] = "fp32"  # bf16 = bfloat16 autocast over fp32 master weights
     share_prompt: bool = True  # run each group's prompt once in training passes (needs micro_batch_size % G == 0)
+    fused_adamw: bool = True  # torch's fused AdamW kernel (same update as foreach, one pass over the weights)
     pack_completions: bool = True  # with share_prompt: a group's completions in one row, no padding (SDPA models)
     seed: int = 0
     save_every: int = 0  # 0 = only at the end

@@ -23,7 +23,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .algo.logprobs import entropy_from_logits, token_logprobs
+from .algo.logprobs import logprobs_and_entropy
+from .packing import block_causal_mask, pack_completions
 from .rollout.base import Rollout
 
 
@@ -78,11 +79,7 @@ def _trim(rollout: Rollout, rows: torch.Tensor) -> tuple[int, int]:
 
 def _finish(logits, comp_ids, cmask, temperature, with_entropy, entropy_grad) -> ForwardOut:
     """logits[:, t] predicts completion token t: logprobs (and entropy) of the completion tokens."""
-    logp = token_logprobs(logits, comp_ids, temperature)
-    entropy = None
-    if with_entropy:
-        with contextlib.nullcontext() if entropy_grad else torch.no_grad():
-            entropy = entropy_from_logits(logits, temperature)
+    logp, entropy = logprobs_and_entropy(logits, comp_ids, temperature, with_entropy, entropy_grad)
     return ForwardOut(logp=logp, entropy=entropy, mask=cmask, cols=slice(0, comp_ids.shape[1]))
 
 
@@ -129,79 +126,33 @@ def packing_supported(model) -> bool:
     return getattr(model.config, "_attn_implementation", None) == "sdpa"
 
 
-@dataclass
-class PackedGroups:
-    """The completions of P groups packed into P rows of S slots (slot = one input token of one completion).
-
-    ids [P, S]:     input token o_t of completion i (t = 0 .. L_i - 2; the last token is only ever a target)
-    targets [P, S]: o_{t+1}, the token that slot's logits predict
-    seg, pos [P, S]: i within the group and t (-1 on pad slots)
-    row, col [K]:   for the K real slots in row-major order, the micro-batch row i and column t + 1 they fill
-    """
-
-    ids: torch.Tensor
-    targets: torch.Tensor
-    seg: torch.Tensor
-    pos: torch.Tensor
-    row: torch.Tensor
-    col: torch.Tensor
-    slot: tuple[torch.Tensor, torch.Tensor]
-
-
-def pack_groups(comp_ids: torch.Tensor, cmask: torch.Tensor, group_size: int, pad_id: int = 0) -> PackedGroups:
-    """Lay each group's completions [G * P, Lc] end to end, dropping padding (masks are 1 on a prefix)."""
-    n, lc = comp_ids.shape
-    needed = cmask[:, 1:].bool()  # input o_t is needed iff o_{t+1} is a real token
-    row, t = needed.nonzero(as_tuple=True)
-    group = row // group_size
-    counts = torch.bincount(group, minlength=n // group_size)
-    start = torch.cumsum(counts, 0) - counts
-    k = torch.arange(len(row)) - start[group]
-    p, s = n // group_size, max(int(counts.max()) if len(row) else 0, 1)
-    ids = torch.full((p, s), pad_id, dtype=torch.long)
-    targets, seg, pos = ids.clone(), torch.full((p, s), -1, dtype=torch.long), torch.full((p, s), -1, dtype=torch.long)
-    ids[group, k], targets[group, k] = comp_ids[row, t], comp_ids[row, t + 1]
-    seg[group, k], pos[group, k] = row % group_size, t
-    return PackedGroups(ids, targets, seg, pos, row, t + 1, (group, k))
-
-
-def packed_attention_mask(prompt_mask: torch.Tensor, seg: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-    """[P, 1, S, Lp + S] bool: slot q sees its group's real prompt tokens and slot k of the same completion with
-    pos[k] <= pos[q]. Pad slots see the prompt only (never an empty row, which would give NaN)."""
-    same = (seg.unsqueeze(2) == seg.unsqueeze(1)) & (seg.unsqueeze(2) >= 0)
-    causal = pos.unsqueeze(1) <= pos.unsqueeze(2)
-    prompt = prompt_mask.bool().unsqueeze(1).expand(-1, seg.shape[1], -1)
-    return torch.cat([prompt, same & causal], dim=2).unsqueeze(1)
-
-
 def _packed_group_logprobs(model, rollout, rows, temperature, precision, with_entropy, entropy_grad, group_size) -> ForwardOut:
-    """Prompt once per group, then the group's completions packed into one row against the prompt's cache."""
+    """Each group's prompt (but its last token) once through the decoder, cached; then the completions packed
+    into rows (packing.py) through the whole model: one embedding lookup and one LM-head projection per pass."""
     first, lc = _trim(rollout, rows)
     heads = rows[::group_size]
-    pmask = rollout.prompt_mask[heads, first:]
+    prompt_ids, pmask = rollout.prompt_ids[heads, first:], rollout.prompt_mask[heads, first:]
     comp_ids, cmask = rollout.completion_ids[rows, :lc], rollout.completion_mask[rows, :lc]
-    packed = pack_groups(comp_ids, cmask, group_size)
+    packed = pack_completions(comp_ids, cmask, prompt_ids[:, -1], group_size)
+    prefix, prefix_mask = prompt_ids[:, :-1], pmask[:, :-1]  # left-padded: the last column is every prompt's last token
+    row_prefix_mask = prefix_mask[packed.group]
     with autocast(precision):
-        out = model(
-            input_ids=rollout.prompt_ids[heads, first:], attention_mask=pmask,
-            position_ids=(pmask.cumsum(-1) - 1).clamp(min=0), use_cache=True, logits_to_keep=1,
-        )
-        first_logits = out.logits.repeat_interleave(group_size, dim=0)  # [N, 1, V]: predicts completion token 0
-        rest = None
-        if len(packed.row):
+        embeds = model.get_input_embeddings()(torch.cat([prefix.flatten(), packed.ids.flatten()]))
+        prefix_embeds, row_embeds = embeds.split([prefix.numel(), packed.ids.numel()])
+        cache_arg = {}
+        if prefix.shape[1]:
+            out = model.get_decoder()(inputs_embeds=prefix_embeds.view(*prefix.shape, -1), attention_mask=prefix_mask,
+                                      position_ids=(prefix_mask.cumsum(-1) - 1).clamp(min=0), use_cache=True)
             cache = getattr(out, "cache", None) or out.past_key_values
-            position_ids = pmask.sum(-1, keepdim=True) + packed.pos.clamp(min=0)
-            rest = model(input_ids=packed.ids, attention_mask=packed_attention_mask(pmask, packed.seg, packed.pos),
-                         position_ids=position_ids, **cache_kwarg(model, cache)).logits
-    first_out = _finish(first_logits, comp_ids[:, :1], cmask[:, :1], temperature, with_entropy, entropy_grad)
+            cache.batch_select_indices(packed.group)
+            cache_arg = cache_kwarg(model, cache)
+        position_ids = pmask.sum(-1)[packed.group].unsqueeze(-1) - 1 + packed.pos.clamp(min=0)
+        logits = model(inputs_embeds=row_embeds.view(*packed.ids.shape, -1), position_ids=position_ids,
+                       attention_mask=block_causal_mask(row_prefix_mask, packed.seg, packed.pos), **cache_arg).logits
+    out = _finish(logits, packed.targets, None, temperature, with_entropy, entropy_grad)
 
-    def unpack(first_col: torch.Tensor, packed_vals: torch.Tensor | None) -> torch.Tensor:
-        full = torch.cat([first_col, first_col.new_zeros(len(rows), lc - 1)], dim=1)
-        return full if packed_vals is None else full.index_put((packed.row, packed.col), packed_vals[packed.slot])
+    def unpack(packed_vals: torch.Tensor) -> torch.Tensor:
+        return packed_vals.new_zeros(comp_ids.shape).index_put((packed.row, packed.col), packed_vals[packed.slot])
 
-    rest_out = None if rest is None else _finish(rest, packed.targets, None, temperature, with_entropy, entropy_grad)
-    logp = unpack(first_out.logp, None if rest_out is None else rest_out.logp)
-    entropy = None
-    if with_entropy:
-        entropy = unpack(first_out.entropy, None if rest_out is None else rest_out.entropy)
-    return ForwardOut(logp=logp, entropy=entropy, mask=cmask, cols=slice(0, lc))
+    entropy = unpack(out.entropy) if with_entropy else None
+    return ForwardOut(logp=unpack(out.logp), entropy=entropy, mask=cmask, cols=slice(0, lc))

@@ -135,7 +135,8 @@ class Trainer:
         self.engine = HFEngine(self.policy, self.tokenizer, DTYPES[cfg.rollout.dtype], cfg.rollout.decoder)
         self.optimizer = torch.optim.AdamW(
             self.policy.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay,
-            betas=(cfg.train.adam_beta1, cfg.train.adam_beta2), foreach=True,
+            betas=(cfg.train.adam_beta1, cfg.train.adam_beta2),
+            **({"fused": True} if cfg.train.fused_adamw else {"foreach": True}),
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(cfg))
         self.updater = PolicyUpdater(cfg, self.policy, self.reference, self.optimizer, self.scheduler)
