@@ -270,7 +270,8 @@ def run_ours(args, model_path: str) -> dict[str, Any]:
         "side": "ours", "setup_s": setup_s, "rss_after_setup_mb": setup_rss, "peak_rss_mb": peak_rss_mb(),
         "shape": common.shape_dict(shape), "precision_seen": instr.precision_seen, "torch_threads": torch.get_num_threads(),
         "phase_calls": dict(instr.calls),
-        "notes": {"share_prompt": cfg.train.share_prompt, "optimizer": "torch.optim.AdamW(foreach=True)",
+        "notes": {"share_prompt": cfg.train.share_prompt, "optimizer": f"torch.optim.AdamW({'fused' if cfg.train.fused_adamw else 'foreach'}=True)",
+                  "pack_completions": cfg.train.pack_completions, "decoder": cfg.rollout.decoder,
                   "sampler_copy": trainer.engine.own_copy},
         "warmup": steps[: args.warmup], "steps": steps[args.warmup :],
     }

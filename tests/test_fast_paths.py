@@ -1,0 +1,268 @@
+"""Every speed lever computes the same thing as the plain path it replaces.
+
+- packed group completions and the shared-prompt cache vs one plain padded forward: logprobs, entropy and
+  gradients of every weight, in float64 (HF's RMSNorm rounds through float32, so it is swapped for the same
+  formula in float64 here: what is left is float64 rounding);
+- first-fit-decreasing packing and the block-causal mask on hand-worked cases;
+- grpolab's decode loop: inverse-CDF sampling on hand-worked uniforms and distributions, top-k/top-p identical to
+  Hugging Face's logits warpers, sampled frequencies, greedy tokens identical to `generate`, recorded logprobs
+  identical to a teacher-forced forward, and finished rows leaving the batch changing nothing;
+- fused AdamW vs foreach AdamW.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
+from transformers.generation.logits_process import TopKLogitsWarper, TopPLogitsWarper
+from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+from grpolab.forward import completion_logprobs
+from grpolab.packing import block_causal_mask, first_fit_decreasing, pack_completions
+from grpolab.rollout.base import Rollout, SamplingParams
+from grpolab.rollout.decode import decode_groups, sample_tokens, truncate_logits
+from grpolab.rollout.hf import HFEngine, eos_ids
+
+# ------------------------------------------------------------------------------------------------ fixtures
+
+
+@pytest.fixture
+def float64_rmsnorm(monkeypatch):
+    """HF's RMSNorm computes in float32 whatever the model dtype; this is its formula in the input's dtype."""
+
+    def forward(self, x):
+        return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
+
+    monkeypatch.setattr(LlamaRMSNorm, "forward", forward)
+
+
+def tiny_llama(vocab: int = 50, seed: int = 0) -> LlamaForCausalLM:
+    config = LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                         tie_word_embeddings=True, attn_implementation="sdpa")
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(config).double()
+
+
+def make_rollout(prompt_lens: list[int], completion_lens: list[int], group_size: int, vocab: int = 50, seed: int = 1) -> Rollout:
+    """Left-padded prompts (one per group, repeated G times) and right-padded completions of the given lengths."""
+    g = torch.Generator().manual_seed(seed)
+    n, lp, lc = len(completion_lens), max(prompt_lens), max(completion_lens)
+    prompt_ids, prompt_mask = torch.zeros(n, lp, dtype=torch.long), torch.zeros(n, lp, dtype=torch.long)
+    for j, length in enumerate(prompt_lens):
+        toks = torch.randint(1, vocab, (length,), generator=g)
+        for i in range(j * group_size, (j + 1) * group_size):
+            prompt_ids[i, lp - length :], prompt_mask[i, lp - length :] = toks, 1
+    completion_mask = (torch.arange(lc).unsqueeze(0) < torch.tensor(completion_lens).unsqueeze(1)).long()
+    completion_ids = torch.randint(1, vocab, (n, lc), generator=g) * completion_mask
+    groups = torch.arange(len(prompt_lens)).repeat_interleave(group_size)
+    return Rollout(prompt_ids, prompt_mask, completion_ids, completion_mask, torch.zeros(n, lc),
+                   torch.zeros(n, dtype=torch.bool), groups, [""] * n)
+
+
+def logp_entropy_grads(model, rollout, rows, **kwargs):
+    model.zero_grad(set_to_none=True)
+    fo = completion_logprobs(model, rollout, rows, 0.7, "fp32", with_entropy=True, entropy_grad=True, **kwargs)
+    mask = fo.mask.to(fo.logp.dtype)
+    ((fo.logp * mask).sum() + 0.3 * (fo.entropy * mask).sum()).backward()
+    grads = {name: p.grad.clone() for name, p in model.named_parameters()}
+    return fo.logp.detach() * mask, fo.entropy.detach() * mask, grads
+
+
+# ------------------------------------------------------------------------------------ training-pass levers
+
+
+CASES = [  # (prompt lengths, completion lengths, G, rows in the micro-batch)
+    ([5, 3], [4, 1, 6, 2, 6, 3], 3, None),  # several completions share a packed row; a 1-token completion
+    ([4, 4, 2], [7, 7, 1, 2, 5, 3], 2, None),  # three micro-batch groups, equal and unequal prompts
+    ([6, 2], [3, 5, 2, 2, 1, 4, 4, 1], 4, [4, 5, 6, 7]),  # the second group alone
+]
+
+
+@pytest.mark.parametrize("prompt_lens, completion_lens, group_size, rows", CASES)
+@pytest.mark.parametrize("pack", [True, False])
+def test_shared_prompt_paths_equal_the_plain_forward(float64_rmsnorm, prompt_lens, completion_lens, group_size, rows, pack):
+    model = tiny_llama()
+    rollout = make_rollout(prompt_lens, completion_lens, group_size)
+    rows = torch.arange(len(rollout)) if rows is None else torch.tensor(rows)
+    lp_ref, h_ref, g_ref = logp_entropy_grads(model, rollout, rows, group_size=1)
+    lp, h, grads = logp_entropy_grads(model, rollout, rows, group_size=group_size, pack=pack)
+    assert lp.shape == lp_ref.shape
+    assert torch.allclose(lp, lp_ref, atol=1e-12, rtol=0)
+    assert torch.allclose(h, h_ref, atol=1e-12, rtol=0)
+    for name, g in g_ref.items():
+        assert torch.allclose(grads[name], g, atol=1e-11, rtol=0), name
+    assert float(g_ref["model.embed_tokens.weight"].abs().max()) > 0.1  # the comparison is not of zeros
+
+
+def test_first_fit_decreasing_by_hand():
+    # sorted: 7 (i1), 5 (i3), 3 (i0), 2 (i2), 1 (i5); 0 (i4) is left out
+    assert first_fit_decreasing([3, 7, 2, 5, 0, 1], 7) == [[1], [3, 2], [0, 5]]
+    assert first_fit_decreasing([4, 4, 4], 8) == [[0, 1], [2]]
+    assert first_fit_decreasing([0, 0], 1) == []
+
+
+def test_pack_completions_layout_by_hand():
+    comp = torch.tensor([[11, 12, 13], [21, 0, 0], [31, 32, 0]])
+    mask = torch.tensor([[1, 1, 1], [1, 0, 0], [1, 1, 0]])
+    p = pack_completions(comp, mask, torch.tensor([9]), group_size=3)
+    # capacity 3: [row 0] alone, then [row 2 (len 2), row 1 (len 1)]
+    assert p.ids.tolist() == [[9, 11, 12], [9, 31, 9]]
+    assert p.targets.tolist() == [[11, 12, 13], [31, 32, 21]]
+    assert p.seg.tolist() == [[0, 0, 0], [2, 2, 1]]
+    assert p.pos.tolist() == [[0, 1, 2], [0, 1, 0]]
+    assert p.group.tolist() == [0, 0]
+    filled = torch.zeros(3, 3, dtype=torch.long).index_put((p.row, p.col), p.targets[p.slot])
+    assert torch.equal(filled, comp * mask)
+
+
+def test_block_causal_mask_by_hand():
+    seg = torch.tensor([[2, 2, 1, -1]])
+    pos = torch.tensor([[0, 1, 0, -1]])
+    m = block_causal_mask(torch.tensor([[0, 1]]), seg, pos)[0, 0].int().tolist()
+    assert m == [
+        [0, 1, 1, 0, 0, 0],  # seg 2, t 0: prompt + itself
+        [0, 1, 1, 1, 0, 0],  # seg 2, t 1: prompt + t 0, 1
+        [0, 1, 0, 0, 1, 0],  # seg 1, t 0: prompt + itself, not seg 2
+        [0, 1, 0, 0, 0, 1],  # pad slot: prompt + itself (never an empty row)
+    ]
+
+
+# ------------------------------------------------------------------------------------------ decode loop
+
+
+def test_inverse_cdf_sampling_by_hand():
+    logits = torch.log(torch.tensor([[0.1, 0.2, 0.3, 0.4]])).expand(7, 4)
+    u = torch.tensor([0.0, 0.05, 0.1, 0.29, 0.31, 0.6, 0.999])
+    tok, lp = sample_tokens(logits, 1.0, u)
+    assert tok.tolist() == [0, 0, 1, 1, 2, 3, 3]  # F = 0.1, 0.3, 0.6, 1.0; first v with F(v) > u
+    assert torch.allclose(lp, torch.log(torch.tensor([0.1, 0.1, 0.2, 0.2, 0.3, 0.4, 0.4])), atol=1e-6)
+    # temperature 0.5 squares and renormalises: p = (1, 4, 9, 16) / 30
+    tok, lp = sample_tokens(logits[:4], 0.5, torch.tensor([0.0, 0.04, 0.17, 0.47]))
+    assert tok.tolist() == [0, 1, 2, 3]
+    assert torch.allclose(lp, torch.log(torch.tensor([1, 4, 9, 16]) / 30.0), atol=1e-6)
+    # top-k 2 keeps (0.3, 0.4): u * 0.7 = 0.28 -> token 2, 0.35 -> token 3; the logprob stays untruncated
+    tok, lp = sample_tokens(logits[:2], 1.0, torch.tensor([0.4, 0.5]), top_k=2)
+    assert tok.tolist() == [2, 3] and torch.allclose(lp, torch.log(torch.tensor([0.3, 0.4])), atol=1e-6)
+    assert sample_tokens(logits[:1], 1.0, None)[0].tolist() == [3]  # greedy
+
+
+@pytest.mark.parametrize("top_k, top_p", [(0, 0.5), (0, 0.9), (5, 1.0), (3, 0.8), (1, 1.0)])
+def test_truncation_equals_hf_warpers(top_k, top_p):
+    z = torch.randn(6, 40, generator=torch.Generator().manual_seed(3)) * 2
+    ours = truncate_logits(z, top_k, top_p)
+    ref = z.clone()
+    if top_k:
+        ref = TopKLogitsWarper(top_k)(None, ref)
+    if top_p < 1.0:
+        ref = TopPLogitsWarper(top_p)(None, ref)
+    assert torch.equal(torch.isinf(ours), torch.isinf(ref))
+    assert torch.equal(ours[~torch.isinf(ours)], z[~torch.isinf(ours)])
+
+
+def test_sampled_frequencies_match_the_distribution():
+    torch.manual_seed(0)
+    p = torch.tensor([0.05, 0.15, 0.3, 0.5])
+    n = 40_000
+    tok, _ = sample_tokens(torch.log(p).expand(n, 4), 1.0, torch.rand(n))
+    freq = torch.bincount(tok, minlength=4).double() / n
+    sigma = (p.double() * (1 - p.double()) / n).sqrt()
+    assert ((freq - p.double()).abs() < 4 * sigma).all(), freq
+
+
+@pytest.fixture(scope="module")
+def tiny_lm(tiny_model_dir):
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float64).eval()
+    return model, tok
+
+
+def prompts_of(tok, questions):
+    return [tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True,
+                                    return_dict=False) for q in questions]
+
+
+def test_greedy_decode_equals_hf_generate(tiny_lm, float64_rmsnorm):
+    model, tok = tiny_lm
+    prompts = prompts_of(tok, ["What is 2 + 3?", "Hi", "Add 17 and 25, please."])
+    params = SamplingParams(group_size=1, max_new_tokens=12, greedy=True)
+    ours = HFEngine(model, tok, torch.float64, decoder="grpolab").generate(prompts, params)
+    ref = HFEngine(model, tok, torch.float64, decoder="hf").generate(prompts, params)
+    assert torch.equal(ours.completion_ids * ours.completion_mask, ref.completion_ids * ref.completion_mask)
+    assert torch.equal(ours.completion_mask, ref.completion_mask)
+    assert torch.equal(ours.truncated, ref.truncated) and ours.texts == ref.texts
+
+
+def decode(model, tok, prompts, stop_ids, compact, seed=0, temperature=1.0, group_size=4, max_new_tokens=10):
+    from grpolab.rollout.hf import left_pad
+
+    ids, mask = left_pad(prompts, tok.pad_token_id)
+    torch.manual_seed(seed)
+    return decode_groups(model, ids, mask, group_size, max_new_tokens, temperature, stop_ids, tok.pad_token_id,
+                         compact=compact)
+
+
+def test_finished_rows_leaving_the_batch_changes_nothing(tiny_lm, float64_rmsnorm):
+    model, tok = tiny_lm
+    prompts = prompts_of(tok, ["What is 2 + 3?", "Hi"])
+    stops = list(range(0, len(tok), 6))  # one token in six stops a row: rows finish at different steps
+    a = decode(model, tok, prompts, stops, compact=True)
+    b = decode(model, tok, prompts, stops, compact=False)
+    lengths = a.mask.sum(-1)
+    assert len(set(lengths.tolist())) > 2 and (lengths < 10).any()  # rows did finish early, at different steps
+    assert torch.equal(a.tokens, b.tokens) and torch.equal(a.mask, b.mask) and torch.equal(a.truncated, b.truncated)
+    assert torch.allclose(a.logprobs, b.logprobs, atol=1e-12, rtol=0)
+    assert torch.equal(a.truncated, ~torch.isin(a.tokens, torch.tensor(stops)).any(-1))
+
+
+def test_recorded_logprobs_equal_a_teacher_forced_forward(tiny_lm, float64_rmsnorm):
+    model, tok = tiny_lm
+    prompts = prompts_of(tok, ["What is 2 + 3?", "Hi there"])
+    d = decode(model, tok, prompts, list(range(0, len(tok), 9)), compact=True, temperature=0.8)
+    from grpolab.rollout.hf import left_pad
+
+    ids, mask = left_pad(prompts, tok.pad_token_id)
+    rollout = Rollout(ids.repeat_interleave(4, 0), mask.repeat_interleave(4, 0), d.tokens, d.mask, d.logprobs,
+                      d.truncated, torch.arange(2).repeat_interleave(4), [""] * 8)
+    with torch.no_grad():
+        fo = completion_logprobs(model, rollout, torch.arange(8), 0.8, "fp32")
+    # the rollout stores float32: equal up to that rounding (a position or temperature slip is > 1e-2)
+    assert d.logprobs.dtype == torch.float32
+    assert torch.allclose(fo.logp.float() * d.mask, d.logprobs * d.mask, atol=1e-5, rtol=0)
+    assert (d.logprobs[d.mask == 0] == 0).all()
+
+
+def test_group_samples_differ_and_the_engine_is_seeded(tiny_lm):
+    model, tok = tiny_lm
+    engine = HFEngine(model, tok, torch.float64)
+    prompts = prompts_of(tok, ["What is 2 + 3?"])
+    params = SamplingParams(group_size=4, max_new_tokens=6)
+    torch.manual_seed(5)
+    a = engine.generate(prompts, params)
+    torch.manual_seed(5)
+    b = engine.generate(prompts, params)
+    assert torch.equal(a.completion_ids, b.completion_ids)  # the global RNG drives it (checkpointed with the run)
+    assert len({tuple(r) for r in a.completion_ids.tolist()}) > 1  # G independent samples, not G copies
+    assert a.group.tolist() == [0, 0, 0, 0] and eos_ids(model, tok)
+
+
+# ---------------------------------------------------------------------------------------------- optimizer
+
+
+def test_fused_adamw_equals_foreach():
+    torch.manual_seed(0)
+    params = [torch.randn(300, 7), torch.randn(50)]
+    grads = [[torch.randn_like(p) for p in params] for _ in range(3)]
+    out = []
+    for kw in ({"fused": True}, {"foreach": True}):
+        ps = [p.clone().requires_grad_() for p in params]
+        opt = torch.optim.AdamW(ps, lr=1e-3, betas=(0.9, 0.99), weight_decay=0.1, **kw)
+        for gs in grads:
+            for p, g in zip(ps, gs):
+                p.grad = g.clone()
+            opt.step()
+        out.append(ps)
+    for a, b in zip(*out):
+        assert torch.allclose(a, b, atol=1e-6, rtol=0)
+        assert not torch.allclose(a, params[0] if a.shape == params[0].shape else params[1], atol=1e-4)
