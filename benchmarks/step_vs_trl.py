@@ -35,7 +35,6 @@ Phases are measured without editing either library: the workers wrap methods of 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib.metadata
 import importlib.util
 import json
@@ -640,27 +639,8 @@ def run_compare(args, model_path: str, log_dir: Path, report: dict[str, Any]) ->
     report.update(results=results, summary=summary)
 
 
-def rollout_logits_gib(sequences: int, max_new_tokens: int, vocab: int) -> float:
-    """Transient memory of grpolab's HFEngine.generate recording sampler logprobs (this version): the per-step
-    logits of every sequence are kept, stacked and rescaled -- measured at ~5 float32 copies of [N, T, V]
-    (1.9 GiB at N = 32, T = 64, V = 49152 on a tiny model; 0.05 GiB with logprobs off)."""
-    return 5 * sequences * max_new_tokens * vocab * 4 / 2**30
-
-
-def mem_available_gib() -> float:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) / 2**20
-    except OSError:
-        pass
-    return math.inf
-
-
 def run_scaling(args, model_path: str, log_dir: Path, report: dict[str, Any]) -> None:
     sides = ["ours"] + (["trl"] if args.scaling_trl else [])
-    vocab = report["shape"]["vocab"]
     peak = report["matmul"][args.precision]["peak_gflops"]
     points: dict[str, list[dict[str, Any]]] = {s: [] for s in sides}
     for g in args.scaling_groups:
@@ -668,15 +648,6 @@ def run_scaling(args, model_path: str, log_dir: Path, report: dict[str, Any]) ->
             for side in sides:
                 mb = args.micro_batch_size if (g * args.prompts_per_step) % args.micro_batch_size == 0 else g
                 print(f"  G={g:<3} max_new_tokens={m:<4} {SIDES[side]} ...", end="", flush=True)
-                if side == "ours" and args.memory_guard:
-                    need = rollout_logits_gib(g * args.prompts_per_step, m, vocab)
-                    avail = mem_available_gib()
-                    if need > 0.8 * avail:
-                        print(f" skipped: grpolab's rollout keeps ~{need:.1f} GiB of sampler logits, {avail:.1f} GiB available "
-                              "(--no-memory-guard runs it anyway)")
-                        points[side].append({"group_size": g, "max_new_tokens": m, "error": "skipped by the memory guard",
-                                             "estimate_gib": need, "available_gib": avail})
-                        continue
                 res = spawn(args, side, log_dir, f"scaling-G{g}-T{m}-{side}",
                             {"group_size": g, "max_new_tokens": m, "micro_batch_size": mb, "rounds": 1,
                              "steps": args.scaling_steps})
@@ -733,8 +704,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--scaling-groups", type=int, nargs="+", default=[4, 8, 16])
     p.add_argument("--scaling-tokens", type=int, nargs="+", default=[64, 128, 256])
     p.add_argument("--scaling-steps", type=int, default=2, help="measured steps per grid point (after the warm-up)")
-    p.add_argument("--no-memory-guard", dest="memory_guard", action="store_false",
-                   help="with --scaling: run grid points even when grpolab's rollout-logits estimate exceeds 80%% of MemAvailable")
     p.add_argument("--json-out", help="write everything measured (every step of every worker) here")
     p.add_argument("--worker-timeout", type=float, default=0, help="seconds per worker process (0 = none)")
     p.add_argument("--worker", choices=["ours", "trl"], help=argparse.SUPPRESS)
