@@ -75,12 +75,12 @@ def bench_training(trainer, repeats: int) -> dict[str, float]:
 
     torch.manual_seed(0)
     batch = trainer.collect()
-    updater, g = trainer.updater, trainer.cfg.rollout.group_size
-    variants = {"plain": (1, False), "shared prompt": (g, False), "shared prompt + packed": (g, True)}
+    updater = trainer.updater
+    variants = {"plain": (False, False), "shared prompt": (True, False), "shared prompt + packed": (True, True)}
     times: dict[str, list[float]] = {v: [] for v in variants}
     for r in range(repeats + 1):
-        for name, (group_size, pack) in variants.items():
-            updater.group_size, updater.pack = group_size, pack
+        for name, (share_prompt, pack) in variants.items():
+            updater.share_prompt, updater.pack = share_prompt, pack
 
             def step():
                 ref = None if updater.reference is None else updater.logprobs_no_grad(updater.reference, batch.rollout, "fp32")

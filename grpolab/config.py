@@ -100,9 +100,9 @@ class TrainConfig:
     min_lr_ratio: float = 0.0
     grad_clip: float = 1.0
     precision: Literal["fp32", "bf16"] = "fp32"  # bf16 = bfloat16 autocast over fp32 master weights
-    share_prompt: bool = True  # run each group's prompt once in training passes (needs micro_batch_size % G == 0)
+    share_prompt: bool = True  # training passes run each prompt once per micro-batch, not once per completion
     fused_adamw: bool = True  # torch's fused AdamW kernel (same update as foreach, one pass over the weights)
-    pack_completions: bool = True  # with share_prompt: a group's completions in one row, no padding (SDPA models)
+    pack_completions: bool = True  # with share_prompt: completions packed end to end, not padded (SDPA models)
     seed: int = 0
     save_every: int = 0  # 0 = only at the end
     keep_last: int = 2

@@ -4,15 +4,16 @@ The sequence is [left-padded prompt | right-padded completion]. Position ids res
 token, as `generate` does, so training logprobs match the sampler's. Logits are computed only for the
 completion positions (`logits_to_keep`), never for the prompt.
 
-Shared prompt (`group_size` > 1 and `rows` made of whole groups): the G completions of a group share one
-prompt, so the prompt is run once per group and the completions attend to its key/value cache (the gradient of
-every completion flows back into the one prompt pass). Same function, same gradient, (G-1)/G less prompt compute.
+Shared prompt (`share_prompt`): consecutive rows of the same group share one prompt, so the prompt is run once
+per such run of rows (a whole group, or the part of a group a micro-batch holds) and the completions attend to
+its key/value cache (the gradient of every completion flows back into the one prompt pass). Same function, same
+gradient, (G-1)/G less prompt compute.
 
-Packed completions (`pack`, with SDPA attention): the G completions of a group are then laid end to end in one
-row, with no padding, under a block attention mask (each token sees the group's prompt and the earlier tokens
-of its own completion) and position ids that restart at the prompt length for every completion. Same function
-again; the padding of every completion to the group's longest is not computed at all. Without `pack` the
-prompt's cache is repeated G times and the completions run padded side by side.
+Packed completions (`pack`, with SDPA attention; the default): the group's completions are laid end to end,
+several to a row where they fit (grpolab/packing.py), under a block-causal mask (each token sees the group's
+prompt and the earlier tokens of its own completion) with position ids restarted at the prompt length for every
+completion. Same function again, with only the unfilled ends of rows as padding. Without `pack` the prompt's cache is repeated
+G times and the completions run padded side by side.
 """
 
 from __future__ import annotations
@@ -51,13 +52,14 @@ def completion_logprobs(
     precision: str = "fp32",
     with_entropy: bool = False,
     entropy_grad: bool = False,
-    group_size: int = 1,
+    share_prompt: bool = False,
     pack: bool = True,
 ) -> ForwardOut:
     """log pi(o_t | q, o_<t) / T for the completion tokens of `rows`, trimmed to the longest completion."""
-    if group_size > 1 and whole_groups(rollout, rows, group_size):
+    run = prompt_runs(rollout, rows)
+    if share_prompt and int(run[-1]) + 1 < len(rows):  # some prompt is used by more than one row
         shared = _packed_group_logprobs if pack and packing_supported(model) else _shared_prompt_logprobs
-        return shared(model, rollout, rows, temperature, precision, with_entropy, entropy_grad, group_size)
+        return shared(model, rollout, rows, temperature, precision, with_entropy, entropy_grad, run)
     first, lc = _trim(rollout, rows)
     prompt_ids, pmask = rollout.prompt_ids[rows, first:], rollout.prompt_mask[rows, first:]
     comp_ids, cmask = rollout.completion_ids[rows, :lc], rollout.completion_mask[rows, :lc]
@@ -90,18 +92,25 @@ def cache_kwarg(model, cache) -> dict:
     return {"cache": cache} if "cache" in params else {"past_key_values": cache}
 
 
-def whole_groups(rollout: Rollout, rows: torch.Tensor, group_size: int) -> bool:
-    """True when `rows` is a sequence of complete groups, each group's G rows consecutive."""
-    if len(rows) % group_size:
-        return False
-    g = rollout.group[rows].view(-1, group_size)
-    return bool((g == g[:, :1]).all()) and len(set(g[:, 0].tolist())) == g.shape[0]
+def prompt_runs(rollout: Rollout, rows: torch.Tensor) -> torch.Tensor:
+    """[b] the prompt each row uses, numbered 0, 1, ...: consecutive rows of the same group share one."""
+    g = rollout.group[rows]
+    new = torch.ones(len(rows), dtype=torch.bool)
+    new[1:] = g[1:] != g[:-1]
+    return torch.cumsum(new.long(), 0) - 1
 
 
-def _shared_prompt_logprobs(model, rollout, rows, temperature, precision, with_entropy, entropy_grad, group_size) -> ForwardOut:
-    """Prompt once per group (with its KV cache repeated G times), then the completions against that cache."""
+def _run_heads(rows: torch.Tensor, run: torch.Tensor) -> torch.Tensor:
+    """The first row of every run (the row whose prompt the run shares)."""
+    first = torch.ones(len(run), dtype=torch.bool)
+    first[1:] = run[1:] != run[:-1]
+    return rows[first]
+
+
+def _shared_prompt_logprobs(model, rollout, rows, temperature, precision, with_entropy, entropy_grad, run) -> ForwardOut:
+    """Prompt once per run (its KV cache repeated for each row of the run), then the padded completions."""
     first, lc = _trim(rollout, rows)
-    heads = rows[::group_size]
+    heads = _run_heads(rows, run)
     pmask = rollout.prompt_mask[heads, first:]
     comp_ids, cmask = rollout.completion_ids[rows, :lc], rollout.completion_mask[rows, :lc]
     with autocast(precision):
@@ -110,10 +119,10 @@ def _shared_prompt_logprobs(model, rollout, rows, temperature, precision, with_e
             position_ids=(pmask.cumsum(-1) - 1).clamp(min=0), use_cache=True, logits_to_keep=1,
         )
         cache = getattr(out, "cache", None) or out.past_key_values
-        cache.batch_repeat_interleave(group_size)
-        logits = out.logits.repeat_interleave(group_size, dim=0)  # predicts completion token 0
+        cache.batch_select_indices(run)
+        logits = out.logits[run]  # predicts completion token 0
         if lc > 1:
-            pmask_rows = pmask.repeat_interleave(group_size, dim=0)
+            pmask_rows = pmask[run]
             attn = torch.cat([pmask_rows, torch.ones_like(cmask[:, :-1])], dim=1)
             position_ids = pmask_rows.sum(-1, keepdim=True) + torch.arange(lc - 1).unsqueeze(0)
             rest = model(input_ids=comp_ids[:, :-1], attention_mask=attn, position_ids=position_ids, **cache_kwarg(model, cache)).logits
@@ -126,14 +135,14 @@ def packing_supported(model) -> bool:
     return getattr(model.config, "_attn_implementation", None) == "sdpa"
 
 
-def _packed_group_logprobs(model, rollout, rows, temperature, precision, with_entropy, entropy_grad, group_size) -> ForwardOut:
+def _packed_group_logprobs(model, rollout, rows, temperature, precision, with_entropy, entropy_grad, run) -> ForwardOut:
     """Each group's prompt (but its last token) once through the decoder, cached; then the completions packed
     into rows (packing.py) through the whole model: one embedding lookup and one LM-head projection per pass."""
     first, lc = _trim(rollout, rows)
-    heads = rows[::group_size]
+    heads = _run_heads(rows, run)
     prompt_ids, pmask = rollout.prompt_ids[heads, first:], rollout.prompt_mask[heads, first:]
     comp_ids, cmask = rollout.completion_ids[rows, :lc], rollout.completion_mask[rows, :lc]
-    packed = pack_completions(comp_ids, cmask, prompt_ids[:, -1], group_size)
+    packed = pack_completions(comp_ids, cmask, prompt_ids[:, -1], run)
     prefix, prefix_mask = prompt_ids[:, :-1], pmask[:, :-1]  # left-padded: the last column is every prompt's last token
     row_prefix_mask = prefix_mask[packed.group]
     with autocast(precision):

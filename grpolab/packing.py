@@ -6,8 +6,8 @@ Completion i of group j (length L_i) becomes one *segment* of L_i slots:
     targets [o_0, o_1, ..., o_{L_i - 1}]         (what each slot's logits predict)
     position ids  len(q_j) - 1 + t,  t = 0 .. L_i - 1
 
-Segments are placed into rows of S = max_i L_i slots by first-fit decreasing, never mixing groups in a row, so a
-row holds several short completions where padding would hold one. Every row attends to its group's prompt
+Segments are placed into rows of S = max_i L_i slots by first-fit decreasing, never mixing prompts in a row, so
+a row holds several short completions where padding would hold one. Every row attends to its group's prompt
 (minus the last token, run once per group and cached) and, inside the row, each slot sees only the earlier slots
 of its own segment: the block-causal mask below. The logits of slot t of segment i are therefore exactly those
 of position t of completion i in the plain padded pass (tested to float64 rounding).
@@ -54,14 +54,15 @@ class PackedRows:
 
 
 def pack_completions(comp_ids: torch.Tensor, cmask: torch.Tensor, last_prompt_token: torch.Tensor,
-                     group_size: int) -> PackedRows:
-    """comp_ids/cmask [G * P, Lc] (group-major; masks 1 on a prefix), last_prompt_token [P] -> PackedRows."""
+                     prompt_of_row: torch.Tensor) -> PackedRows:
+    """comp_ids/cmask [N, Lc] (masks 1 on a prefix), last_prompt_token [P], prompt_of_row [N] in 0..P-1."""
     lengths = cmask.sum(-1).tolist()
     capacity = max(max(lengths), 1)
     placed: list[tuple[int, int, int]] = []  # (completion row, packed row, offset)
     groups: list[int] = []
+    prompt_of = prompt_of_row.tolist()
     for j in range(len(last_prompt_token)):
-        rows = range(j * group_size, (j + 1) * group_size)
+        rows = [i for i, p in enumerate(prompt_of) if p == j]
         for members in first_fit_decreasing([lengths[i] for i in rows], capacity):
             offset = 0
             for m in members:
@@ -75,7 +76,7 @@ def pack_completions(comp_ids: torch.Tensor, cmask: torch.Tensor, last_prompt_to
     for i, r, off in placed:
         n = lengths[i]
         t = torch.arange(n)
-        ids[r, off] = last_prompt_token[i // group_size]
+        ids[r, off] = last_prompt_token[prompt_of[i]]
         ids[r, off + 1 : off + n] = comp_ids[i, : n - 1]
         targets[r, off : off + n] = comp_ids[i, :n]
         seg[r, off : off + n], pos[r, off : off + n] = i, t

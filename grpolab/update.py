@@ -34,8 +34,7 @@ class PolicyUpdater:
         )
         self.is_params = ISParams(c_max=a.is_c_max, c_min=a.is_c_min)
         self.temperature = cfg.rollout.temperature
-        self.group_size = cfg.rollout.group_size if cfg.train.share_prompt else 1
-        self.pack = cfg.train.pack_completions
+        self.share_prompt, self.pack = cfg.train.share_prompt, cfg.train.pack_completions
         self.skipped_steps = 0  # optimizer steps skipped for a non-finite loss or gradient, over the whole run
 
     @torch.no_grad()
@@ -43,7 +42,7 @@ class PolicyUpdater:
         """[N, Lc] logprobs of every completion token under `model` (micro-batched, no graph)."""
         out = torch.zeros(rollout.completion_ids.shape, dtype=torch.float32)
         for rows in torch.arange(len(rollout)).split(self.cfg.train.micro_batch_size):
-            fo = completion_logprobs(model, rollout, rows, self.temperature, precision, group_size=self.group_size,
+            fo = completion_logprobs(model, rollout, rows, self.temperature, precision, share_prompt=self.share_prompt,
                                      pack=self.pack)
             out[rows, fo.cols] = fo.logp.float()
         return out
@@ -77,7 +76,7 @@ class PolicyUpdater:
                 for start in range(0, len(mb), t.micro_batch_size):
                     rows = mb[start : start + t.micro_batch_size]
                     fo = completion_logprobs(self.policy, rollout, rows, self.temperature, t.precision, with_entropy=True,
-                                             entropy_grad=cfg.algorithm.entropy_coef != 0, group_size=self.group_size,
+                                             entropy_grad=cfg.algorithm.entropy_coef != 0, share_prompt=self.share_prompt,
                                              pack=self.pack)
                     c = fo.cols
                     m = mask[rows][:, c]

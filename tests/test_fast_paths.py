@@ -77,6 +77,7 @@ CASES = [  # (prompt lengths, completion lengths, G, rows in the micro-batch)
     ([5, 3], [4, 1, 6, 2, 6, 3], 3, None),  # several completions share a packed row; a 1-token completion
     ([4, 4, 2], [7, 7, 1, 2, 5, 3], 2, None),  # three micro-batch groups, equal and unequal prompts
     ([6, 2], [3, 5, 2, 2, 1, 4, 4, 1], 4, [4, 5, 6, 7]),  # the second group alone
+    ([6, 2], [3, 5, 2, 2, 1, 4, 4, 1], 4, [2, 3, 4, 5, 6]),  # the end of one group and most of the next
 ]
 
 
@@ -86,8 +87,8 @@ def test_shared_prompt_paths_equal_the_plain_forward(float64_rmsnorm, prompt_len
     model = tiny_llama()
     rollout = make_rollout(prompt_lens, completion_lens, group_size)
     rows = torch.arange(len(rollout)) if rows is None else torch.tensor(rows)
-    lp_ref, h_ref, g_ref = logp_entropy_grads(model, rollout, rows, group_size=1)
-    lp, h, grads = logp_entropy_grads(model, rollout, rows, group_size=group_size, pack=pack)
+    lp_ref, h_ref, g_ref = logp_entropy_grads(model, rollout, rows)
+    lp, h, grads = logp_entropy_grads(model, rollout, rows, share_prompt=True, pack=pack)
     assert lp.shape == lp_ref.shape
     assert torch.allclose(lp, lp_ref, atol=1e-12, rtol=0)
     assert torch.allclose(h, h_ref, atol=1e-12, rtol=0)
@@ -106,7 +107,7 @@ def test_first_fit_decreasing_by_hand():
 def test_pack_completions_layout_by_hand():
     comp = torch.tensor([[11, 12, 13], [21, 0, 0], [31, 32, 0]])
     mask = torch.tensor([[1, 1, 1], [1, 0, 0], [1, 1, 0]])
-    p = pack_completions(comp, mask, torch.tensor([9]), group_size=3)
+    p = pack_completions(comp, mask, torch.tensor([9]), prompt_of_row=torch.tensor([0, 0, 0]))
     # capacity 3: [row 0] alone, then [row 2 (len 2), row 1 (len 1)]
     assert p.ids.tolist() == [[9, 11, 12], [9, 31, 9]]
     assert p.targets.tolist() == [[11, 12, 13], [31, 32, 21]]

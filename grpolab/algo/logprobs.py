@@ -21,13 +21,6 @@ def token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, temperature: f
     return logprobs_and_entropy(logits, token_ids, temperature)[0]
 
 
-def entropy_from_logits(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-    """H = logsumexp(z) - sum_v softmax(z)_v z_v, z = logits / T; [B, T, V] -> [B, T]."""
-    z = scaled_logits(logits, temperature)
-    p = torch.softmax(z, dim=-1)
-    return torch.logsumexp(z, dim=-1) - (p * z).sum(-1)
-
-
 def logprobs_and_entropy(
     logits: torch.Tensor, token_ids: torch.Tensor, temperature: float = 1.0, with_entropy: bool = False,
     entropy_grad: bool = False,

@@ -1,4 +1,4 @@
-"""token_logprobs and entropy_from_logits (grpolab.algo.logprobs) against naive float64 log-softmax loops."""
+"""token_logprobs and the entropy of logprobs_and_entropy (grpolab.algo.logprobs) against naive float64 log-softmax loops."""
 
 from __future__ import annotations
 
@@ -7,7 +7,13 @@ import math
 import pytest
 import torch
 
-from grpolab.algo.logprobs import entropy_from_logits, token_logprobs
+from grpolab.algo.logprobs import logprobs_and_entropy, token_logprobs
+
+
+def entropy_from_logits(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """The entropy grpolab's training passes compute (token ids do not affect it)."""
+    ids = torch.zeros(logits.shape[:-1], dtype=torch.long)
+    return logprobs_and_entropy(logits, ids, temperature, with_entropy=True)[1]
 
 
 def naive_logsoftmax_row(row: list[float], temperature: float) -> list[float]:
