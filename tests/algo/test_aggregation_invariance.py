@@ -16,7 +16,7 @@ import torch
 from grpolab.algo.aggregation import AGGREGATIONS, Aggregation, token_weights
 from grpolab.algo.importance import ISMode, ISParams, is_weights
 from grpolab.algo.kl import KLEstimator
-from grpolab.algo.logprobs import entropy_from_logits, token_logprobs
+from grpolab.algo.logprobs import logprobs_and_entropy, token_logprobs
 from grpolab.algo.loss import ObjectiveParams, objective
 from grpolab.algo.surrogate import ClipParams, Surrogate
 
@@ -135,8 +135,7 @@ def _run(setup, params, mode, mb_size, per_mb_weights=False):
     mbs = _micro_batches(mb_size)
     for sl in mbs:
         logits = X[sl] @ W
-        logp = token_logprobs(logits, ids[sl], TEMPERATURE)
-        ent = entropy_from_logits(logits, TEMPERATURE)
+        logp, ent = logprobs_and_entropy(logits, ids[sl], TEMPERATURE, with_entropy=True, entropy_grad=True)
         if per_mb_weights:
             # the naive way: normalise each micro-batch on its own and average over accumulation steps
             w = token_weights(mask[sl], mode, L_MAX) / len(mbs)
@@ -194,8 +193,7 @@ def test_objective_matches_naive_formula():
     X, W0, ids, mask, adv, old, ref, isw = _setup(1)
     params = _params(Surrogate.PPO_CLIP, KLEstimator.K3)
     logits = X @ W0
-    logp = token_logprobs(logits, ids, TEMPERATURE)
-    ent = entropy_from_logits(logits, TEMPERATURE)
+    logp, ent = logprobs_and_entropy(logits, ids, TEMPERATURE, with_entropy=True, entropy_grad=True)
     w = token_weights(mask, Aggregation.SEQ_MEAN_TOKEN_MEAN, L_MAX)
     out = objective(logp, old, ref, adv, w, isw, mask, params, entropy=ent)
     el, eh, beta, c_h = params.clip.eps_low, params.clip.eps_high, params.beta, params.entropy_coef
