@@ -97,6 +97,42 @@ def test_shared_prompt_paths_equal_the_plain_forward(float64_rmsnorm, prompt_len
     assert float(g_ref["model.embed_tokens.weight"].abs().max()) > 0.1  # the comparison is not of zeros
 
 
+@pytest.mark.parametrize("micro_batch_size", [6, 4])  # whole groups; and micro-batches that split a group
+def test_policy_update_is_the_same_with_every_lever(float64_rmsnorm, micro_batch_size):
+    """One whole PolicyUpdater.update (KL reference, clipping, aggregation, SGD step) with the plain forward and
+    with the shared prompt, padded and packed: the same loss, KL, entropy and the same new weights."""
+    import copy
+
+    from grpolab.config import from_dict
+    from grpolab.update import PolicyUpdater
+
+    rollout = make_rollout([5, 3], [4, 1, 6, 2, 6, 3], 3)
+    advantages = torch.tensor([1.0, -0.5, -0.2, 0.7, -1.2, 0.9], dtype=torch.float64)
+    base, reference = tiny_llama(seed=0), tiny_llama(seed=1)
+    results = []
+    for share, pack in ((False, False), (True, False), (True, True)):
+        cfg = from_dict({"rollout": {"group_size": 3, "max_new_tokens": 8, "dtype": "float32"},
+                         "algorithm": {"beta": 0.04, "kl_estimator": "k3"},
+                         "train": {"micro_batch_size": micro_batch_size, "share_prompt": share, "pack_completions": pack,
+                                   "grad_clip": 0.0}})
+        policy = copy.deepcopy(base)
+        optimizer = torch.optim.SGD(policy.parameters(), lr=0.5)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: 1.0)
+        updater = PolicyUpdater(cfg, policy, reference, optimizer, scheduler)
+        rollout.sampler_logprobs = updater.logprobs_no_grad(policy, rollout, "fp32")  # on-policy: no mismatch
+        metrics = updater.update(rollout, advantages, torch.ones(6, dtype=torch.bool))
+        results.append((metrics, dict(policy.named_parameters())))
+    (m_ref, w_ref), others = results[0], results[1:]
+    assert abs(m_ref["loss/kl"]) > 1e-6 and abs(m_ref["loss/policy"]) > 1e-6  # the comparison is not of zeros
+    moved = max(float((w_ref[k] - p).detach().abs().max()) for k, p in base.named_parameters())
+    assert moved > 1e-3
+    for metrics, weights in others:
+        for key in ("loss/total", "loss/policy", "loss/kl", "policy/kl", "policy/entropy", "optim/grad_norm"):
+            assert metrics[key] == pytest.approx(m_ref[key], abs=1e-12, rel=0), key
+        for name, w in w_ref.items():
+            assert torch.allclose(weights[name], w, atol=1e-12, rtol=0), name
+
+
 def test_first_fit_decreasing_by_hand():
     # sorted: 7 (i1), 5 (i3), 3 (i0), 2 (i2), 1 (i5); 0 (i4) is left out
     assert first_fit_decreasing([3, 7, 2, 5, 0, 1], 7) == [[1], [3, 2], [0, 5]]
