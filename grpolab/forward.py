@@ -56,10 +56,10 @@ def completion_logprobs(
     pack: bool = True,
 ) -> ForwardOut:
     """log pi(o_t | q, o_<t) / T for the completion tokens of `rows`, trimmed to the longest completion."""
-    run = prompt_runs(rollout, rows)
-    if share_prompt and int(run[-1]) + 1 < len(rows):  # some prompt is used by more than one row
+    run, heads = prompt_runs(rollout, rows)
+    if share_prompt and len(heads) < len(rows):  # some prompt is used by more than one row
         shared = _packed_group_logprobs if pack and packing_supported(model) else _shared_prompt_logprobs
-        return shared(model, rollout, rows, temperature, precision, with_entropy, entropy_grad, run)
+        return shared(model, rollout, rows, temperature, precision, with_entropy, entropy_grad, run, heads)
     first, lc = _trim(rollout, rows)
     prompt_ids, pmask = rollout.prompt_ids[rows, first:], rollout.prompt_mask[rows, first:]
     comp_ids, cmask = rollout.completion_ids[rows, :lc], rollout.completion_mask[rows, :lc]
@@ -92,25 +92,18 @@ def cache_kwarg(model, cache) -> dict:
     return {"cache": cache} if "cache" in params else {"past_key_values": cache}
 
 
-def prompt_runs(rollout: Rollout, rows: torch.Tensor) -> torch.Tensor:
-    """[b] the prompt each row uses, numbered 0, 1, ...: consecutive rows of the same group share one."""
+def prompt_runs(rollout: Rollout, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(run [b], heads [P]): consecutive rows of the same group share one prompt; run numbers each row's prompt
+    0, 1, ... and heads holds the first row of every run."""
     g = rollout.group[rows]
     new = torch.ones(len(rows), dtype=torch.bool)
     new[1:] = g[1:] != g[:-1]
-    return torch.cumsum(new.long(), 0) - 1
+    return torch.cumsum(new.long(), 0) - 1, rows[new]
 
 
-def _run_heads(rows: torch.Tensor, run: torch.Tensor) -> torch.Tensor:
-    """The first row of every run (the row whose prompt the run shares)."""
-    first = torch.ones(len(run), dtype=torch.bool)
-    first[1:] = run[1:] != run[:-1]
-    return rows[first]
-
-
-def _shared_prompt_logprobs(model, rollout, rows, temperature, precision, with_entropy, entropy_grad, run) -> ForwardOut:
+def _shared_prompt_logprobs(model, rollout, rows, temperature, precision, with_entropy, entropy_grad, run, heads) -> ForwardOut:
     """Prompt once per run (its KV cache repeated for each row of the run), then the padded completions."""
     first, lc = _trim(rollout, rows)
-    heads = _run_heads(rows, run)
     pmask = rollout.prompt_mask[heads, first:]
     comp_ids, cmask = rollout.completion_ids[rows, :lc], rollout.completion_mask[rows, :lc]
     with autocast(precision):
@@ -135,11 +128,10 @@ def packing_supported(model) -> bool:
     return getattr(model.config, "_attn_implementation", None) == "sdpa"
 
 
-def _packed_group_logprobs(model, rollout, rows, temperature, precision, with_entropy, entropy_grad, run) -> ForwardOut:
+def _packed_group_logprobs(model, rollout, rows, temperature, precision, with_entropy, entropy_grad, run, heads) -> ForwardOut:
     """Each group's prompt (but its last token) once through the decoder, cached; then the completions packed
     into rows (packing.py) through the whole model: one embedding lookup and one LM-head projection per pass."""
     first, lc = _trim(rollout, rows)
-    heads = _run_heads(rows, run)
     prompt_ids, pmask = rollout.prompt_ids[heads, first:], rollout.prompt_mask[heads, first:]
     comp_ids, cmask = rollout.completion_ids[rows, :lc], rollout.completion_mask[rows, :lc]
     packed = pack_completions(comp_ids, cmask, prompt_ids[:, -1], run)
