@@ -1,4 +1,5 @@
-"""The Hugging Face `generate` rollout engine (CPU default).
+"""The rollout engine for Hugging Face models (CPU default): grpolab's decode loop (rollout/decode.py, the
+default) or transformers' `generate` (`rollout.decoder: hf`).
 
 When the sampler dtype differs from the policy's (bf16 sampling of an fp32 policy) the engine keeps its own
 weight copy and `sync_weights` copies the policy into it after each update -- the same contract a vLLM
