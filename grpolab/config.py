@@ -43,6 +43,8 @@ class TaskConfig:
 @dataclass(frozen=True)
 class RewardConfig:
     weights: dict = field(default_factory=lambda: {"correct": 1.0, "format": 0.1})
+    functions: dict = field(default_factory=dict)  # your own: {name: "path/file.py:fn" | "pkg.mod:fn"} (rewards/user.py)
+    time_limit_s: float = 5.0  # per call of each of your functions (the built-ins have their own)
 
 
 @dataclass(frozen=True)
@@ -104,7 +106,8 @@ class TrainConfig:
     fused_adamw: bool = True  # torch's fused AdamW kernel (same update as foreach, one pass over the weights)
     pack_completions: bool = True  # with share_prompt: completions packed end to end, not padded (SDPA models)
     seed: int = 0
-    save_every: int = 0  # 0 = only at the end
+    save_every: int = 0  # checkpoint every N steps (0 = off) ...
+    save_every_minutes: float = 10.0  # ... and/or after this many minutes since the last one (0 = off); always at the end
     keep_last: int = 2
     samples_per_step: int = 4
     max_nonfinite_steps: int = 3  # stop after this many consecutive steps with a NaN/Inf loss or gradient
@@ -311,6 +314,7 @@ _RANGES: list[tuple[str, Any, str]] = [
     ("algorithm.overlong_buffer", lambda v: v >= 0, "an integer >= 0"),
     ("algorithm.overlong_penalty", lambda v: v >= 0, "a number >= 0"),
     ("algorithm.max_extra_rounds", lambda v: v >= 0, "an integer >= 0"),
+    ("reward.time_limit_s", lambda v: v > 0, "a number > 0 (seconds)"),
     ("train.steps", lambda v: v >= 1, "an integer >= 1"),
     ("train.prompts_per_step", lambda v: v >= 1, "an integer >= 1"),
     ("train.mu", lambda v: v >= 1, "an integer >= 1"),
@@ -321,6 +325,7 @@ _RANGES: list[tuple[str, Any, str]] = [
     ("train.warmup_steps", lambda v: v >= 0, "an integer >= 0"),
     ("train.grad_clip", lambda v: v >= 0, "a number >= 0 (0 = off)"),
     ("train.save_every", lambda v: v >= 0, "an integer >= 0"),
+    ("train.save_every_minutes", lambda v: v >= 0, "a number >= 0 (0 = off)"),
     ("train.keep_last", lambda v: v >= 1, "an integer >= 1"),
     ("train.adam_beta1", lambda v: 0 <= v < 1, "a number in [0, 1)"),
     ("train.adam_beta2", lambda v: 0 <= v < 1, "a number in [0, 1)"),

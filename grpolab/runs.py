@@ -1,4 +1,4 @@
-"""Creating a run directory and its manifest, and resuming one (DESIGN.md section 6).
+"""Creating a run directory and its manifest, and resuming one (docs/design.md section 6).
 
 A resume reads the config from RUN_DIR/manifest.json (plus any --set overrides), rebuilds the trainer and a
 fresh manifest, and refuses -- naming every difference -- when the resolved config, objective, model weights,
@@ -21,6 +21,7 @@ from . import manifest as mf
 from .card import objective_card
 from .config import Config, from_dict, parse_override, set_path, to_dict
 from .errors import GrpolabError
+from .rewards.user import source_hashes
 from .tasks.base import Problem
 
 if TYPE_CHECKING:
@@ -51,6 +52,7 @@ def build_manifest(cfg: Config, model_path: str, tokenizer, train: list[Problem]
             "tokenizer": hashes["tokenizer"],
             "chat_template": mf.sha256_bytes((tokenizer.chat_template or "").encode()),
             "reward_code": mf.reward_code_hash(),
+            **({"reward_functions": source_hashes(cfg.reward.functions)} if cfg.reward.functions else {}),
             "train_data": mf.data_hash(train),
             "held_out_data": mf.data_hash(held_out),
         },
