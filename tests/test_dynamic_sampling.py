@@ -1,7 +1,7 @@
 """Trainer-level reward handling: dynamic sampling, zero-variance accounting, invalid rewards, overlong shaping and
 KL-in-reward, on a tiny random Llama (max_new_tokens 4, G 2-4).
 
-Rewards are controlled exactly by replacing `grpolab.trainer.score_rollout` with a scripted scorer: each call (one
+Rewards are controlled exactly by replacing `grpolab.batch.score_rollout` with a scripted scorer: each call (one
 generation round) returns the next [P, G] block of the script.
 """
 
@@ -12,13 +12,15 @@ import math
 import pytest
 import torch
 
-import grpolab.trainer as trainer_mod
+import grpolab.batch as batch_mod
 from grpolab.algo.advantages import compute_advantages
 from grpolab.config import from_dict
 from grpolab.forward import completion_logprobs
 from grpolab.rewards.overlong import soft_overlong_penalty
 from grpolab.rollout.base import Rollout
-from grpolab.trainer import Scores, Trainer, score_rollout
+from grpolab.batch import Scores, score_rollout
+from grpolab.rewards import RewardSet
+from grpolab.trainer import Trainer
 
 NAN = math.nan
 
@@ -50,14 +52,14 @@ class Script:
         self.max_calls = len(rounds) if max_calls is None else max_calls
         self.calls: list[tuple[Rollout, list]] = []
 
-    def __call__(self, rollout, problems, cfg) -> Scores:
+    def __call__(self, rollout, problems, rewards, cfg) -> Scores:
         if len(self.calls) >= self.max_calls:
             raise AssertionError(f"score_rollout called {len(self.calls) + 1} times; budget allows {self.max_calls}")
         r = torch.tensor(self.rounds[min(len(self.calls), len(self.rounds) - 1)], dtype=torch.float64).flatten()
         assert len(r) == len(rollout) == len(problems) * cfg.rollout.group_size
         self.calls.append((rollout, problems))
         invalid = torch.isnan(r)
-        errors = [f"correct: ValueError: scripted invalid row {i}" for i in invalid.nonzero().flatten().tolist()]
+        errors = [f"correct: ValueError: scripted invalid row {i}" if bad else None for i, bad in enumerate(invalid.tolist())]
         return Scores(rewards=r.clone(), components={"correct": r.clone()}, invalid=invalid, errors=errors)
 
 
@@ -65,7 +67,7 @@ class Script:
 def script(monkeypatch):
     def install(rounds, max_calls=None) -> Script:
         s = Script(rounds, max_calls)
-        monkeypatch.setattr(trainer_mod, "score_rollout", s)
+        monkeypatch.setattr(batch_mod, "score_rollout", s)
         return s
 
     return install
@@ -104,7 +106,7 @@ def test_zero_variance_groups_are_dropped_and_refilled(tiny_model_dir, tmp_path,
                max_calls=2)
     batch = t.collect()
     assert len(s.calls) == 2
-    assert batch.stats == {"dynamic/extra_rounds": 1.0, "dynamic/kept_groups": 2.0}
+    assert dynamic(batch) == {"dynamic/extra_rounds": 1.0, "dynamic/kept_groups": 2.0}
     (r0, p0), (r1, p1) = s.calls
     assert [p.uid for p in batch.problems] == [p0[1].uid, p1[1].uid]
     assert batch.rollout.group.tolist() == [0, 0, 1, 1]
@@ -117,8 +119,13 @@ def test_zero_variance_groups_are_dropped_and_refilled(tiny_model_dir, tmp_path,
     # both kept groups carry signal: rewards {0, 1}, mean 0.5, sample std sqrt(0.5): A = -+0.5 / (sqrt(0.5) + eps)
     a = 0.5 / (math.sqrt(0.5) + 1e-6)
     assert batch.advantages.tolist() == pytest.approx([-a, a, a, -a], abs=1e-12)
-    # zero-variance accounting is of the first round (what the sampler saw), not of the kept batch
-    assert batch.zero_std.tolist() == [True, False]
+    # zero-variance accounting is of every group sampled (both rounds); the kept batch has its own, prefixed
+    assert batch.metrics["groups/frac_zero_std"] == 0.5 and batch.metrics["kept/groups/frac_zero_std"] == 0.0
+    assert batch.metrics["reward/mean"] == 0.5 and batch.metrics["kept/reward/mean"] == 0.5
+
+
+def dynamic(batch) -> dict:
+    return {k: v for k, v in batch.metrics.items() if k.startswith("dynamic/")}
 
 
 def test_refill_stops_as_soon_as_enough_groups_are_kept(tiny_model_dir, tmp_path, script):
@@ -127,10 +134,10 @@ def test_refill_stops_as_soon_as_enough_groups_are_kept(tiny_model_dir, tmp_path
                 [[1, 1], [1, 0]], [[0, 1], [1, 0]]],  # step 2: one refill round gives more than needed
                max_calls=3)
     batch = t.collect()
-    assert len(s.calls) == 1 and batch.stats == {"dynamic/extra_rounds": 0.0, "dynamic/kept_groups": 2.0}
+    assert len(s.calls) == 1 and dynamic(batch) == {"dynamic/extra_rounds": 0.0, "dynamic/kept_groups": 2.0}
     b2 = t.collect()
     assert len(s.calls) == 3
-    assert b2.stats == {"dynamic/extra_rounds": 1.0, "dynamic/kept_groups": 2.0}
+    assert dynamic(b2) == {"dynamic/extra_rounds": 1.0, "dynamic/kept_groups": 2.0}
     # more kept than needed: the first P kept groups, in generation order
     assert [p.uid for p in b2.problems] == [s.calls[1][1][1].uid, s.calls[2][1][0].uid]
     assert b2.scores.rewards.tolist() == [1.0, 0.0, 0.0, 1.0]
@@ -157,8 +164,11 @@ def test_budget_runs_out_and_the_step_trains_on_what_it_has(tiny_model_dir, tmp_
     assert len(s.calls) == budget + 1
     assert metrics["dynamic/extra_rounds"] == budget
     assert metrics["dynamic/kept_groups"] == 1
-    assert metrics["groups/frac_zero_std"] == 0.5  # first round
-    assert metrics["reward/mean"] == 0.5 and metrics["reward/std"] == 0.5  # the kept group only: [0, 1]
+    # sampled: every round ([1, 1], [0, 1], then [0, 0], [1, 1] per extra round); kept: the one group [0, 1]
+    assert metrics["groups/frac_zero_std"] == pytest.approx((1 + 2 * budget) / (2 + 2 * budget))
+    assert metrics["reward/mean"] == pytest.approx((3 + 2 * budget) / (4 + 4 * budget))
+    assert metrics["kept/reward/mean"] == 0.5 and metrics["kept/reward/std"] == 0.5
+    assert metrics["kept/groups/frac_zero_std"] == 0.0
     assert math.isfinite(metrics["loss/total"]) and metrics["loss/signal_token_frac"] == 1.0
     assert any(not torch.equal(a, b) for a, b in zip(before, t.policy.parameters()))  # it trained
     assert [x["reward"] for x in samples] == [0.0, 1.0]
@@ -171,10 +181,11 @@ def test_all_zero_variance_falls_back_to_the_first_round(tiny_model_dir, tmp_pat
     metrics, _, batch = step_with_batch(t)  # no crash, no signal, everything logged
     assert len(s.calls) == budget + 1
     first, problems = s.calls[0]
-    assert batch.rollout is first and [p.uid for p in batch.problems] == [p.uid for p in problems]
+    assert [p.uid for p in batch.problems] == [p.uid for p in problems]
+    assert [rows_of(batch.rollout, i) for i in range(4)] == [rows_of(first, i) for i in range(4)]
     assert batch.scores.rewards.tolist() == [1.0, 1.0, 0.0, 0.0]
     assert batch.advantages.tolist() == [0.0] * 4
-    assert batch.stats == {"dynamic/extra_rounds": float(budget), "dynamic/kept_groups": 0.0}
+    assert dynamic(batch) == {"dynamic/extra_rounds": float(budget), "dynamic/kept_groups": 0.0}
     assert metrics["dynamic/extra_rounds"] == budget and metrics["dynamic/kept_groups"] == 0
     assert metrics["groups/frac_zero_std"] == 1.0
     assert metrics["loss/signal_token_frac"] == 0.0
@@ -185,16 +196,16 @@ def test_all_zero_variance_falls_back_to_the_first_round(tiny_model_dir, tmp_pat
 
 
 def test_frac_zero_std_per_slice(tiny_model_dir, tmp_path, script):
-    """Per-slice zero-variance fractions, of the first round even when dynamic sampling refills the batch."""
+    """Per-slice zero-variance fractions of everything sampled, refill rounds included."""
     t = make_trainer(tiny_model_dir, tmp_path, prompts=6, task={"digits": 2}, dynamic_sampling=True, max_extra_rounds=1)
     first = [[1, 1], [0, 1], [0, 0], [1, 0], [0.5, 0.5], [0.25, 0.5]]  # zero-variance: groups 0, 2, 4
     s = script([first, [[0, 1]] * 6], max_calls=2)
     metrics, _ = t.train_step()
-    slices = [p.slice for p in s.calls[0][1]]
+    slices = [p.slice for p in s.calls[0][1]] + [p.slice for p in s.calls[1][1]]
     assert len(set(slices)) > 1, slices  # precondition: this seed samples both digits=1 and digits=2
     assert metrics["dynamic/kept_groups"] == 6 and metrics["dynamic/extra_rounds"] == 1
-    zero = [1.0, 0.0, 1.0, 0.0, 1.0, 0.0]
-    assert metrics["groups/frac_zero_std"] == 0.5
+    zero = [1.0, 0.0, 1.0, 0.0, 1.0, 0.0] + [0.0] * 6
+    assert metrics["groups/frac_zero_std"] == 0.25
     for sl in set(slices):
         vals = [z for z, x in zip(zero, slices) if x == sl]
         assert metrics[f"groups/frac_zero_std/{sl}"] == pytest.approx(sum(vals) / len(vals)), sl
@@ -222,7 +233,7 @@ def test_invalid_rewards_are_excluded_and_counted(tiny_model_dir, tmp_path, scri
     expected = [(1 - 2 / 3) / sd, 0.0, (0 - 2 / 3) / sd, (1 - 2 / 3) / sd, 0.0, 0.0, 0.0, 0.0]
     assert batch.advantages.tolist() == pytest.approx(expected, abs=1e-12)
     assert batch.advantages[1] == 0.0 and batch.advantages[6] == 0.0  # invalid: exactly 0, never NaN
-    assert batch.zero_std.tolist() == [False, True]
+    assert batch.metrics["groups/frac_zero_std"] == 0.5
     mask = t.updater.loss_mask(batch.rollout, ~batch.scores.invalid)
     assert mask[1].sum() == 0 and mask[6].sum() == 0  # invalid completions are out of the loss
     assert mask[0].sum() == batch.rollout.completion_mask[0].sum()
@@ -269,7 +280,7 @@ def test_overlong_penalty_for_known_lengths():
     from grpolab.tasks.base import Problem
 
     problems = [Problem(uid="p0", question="1+1", answer="2"), Problem(uid="p1", question="2+2", answer="4")]
-    scores = score_rollout(_rollout_with_lengths([1, 4, 5, 6, 7, 8, 3, 8], 8, 4), problems, cfg)
+    scores = score_rollout(_rollout_with_lengths([1, 4, 5, 6, 7, 8, 3, 8], 8, 4), problems, RewardSet(cfg.reward.weights), cfg)
     expected = [0.0, 0.0, -0.125, -0.25, -0.375, -0.5, 0.0, -0.5]
     assert scores.components["overlong"].tolist() == expected
     assert scores.components["correct"].tolist() == [0.0] * 8
@@ -282,7 +293,8 @@ def test_no_overlong_component_when_off():
     cfg = from_dict({"rollout": {"group_size": 2, "max_new_tokens": 8}, "algorithm": {"overlong_buffer": 0}})
     from grpolab.tasks.base import Problem
 
-    scores = score_rollout(_rollout_with_lengths([8, 8], 8, 2), [Problem(uid="p", question="q", answer="1")], cfg)
+    scores = score_rollout(_rollout_with_lengths([8, 8], 8, 2), [Problem(uid="p", question="q", answer="1")],
+                           RewardSet(cfg.reward.weights), cfg)
     assert "overlong" not in scores.components and scores.rewards.tolist() == [0.0, 0.0]
 
 
@@ -363,10 +375,12 @@ def test_kl_in_reward_subtracts_beta_times_summed_token_kl(tiny_model_dir, tmp_p
     adv = compute_advantages(seen["after"].view(-1, 2), eps=1e-6).advantages.view(-1)
     assert torch.equal(seen["advantages"], adv)
     assert seen["advantages"][2:].abs().sum() > 0
-    # the step: KL measured and logged, not added to the loss; the logged reward is the penalised one
+    # the step: KL measured and logged, not added to the loss; the logged reward is the task reward (what the
+    # release checks judge), the penalty is logged beside it
     assert math.isfinite(metrics["loss/total"]) and metrics["policy/kl"] != 0
     assert metrics["loss/total"] == pytest.approx(metrics["loss/policy"])
-    assert metrics["reward/mean"] == pytest.approx(seen["after"].mean().item())
+    assert metrics["reward/mean"] == pytest.approx(seen["before"].mean().item())
+    assert metrics["reward/kl_penalty/mean"] == pytest.approx((beta * kl_seq).mean().item(), abs=1e-6)
     assert metrics["reward/correct/mean"] == 0.25  # the components stay the raw task reward
 
 
@@ -393,4 +407,42 @@ def test_dynamic_sampling_keeps_the_errors_of_invalid_kept_rows(tiny_model_dir, 
     script([[[1, 0, NAN], [1, 1, 1]], [[0, 1, 0], [1, 1, 1]]], max_calls=2)
     batch = t.collect()
     assert batch.scores.invalid.tolist() == [False, False, True, False, False, False]
-    assert batch.scores.errors == ["correct: ValueError: scripted invalid row 2"]
+    assert batch.scores.errors == [None, None, "correct: ValueError: scripted invalid row 2", None, None, None]
+
+
+# --------------------------------------------------------------------------------------------- issue-11 regressions
+
+
+def test_dynamic_sampling_judges_groups_by_correctness_not_bonuses(tiny_model_dir, tmp_path, monkeypatch):
+    """DAPO filters on accuracy: an all-wrong group whose format bonus varies has no signal and is dropped."""
+    t = make_trainer(tiny_model_dir, tmp_path, dynamic_sampling=True, max_extra_rounds=0)
+
+    def scorer(rollout, problems, rewards, cfg):
+        correct = torch.tensor([0.0, 0.0, 1.0, 0.0], dtype=torch.float64)  # group 0 all wrong, group 1 mixed
+        fmt = torch.tensor([1.0, 0.0, 1.0, 1.0], dtype=torch.float64)  # ... but group 0's bonus varies
+        return Scores(correct + 0.1 * fmt, {"correct": correct, "format": fmt}, torch.zeros(4, dtype=torch.bool), [None] * 4)
+
+    monkeypatch.setattr(batch_mod, "score_rollout", scorer)
+    batch = t.collect()
+    assert batch.metrics["dynamic/kept_groups"] == 1.0
+    assert batch.scores.components["correct"].tolist() == [1.0, 0.0]  # only group 1 is trained on
+    assert batch.metrics["groups/frac_zero_std"] == 0.0  # (the total reward varies in both groups)
+
+
+def test_lr_schedule_follows_the_plan_when_fewer_groups_are_kept(tiny_model_dir, tmp_path, script):
+    """4 minibatches planned per step; dynamic sampling keeps 1 group (2 rows), so the update takes 2 optimizer
+    steps. The schedule must still stand at step 4 * s after training step s."""
+    t = make_trainer(tiny_model_dir, tmp_path, dynamic_sampling=True, max_extra_rounds=0,
+                     train={"steps": 3, "minibatches": 4, "schedule": "cosine", "warmup_steps": 1})
+    script([[[1, 1], [0, 1]]] * 2)
+    for step in (1, 2):
+        metrics, _ = t.train_step()
+        assert t.scheduler.last_epoch == 4 * step
+        assert metrics["optim/lr"] == pytest.approx(1e-3 * 0.5 * (1 + math.cos(math.pi * (4 * step - 1) / 11)))
+
+
+def test_samples_come_from_every_group(tiny_model_dir, tmp_path, script):
+    t = make_trainer(tiny_model_dir, tmp_path, group_size=2, prompts=2)
+    script([[[1, 0], [0, 1]]])
+    _, samples, batch = step_with_batch(t)
+    assert [s["uid"] for s in samples] == [p.uid for p in batch.problems]  # one from each group, not two of group 0
