@@ -1,4 +1,4 @@
-"""Evaluation commands of the `grpolab` CLI: eval, compare, baseline (sft, best-of-n).
+"""`grpolab eval`, `grpolab compare`, `grpolab baseline` (sft, best-of-n).
 
 `compare` rules:
 - A source is an evaluation JSON (written by `grpolab eval --out` or `grpolab baseline best-of-n --out`) or a run
@@ -21,8 +21,8 @@ import numpy as np
 import typer
 from rich.table import Table
 
-from .cli import app, console
-from .errors import GrpolabError
+from .app import app, console
+from ..errors import GrpolabError
 
 baseline_app = typer.Typer(no_args_is_help=True, help="Baselines on the same problems: SFT / RFT, best-of-n.")
 app.add_typer(baseline_app, name="baseline")
@@ -30,7 +30,7 @@ SEED_KEYS = {"config.train.seed"}
 
 
 def _options(task_option: list[str]) -> dict[str, Any]:
-    from .config import parse_option
+    from ..config import parse_option
 
     return dict(parse_option(o) for o in task_option)
 
@@ -95,7 +95,7 @@ def eval_(
     out: Annotated[Optional[Path], typer.Option(help="write the JSON result here")] = None,
 ) -> None:
     """Held-out accuracy (math-verify) with 95% bootstrap intervals and paired differences, for one or more models."""
-    from .evaluate import run_eval
+    from ..evaluate import run_eval
 
     result = run_eval(models, task, _options(task_option), split, limit, max_new_tokens, batch_size, dtype,
                       samples=samples, temperature=temperature, top_p=top_p, seed=seed)
@@ -118,13 +118,13 @@ def best_of_n(
     out: Annotated[Optional[Path], typer.Option(help="write the JSON result here")] = None,
 ) -> None:
     """Sample n, keep the answer the training reward ranks highest, score it with math-verify."""
-    from .baselines import best_of_n_eval
-    from .config import RewardConfig
-    from .evaluate import eval_header, load_eval_problems, model_row
-    from .manifest import read_manifest
-    from .models import DTYPES, load_causal_lm, load_tokenizer, resolve_model_path
-    from .overlap import check_held_out
-    from .rollout.hf import HFEngine
+    from ..baselines import best_of_n_eval
+    from ..config import RewardConfig
+    from ..evaluate import eval_header, load_eval_problems, model_row
+    from ..manifest import read_manifest
+    from ..models import DTYPES, load_causal_lm, load_tokenizer, resolve_model_path
+    from ..overlap import check_held_out
+    from ..rollout.hf import HFEngine
 
     weights = dict(RewardConfig().weights)
     if reward_from:
@@ -160,8 +160,8 @@ def sft(
     rft_samples: int = 4, rft_temperature: float = 1.0, max_new_tokens: int = 64,
 ) -> None:
     """Fine-tune the base model on gold solutions or on its own correct samples (RFT), same step budget as GRPO."""
-    from .baselines import SFTSettings, run_sft
-    from .manifest import read_manifest
+    from ..baselines import SFTSettings, run_sft
+    from ..manifest import read_manifest
 
     run_cfg = read_manifest(match_run)["config"] if match_run else None
     model = model or (run_cfg["model"]["name"] if run_cfg else None)
@@ -191,7 +191,7 @@ def _label(row: dict[str, Any], manifest_file: Optional[Path]) -> str:
 
 
 def _entries_from_json(file: Path) -> list[dict[str, Any]]:
-    from .overlap import find_manifest
+    from ..overlap import find_manifest
 
     data = json.loads(file.read_text(encoding="utf-8"))
     if "models" not in data or "data_hash" not in data:
@@ -207,7 +207,7 @@ def _entries_from_json(file: Path) -> list[dict[str, Any]]:
 
 
 def _entries_from_run(run: Path) -> list[dict[str, Any]]:
-    from .manifest import read_manifest
+    from ..manifest import read_manifest
 
     files = sorted((run / "eval").glob("*.json")) if (run / "eval").is_dir() else []
     if files:
@@ -249,7 +249,7 @@ def load_entries(sources: list[Path]) -> list[dict[str, Any]]:
 
 def seed_groups(entries: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
     """Groups (size >= 2) of runs on the same set and method whose manifests differ only in config.train.seed."""
-    from .manifest import diff_manifests
+    from ..manifest import diff_manifests
 
     groups: list[list[dict[str, Any]]] = []
     for e in (e for e in entries if e.get("manifest")):
@@ -277,7 +277,7 @@ def seed_summary(group: list[dict[str, Any]]) -> dict[str, Any]:
 
 def compare_entries(entries: list[dict[str, Any]], baseline: str = "") -> dict[str, Any]:
     """Side-by-side rows per evaluation set, with paired differences against each set's reference."""
-    from .evaluate import paired_diffs
+    from ..evaluate import paired_diffs
 
     sets: dict[str, list[dict[str, Any]]] = {}
     for e in entries:

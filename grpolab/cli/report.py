@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from .cli import app, console
+from .app import app, console
 
 
 @app.command()
@@ -28,9 +28,9 @@ def report(
     strict: Annotated[bool, typer.Option("--strict", help="exit 1 unless the verdict is 'ship' (for CI)")] = False,
 ) -> None:
     """Release gate: checks (reward hacking, learning signal, drift, regressions, uncertainty) -> report.html + report.md."""
-    from .config import parse_option
-    from .report import ReportOptions, build_report
-    from .report.checks import parse_thresholds
+    from ..config import parse_option
+    from ..report import ReportOptions, build_report
+    from ..report.checks import parse_thresholds
 
     opts = ReportOptions(
         baselines=list(baseline), thresholds=parse_thresholds(threshold), skip_safety=skip_safety,
@@ -39,7 +39,7 @@ def report(
         capability_max_new_tokens=capability_max_new_tokens,
     )
     result = build_report(run_dir, opts, log=lambda s: console.print(f"[dim]{s}[/]"))
-    colour = {"PASS": "green", "WARN": "yellow", "FAIL": "red"}
+    colour = {"PASS": "green", "WARN": "yellow", "FAIL": "red", "N/A": "dim"}
     for c in result["checks"]:
         console.print(f"[{colour[c.status]}]{c.status:4}[/] {c.name:22} {c.reason}", highlight=False, soft_wrap=True)
     label, why = result["verdict"]

