@@ -239,8 +239,23 @@ def _from_cli(value: Any, tp: Any = None) -> Any:
     if isinstance(value, dict):
         return {k: _from_cli(v) for k, v in value.items()}
     if isinstance(value, CliText):
-        return str(value) if tp is str else (yaml.safe_load(value) if value.strip() else "")
+        return str(value) if tp is str else _yaml_or_text(str(value))
     return value
+
+
+def _yaml_or_text(text: str) -> Any:
+    """A --set / --task-option value read as YAML (numbers, booleans, lists), or kept as the text it is when it is
+    not valid YAML on its own (e.g. `operators=*`, which YAML would read as an alias).
+
+    >>> _yaml_or_text("12"), _yaml_or_text("*"), _yaml_or_text("[1, 2]"), _yaml_or_text("")
+    (12, '*', [1, 2], '')
+    """
+    if not text.strip():
+        return ""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
 
 
 def parse_override(text: str) -> tuple[str, Any]:

@@ -1,6 +1,6 @@
-"""Config tree (grpolab.config): validation messages, YAML/--set parsing, preset expansion (DESIGN.md section 4).
+"""Config tree (grpolab.config): validation messages, YAML/--set parsing, preset expansion (docs/design.md section 4).
 
-The expected preset values below are written out from the papers and DESIGN.md, not read from presets.py, so a
+The expected preset values below are written out from the papers and docs/design.md, not read from presets.py, so a
 change to a preset's meaning fails here until this file (and docs/algorithms.md) is updated on purpose.
 """
 
@@ -406,3 +406,12 @@ def test_set_numeric_looking_string_field():
 def test_parse_option_reads_task_options_as_yaml():
     assert config_mod.parse_option("max_operand=20") == ("max_operand", 20)
     assert config_mod.parse_option("operators=+-") == ("operators", "+-")
+
+
+def test_option_values_that_are_not_yaml_stay_text():
+    """`--task-option operators=*` was a YAML alias error (a traceback); such a value is the text it is."""
+    from grpolab.config import parse_option
+
+    assert parse_option("operators=*") == ("operators", "*")
+    assert parse_option("operators=+-") == ("operators", "+-")
+    assert parse_option("num_test=300") == ("num_test", 300)
