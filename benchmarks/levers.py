@@ -54,7 +54,7 @@ def bench_generation(trainer, repeats: int) -> dict[str, dict[str, float]]:
     import torch
 
     problems = trainer.sampler.take(trainer.cfg.train.prompts_per_step)
-    prompts = [trainer.prompt_ids(p) for p in problems]
+    prompts = [trainer.collector.prompt_ids(p) for p in problems]
     times: dict[str, list[float]] = {"hf": [], "grpolab": []}
     tokens: dict[str, list[int]] = {"hf": [], "grpolab": []}
     for r in range(repeats + 1):  # the first round warms both up and is not counted
@@ -62,7 +62,7 @@ def bench_generation(trainer, repeats: int) -> dict[str, dict[str, float]]:
             trainer.engine.decoder = decoder
             torch.manual_seed(r)
             box = {}
-            t = timed(lambda: box.update(out=trainer.engine.generate(prompts, trainer.sampling)))
+            t = timed(lambda: box.update(out=trainer.engine.generate(prompts, trainer.collector.params)))
             if r:
                 times[decoder].append(t)
                 tokens[decoder].append(int(box["out"].completion_mask.sum()))

@@ -22,7 +22,7 @@ must do against this machine's measured matrix rate (see benchmarks/common.py fo
 
 Phases are measured without editing either library: the workers wrap methods of the live objects.
   generation   grpolab: HFEngine.generate           TRL: GRPOTrainer._generate (tokenise, generate, decode)
-  reward       grpolab: trainer.score_rollout       TRL: GRPOTrainer._calculate_rewards
+  reward       grpolab: batch.score_rollout         TRL: GRPOTrainer._calculate_rewards
   reference    PolicyUpdater.logprobs_no_grad(ref)  TRL: _get_per_token_logps_and_entropies(ref_model), no grad
   old logprobs PolicyUpdater.logprobs_no_grad(pol)  TRL: _get_per_token_logps_and_entropies(model), no grad
   policy fwd   grpolab: update() minus the rest     TRL: compute_loss
@@ -214,6 +214,7 @@ def step_record(instr: Instrument, wall: float, prompt_lens: list[int], completi
 def run_ours(args, model_path: str) -> dict[str, Any]:
     import torch
 
+    import grpolab.batch as B
     import grpolab.trainer as T
     from grpolab.config import from_dict
 
@@ -242,7 +243,7 @@ def run_ours(args, model_path: str) -> dict[str, Any]:
     instr.wrap_attr(trainer.engine, "generate", "generation", keep_rollout)
     instr.wrap_attr(trainer.engine, "sync_weights", "weight_sync")
     instr.wrap_attr(trainer.sampler, "take", None, keep_problems)
-    instr.wrap_attr(T, "score_rollout", "reward")  # called by name inside Trainer.generate_round
+    instr.wrap_attr(B, "score_rollout", "reward")  # called by name inside BatchCollector.generate_round
     ref = trainer.reference
     instr.wrap_attr(trainer.updater, "logprobs_no_grad", lambda model, *a, **k: "reference" if model is ref else "old_logprobs")
     instr.wrap_attr(trainer.updater, "update", "update_total")

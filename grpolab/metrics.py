@@ -1,6 +1,6 @@
-"""Per-step metric computation helpers and sinks (JSONL always; TensorBoard / W&B / MLflow when asked for).
+"""Per-step metric computation helpers and the JSONL sink every run writes (metrics.jsonl, samples.jsonl).
 
-Metric names are part of the interface (DESIGN.md section 5).
+Metric names are part of the interface (docs/design.md section 5).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import math
 import resource
 from collections import defaultdict
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
@@ -58,11 +58,6 @@ def completion_metrics(rollout: Rollout) -> dict[str, float]:
     }
 
 
-class Sink(Protocol):
-    def log(self, step: int, metrics: dict[str, float]) -> None: ...
-    def close(self) -> None: ...
-
-
 class JsonlSink:
     """One JSON object per line: {"step": N, <metric>: value, ...}; flushed after every line."""
 
@@ -91,20 +86,6 @@ def truncate_log(path: Path, offset: int) -> int:
         with open(path, "r+b") as f:
             f.truncate(offset)
     return max(0, size - offset)
-
-
-class TensorBoardSink:
-    def __init__(self, logdir: Path):
-        from torch.utils.tensorboard import SummaryWriter  # needs the `tensorboard` extra
-
-        self.writer = SummaryWriter(str(logdir))
-
-    def log(self, step: int, metrics: dict[str, float]) -> None:
-        for k, v in metrics.items():
-            self.writer.add_scalar(k, v, step)
-
-    def close(self) -> None:
-        self.writer.close()
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:

@@ -1,6 +1,6 @@
 """Group-relative advantages: A_i = (R_i - baseline_i) / scale_i, broadcast to every token of o_i.
 
-Two orthogonal registries (DESIGN.md section 4):
+Two orthogonal registries (docs/design.md section 4):
 
 * baseline  -- ``group_mean`` (b_i = mean_g R, sample included: GRPO), ``leave_one_out``
   (b_i = mean_{j != i} R_j: RLOO).
@@ -13,7 +13,7 @@ Rules that hold for every combination:
   or flagged, excluded and given A = 0);
 * a group whose valid rewards are all equal (max - min <= ``resolution``) or that has fewer than two valid
   members carries no signal: every member gets exactly A = 0 and the group is reported in ``zero_std``.
-  No epsilon turns rounding noise into a fake signal (DESIGN.md section 10).
+  No epsilon turns rounding noise into a fake signal (docs/design.md section 10).
 """
 
 from __future__ import annotations

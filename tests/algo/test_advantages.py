@@ -1,6 +1,6 @@
 """Group-relative advantages (grpolab.algo.advantages) against hand values and a naive float64 reference.
 
-DESIGN.md section 4 (advantages) and section 10 (float rounding must not fake a signal).
+docs/design.md section 4 (advantages) and section 10 (float rounding must not fake a signal).
 """
 
 from __future__ import annotations
@@ -189,7 +189,7 @@ def test_defaults_are_grpo_sample_std():
 @pytest.mark.parametrize("baseline,scaling,std_kind", COMBOS, ids=COMBO_IDS)
 @pytest.mark.parametrize("eps", [0.0, 1e-8, 1e-6])
 def test_all_equal_float32_rewards_give_exact_zero(baseline, scaling, std_kind, eps):
-    """DESIGN.md section 10: eight float32 0.1 rewards must give exactly 0, not -0.41."""
+    """docs/design.md section 10: eight float32 0.1 rewards must give exactly 0, not -0.41."""
     r = torch.full((1, 8), 0.1, dtype=torch.float32)
     # the pitfall is real: the naive float32 formula fakes a signal
     naive = (r - r.mean()) / (r.std() + 1e-8)

@@ -1,6 +1,6 @@
 """Aggregation weights (grpolab.algo.aggregation) and the micro-batch invariance of the objective (loss.py).
 
-DESIGN.md section 4: "Denominators are computed over the whole optimisation batch before it is split into
+docs/design.md section 4: "Denominators are computed over the whole optimisation batch before it is split into
 micro-batches, so the loss and gradient do not depend on micro-batch size, gradient accumulation, or the
 number of data-parallel ranks."
 """

@@ -1,6 +1,6 @@
 """KL estimators (grpolab.algo.kl) and clipped surrogates (grpolab.algo.surrogate).
 
-DESIGN.md section 4: k1 = -log rho, k2 = .5 (log rho)^2, k3 = rho - log rho - 1 with rho = pi_ref / pi_theta;
+docs/design.md section 4: k1 = -log rho, k2 = .5 (log rho)^2, k3 = rho - log rho - 1 with rho = pi_ref / pi_theta;
 ppo_clip -min(rA, clip(r, 1-eps_low, 1+eps_high) A), dual_clip caps at -c A for A < 0, GSPO uses
 s_i = exp(mean_t log r_it).
 """
