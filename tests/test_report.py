@@ -24,7 +24,8 @@ STEPS = 30
 SECTIONS = ("verdict", "checks", "heldout", "capability", "safety", "curves", "samples", "objective", "manifest", "thresholds")
 
 
-def manifest(run_dir: Path, dirty: bool = False, missing_hash: bool = False) -> dict:
+def manifest(run_dir: Path, dirty: bool = False, missing_hash: bool = False, config: dict | None = None) -> dict:
+    """A manifest as the trainer writes it; `config` replaces sections of the resolved config."""
     return {
         "grpolab_manifest": 1,
         "command": f"grpolab train configs/quickstart.yaml --set run.name={run_dir.name}",
@@ -39,6 +40,7 @@ def manifest(run_dir: Path, dirty: bool = False, missing_hash: bool = False) -> 
             "train": {"steps": STEPS, "lr": 5e-6},
             "eval": {"every_steps": 10, "num_problems": 64, "split": "test"},
             "run": {"output_dir": str(run_dir.parent), "name": run_dir.name},
+            **(config or {}),
         },
         "objective": {"preset": "grpo", "formula": "L = -(1/B) sum_i (1/|o_i|) sum_t [ min(r A, clip(r) A) ]",
                       "formula_latex": r"\mathcal{L}", "choices": {"baseline": "group_mean", "eps_low": 0.2},
@@ -59,7 +61,7 @@ def ramp(a: float, b: float) -> list[float]:
 
 
 def metrics(hacked: bool) -> list[dict]:
-    """Every metric the trainer logs; the hacked run follows DESIGN.md section 10."""
+    """Every metric the trainer logs; the hacked run farms the format bonus while nothing is correct."""
     rng = np.random.default_rng(0)
     if hacked:
         s = {"reward/mean": ramp(0.05, 0.1), "reward/correct/mean": ramp(0.05, 0.0), "reward/format/mean": ramp(0.5, 1.0),
@@ -128,13 +130,13 @@ def pattern(p: float, n: int = 80, seed: int = 0) -> list[bool]:
     return [bool(x) for x in np.random.default_rng(seed).random(n) < p]
 
 
-def make_run(root: Path, name: str, hacked: bool = False, with_safety: bool = True) -> Path:
+def make_run(root: Path, name: str, hacked: bool = False, with_safety: bool = True, config: dict | None = None) -> Path:
     run = root / name
     (run / "eval").mkdir(parents=True)
     ckpt = run / "checkpoints" / f"step-{STEPS}"
     ckpt.mkdir(parents=True)
     (ckpt / "trainer_state.pt").write_bytes(b"")
-    (run / "manifest.json").write_text(json.dumps(manifest(run, dirty=hacked, missing_hash=hacked)))
+    (run / "manifest.json").write_text(json.dumps(manifest(run, dirty=hacked, missing_hash=hacked, config=config)))
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in metrics(hacked)))
     (run / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in samples()))
     base = pattern(0.3)
@@ -196,7 +198,7 @@ def test_hacked_run_is_not_shipped_and_failures_come_first(hacked):
     run, rep = hacked
     assert rep["verdict"][0] == "don't ship"
     statuses = [c.status for c in rep["checks"]]
-    assert statuses == sorted(statuses, key={"FAIL": 0, "WARN": 1, "PASS": 2}.get)
+    assert statuses == sorted(statuses, key={"FAIL": 0, "WARN": 1, "PASS": 2, "N/A": 3}.get)
     failing = {c.name for c in rep["checks"] if c.status == "FAIL"}
     assert {"reward_vs_heldout", "bonus_vs_correctness", "zero_variance_groups", "truncation_drift",
             "heldout_improvement"} <= failing
@@ -206,6 +208,39 @@ def test_hacked_run_is_not_shipped_and_failures_come_first(hacked):
     md = (run / "report.md").read_text()
     assert "**Verdict: DON'T SHIP**" in md and "WARNING: The working tree had uncommitted changes" in md
     assert md.index("| FAIL |") < md.index("| WARN |")
+
+
+# the demo's configuration: no reference model (beta 0), one pass and one minibatch, correctness-only reward
+DEMO_CONFIG = {"reward": {"weights": {"correct": 1.0, "format": 0.0}},
+               "algorithm": {"preset": "grpo", "beta": 0.0, "kl_placement": "loss", "overlong_buffer": 0},
+               "train": {"steps": STEPS, "lr": 1e-5, "mu": 1, "minibatches": 1}}
+
+
+def test_demo_configuration_shows_na_checks_and_ships_on_the_rest(tmp_path):
+    run = make_run(tmp_path, "demo", config=DEMO_CONFIG)
+    rep = build_report(run, ReportOptions())
+    na = {c.name for c in rep["checks"] if c.status == "N/A"}
+    assert na == {"kl_blowup", "clip_blowup", "bonus_vs_correctness", "reward_follows_length"}
+    assert [c.status for c in rep["checks"]][-len(na):] == ["N/A"] * len(na)  # listed last
+    label, why = rep["verdict"]
+    assert label == "ship" and "N/A in this configuration" in why, why
+    page = (run / "report.html").read_text()
+    assert '<span class="badge NA">N/A</span>' in page and ".NA{" in page
+    assert "does not count toward the verdict" in page and "14 checks:" in page and "4 N/A" in page
+    kl = next(c for c in rep["checks"] if c.name == "kl_blowup")
+    assert "algorithm.beta = 0" in kl.reason and "train.mu = 1" in kl.reason
+    md = (run / "report.md").read_text()
+    assert "| N/A | kl_blowup |" in md and "| N/A | clip_blowup |" in md and "4 N/A" in md
+    assert "PASS kl_blowup" not in md and "| PASS | kl_blowup" not in md
+
+
+def test_old_manifest_without_the_fields_declares_nothing_na(tmp_path):
+    """The shared manifest() has beta 0 but no train.mu / minibatches: only the reference-KL part is N/A."""
+    run = make_run(tmp_path, "old", with_safety=False)
+    rep = build_report(run, ReportOptions(skip_safety=True))
+    by_name = {c.name: c for c in rep["checks"]}
+    assert by_name["clip_blowup"].status == "PASS" and by_name["kl_blowup"].status == "PASS"
+    assert "KL to reference N/A" in by_name["kl_blowup"].reason and "max_approx_kl_old" in by_name["kl_blowup"].numbers
 
 
 def test_cli_thresholds_skip_safety_and_strict(tmp_path):

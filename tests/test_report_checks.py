@@ -7,7 +7,7 @@ import json
 import pytest
 
 from grpolab.errors import ConfigError
-from grpolab.report.checks import (FAIL, PASS, WARN, Thresholds, check_clip_blowup, check_entropy_collapse,
+from grpolab.report.checks import (FAIL, NA, PASS, WARN, Thresholds, check_clip_blowup, check_entropy_collapse,
                                    check_format_vs_correct, check_kl_blowup, check_learning_signal, check_length_drift,
                                    check_reward_length_corr, check_reward_vs_heldout, check_sampler_mismatch,
                                    check_truncation_drift, early_late, parse_thresholds, training_checks)
@@ -17,6 +17,10 @@ from grpolab.report.safety import PROMPTS_FILE, is_refusal, load_prompts, run_sa
 
 T = Thresholds()
 N = 30
+# a config in which every check applies: a reference model (beta > 0), several optimizer steps per batch
+# (mu = 2), a rewarded format bonus
+CFG = {"algorithm": {"beta": 0.04, "kl_placement": "loss", "overlong_buffer": 0}, "train": {"mu": 2, "minibatches": 1},
+       "reward": {"weights": {"correct": 1.0, "format": 0.1}}}
 
 
 def ramp(a: float, b: float, n: int = N) -> list[float]:
@@ -79,11 +83,11 @@ def test_reward_vs_heldout():
     missing = check_reward_vs_heldout(rising, None, T)
     assert missing.status == WARN and not missing.measured
     flat = history(reward__mean=0.3)
-    assert check_reward_vs_heldout(flat, {"diff": ci(-0.1, 0.02)}, T).status == PASS
+    assert check_reward_vs_heldout(flat, {"diff": ci(-0.1, 0.02)}, T).status == NA  # no reward gain to compare
 
 
 def design_pitfall() -> list[dict]:
-    """DESIGN.md section 10: the format bonus is farmed, nothing is correct, every group has zero variance,
+    """A reward-hacked run: the format bonus is farmed, nothing is correct, every group has zero variance,
     completions run into the token limit (truncated share 0.31 -> 0.88)."""
     def plateau(a: float, b: float) -> list[float]:  # reaches b by step 11 and stays there
         return ramp(a, b, 11) + [b] * (N - 11)
@@ -113,15 +117,15 @@ def test_bonus_grew_while_correctness_did_not():
     assert fail.status == FAIL and "format" in fail.reason
     assert fail.numbers["format_late"] > fail.numbers["format_early"]
     assert check_format_vs_correct(healthy(), weights, T).status == PASS
-    # an unrewarded format component cannot be farmed
-    assert check_format_vs_correct(design_pitfall(), {"correct": 1.0, "format": 0.0}, T).status == PASS
+    # an unrewarded format component cannot be farmed: the check cannot fail
+    assert check_format_vs_correct(design_pitfall(), {"correct": 1.0, "format": 0.0}, T).status == NA
 
 
 def test_reward_follows_length_more_than_correctness():
-    fail = check_reward_length_corr(design_pitfall(), T)
+    fail = check_reward_length_corr(design_pitfall(), CFG, T)
     assert fail.status == FAIL
     assert fail.numbers["corr_reward_length"] > fail.numbers["corr_reward_correct"]
-    ok = check_reward_length_corr(healthy(), T)
+    ok = check_reward_length_corr(healthy(), CFG, T)
     assert ok.status == PASS and ok.numbers["corr_reward_correct"] == pytest.approx(1.0)
 
 
@@ -164,15 +168,15 @@ def test_entropy_collapse():
 
 def test_kl_blowup():
     spike = history(policy__kl=[0.01] * (N - 1) + [2.5], policy__approx_kl_old=0.0)
-    assert check_kl_blowup(spike, T).status == FAIL
-    assert check_kl_blowup(history(policy__kl=0.0, policy__approx_kl_old=ramp(0, 0.2)), T).status == WARN
-    assert check_kl_blowup(healthy(), T).status == PASS
-    assert not check_kl_blowup(history(), T).measured
+    assert check_kl_blowup(spike, CFG, T).status == FAIL
+    assert check_kl_blowup(history(policy__kl=0.0, policy__approx_kl_old=ramp(0, 0.2)), CFG, T).status == WARN
+    assert check_kl_blowup(healthy(), CFG, T).status == PASS
+    assert not check_kl_blowup(history(), CFG, T).measured
 
 
 def test_clip_blowup():
-    assert check_clip_blowup(history(policy__clip_frac_low=ramp(0, 0.3), policy__clip_frac_high=ramp(0, 0.4)), T).status == FAIL
-    assert check_clip_blowup(healthy(), T).status == PASS
+    assert check_clip_blowup(history(policy__clip_frac_low=ramp(0, 0.3), policy__clip_frac_high=ramp(0, 0.4)), CFG, T).status == FAIL
+    assert check_clip_blowup(healthy(), CFG, T).status == PASS
 
 
 def test_sampler_mismatch():
@@ -183,11 +187,11 @@ def test_sampler_mismatch():
 
 def test_training_checks_flag_the_design_pitfall():
     heldout = {"diff": ci(-0.04, 0.03)}
-    by_name = {c.name: c for c in training_checks(design_pitfall(), {"correct": 1.0, "format": 0.1}, heldout, T)}
+    by_name = {c.name: c for c in training_checks(design_pitfall(), CFG, heldout, T)}
     for name in ("reward_vs_heldout", "bonus_vs_correctness", "reward_follows_length", "zero_variance_groups",
                  "truncation_drift"):
         assert by_name[name].status == FAIL, (name, by_name[name].reason)
-    healthy_checks = training_checks(healthy(), {"correct": 1.0, "format": 0.1}, {"diff": ci(0.2, 0.05)}, T)
+    healthy_checks = training_checks(healthy(), CFG, {"diff": ci(0.2, 0.05)}, T)
     assert [c.name for c in healthy_checks if c.status != PASS] == []
 
 
@@ -293,5 +297,5 @@ def test_reward_vs_periodic_heldout_measures_reward_from_the_first_eval_step():
     # reward rose before the first periodic eval (step 10) and stayed flat afterwards: nothing to compare
     rows = history(reward__mean=ramp(0.1, 0.7, 10) + [0.7] * (N - 10))
     held = {"diff": ci(-0.05, 0.1), "from_step": 10}
-    assert check_reward_vs_heldout(rows, held, T).status == PASS
+    assert check_reward_vs_heldout(rows, held, T).status == NA
     assert check_reward_vs_heldout(rows, {"diff": ci(-0.05, 0.1)}, T).status == FAIL

@@ -1,7 +1,9 @@
 """The release gate: checks, plots and the HTML/Markdown report of a run directory (`grpolab report`).
 
-Modules: checks (metric-history checks, Thresholds), gates (held-out, capability, safety, reproducibility,
-verdict), evidence (reading a run directory), safety (harmful-request probe), plots, render, build.
+Modules: base (statuses incl. N/A, CheckResult, Thresholds, helpers on metric rows and the resolved config),
+hacking (reward-hacking checks), checks (learning-signal and dynamics checks; re-exports base and hacking),
+gates (held-out, capability, safety, reproducibility, verdict), evidence (reading a run directory), safety
+(harmful-request probe), plots, render, build.
 Importing this package is cheap; `build_report` and `ReportOptions` load their dependencies on first use.
 """
 

@@ -108,7 +108,7 @@ def capability_figures(capability: list[dict[str, Any]]) -> list[tuple[str, str]
 
 
 def all_checks(ev: RunEvidence, heldout, capability, safety, t: Thresholds) -> list[CheckResult]:
-    checks = training_checks(ev.metrics, ev.reward_weights, heldout, t)
+    checks = training_checks(ev.metrics, ev.config, heldout, t)
     checks += [check_improvement(heldout, t), check_capability(capability, t), check_safety(safety, t),
                check_reproducibility(ev.manifest)]
     return order_checks(checks)

@@ -34,8 +34,9 @@ class RunEvidence:
         return ((self.manifest.get("config") or {}).get("task") or {}).get("name", "")
 
     @property
-    def reward_weights(self) -> dict[str, float]:
-        return ((self.manifest.get("config") or {}).get("reward") or {}).get("weights") or {}
+    def config(self) -> dict[str, Any]:
+        """The run's resolved config (manifest["config"]); an older manifest may lack fields (unknown)."""
+        return self.manifest.get("config") or {}
 
 
 def is_eval_json(data: Any) -> bool:

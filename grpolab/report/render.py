@@ -11,7 +11,7 @@ import json
 from dataclasses import fields
 from typing import Any, Iterable, Sequence
 
-from .checks import CheckResult, Thresholds
+from .base import NA, STATUSES, CheckResult, Thresholds
 
 CSS = """
 body{font-family:-apple-system,'Segoe UI',Helvetica,Arial,sans-serif;margin:24px auto;max-width:1240px;color:#1d2433;
@@ -20,6 +20,7 @@ table{border-collapse:collapse;margin:8px 0 16px;font-size:13px}th,td{border:1px
 text-align:left;vertical-align:top}th{background:#f1f4f8}code,pre{font-family:Menlo,Consolas,monospace;font-size:12px}
 pre{background:#f6f8fa;border:1px solid #e1e4e8;padding:8px;white-space:pre-wrap;word-break:break-word;margin:2px 0}
 .PASS{background:#1a7f37;color:#fff}.WARN{background:#d4a017;color:#000}.FAIL{background:#cf222e;color:#fff}
+.NA{background:#6e7781;color:#fff}
 .badge{font-weight:bold;padding:2px 8px;border-radius:4px;display:inline-block;min-width:44px;text-align:center}
 .verdict{font-size:22px;font-weight:bold;padding:12px 16px;border-radius:6px;margin:12px 0}
 .v-ship{background:#dafbe1;border:2px solid #1a7f37}.v-dont{background:#ffebe9;border:2px solid #cf222e}
@@ -65,7 +66,25 @@ def table(head: Sequence[str], rows: Iterable[Sequence[Any]], raw: bool = False)
 
 
 def badge(status: str) -> str:
-    return f'<span class="badge {status}">{status}</span>'
+    """A coloured status label; N/A gets the CSS class "NA" (a class name cannot hold '/').
+
+    >>> badge("N/A")
+    '<span class="badge NA">N/A</span>'
+    """
+    return f'<span class="badge {"NA" if status == NA else status}">{esc(status)}</span>'
+
+
+NA_NOTE = "N/A: the check cannot fail in this run's configuration (its reason says why); it does not count toward the verdict."
+
+
+def status_counts(checks: Sequence[CheckResult]) -> str:
+    """How many checks have each status, in report order; statuses no check has are left out.
+
+    >>> status_counts([CheckResult("a", "g", "PASS", ""), CheckResult("b", "g", "N/A", "")])
+    '2 checks: 1 PASS, 1 N/A'
+    """
+    counts = [f"{sum(c.status == s for c in checks)} {s}" for s in STATUSES if any(c.status == s for c in checks)]
+    return f"{len(checks)} checks: {', '.join(counts)}"
 
 
 def numbers_text(c: CheckResult) -> str:
@@ -86,8 +105,9 @@ def section_verdict(r: dict[str, Any]) -> str:
     rows = [(badge(c.status), esc(c.name), esc(c.group), esc(c.reason), f"<code>{esc(numbers_text(c))}</code>")
             for c in r["checks"]]
     return (f'<section id="verdict"><div class="verdict {cls}">Verdict: {esc(label.upper())}</div><p>{esc(why)}</p>'
-            '</section><section id="checks"><h2>Checks</h2><p class="note">Failing checks first. Thresholds are listed at the end and '
-            'can be changed with <code>--threshold name=value</code>.</p>'
+            f'</section><section id="checks"><h2>Checks</h2><p>{esc(status_counts(r["checks"]))}</p><p class="note">Failing '
+            'checks first. Thresholds are listed at the end and can be changed with <code>--threshold name=value</code>. '
+            f'{esc(NA_NOTE)}</p>'
             + table(["status", "check", "group", "reason", "numbers"], rows, raw=True) + "</section>")
 
 
@@ -242,7 +262,7 @@ def render_markdown(r: dict[str, Any]) -> str:
     label, why = r["verdict"]
     lines = [f"# grpolab release report — {r['run_name']}", "", f"**Verdict: {label.upper()}** — {why}", "",
              "Plots, per-slice tables and sample completions: `report.html`.", "", "## Checks", "",
-             "| status | check | reason | numbers |", "|---|---|---|---|"]
+             f"{status_counts(r['checks'])}. {NA_NOTE}", "", "| status | check | reason | numbers |", "|---|---|---|---|"]
     lines += [f"| {c.status} | {c.name} | {c.reason.replace('|', '/')} | {numbers_text(c).replace('|', '/')} |" for c in r["checks"]]
     lines += ["", "## Held-out comparison", ""]
     if h:
