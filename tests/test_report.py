@@ -291,8 +291,33 @@ def test_capability_task_runs_eval_for_base_and_trained(tmp_path, monkeypatch):
     assert cap.status == "FAIL" and (run / "eval" / "capability_gsm8k.json").is_file()
     build_report(run, opts)
     assert len(calls) == 1  # cached
-    with pytest.raises(GrpolabError, match="must differ"):
-        build_report(run, ReportOptions(capability_task="arithmetic"))
+    with pytest.raises(GrpolabError, match="the training task with the training options"):
+        build_report(run, ReportOptions(capability_task="arithmetic", capability_options={"digits": 1}))
+
+
+def test_capability_on_the_training_generator_with_other_options(tmp_path, monkeypatch):
+    """Products when the run trained on sums: same task name, other options, marked as a capability eval, so it
+    is judged by the capability check and never taken for the training task's held-out comparison."""
+    run = make_run(tmp_path, "cap2")
+    (run / "eval" / "capability_gsm8k.json").unlink()
+    primary = json.loads((run / "eval" / "base_vs_trained.json").read_text())
+
+    def fake_run_eval(models, task, options, split, limit, max_new_tokens, batch_size, dtype):
+        worse = eval_json(task, [(models[0], models[0], pattern(0.6, 40)), (models[1], models[1], [False] * 40)],
+                          ("all",), max_new_tokens)
+        return {**worse, "task_options": options}
+
+    monkeypatch.setattr("grpolab.evaluate.run_eval", fake_run_eval)
+    (run / "eval" / "base_vs_trained.json").rename(run / "eval" / "zz_base_vs_trained.json")  # sorts after capability_
+    rep = build_report(run, ReportOptions(capability_task="arithmetic", capability_options={"operators": "*"},
+                                          skip_safety=True))
+    saved = json.loads((run / "eval" / "capability_arithmetic.json").read_text())
+    assert saved["capability"] is True and saved["task_options"] == {"operators": "*"}
+    assert rep["heldout"]["source"] == "eval/zz_base_vs_trained.json"
+    assert rep["heldout"]["n"] == primary["n"]
+    assert [c["source"] for c in rep["capability"]] == ["eval/capability_arithmetic.json"]
+    cap = next(c for c in rep["checks"] if c.name == "capability_regression")
+    assert cap.status == "FAIL"  # 0.6 -> 0.0 on products
 
 
 def test_safety_probe_generates_with_a_tiny_model(tiny_model_dir):

@@ -43,12 +43,18 @@ def base_model_name(manifest: dict[str, Any]) -> str:
 
 def run_capability(ev: RunEvidence, opts: ReportOptions, log: Callable[[str], None]) -> Path:
     """Evaluate base and trained model on an untrained task (grpolab.evaluate.run_eval); cached in
-    RUN_DIR/eval/capability_<task>.json and reused while task, options, n and max_new_tokens match."""
+    RUN_DIR/eval/capability_<task>.json and reused while task, options, n and max_new_tokens match.
+
+    "Untrained" means another task, or the training task's generator with other options whose problems the run
+    never saw (run_eval refuses any problem in the run's recorded training set), e.g. products when the run
+    trained on sums."""
     from ..evaluate import run_eval
 
     task = opts.capability_task
-    if task == ev.train_task:
-        raise GrpolabError(f"--capability-task {task}: must differ from the training task ({ev.train_task})")
+    train_options = (ev.config.get("task") or {}).get("options") or {}
+    if task == ev.train_task and opts.capability_options == train_options:
+        raise GrpolabError(f"--capability-task {task}: that is the training task with the training options; use another "
+                           f"task, or the same generator with other options (e.g. --capability-option operators=*)")
     out = ev.run_dir / "eval" / f"capability_{task}.json"
     if out.is_file():
         old = json.loads(out.read_text(encoding="utf-8"))
@@ -59,6 +65,7 @@ def run_capability(ev: RunEvidence, opts: ReportOptions, log: Callable[[str], No
     log(f"capability: evaluating base and trained model on {task} ({opts.capability_n} problems)")
     result = run_eval([base_model_name(ev.manifest), str(ev.run_dir)], task, opts.capability_options, opts.capability_split,
                       opts.capability_n, opts.capability_max_new_tokens, opts.batch_size, opts.dtype)
+    result["capability"] = True  # not the training task's held-out set, even when it is the same generator
     out.parent.mkdir(parents=True, exist_ok=True)
     write_json_atomic(out, result)
     return out

@@ -135,7 +135,7 @@ def trained_index(data: dict[str, Any], run_dir: Path) -> int:
 
 def primary_eval(ev: RunEvidence) -> tuple[str, dict[str, Any]] | None:
     """The held-out eval on the training task with at least two models (base_vs_trained.json preferred)."""
-    same = [(n, d) for n, d in ev.evals if d["task"] == ev.train_task and len(d["models"]) >= 2]
+    same = [(n, d) for n, d in ev.evals if d["task"] == ev.train_task and not d.get("capability") and len(d["models"]) >= 2]
     same.sort(key=lambda nd: (nd[0] != PRIMARY_EVAL, nd[0]))
     return same[0] if same else None
 
@@ -207,10 +207,11 @@ def baseline_comparisons(ev: RunEvidence, heldout: dict[str, Any] | None, baseli
 
 
 def capability_comparisons(ev: RunEvidence) -> list[dict[str, Any]]:
-    """Evals in RUN_DIR/eval/ on a task other than the training task: trained vs base there."""
+    """Evals in RUN_DIR/eval/ on a task other than the training task (or marked `capability` by the report): trained
+    vs base there."""
     out = []
     for name, data in ev.evals:
-        if data["task"] == ev.train_task or len(data["models"]) < 2:
+        if (data["task"] == ev.train_task and not data.get("capability")) or len(data["models"]) < 2:
             continue
         ti = trained_index(data, ev.run_dir)
         base, trained = data["models"][0], data["models"][ti]
