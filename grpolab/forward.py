@@ -19,7 +19,6 @@ G times and the completions run padded side by side.
 from __future__ import annotations
 
 import contextlib
-import inspect
 from dataclasses import dataclass
 
 import torch
@@ -27,6 +26,7 @@ import torch
 from .algo.logprobs import logprobs_and_entropy
 from .packing import block_causal_mask, pack_completions
 from .rollout.base import Rollout
+from .rollout.cache import cache_kwarg
 
 
 @dataclass
@@ -83,13 +83,6 @@ def _finish(logits, comp_ids, cmask, temperature, with_entropy, entropy_grad) ->
     """logits[:, t] predicts completion token t: logprobs (and entropy) of the completion tokens."""
     logp, entropy = logprobs_and_entropy(logits, comp_ids, temperature, with_entropy, entropy_grad)
     return ForwardOut(logp=logp, entropy=entropy, mask=cmask, cols=slice(0, comp_ids.shape[1]))
-
-
-def cache_kwarg(model, cache) -> dict:
-    """transformers >= 5.2x names the argument `cache`; earlier releases `past_key_values`."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # peft wraps forward(*args, **kw)
-    params = inspect.signature(base.forward).parameters
-    return {"cache": cache} if "cache" in params else {"past_key_values": cache}
 
 
 def prompt_runs(rollout: Rollout, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -172,16 +172,18 @@ def test_block_causal_mask_by_hand():
 def test_inverse_cdf_sampling_by_hand():
     logits = torch.log(torch.tensor([[0.1, 0.2, 0.3, 0.4]])).expand(7, 4)
     u = torch.tensor([0.0, 0.05, 0.1, 0.29, 0.31, 0.6, 0.999])
-    tok, lp = sample_tokens(logits, 1.0, u)
+    tok, lp, _ = sample_tokens(logits, 1.0, u)
     assert tok.tolist() == [0, 0, 1, 1, 2, 3, 3]  # F = 0.1, 0.3, 0.6, 1.0; first v with F(v) > u
     assert torch.allclose(lp, torch.log(torch.tensor([0.1, 0.1, 0.2, 0.2, 0.3, 0.4, 0.4])), atol=1e-6)
     # temperature 0.5 squares and renormalises: p = (1, 4, 9, 16) / 30
-    tok, lp = sample_tokens(logits[:4], 0.5, torch.tensor([0.0, 0.04, 0.17, 0.47]))
+    tok, lp, _ = sample_tokens(logits[:4], 0.5, torch.tensor([0.0, 0.04, 0.17, 0.47]))
     assert tok.tolist() == [0, 1, 2, 3]
     assert torch.allclose(lp, torch.log(torch.tensor([1, 4, 9, 16]) / 30.0), atol=1e-6)
-    # top-k 2 keeps (0.3, 0.4): u * 0.7 = 0.28 -> token 2, 0.35 -> token 3; the logprob stays untruncated
-    tok, lp = sample_tokens(logits[:2], 1.0, torch.tensor([0.4, 0.5]), top_k=2)
-    assert tok.tolist() == [2, 3] and torch.allclose(lp, torch.log(torch.tensor([0.3, 0.4])), atol=1e-6)
+    # top-k 2 keeps (0.3, 0.4): u * 0.7 = 0.28 -> token 2, 0.35 -> token 3; the recorded logprob is that of the
+    # distribution sampled, (0.3, 0.4) / 0.7, and the untruncated one stays log (0.3, 0.4)
+    tok, lp, lp_full = sample_tokens(logits[:2], 1.0, torch.tensor([0.4, 0.5]), top_k=2)
+    assert tok.tolist() == [2, 3] and torch.allclose(lp, torch.log(torch.tensor([3 / 7, 4 / 7])), atol=1e-6)
+    assert torch.allclose(lp_full, torch.log(torch.tensor([0.3, 0.4])), atol=1e-6)
     assert sample_tokens(logits[:1], 1.0, None)[0].tolist() == [3]  # greedy
 
 
@@ -202,7 +204,7 @@ def test_sampled_frequencies_match_the_distribution():
     torch.manual_seed(0)
     p = torch.tensor([0.05, 0.15, 0.3, 0.5])
     n = 40_000
-    tok, _ = sample_tokens(torch.log(p).expand(n, 4), 1.0, torch.rand(n))
+    tok = sample_tokens(torch.log(p).expand(n, 4), 1.0, torch.rand(n))[0]
     freq = torch.bincount(tok, minlength=4).double() / n
     sigma = (p.double() * (1 - p.double()) / n).sqrt()
     assert ((freq - p.double()).abs() < 4 * sigma).all(), freq

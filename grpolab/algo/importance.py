@@ -1,7 +1,8 @@
 """Sampler/trainer mismatch correction, separate from the PPO ratio.
 
-When the engine that sampled (log q = sampler logprobs) differs numerically from the trainer's policy at
-sampling time (log pi_old), each token loss is weighted by a detached w = pi_old / q:
+When the distribution the engine sampled from (log q = sampler logprobs: its logits / T after top-k / top-p
+truncation) differs from the trainer's policy at sampling time (log pi_old) -- numerically, or because of the
+truncation -- each token loss is weighted by a detached w = pi_old / q:
 
 * none:              w_it = 1
 * token_truncate:    w_it = min(exp(log pi_old - log q), C)                  (truncated IS, "TIS")
@@ -9,7 +10,8 @@ sampling time (log pi_old), each token loss is weighted by a detached w = pi_old
 * sequence_truncate: w_i = min(exp(sum_t m_it (log pi_old - log q)), C)   broadcast to tokens
 * sequence_mask:     w_i = exp(sum_t .) if C_min <= . <= C_max else 0       broadcast to tokens
 
-The mismatch itself (|log pi_old - log q| per token) is always measured, whatever the mode.
+The numeric mismatch itself (|log pi_old - log q_full| per token, q_full the sampler's untruncated
+softmax(logits / T), which is what the trainer computes) is always measured, whatever the mode.
 """
 
 from __future__ import annotations
@@ -85,7 +87,11 @@ def is_weights(old_logp: torch.Tensor, sampler_logp: torch.Tensor, mask: torch.T
 
 
 def mismatch_stats(old_logp: torch.Tensor, sampler_logp: torch.Tensor, mask: torch.Tensor, weights: torch.Tensor) -> dict[str, float]:
-    """sampler/logp_diff_{mean,max} = |log pi_old - log q| over masked tokens; is_weight_{min,mean,max}."""
+    """sampler/logp_diff_{mean,max} = |log pi_old - log q_full| over masked tokens; is_weight_{min,mean,max}.
+
+    sampler_logp here is the untruncated log q_full (Rollout.untruncated_logprobs()): the metric measures numeric
+    sampler/trainer disagreement, not top-k/top-p truncation.
+    """
     sel = mask.bool()
     if not sel.any():
         return {}

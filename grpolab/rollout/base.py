@@ -26,11 +26,16 @@ class Rollout:
     prompt_ids / prompt_mask:          [N, Lp] left-padded prompt tokens
     completion_ids / completion_mask:  [N, Lc] right-padded; the mask is 1 on every sampled token, the EOS
                                        that ended the completion included (it is trained on)
-    sampler_logprobs:                  [N, Lc] float32 log q(o_t) of the sampled token under the sampler's
-                                       logits / temperature (before top-k/top-p truncation)
+    sampler_logprobs:                  [N, Lc] float32 log q(o_t) of the sampled token under the distribution
+                                       the sampler drew from: softmax of its logits / temperature after top-k /
+                                       top-p truncation (the behaviour policy of the importance weights)
     truncated:                         [N] bool, True when the completion hit max_new_tokens without EOS
     group:                             [N] long, index of the prompt each row answers
     texts:                             decoded completions (special tokens removed)
+    sampler_logprobs_untruncated:      [N, Lc] float32 log softmax(logits / T)(o_t), before truncation: what the
+                                       trainer computes, so the sampler/trainer mismatch metric compares like
+                                       with like; None when nothing was truncated (then it equals
+                                       sampler_logprobs: read it through `untruncated_logprobs()`)
     """
 
     prompt_ids: torch.Tensor
@@ -41,6 +46,7 @@ class Rollout:
     truncated: torch.Tensor
     group: torch.Tensor
     texts: list[str]
+    sampler_logprobs_untruncated: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return self.completion_ids.shape[0]
@@ -57,7 +63,14 @@ class Rollout:
             truncated=self.truncated[idx],
             group=self.group[idx],
             texts=[self.texts[i] for i in idx.tolist()],
+            sampler_logprobs_untruncated=None if self.sampler_logprobs_untruncated is None
+            else self.sampler_logprobs_untruncated[idx],
         )
+
+    def untruncated_logprobs(self) -> torch.Tensor:
+        """[N, Lc] the sampler's untruncated logprobs (sampler_logprobs itself when nothing was truncated)."""
+        u = self.sampler_logprobs_untruncated
+        return self.sampler_logprobs if u is None else u
 
 
 class RolloutEngine(Protocol):
@@ -84,6 +97,9 @@ def concat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
     for r in parts:
         groups.append(r.group + offset)
         offset += int(r.group.max()) + 1 if len(r) else 0
+    untruncated = None
+    if any(r.sampler_logprobs_untruncated is not None for r in parts):
+        untruncated = torch.cat([pad(r.untruncated_logprobs(), lc, 0.0, False) for r in parts])
     return Rollout(
         prompt_ids=torch.cat([pad(r.prompt_ids, lp, pad_id, True) for r in parts]),
         prompt_mask=torch.cat([pad(r.prompt_mask, lp, 0, True) for r in parts]),
@@ -93,4 +109,5 @@ def concat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
         truncated=torch.cat([r.truncated for r in parts]),
         group=torch.cat(groups),
         texts=[t for r in parts for t in r.texts],
+        sampler_logprobs_untruncated=untruncated,
     )

@@ -10,7 +10,8 @@ work per token:
   later steps run only the rows still sampling;
 - **inverse-CDF sampling**: one uniform number per row and a cumulative sum, instead of `torch.multinomial`, which
   draws one exponential per vocabulary entry (on this CPU that was 40 ms of a ~130 ms decode step);
-- the sampled token's log-probability comes out of the same log-sum-exp, never a second pass.
+- the sampled token's log-probability comes out of the same log-sum-exp, never a second pass: under the
+  distribution actually sampled (after top-k / top-p) and, when truncating, also untruncated.
 
 The uniform numbers are drawn for every row at every step, active or not, so the tokens a row gets do not depend on
 when other rows finish (tested: compaction on and off sample identical tokens).
@@ -22,15 +23,21 @@ from dataclasses import dataclass
 
 import torch
 
-from ..forward import cache_kwarg
+from .cache import cache_kwarg
 
 
 @dataclass
 class Decoded:
     tokens: torch.Tensor  # [N, Lc] long, right-padded with pad_id
     mask: torch.Tensor  # [N, Lc] long, 1 on every sampled token (the stop token included)
-    logprobs: torch.Tensor  # [N, Lc] float32 log q(token) under softmax(logits / T), before truncation; 0 on pads
+    logprobs: torch.Tensor  # [N, Lc] float32 log q(token) under the distribution sampled (after top-k/top-p); 0 on pads
     truncated: torch.Tensor  # [N] bool, no stop token within max_new_tokens
+    logprobs_untruncated: torch.Tensor | None = None  # [N, Lc] log softmax(logits / T)(token); None: no truncation
+
+
+def truncates(top_k: int, top_p: float, vocab: int) -> bool:
+    """Whether top-k / top-p can remove any token (top_k = 0 or >= V and top_p = 1 keep them all)."""
+    return 0 < top_k < vocab or top_p < 1.0
 
 
 def truncate_logits(z: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
@@ -52,24 +59,33 @@ def truncate_logits(z: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
 
 def sample_tokens(
     logits: torch.Tensor, temperature: float, uniform: torch.Tensor | None, top_k: int = 0, top_p: float = 1.0
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """One decode step: (token [B], log q(token) [B]) from logits [B, V].
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One decode step: (token [B], log q(token) [B], log q_full(token) [B]) from logits [B, V].
 
-    z = logits / T, log q(v) = z_v - logsumexp(z) (the untruncated distribution, recorded for importance weights).
-    Sampling (uniform u [B] in [0, 1)): p = softmax(truncate(z)), F = cumsum(p) in float64, and the token is the
-    first v with F(v) > u * F(V) -- inverse-CDF sampling, so P(token = v) = p_v exactly. uniform None = greedy
-    (argmax of z).
+    z = logits / T, log q_full(v) = z_v - logsumexp(z): the untruncated distribution (what the trainer computes).
+    Sampling (uniform u [B] in [0, 1)): zt = truncate(z), p = softmax(zt), F = cumsum(exp(zt - logsumexp(z))) in
+    float64, and the token is the first v with F(v) > u * F(V) -- inverse-CDF sampling, so P(token = v) = p_v
+    exactly. The distribution sampled, q = softmax(zt), is the one recorded for importance weights:
+    log q(v) = zt_v - logsumexp(zt) = log q_full(v) - log F(V), F(V) being the kept probability mass (no second
+    pass over the vocabulary). Without truncation q = q_full and the same tensor is returned twice.
+    uniform None = greedy (argmax of z).
     """
     z = logits.float() / temperature
     lse = torch.logsumexp(z, dim=-1)
     if uniform is None:
         token = z.argmax(-1)
-    else:
-        zt = truncate_logits(z, top_k, top_p)
-        cdf = torch.exp(zt - lse.unsqueeze(-1)).cumsum(-1, dtype=torch.float64)
-        target = (uniform.to(torch.float64) * cdf[:, -1]).unsqueeze(-1)
-        token = torch.searchsorted(cdf, target, right=True).squeeze(-1).clamp_(max=z.shape[-1] - 1)
-    return token, z.gather(-1, token.unsqueeze(-1)).squeeze(-1) - lse
+        logp = z.gather(-1, token.unsqueeze(-1)).squeeze(-1) - lse
+        return token, logp, logp
+    cut = truncates(top_k, top_p, z.shape[-1])
+    zt = truncate_logits(z, top_k, top_p) if cut else z
+    cdf = torch.exp(zt - lse.unsqueeze(-1)).cumsum(-1, dtype=torch.float64)
+    mass = cdf[:, -1]
+    target = (uniform.to(torch.float64) * mass).unsqueeze(-1)
+    token = torch.searchsorted(cdf, target, right=True).squeeze(-1).clamp_(max=z.shape[-1] - 1)
+    logp_full = z.gather(-1, token.unsqueeze(-1)).squeeze(-1) - lse
+    if not cut:
+        return token, logp_full, logp_full
+    return token, (logp_full - torch.log(mass)).float(), logp_full
 
 
 @torch.no_grad()
@@ -101,15 +117,19 @@ def decode_groups(
 
     tokens = torch.full((n, max_new_tokens), pad_id, dtype=torch.long)
     logprobs = torch.zeros((n, max_new_tokens), dtype=torch.float32)
+    cut = not greedy and truncates(top_k, top_p, logits.shape[-1])
+    logprobs_full = torch.zeros((n, max_new_tokens), dtype=torch.float32) if cut else None
     lengths = torch.full((n,), max_new_tokens, dtype=torch.long)
     ended = torch.zeros(n, dtype=torch.bool)  # per output row: a stop token was sampled
     rows = torch.arange(n)  # which output row each batch row is
     finished = torch.zeros(n, dtype=torch.bool)  # per batch row (only used when compaction is off)
     for t in range(max_new_tokens):
         u = None if greedy else torch.rand(n)[rows]
-        tok, lp = sample_tokens(logits, temperature, u, top_k, top_p)
+        tok, lp, lp_full = sample_tokens(logits, temperature, u, top_k, top_p)
         live = ~finished
         tokens[rows[live], t], logprobs[rows[live], t] = tok[live], lp[live]
+        if cut:
+            logprobs_full[rows[live], t] = lp_full[live]
         stopped = live & torch.isin(tok, stops)
         lengths[rows[stopped]], ended[rows[stopped]] = t + 1, True
         finished |= stopped
@@ -125,4 +145,5 @@ def decode_groups(
         logits, next_pos = step.logits[:, -1], next_pos + 1
     width = int(lengths.max())
     mask = (torch.arange(width).unsqueeze(0) < lengths.unsqueeze(1)).long()
-    return Decoded(tokens[:, :width], mask, logprobs[:, :width], ~ended)
+    full = logprobs_full[:, :width] if cut else None
+    return Decoded(tokens[:, :width], mask, logprobs[:, :width], ~ended, full)

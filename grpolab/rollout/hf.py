@@ -2,8 +2,10 @@
 default) or transformers' `generate` (`rollout.decoder: hf`).
 
 When the sampler dtype differs from the policy's (bf16 sampling of an fp32 policy) the engine keeps its own
-weight copy and `sync_weights` copies the policy into it after each update -- the same contract a vLLM
-engine has. The sampler's logprobs are recorded so the trainer can measure and correct the mismatch.
+weight copy and `sync_weights` copies the policy into it, parameter by parameter name, after each update -- the
+same contract a vLLM engine has. The sampler's logprobs are recorded so the trainer can measure and correct the
+mismatch: those of the distribution sampled (after top-k / top-p, for the importance weights) and, when that is
+truncated, the untruncated ones too (for the mismatch metric).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ..algo.logprobs import token_logprobs
-from ..models import frozen_copy
+from ..models import copy_weights_by_name, eval_mode, frozen_copy
 from .base import Rollout, SamplingParams
 from .decode import decode_groups
 
@@ -58,46 +60,58 @@ class HFEngine:
         self.stop_ids = eos_ids(policy, tokenizer)
 
     def sync_weights(self, policy: torch.nn.Module) -> None:
+        """Copy the policy's parameters into the sampler's copy by name (ValueError naming the first mismatch)."""
         if self.own_copy:
-            with torch.no_grad():
-                for dst, src in zip(self.model.parameters(), policy.parameters()):
-                    dst.copy_(src)
+            copy_weights_by_name(self.model, policy)
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> Rollout:
         ids, mask = left_pad(prompts, self.tokenizer.pad_token_id)
         g = 1 if params.greedy else params.group_size
         want_logp = params.logprobs and not params.greedy
-        was_training = self.model.training
-        self.model.eval()
         if self.decoder == "grpolab":
             temperature = 1.0 if params.greedy else params.temperature
-            d = decode_groups(self.model, ids, mask, g, params.max_new_tokens, temperature, self.stop_ids,
-                              self.tokenizer.pad_token_id, greedy=params.greedy, top_k=params.top_k, top_p=params.top_p)
-            self.model.train(was_training)
-            logp = d.logprobs if want_logp else torch.full(d.tokens.shape, float("nan"))
-            return self._rollout(ids, mask, g, d.tokens, d.mask, logp, d.truncated)
+            with eval_mode(self.model):
+                d = decode_groups(self.model, ids, mask, g, params.max_new_tokens, temperature, self.stop_ids,
+                                  self.tokenizer.pad_token_id, greedy=params.greedy, top_k=params.top_k,
+                                  top_p=params.top_p)
+            if not want_logp:
+                return self._rollout(ids, mask, g, d.tokens, d.mask, torch.full(d.tokens.shape, float("nan")), None,
+                                     d.truncated)
+            return self._rollout(ids, mask, g, d.tokens, d.mask, d.logprobs, d.logprobs_untruncated, d.truncated)
+        return self._generate_hf(ids, mask, g, params, want_logp)
+
+    def _generate_hf(self, ids, mask, g: int, params: SamplingParams, want_logp: bool) -> Rollout:
+        """`model.generate`; the sampled logprobs come from its processed scores (what it drew from: logits / T,
+        top-k, top-p), the untruncated ones from its raw logits -- one and the same when nothing is truncated."""
+        cut = want_logp and (params.top_k > 0 or params.top_p < 1.0)
         sampling = {} if params.greedy else {
-            "do_sample": True, "temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k or None,
+            "temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k or None,
         }
-        out = self.model.generate(
-            input_ids=ids, attention_mask=mask, max_new_tokens=params.max_new_tokens,
-            num_return_sequences=g, do_sample=not params.greedy, pad_token_id=self.tokenizer.pad_token_id,
-            eos_token_id=self.stop_ids, return_dict_in_generate=True, output_logits=want_logp,
-            **{k: v for k, v in sampling.items() if k != "do_sample"},
-        )
-        self.model.train(was_training)
+        with eval_mode(self.model):
+            out = self.model.generate(
+                input_ids=ids, attention_mask=mask, max_new_tokens=params.max_new_tokens,
+                num_return_sequences=g, do_sample=not params.greedy, pad_token_id=self.tokenizer.pad_token_id,
+                eos_token_id=self.stop_ids, return_dict_in_generate=True, output_logits=want_logp,
+                output_scores=cut, **sampling,
+            )
         comp = out.sequences[:, ids.shape[1] :]
         cmask, truncated = completion_mask(comp, self.stop_ids)
         if not want_logp:
-            logp = torch.full(comp.shape, float("nan"), dtype=torch.float32)
-        else:
-            # one decode step at a time: never a [N, Lc, V] copy of the logits
-            logp = torch.stack([token_logprobs(step.unsqueeze(1), comp[:, t : t + 1], params.temperature)[:, 0]
-                                for t, step in enumerate(out.logits)], dim=1).float() * cmask
-        return self._rollout(ids, mask, g, comp, cmask, logp, truncated)
+            nan = torch.full(comp.shape, float("nan"), dtype=torch.float32)
+            return self._rollout(ids, mask, g, comp, cmask, nan, None, truncated)
 
-    def _rollout(self, ids, mask, g, comp, cmask, logp, truncated) -> Rollout:
+        def per_step(steps, temperature: float) -> torch.Tensor:
+            # one decode step at a time: never a [N, Lc, V] copy of the logits; pads (maybe -inf) become 0
+            logp = torch.stack([token_logprobs(step.unsqueeze(1), comp[:, t : t + 1], temperature)[:, 0]
+                                for t, step in enumerate(steps)], dim=1).float()
+            return logp.masked_fill(cmask == 0, 0.0)
+
+        full = per_step(out.logits, params.temperature)
+        sampled = per_step(out.scores, 1.0) if cut else full  # the scores are already divided by T
+        return self._rollout(ids, mask, g, comp, cmask, sampled, full if cut else None, truncated)
+
+    def _rollout(self, ids, mask, g, comp, cmask, logp, logp_untruncated, truncated) -> Rollout:
         texts = self.tokenizer.batch_decode(comp * cmask + self.tokenizer.pad_token_id * (1 - cmask), skip_special_tokens=True)
         return Rollout(
             prompt_ids=ids.repeat_interleave(g, dim=0),
@@ -108,4 +122,5 @@ class HFEngine:
             truncated=truncated,
             group=torch.arange(len(ids)).repeat_interleave(g),
             texts=texts,
+            sampler_logprobs_untruncated=logp_untruncated,
         )
