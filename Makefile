@@ -9,6 +9,8 @@ TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.grpolab-installed
 DEMO_RUN ?= runs/quickstart
 EVAL_N ?= 300
+# capability on a task the demo never trains on: products up to 12 x 12 (it trains on sums and differences)
+CAPABILITY_N ?= 100
 
 .PHONY: install demo test test-slow bench clean
 
@@ -34,7 +36,9 @@ demo: $(STAMP)
 		--task-option max_operand=20 --task-option operators=+- --task-option terms=2 --task-option test_fraction=0.3 \
 		--task-option num_test=$(EVAL_N) \
 		--split test --max-new-tokens 48 --out $(DEMO_RUN)/eval/base_vs_trained.json
-	$(VENV)/bin/grpolab report $(DEMO_RUN)
+	$(VENV)/bin/grpolab report $(DEMO_RUN) --capability-task arithmetic --capability-n $(CAPABILITY_N) \
+		--capability-option operators='*' --capability-option max_operand=12 --capability-option terms=2 \
+		--capability-max-new-tokens 48
 
 bench: $(STAMP)
 	$(PY) -m pip install --quiet -e ".[bench]"
