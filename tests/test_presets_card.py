@@ -1,26 +1,18 @@
-"""The objective card (grpolab.card): formula text / LaTeX per preset and the nearest peer settings.
+"""The objective card (grpolab.card): formula text / LaTeX per preset and the peer rows (names, values, verdicts).
 
-Peer option names and values were checked against the peers' own sources:
-- TRL GRPOConfig: loss_type in {"grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo"}; scale_rewards in
-  {"group", "batch", "none"} (+ booleans); advantages / (torch.std + 1e-4); importance_sampling_level in
-  {"token", "sequence"}; delta (two-sided clip); vllm_importance_sampling_mode in {"token_truncate", "token_mask",
-  "sequence_truncate", "sequence_mask"}; mask_truncated_completions; num_iterations; num_generations.
-- verl: actor.loss_agg_mode in {"token-mean", "seq-mean-token-sum", "seq-mean-token-mean",
-  "seq-mean-token-sum-norm"}; kl_loss_type / kl_penalty in {"kl"/"k1", "abs", "mse"/"k2", "low_var_kl"/"k3",
-  "full"}; algorithm.adv_estimator "grpo" / "rloo"; norm_adv_by_std_in_grpo; clip_ratio_c; policy_loss.loss_mode
-  "vanilla" / "gspo".
-- OpenRLHF train_ppo_ray.py: --advantage_estimator in {gae, reinforce, rloo, reinforce_baseline, group_norm,
-  dr_grpo}; --eps_clip_low_high; --dual_clip; --use_kl_loss; --init_kl_coef; --kl_estimator in {k1, k2, k3};
-  --policy_loss_type in {ppo, gspo}; --n_samples_per_prompt.
+These tests pin the card's own output by hand and need no peer installed; tests/test_card_peers.py feeds the same
+rows to TRL, verl and OpenRLHF and compares numbers with their code.
 """
 
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
-from grpolab.card import NONE, formula, objective_card
+from grpolab.card import (AXES, EXACT, NEAREST, NONE, OPENRLHF_NO_REWARD_CLIP, PEER_VERSIONS, VERL_NO_DUAL_CLIP,
+                          formula, objective_card, peer_settings)
 from grpolab.config import from_dict
 
 PRESETS = ["grpo", "dapo", "dr_grpo", "rloo", "gspo"]
@@ -140,139 +132,259 @@ def test_std_kind_and_eps_are_recorded():
 
 # --------------------------------------------------------------------------------------------- equivalents
 
+A = "actor_rollout_ref.actor."
+
+
+def eq_of(**algorithm):
+    return card(**algorithm)["equivalents"]
+
+
+def row(eq, peer, axis):
+    return eq[peer][axis]
+
+
+# preset -> peer -> axis -> (match, settings that must be among the row's settings)
 EXPECTED_EQUIV = {
     "grpo": {
-        "trl": {"loss_type": "grpo", "scale_rewards": "group", "advantage baseline": "group mean", "beta": 0.04,
-                "epsilon / epsilon_high": "0.2 / 0.2", "importance_sampling_level": "token", "KL estimator": "k3 only, in loss",
-                "delta (two-sided clip)": None, "num_iterations": 1, "num_generations": 8},
-        "verl": {"algorithm.adv_estimator": "grpo", "algorithm.norm_adv_by_std_in_grpo": True,
-                 "actor.loss_agg_mode": "seq-mean-token-mean", "actor.clip_ratio_low / clip_ratio_high": "0.2 / 0.2",
-                 "actor.policy_loss.loss_mode": "vanilla",
-                 "actor.use_kl_loss / kl_loss_coef / kl_loss_type": (True, 0.04, "low_var_kl"),
-                 "algorithm.use_kl_in_reward / kl_penalty": (False, "low_var_kl"), "rollout.n": 8},
-        "openrlhf": {"--advantage_estimator": "group_norm", "--eps_clip_low_high": "0.2 0.2",
-                     "--use_kl_loss / --init_kl_coef / --kl_estimator": (True, 0.04, "k3"), "--n_samples_per_prompt": 8},
+        "trl": {"advantage": (NEAREST, {"scale_rewards": "group"}),
+                "surrogate": (EXACT, {"epsilon": 0.2, "epsilon_high": 0.2, "importance_sampling_level": "token", "delta": None}),
+                "aggregation": (EXACT, {"loss_type": "grpo"}), "kl": (EXACT, {"beta": 0.04, "use_bias_correction_kl": False}),
+                "importance_sampling": (EXACT, {"vllm_importance_sampling_correction": False}),
+                "batch": (EXACT, {"num_generations": 8, "num_iterations": 1, "max_completion_length": 64})},
+        "verl": {"advantage": (EXACT, {"algorithm.adv_estimator": "grpo", "algorithm.norm_adv_by_std_in_grpo": True}),
+                 "surrogate": (EXACT, {f"{A}policy_loss.loss_mode": "vanilla", f"{A}clip_ratio_low": 0.2, f"{A}clip_ratio_high": 0.2,
+                                       f"{A}clip_ratio_c": VERL_NO_DUAL_CLIP}),
+                 "aggregation": (EXACT, {f"{A}loss_agg_mode": "seq-mean-token-mean"}),
+                 "kl": (NEAREST, {f"{A}use_kl_loss": True, f"{A}kl_loss_coef": 0.04, f"{A}kl_loss_type": "low_var_kl",
+                                  "algorithm.use_kl_in_reward": False}),
+                 "batch": (EXACT, {"actor_rollout_ref.rollout.n": 8, f"{A}ppo_epochs": 1, "data.train_batch_size": 4})},
+        "openrlhf": {"advantage": (NEAREST, {"--algo.advantage.estimator": "group_norm"}),
+                     "surrogate": (EXACT, {"--actor.eps_clip_low_high": [0.2, 0.2], "--actor.policy_loss_type": "ppo"}),
+                     "aggregation": (EXACT, {"--actor.loss_agg_mode": "seq-mean-token-mean"}),
+                     "kl": (NEAREST, {"--algo.kl.use_loss": True, "--algo.kl.init_coef": 0.04, "--algo.kl.estimator": "k3"}),
+                     "batch": (EXACT, {"--rollout.n_samples_per_prompt": 8, "--train.max_epochs": 1, "--rollout.batch_size": 4})},
     },
     "dapo": {
-        "trl": {"loss_type": "dapo", "scale_rewards": "group", "epsilon / epsilon_high": "0.2 / 0.28", "beta": 0.0,
-                "importance_sampling_level": "token"},
-        "verl": {"algorithm.adv_estimator": "grpo", "actor.loss_agg_mode": "token-mean",
-                 "actor.clip_ratio_low / clip_ratio_high": "0.2 / 0.28",
-                 "actor.use_kl_loss / kl_loss_coef / kl_loss_type": (False, 0.0, "low_var_kl")},
-        "openrlhf": {"--advantage_estimator": "group_norm", "--eps_clip_low_high": "0.2 0.28", "aggregation": "token mean"},
+        "trl": {"aggregation": (EXACT, {"loss_type": "dapo"}), "surrogate": (EXACT, {"epsilon_high": 0.28}),
+                "kl": (EXACT, {"beta": 0.0}), "dynamic_sampling": (NONE, {}), "overlong": (EXACT, {})},
+        "verl": {"aggregation": (EXACT, {f"{A}loss_agg_mode": "token-mean"}), "surrogate": (EXACT, {f"{A}clip_ratio_high": 0.28}),
+                 "kl": (EXACT, {f"{A}use_kl_loss": False, "algorithm.use_kl_in_reward": False}),
+                 "dynamic_sampling": (NEAREST, {"algorithm.filter_groups.enable": True, "algorithm.filter_groups.metric": "reward"}),
+                 "overlong": (EXACT, {"reward.reward_manager.name": "dapo", "+reward.reward_kwargs.overlong_buffer_cfg.enable": True,
+                                      "+reward.reward_kwargs.overlong_buffer_cfg.len": 16,
+                                      "+reward.reward_kwargs.overlong_buffer_cfg.penalty_factor": 1.0,
+                                      "+reward.reward_kwargs.max_resp_len": 64})},
+        "openrlhf": {"aggregation": (EXACT, {"--actor.loss_agg_mode": "token-mean"}),
+                     "surrogate": (EXACT, {"--actor.eps_clip_low_high": [0.2, 0.28]}), "kl": (EXACT, {"--algo.kl.init_coef": 0.0}),
+                     "dynamic_sampling": (NEAREST, {"--algo.dynamic_filtering_enable": True}),
+                     "overlong": (EXACT, {"--reward.overlong_buffer_len": 16, "--reward.overlong_penalty_factor": 1.0})},
     },
     "dr_grpo": {
-        "trl": {"loss_type": "dr_grpo", "scale_rewards": "none", "beta": 0.0},
-        "verl": {"algorithm.adv_estimator": "grpo", "algorithm.norm_adv_by_std_in_grpo": False,
-                 "actor.loss_agg_mode": "seq-mean-token-sum-norm"},
-        "openrlhf": {"--advantage_estimator": "dr_grpo (only the no-std part of Dr. GRPO)"},
+        "trl": {"advantage": (EXACT, {"scale_rewards": "none"}), "aggregation": (EXACT, {"loss_type": "dr_grpo"})},
+        "verl": {"advantage": (EXACT, {"algorithm.adv_estimator": "grpo", "algorithm.norm_adv_by_std_in_grpo": False}),
+                 "aggregation": (EXACT, {f"{A}loss_agg_mode": "seq-mean-token-sum-norm", f"{A}loss_scale_factor": 64})},
+        "openrlhf": {"advantage": (EXACT, {"--algo.advantage.estimator": "dr_grpo"}), "aggregation": (NONE, {})},
     },
     "rloo": {
-        "trl": {"loss_type": "grpo", "scale_rewards": "none", "advantage baseline": f"{NONE} (TRL's RLOOTrainer is separate)"},
-        "verl": {"algorithm.adv_estimator": "rloo", "algorithm.norm_adv_by_std_in_grpo": False},
-        "openrlhf": {"--advantage_estimator": "rloo"},
+        "trl": {"advantage": (EXACT, {"normalize_advantages": False}), "surrogate": (NEAREST, {"epsilon": 0.2}),
+                "aggregation": (NEAREST, {}), "kl": (EXACT, {"beta": 0.0})},
+        "verl": {"advantage": (EXACT, {"algorithm.adv_estimator": "rloo"})},
+        "openrlhf": {"advantage": (EXACT, {"--algo.advantage.estimator": "rloo"})},
     },
     "gspo": {
-        "trl": {"importance_sampling_level": "sequence", "epsilon / epsilon_high": "0.0003 / 0.0004", "loss_type": "grpo"},
-        "verl": {"actor.policy_loss.loss_mode": "gspo", "actor.clip_ratio_low / clip_ratio_high": "0.0003 / 0.0004",
-                 "actor.loss_agg_mode": "seq-mean-token-mean"},
-        "openrlhf": {"--eps_clip_low_high": "0.0003 0.0004"},
+        "trl": {"surrogate": (EXACT, {"importance_sampling_level": "sequence", "epsilon": 3e-4, "epsilon_high": 4e-4}),
+                "aggregation": (EXACT, {"loss_type": "grpo"})},
+        "verl": {"surrogate": (EXACT, {f"{A}policy_loss.loss_mode": "gspo", f"{A}clip_ratio_low": 3e-4, f"{A}clip_ratio_high": 4e-4}),
+                 "aggregation": (EXACT, {f"{A}loss_agg_mode": "seq-mean-token-mean"})},
+        "openrlhf": {"surrogate": (EXACT, {"--actor.policy_loss_type": "gspo", "--actor.eps_clip_low_high": [3e-4, 4e-4]}),
+                     "aggregation": (EXACT, {"--actor.loss_agg_mode": "seq-mean-token-mean"})},
     },
 }
 
 
 @pytest.mark.parametrize("preset", PRESETS)
 def test_equivalents_per_preset(preset):
-    eq = card(preset=preset)["equivalents"]
-    assert set(eq) == {"trl", "verl", "openrlhf"}
-    for peer, expected in EXPECTED_EQUIV[preset].items():
-        for key, value in expected.items():
-            assert key in eq[peer], (peer, key)
-            assert eq[peer][key] == value, (peer, key, eq[peer][key], value)
+    eq = eq_of(preset=preset)
+    assert set(eq) == set(PEER_VERSIONS)
+    assert eq["trl"]["interface"] == ("trl.RLOOConfig" if preset == "rloo" else "trl.GRPOConfig")
+    for peer, axes in EXPECTED_EQUIV[preset].items():
+        for axis, (match, settings) in axes.items():
+            got = row(eq, peer, axis)
+            assert got["match"] == match, (peer, axis, got)
+            for key, value in settings.items():
+                assert got["settings"].get(key, "<absent>") == value, (peer, axis, key, got["settings"])
 
 
-def test_openrlhf_dr_grpo_says_it_is_only_the_no_std_part():
-    assert card(preset="dr_grpo")["equivalents"]["openrlhf"]["--advantage_estimator"].startswith("dr_grpo (only the no-std part")
+VARIATIONS = [{}, {"scaling": "batch_std"}, {"baseline": "leave_one_out", "scaling": "group_std"}, {"std_kind": "population"},
+              {"surrogate": "dual_clip"}, {"aggregation": "seq_mean_token_sum"}, {"beta": 0.05, "kl_placement": "reward"},
+              {"is_mode": "sequence_mask"}, {"entropy_coef": 0.01}, {"mask_truncated": True}, {"dynamic_sampling": True},
+              {"preset": "rloo", "beta": 0.1, "kl_placement": "loss", "is_mode": "token_mask", "entropy_coef": 0.1}]
 
 
-@pytest.mark.parametrize("aggregation, trl, verl", [
-    ("seq_mean_token_mean", "grpo", "seq-mean-token-mean"),
-    ("token_mean", "dapo", "token-mean"),
-    ("seq_mean_token_sum_norm", "dr_grpo", "seq-mean-token-sum-norm"),
-    ("seq_mean_token_sum", NONE, "seq-mean-token-sum"),
+@pytest.mark.parametrize("algorithm", [{"preset": p} for p in PRESETS] + VARIATIONS)
+def test_every_row_names_the_version_and_a_verdict(algorithm):
+    eq = eq_of(**algorithm)
+    for peer, version in PEER_VERSIONS.items():
+        assert eq[peer]["checked_against"] == f"{peer} {version}"
+        for axis in AXES:
+            r = row(eq, peer, axis)
+            assert r["match"] in (EXACT, NEAREST, NONE), (peer, axis)
+            assert (r["match"] != EXACT) == bool(r.get("difference")), (peer, axis, r)  # a difference iff not exact
+            assert r["match"] != NONE or r["settings"] == {}, (peer, axis)
+        peer_settings(eq[peer])  # merges without conflicts
+        if peer == "openrlhf":  # 0.10.2 renamed every flag to a dotted name, with no aliases
+            assert all(k.startswith("--") and "." in k for k in peer_settings(eq[peer])), peer_settings(eq[peer])
+
+
+def test_peer_settings_rejects_two_rows_setting_one_key_differently():
+    eq = eq_of()["trl"]
+    merged = peer_settings(eq)
+    assert merged["loss_type"] == "grpo" and merged["scale_rewards"] == "group" and merged["beta"] == 0.04
+    eq["kl"]["settings"]["loss_type"] = "dapo"
+    with pytest.raises(ValueError, match="loss_type"):
+        peer_settings(eq)
+
+
+@pytest.mark.parametrize("aggregation, trl, verl, openrlhf", [
+    ("seq_mean_token_mean", "grpo", "seq-mean-token-mean", "seq-mean-token-mean"),
+    ("token_mean", "dapo", "token-mean", "token-mean"),
+    ("seq_mean_token_sum_norm", "dr_grpo", "seq-mean-token-sum-norm", None),
+    ("seq_mean_token_sum", "luspo", "seq-mean-token-sum", None),
 ])
-def test_aggregation_names(aggregation, trl, verl):
-    eq = card(aggregation=aggregation)["equivalents"]
-    assert eq["trl"]["loss_type"] == trl
-    assert eq["verl"]["actor.loss_agg_mode"] == verl
-    openrlhf = eq["openrlhf"]["aggregation"]
-    assert openrlhf == "token mean" if aggregation == "token_mean" else openrlhf.startswith(NONE)
+def test_aggregation_names(aggregation, trl, verl, openrlhf):
+    eq = eq_of(aggregation=aggregation)
+    assert row(eq, "trl", "aggregation") == {"match": EXACT, "settings": {"loss_type": trl}}
+    assert row(eq, "verl", "aggregation")["settings"][f"{A}loss_agg_mode"] == verl
+    orl = row(eq, "openrlhf", "aggregation")
+    assert orl["settings"].get("--actor.loss_agg_mode") == openrlhf and (orl["match"] == NONE) == (openrlhf is None)
 
 
-@pytest.mark.parametrize("estimator, verl", [("k1", "kl"), ("k2", "mse"), ("k3", "low_var_kl")])
-def test_kl_estimator_names(estimator, verl):
-    eq = card(beta=0.05, kl_estimator=estimator)["equivalents"]
-    assert eq["verl"]["actor.use_kl_loss / kl_loss_coef / kl_loss_type"] == (True, 0.05, verl)
-    assert eq["openrlhf"]["--use_kl_loss / --init_kl_coef / --kl_estimator"] == (True, 0.05, estimator)
-    trl = eq["trl"]["KL estimator"]
-    assert trl == "k3 only, in loss" if estimator == "k3" else trl.endswith("differs: " + NONE)
+def test_aggregation_differences():
+    assert row(eq_of(preset="gspo", aggregation="token_mean"), "openrlhf", "aggregation")["match"] == NONE  # GSPO: seq-mean only
+    assert row(eq_of(preset="dr_grpo", l_max=16), "trl", "aggregation")["match"] == NEAREST  # constant = max_completion_length
+    assert row(eq_of(preset="dr_grpo", l_max=16), "verl", "aggregation")["settings"][f"{A}loss_scale_factor"] == 16
+    two_steps = cfg_card({"algorithm": {"preset": "dapo"}, "train": {"minibatches": 2}})["equivalents"]
+    assert row(two_steps, "trl", "aggregation")["match"] == NEAREST
 
 
-def test_kl_in_reward_maps_to_verl_use_kl_in_reward():
-    eq = card(beta=0.05, kl_placement="reward", kl_estimator="k1")["equivalents"]
-    assert eq["verl"]["algorithm.use_kl_in_reward / kl_penalty"] == (True, "kl")
-    assert eq["verl"]["actor.use_kl_loss / kl_loss_coef / kl_loss_type"][0] is False
-    assert eq["openrlhf"]["--use_kl_loss / --init_kl_coef / --kl_estimator"][0] is False  # OpenRLHF: KL in reward
-    assert eq["trl"]["KL estimator"].endswith("differs: " + NONE)
+@pytest.mark.parametrize("estimator, verl, trl_match, verl_match", [
+    ("k1", "kl", NEAREST, EXACT), ("k2", "mse", NEAREST, EXACT), ("k3", "low_var_kl", EXACT, NEAREST)])
+def test_kl_in_loss(estimator, verl, trl_match, verl_match):
+    eq = eq_of(beta=0.05, kl_estimator=estimator)
+    assert row(eq, "trl", "kl") == {"match": trl_match, "settings": {"beta": 0.05, "use_bias_correction_kl": False},
+                                    **({"difference": "k3 only"} if trl_match == NEAREST else {})}
+    v = row(eq, "verl", "kl")
+    assert v["match"] == verl_match and v["settings"][f"{A}kl_loss_type"] == verl and v["settings"][f"{A}kl_loss_coef"] == 0.05
+    o = row(eq, "openrlhf", "kl")
+    assert o["match"] == NEAREST
+    assert o["settings"] == {"--algo.kl.use_loss": True, "--algo.kl.init_coef": 0.05, "--algo.kl.estimator": estimator}
+    assert "token-mean" in o["difference"]  # seq_mean_token_mean here; OpenRLHF's KL term is always a token mean
+    assert "token-mean" not in row(eq_of(beta=0.05, aggregation="token_mean"), "openrlhf", "kl")["difference"]
 
 
-def test_batch_std_has_no_equivalent_in_verl_or_openrlhf_but_is_trl_batch():
-    eq = card(scaling="batch_std")["equivalents"]
-    assert eq["trl"]["scale_rewards"] == "batch"
-    assert eq["verl"]["algorithm.norm_adv_by_std_in_grpo"].startswith(NONE)
-    assert eq["openrlhf"]["--advantage_estimator"] == NONE
+@pytest.mark.parametrize("estimator", ["k1", "k2", "k3"])
+def test_kl_in_reward(estimator):
+    eq = eq_of(beta=0.05, kl_placement="reward", kl_estimator=estimator)
+    assert row(eq, "trl", "kl")["match"] == NONE  # GRPOTrainer: KL only in the loss
+    v = row(eq, "verl", "kl")
+    penalty = {"k1": "kl", "k2": "mse", "k3": "low_var_kl"}[estimator]
+    assert v["settings"] == {"algorithm.use_kl_in_reward": True, "algorithm.kl_penalty": penalty, "algorithm.kl_ctrl.type": "fixed",
+                             "algorithm.kl_ctrl.kl_coef": 0.05, f"{A}use_kl_loss": False}
+    o = row(eq, "openrlhf", "kl")
+    assert o["match"] == NEAREST and "--algo.kl.use_loss" not in o["settings"] and "reward-to-go" in o["difference"]
+    rloo = eq_of(preset="rloo", beta=0.05, kl_placement="reward", kl_estimator=estimator)
+    assert row(rloo, "trl", "kl") == {"match": EXACT if estimator == "k1" else NEAREST, "settings": {"beta": 0.05},
+                                      **({} if estimator == "k1" else {"difference": "k1 only"})}
+    assert row(eq_of(preset="rloo", beta=0.05), "trl", "kl")["match"] == NONE  # RLOOTrainer: KL only in the reward
 
 
-def test_population_std_differs_from_trl():
-    assert card(std_kind="population")["equivalents"]["trl"]["std"].endswith("differs: " + NONE)
-    assert card(std_kind="sample")["equivalents"]["trl"]["std"] == "sample (torch.std), eps 1e-4 fixed"
+def test_beta_zero_switches_openrlhf_kl_off():
+    assert row(eq_of(beta=0.0), "openrlhf", "kl")["settings"] == {"--algo.kl.init_coef": 0.0}  # its default 0.01 is KL in reward
 
 
-def test_dual_clip_maps_to_every_peer():
-    eq = card(surrogate="dual_clip", dual_clip_c=2.5)["equivalents"]
-    assert eq["trl"]["delta (two-sided clip)"] == 2.5
-    assert eq["verl"]["actor.clip_ratio_c (dual clip)"] == 2.5
-    assert eq["openrlhf"]["--dual_clip"] == 2.5
-    plain = card()["equivalents"]
-    assert plain["trl"]["delta (two-sided clip)"] is None and plain["openrlhf"]["--dual_clip"] is None
+def test_advantage_scaling_and_std():
+    eq = eq_of(scaling="batch_std")
+    assert row(eq, "trl", "advantage")["settings"] == {"scale_rewards": "batch"}
+    whiten = "group mean, then token-level whitening over the batch (re-centred, population std)"
+    assert row(eq, "verl", "advantage") == {"match": NEAREST, "difference": whiten,
+                                            "settings": {"algorithm.adv_estimator": "reinforce_plus_plus_baseline"}}
+    assert row(eq, "openrlhf", "advantage")["settings"]["--algo.advantage.estimator"] == "reinforce_baseline"
+    pop = eq_of(std_kind="population")
+    assert all("sample std (n - 1)" in row(pop, p, "advantage")["difference"] for p in PEER_VERSIONS)
+    assert row(eq_of(adv_eps=1e-4), "trl", "advantage")["match"] == EXACT  # TRL's fixed epsilon
+    assert row(eq_of(), "trl", "advantage")["difference"] == "divides by std + 1e-4 (fixed)"
+    assert row(eq_of(), "openrlhf", "advantage")["settings"]["--reward.clip_range"] == OPENRLHF_NO_REWARD_CLIP
+    loo = eq_of(baseline="leave_one_out", scaling="group_std")
+    assert [row(loo, p, "advantage")["match"] for p in PEER_VERSIONS] == [NEAREST] * 3
 
 
-@pytest.mark.parametrize("mode", ["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"])
-def test_is_mode_uses_trl_names(mode):
-    eq = card(is_mode=mode)["equivalents"]
-    assert eq["trl"]["vllm_importance_sampling_mode"] == mode
-    assert card()["equivalents"]["trl"]["vllm_importance_sampling_mode"] is None
+def test_dual_clip_and_plain_clip():
+    eq = eq_of(surrogate="dual_clip", dual_clip_c=2.5)
+    assert row(eq, "trl", "surrogate") == {"match": EXACT, "settings": {"epsilon": 0.2, "epsilon_high": 0.2,
+                                                                        "importance_sampling_level": "token", "delta": 2.5}}
+    assert row(eq, "verl", "surrogate")["settings"][f"{A}clip_ratio_c"] == 2.5
+    assert row(eq, "openrlhf", "surrogate")["settings"]["--actor.dual_clip"] == 2.5
+    assert row(eq_of(surrogate="dual_clip", dual_clip_c=1.1), "trl", "surrogate")["match"] == NEAREST  # delta <= 1 + eps_high
+    plain = eq_of()
+    assert VERL_NO_DUAL_CLIP > math.exp(20)  # verl's largest ratio: the dual clip of its vanilla loss never binds
+    assert row(plain, "verl", "surrogate")["settings"][f"{A}clip_ratio_c"] == VERL_NO_DUAL_CLIP
+    assert "--actor.dual_clip" not in row(plain, "openrlhf", "surrogate")["settings"]
 
 
-def test_entropy_bonus_and_iterations():
-    eq = cfg_card({"algorithm": {"entropy_coef": 0.01}, "train": {"mu": 2, "minibatches": 2}, "rollout": {"group_size": 4}})["equivalents"]
-    assert eq["trl"]["entropy bonus"] == NONE
-    assert eq["verl"]["actor.entropy_coeff"] == 0.01
-    assert eq["trl"]["num_iterations"] == 2 and eq["verl"]["actor.ppo_epochs"] == 2
-    assert eq["trl"]["num_generations"] == 4 and eq["verl"]["rollout.n"] == 4 and eq["openrlhf"]["--n_samples_per_prompt"] == 4
+IS_FLAG = "--algo.advantage.is_correction_"
+IS_MASK = {f"{IS_FLAG}mode": "mask", f"{IS_FLAG}threshold": [0.8, 1.25]}
 
 
-def test_mask_truncated_maps_to_trl():
-    assert card(mask_truncated=True)["equivalents"]["trl"]["mask_truncated_completions"] is True
+@pytest.mark.parametrize("mode, verl_threshold, openrlhf", [
+    ("token_truncate", 1.25, (EXACT, {f"{IS_FLAG}level": "token", f"{IS_FLAG}mode": "clip", f"{IS_FLAG}threshold": [0.0, 1.25]})),
+    ("token_mask", "0.8_1.25", (EXACT, {f"{IS_FLAG}level": "token", **IS_MASK})),
+    ("sequence_truncate", 1.25, (NONE, {})),
+    ("sequence_mask", "0.8_1.25", (NEAREST, {f"{IS_FLAG}level": "seq", **IS_MASK})),
+])
+def test_importance_sampling(mode, verl_threshold, openrlhf):
+    eq = eq_of(is_mode=mode, is_c_min=0.8, is_c_max=1.25)
+    clip_min = None if mode.endswith("truncate") else 0.8
+    assert row(eq, "trl", "importance_sampling") == {"match": EXACT, "settings": {
+        "use_vllm": True, "vllm_importance_sampling_correction": True, "vllm_importance_sampling_mode": mode,
+        "vllm_importance_sampling_clip_max": 1.25, "vllm_importance_sampling_clip_min": clip_min}}
+    assert row(eq, "verl", "importance_sampling")["settings"] == {
+        "algorithm.rollout_correction.rollout_is": mode.split("_")[0],
+        "algorithm.rollout_correction.rollout_is_threshold": verl_threshold}
+    o = row(eq, "openrlhf", "importance_sampling")
+    assert (o["match"], o["settings"]) == openrlhf
+    assert row(eq_of(preset="gspo", is_mode=mode), "openrlhf", "importance_sampling")["match"] == NONE
+    assert row(eq_of(preset="rloo", is_mode=mode), "trl", "importance_sampling")["match"] == NONE
+
+
+def test_entropy_mask_truncated_overlong_dynamic_and_batch():
+    algorithm = {"entropy_coef": 0.01, "mask_truncated": True, "overlong_buffer": 8, "overlong_penalty": 0.5, "dynamic_sampling": True}
+    eq = cfg_card({"algorithm": algorithm, "train": {"mu": 2, "minibatches": 2}, "rollout": {"group_size": 4}})["equivalents"]
+    assert row(eq, "trl", "entropy") == {"match": NEAREST, "settings": {"entropy_coef": 0.01},
+                                         "difference": "the bonus is the token mean of each micro-batch, whatever loss_type"}
+    assert row(eq, "verl", "entropy") == {"match": EXACT, "settings": {f"{A}entropy_coeff": 0.01}}
+    assert row(eq, "openrlhf", "entropy")["match"] == NEAREST  # seq_mean_token_mean: OpenRLHF's entropy term is a token mean
+    assert row(eq_of(entropy_coef=0.01, aggregation="token_mean"), "openrlhf", "entropy")["match"] == EXACT
+    assert [row(eq, p, "mask_truncated")["match"] for p in PEER_VERSIONS] == [EXACT, NONE, NONE]
+    assert row(eq, "trl", "overlong")["reward_function"] == (
+        "trl.rewards.get_soft_overlong_punishment(max_completion_len=64, soft_punish_cache=8) with reward weight 0.5")
+    assert row(eq, "openrlhf", "overlong")["settings"] == {"--reward.overlong_buffer_len": 8,
+                                                           "--reward.overlong_penalty_factor": 0.5}
+    assert [row(eq, p, "dynamic_sampling")["match"] for p in PEER_VERSIONS] == [NONE, NEAREST, NEAREST]
+    assert row(eq, "trl", "batch")["settings"] == {"num_generations": 4, "num_iterations": 2, "max_completion_length": 64,
+                                                   "generation_batch_size": 16, "per_device_train_batch_size": 8,
+                                                   "gradient_accumulation_steps": 1}
+    assert row(eq, "verl", "batch")["settings"] == {"data.train_batch_size": 4, "data.max_response_length": 64,
+                                                    f"{A}ppo_mini_batch_size": 2, f"{A}ppo_epochs": 2, "actor_rollout_ref.rollout.n": 4}
+    assert row(eq, "openrlhf", "batch")["settings"] == {"--rollout.batch_size": 4, "--rollout.n_samples_per_prompt": 4,
+                                                        "--rollout.max_new_tokens": 64, "--train.batch_size": 8, "--train.max_epochs": 2}
 
 
 # --------------------------------------------------------------------------------------------- once-bugs (regressions)
 
 
 def test_openrlhf_gspo_equivalent():
-    eq = card(preset="gspo")["equivalents"]["openrlhf"]
-    assert eq["--policy_loss_type"] == "gspo"
-    assert card(preset="grpo")["equivalents"]["openrlhf"]["--policy_loss_type"] == "ppo"
+    assert row(eq_of(preset="gspo"), "openrlhf", "surrogate")["settings"]["--actor.policy_loss_type"] == "gspo"
+    assert row(eq_of(preset="grpo"), "openrlhf", "surrogate")["settings"]["--actor.policy_loss_type"] == "ppo"
 
 
 def test_latex_shows_kl_in_reward():
@@ -356,3 +468,15 @@ def test_docs_preset_table_matches_the_presets():
             assert expanded[preset][name] == _doc_value(value), (preset, name, value)
         checked.add(name)
     assert checked == set(expanded["grpo"]) - {"preset"}  # every field is documented, in the table or as common
+
+
+def test_docs_peer_section_names_the_checked_versions_and_the_check():
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "algorithms.md").read_text()
+    section = doc.split("## Peer equivalents", 1)[1]
+    for peer, version in PEER_VERSIONS.items():
+        assert version in section, peer
+    for axis in AXES:
+        assert f"`{axis}`" in section, axis
+    assert "tests/test_card_peers.py" in section and "xfail" not in doc and "Known gaps" not in doc
