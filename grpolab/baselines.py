@@ -166,7 +166,7 @@ def sft_loss(model, batch: dict[str, torch.Tensor], precision: str = "fp32") -> 
     """Token-mean cross-entropy of the target tokens (HF shifts labels inside the model)."""
     from .forward import autocast
 
-    with autocast(precision):
+    with autocast(precision, batch["input_ids"].device):
         return model(**batch).loss.float()
 
 

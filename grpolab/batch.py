@@ -10,7 +10,8 @@ Two batches exist in a step with dynamic sampling, and both are logged:
   varies (all-right and all-wrong groups carry no signal), which biases every statistic of the kept batch;
   its metrics carry a `kept/` prefix.
 
-Without dynamic sampling the two are the same batch and only the standard names are logged.
+Without dynamic sampling the two are the same batch and only the standard names are logged. Over several ranks
+(grpolab.distributed) each rank samples and trains its own groups, and every statistic here is over all of them.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import torch
 
 from .algo.advantages import Advantages, compute_advantages, zero_signal_groups
 from .config import Config
+from .distributed import World, gather_objects, gather_rows, group_seed, owned_groups
 from .metrics import completion_metrics, group_metrics, reward_metrics
 from .prompt_sampler import PromptSampler
 from .prompting import prompt_ids
@@ -72,22 +74,28 @@ def score_rollout(rollout: Rollout, problems: list[Problem], rewards: RewardSet,
 
 @dataclass
 class Round:
-    """One generation round: prompts_per_step problems, G completions each, scored."""
+    """One generation round: prompts_per_step problems (the same on every rank), G completions for each group this
+    rank owns, and the scores, lengths and truncation flags of *every* group (gathered from all ranks)."""
 
-    rollout: Rollout
-    problems: list[Problem]
-    scores: Scores
+    problems: list[Problem]  # all P problems of the round, in global group order
+    owned: list[int]  # the global groups this rank sampled
+    rollout: Rollout  # this rank's rows: its owned groups, group-major
+    scores: Scores  # all P * G rows, group-major
+    lengths: torch.Tensor  # [P * G] completion lengths, all rows
+    truncated: torch.Tensor  # [P * G] bool, all rows
 
 
 @dataclass
 class Batch:
-    """What one step trains on (the kept groups) and what it sampled (its metrics)."""
+    """What one step trains on (this rank's share of the kept groups) and what the step sampled (its metrics)."""
 
-    rollout: Rollout
+    rollout: Rollout  # this rank's rows
     problems: list[Problem]  # indexed by rollout.group
-    scores: Scores
-    advantages: torch.Tensor  # [N]
-    metrics: dict[str, float]  # reward / completion / group metrics of the sampled batch (+ kept/ ones)
+    scores: Scores  # this rank's rows
+    advantages: torch.Tensor  # [N] this rank's rows (computed over the whole batch of every rank)
+    metrics: dict[str, float]  # reward / completion / group metrics of the sampled batch (+ kept/ ones), global
+    positions: list[int] = field(default_factory=list)  # each local group's index among the batch's global groups
+    num_groups: int = 0  # groups in the batch over all ranks
 
 
 def signal_values(scores: Scores) -> torch.Tensor:
@@ -98,10 +106,13 @@ def signal_values(scores: Scores) -> torch.Tensor:
 
 
 class BatchCollector:
-    """Draws problems from the prompt sampler, generates, scores and (with dynamic sampling) refills."""
+    """Draws problems from the prompt sampler, generates this rank's groups, scores them, gathers what every rank
+    scored, and (with dynamic sampling) refills -- every decision taken on gathered data, identically on all ranks."""
 
-    def __init__(self, cfg: Config, engine: RolloutEngine, tokenizer, sampler: PromptSampler, rewards: RewardSet):
+    def __init__(self, cfg: Config, engine: RolloutEngine, tokenizer, sampler: PromptSampler, rewards: RewardSet,
+                 world: World = World()):
         self.cfg, self.engine, self.tokenizer, self.sampler, self.rewards = cfg, engine, tokenizer, sampler, rewards
+        self.world = world
         r = cfg.rollout
         self.params = SamplingParams(group_size=r.group_size, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
                                      max_new_tokens=r.max_new_tokens)
@@ -118,15 +129,27 @@ class BatchCollector:
         return compute_advantages(values.view(-1, g), ~invalid.view(-1, g), baseline=a.baseline, scaling=a.scaling,
                                   eps=a.adv_eps, std_kind=a.std_kind)
 
-    def generate_round(self) -> Round:
-        t0 = time.perf_counter()
-        problems = self.sampler.take(self.cfg.train.prompts_per_step)
-        rollout = self.engine.generate([self.prompt_ids(p) for p in problems], self.params)
+    def gather(self, local: torch.Tensor, owned: list[int], num_groups: int) -> torch.Tensor:
+        return gather_rows(local, owned, num_groups, self.cfg.rollout.group_size, self.world)
+
+    def generate_round(self, step: int, index: int) -> Round:
+        """Round `index` of training step `step`: group j's sampling stream is seeded by (seed, step, index * P + j)."""
+        t0, p = time.perf_counter(), self.cfg.train.prompts_per_step
+        problems = self.sampler.take(p)
+        owned = owned_groups(p, self.world)
+        seeds = [group_seed(self.cfg.train.seed, step, index * p + j) for j in owned]
+        rollout = self.engine.generate([self.prompt_ids(problems[j]) for j in owned], self.params, seeds)
         t1 = time.perf_counter()
-        scores = score_rollout(rollout, problems, self.rewards, self.cfg)
+        local = score_rollout(rollout, [problems[j] for j in owned], self.rewards, self.cfg)
         self.timing["rollout"] += t1 - t0
         self.timing["reward"] += time.perf_counter() - t1
-        return Round(rollout, problems, scores)
+        g = self.cfg.rollout.group_size
+        by_group = {j: errs[i * g:(i + 1) * g] for groups, errs in gather_objects((owned, local.errors), self.world)
+                    for i, j in enumerate(groups)}
+        scores = Scores(self.gather(local.rewards, owned, p), {k: self.gather(v, owned, p) for k, v in local.components.items()},
+                        self.gather(local.invalid, owned, p), [e for j in range(p) for e in by_group[j]])
+        lengths = self.gather(rollout.completion_mask.sum(-1).cpu(), owned, p)
+        return Round(problems, owned, rollout, scores, lengths, self.gather(rollout.truncated.cpu(), owned, p))
 
     def has_signal(self, rnd: Round) -> list[bool]:
         g = self.cfg.rollout.group_size
@@ -134,43 +157,53 @@ class BatchCollector:
         valid = ~invalid & torch.isfinite(values)
         return (~zero_signal_groups(torch.where(valid, values, 0.0), valid)).tolist()
 
-    def collect(self) -> Batch:
+    def collect(self, step: int = 0) -> Batch:
         """Generate and score prompts_per_step groups. With dynamic sampling, keep the groups with signal and refill
         with new prompts for up to max_extra_rounds extra rounds; train on at most prompts_per_step kept groups.
         When the budget is spent with nothing kept, the first round is trained on as it is (no signal, logged)."""
         self.timing = {"rollout": 0.0, "reward": 0.0}
         a, want = self.cfg.algorithm, self.cfg.train.prompts_per_step
-        rounds = [self.generate_round()]
+        rounds = [self.generate_round(step, 0)]
         kept = [(0, gi) for gi, ok in enumerate(self.has_signal(rounds[0])) if ok] if a.dynamic_sampling else []
         while a.dynamic_sampling and len(kept) < want and len(rounds) <= a.max_extra_rounds:
-            rounds.append(self.generate_round())
+            rounds.append(self.generate_round(step, len(rounds)))
             kept += [(len(rounds) - 1, gi) for gi, ok in enumerate(self.has_signal(rounds[-1])) if ok]
-        sampled = self.join(rounds, [(r, gi) for r in range(len(rounds)) for gi in range(len(rounds[r].problems))])
-        sampled.metrics = self.batch_metrics(sampled)
+        everything = [(r, gi) for r in range(len(rounds)) for gi in range(want)]
+        sampled = self.join(rounds, everything)
         if not a.dynamic_sampling:
             return sampled
-        train = self.join(rounds, kept[:want]) if kept else self.join(rounds[:1], [(0, gi) for gi in range(want)])
-        train.metrics = {**sampled.metrics, **{f"kept/{k}": v for k, v in self.batch_metrics(train).items()},
+        train = self.join(rounds, kept[:want] if kept else everything[:want])
+        train.metrics = {**sampled.metrics, **{f"kept/{k}": v for k, v in train.metrics.items()},
                          "dynamic/extra_rounds": float(len(rounds) - 1), "dynamic/kept_groups": float(min(len(kept), want))}
         return train
 
     def join(self, rounds: list[Round], groups: list[tuple[int, int]]) -> Batch:
-        """The (round, group) pairs of several rounds as one batch, groups renumbered 0..len(groups)-1."""
+        """The (round, global group) pairs as one batch: this rank's rows of the groups it owns, advantages and
+        metrics over all of them."""
         g = self.cfg.rollout.group_size
+        p = self.cfg.train.prompts_per_step
+        every = [r * p * g + gi * g + k for r, gi in groups for k in range(g)]  # rows of the rounds' global tensors
+        scores = cat_scores([r.scores for r in rounds]).select(every)
+        adv = self.advantages(scores.rewards, scores.invalid)
+        problems = [rounds[r].problems[gi] for r, gi in groups]
+        metrics = {**reward_metrics(scores.rewards, scores.components, scores.invalid),
+                   **completion_metrics(torch.cat([r.lengths for r in rounds])[every], torch.cat([r.truncated for r in rounds])[every]),
+                   **group_metrics(adv.zero_std, [q.slice for q in problems])}
+        positions = [i for i, (r, gi) in enumerate(groups) if gi in rounds[r].owned]
         offsets = [0]
         for rnd in rounds:
             offsets.append(offsets[-1] + len(rnd.rollout))
-        rows = [offsets[r] + gi * g + k for r, gi in groups for k in range(g)]
-        rollout = concat_rollouts([r.rollout for r in rounds], self.tokenizer.pad_token_id).select(rows)
-        rollout.group = torch.arange(len(groups)).repeat_interleave(g)
-        scores = cat_scores([r.scores for r in rounds]).select(rows)
-        problems = [rounds[r].problems[gi] for r, gi in groups]
-        adv = self.advantages(scores.rewards, scores.invalid).advantages.view(-1)
-        return Batch(rollout, problems, scores, adv, {})
+        local_rows = [offsets[r] + rounds[r].owned.index(gi) * g + k for r, gi in (groups[i] for i in positions) for k in range(g)]
+        rollout = concat_rollouts([r.rollout for r in rounds], self.tokenizer.pad_token_id).select(local_rows)
+        rollout.group = torch.arange(len(positions)).repeat_interleave(g)
+        mine = [i * g + k for i in positions for k in range(g)]
+        return Batch(rollout, [problems[i] for i in positions], scores.select(mine), adv.advantages.view(-1)[mine],
+                     metrics, positions, len(groups))
 
-    def batch_metrics(self, batch: Batch) -> dict[str, float]:
-        """reward/*, completion/* and groups/frac_zero_std (+ per slice) of a batch."""
-        s = batch.scores
-        zero = self.advantages(s.rewards, s.invalid).zero_std
-        return {**reward_metrics(s.rewards, s.components, s.invalid), **completion_metrics(batch.rollout),
-                **group_metrics(zero, [p.slice for p in batch.problems])}
+    def global_advantages(self, batch: Batch) -> torch.Tensor:
+        """This rank's advantages recomputed after its rewards changed (KL in the reward), over the whole batch."""
+        rewards = gather_rows(batch.scores.rewards, batch.positions, batch.num_groups, self.cfg.rollout.group_size, self.world)
+        invalid = gather_rows(batch.scores.invalid, batch.positions, batch.num_groups, self.cfg.rollout.group_size, self.world)
+        g = self.cfg.rollout.group_size
+        mine = [i * g + k for i in batch.positions for k in range(g)]
+        return self.advantages(rewards, invalid).advantages.view(-1)[mine]

@@ -336,6 +336,9 @@ def objective_card(cfg: Config) -> dict[str, Any]:
             "overlong_penalty": a.overlong_penalty, "dynamic_sampling": a.dynamic_sampling,
             "max_extra_rounds": a.max_extra_rounds, "mu": cfg.train.mu, "minibatches": cfg.train.minibatches,
             "group_size": cfg.rollout.group_size, "zero_variance_groups": "A = 0 exactly (max - min <= 1e-9)",
+            "lora": ({"rank": cfg.model.lora.rank, "alpha": cfg.model.lora.alpha, "dropout": cfg.model.lora.dropout,
+                      "target_modules": cfg.model.lora.target_modules} if cfg.model.lora.rank else "off"),
+            "strategy": cfg.train.strategy,
         },
         "equivalents": equivalents(cfg),
     }

@@ -1,6 +1,7 @@
 """Atomic checkpoints: HF-format model + trainer state, written to a temporary directory and renamed into place.
 
     runs/<name>/checkpoints/step-N/   model.safetensors, config.json, tokenizer files, trainer_state.pt
+                                      (LoRA: adapter_model.safetensors + adapter_config.json instead of the model)
 
 Every file is fsync'ed before the rename, so a crash, a kill -9 or a full disk while writing leaves at most a
 `.tmp-step-N-*` directory, which `checkpoints()` ignores and `remove_partial()` deletes; the previous complete
@@ -25,6 +26,7 @@ import numpy as np
 import torch
 
 from .errors import GrpolabError
+from .lora import save_model
 
 STATE_FILE = "trainer_state.pt"
 _STEP = re.compile(r"^step-(\d+)$")
@@ -38,6 +40,10 @@ def checkpoints(run_dir: Path) -> list[Path]:
         return []
     found = [(int(m.group(1)), p) for p in root.iterdir() if (m := _STEP.match(p.name)) and (p / STATE_FILE).is_file()]
     return [p for _, p in sorted(found)]
+
+
+def checkpoint_path(run_dir: Path, step: int) -> Path:
+    return Path(run_dir) / "checkpoints" / f"step-{step}"
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:
@@ -71,19 +77,24 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def save_checkpoint(run_dir: Path, step: int, model, tokenizer, state: dict[str, Any], keep_last: int) -> Path:
-    """Write step-N atomically (temp dir, fsync, rename), then prune to the newest `keep_last`.
+def save_checkpoint(run_dir: Path, step: int, model, tokenizer, state: dict[str, Any], keep_last: int,
+                    weights: dict[str, torch.Tensor] | None = None) -> Path:
+    """Write step-N atomically (temp dir, fsync, rename), then prune to the newest `keep_last`. `weights`: the full
+    state dict to write instead of the model's own (a sharded FSDP2 policy's, gathered).
 
     Any failure (an OSError such as a full disk included) removes the temporary directory and re-raises; the
     checkpoints already in place are untouched.
     """
     root = Path(run_dir) / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
-    target = root / f"step-{step}"
+    target = checkpoint_path(run_dir, step)
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-step-{step}-", dir=root))
     try:
         os.chmod(tmp, 0o755)  # mkdtemp makes it private; a checkpoint is as readable as the rest of the run
-        model.save_pretrained(tmp)
+        if weights is None:
+            save_model(model, tmp)  # a LoRA policy saves its adapter only (grpolab.lora)
+        else:
+            save_full_weights(model, weights, tmp)
         tokenizer.save_pretrained(tmp)
         torch.save(state, tmp / STATE_FILE)  # written last: its presence marks a complete checkpoint
         _fsync_tree(tmp)
@@ -101,6 +112,19 @@ def save_checkpoint(run_dir: Path, step: int, model, tokenizer, state: dict[str,
     for old in checkpoints(run_dir)[:-keep_last]:
         shutil.rmtree(old, ignore_errors=True)
     return target
+
+
+def save_full_weights(model, weights: dict[str, torch.Tensor], directory: Path) -> None:
+    """A Hugging Face checkpoint (config.json, generation_config.json, model.safetensors) from a full state dict,
+    without touching the (sharded) model's modules; a tied LM head is left to be re-tied on load."""
+    from safetensors.torch import save_file
+
+    model.config.save_pretrained(directory)
+    if getattr(model, "generation_config", None) is not None:
+        model.generation_config.save_pretrained(directory)
+    tied = getattr(model.config, "tie_word_embeddings", False)
+    tensors = {k: v.contiguous() for k, v in weights.items() if not (tied and k == "lm_head.weight")}
+    save_file(tensors, directory / "model.safetensors", metadata={"format": "pt"})
 
 
 def load_state(ckpt: Path) -> dict[str, Any]:

@@ -29,9 +29,20 @@ from .presets import PRESETS
 
 
 @dataclass(frozen=True)
+class LoraConfig:
+    """LoRA adapters through peft (grpolab/lora.py): W' = W + (alpha / rank) B A on every targeted module."""
+
+    rank: int = 0  # r; 0 = off (full fine-tuning)
+    alpha: float = 16.0  # scaling = alpha / rank
+    dropout: float = 0.0  # on the adapters' input, training passes only (old/reference passes run in eval mode)
+    target_modules: str | list = "all-linear"  # "all-linear" (every linear layer but the output head) or module names
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     name: str = "bundled:smollm2-135m-instruct"  # hub id, local path, or bundled: alias
     dtype: Literal["float32", "bfloat16"] = "float32"  # master weights
+    lora: LoraConfig = LoraConfig()
 
 
 @dataclass(frozen=True)
@@ -102,6 +113,8 @@ class TrainConfig:
     min_lr_ratio: float = 0.0
     grad_clip: float = 1.0
     precision: Literal["fp32", "bf16"] = "fp32"  # bf16 = bfloat16 autocast over fp32 master weights
+    device: str = "auto"  # auto (cuda when available) | cpu | cuda | cuda:N; under torchrun on CUDA: cuda:LOCAL_RANK
+    strategy: Literal["ddp", "fsdp2"] = "ddp"  # data parallel: replicated weights, or sharded (grpolab/sharding.py)
     share_prompt: bool = True  # training passes run each prompt once per micro-batch, not once per completion
     fused_adamw: bool = True  # torch's fused AdamW kernel (same update as foreach, one pass over the weights)
     pack_completions: bool = True  # with share_prompt: completions packed end to end, not padded (SDPA models)
@@ -313,6 +326,11 @@ def _plain(x: Any) -> Any:
 # ----------------------------------------------------------------------------------------------- ranges
 
 _RANGES: list[tuple[str, Any, str]] = [
+    ("model.lora.rank", lambda v: v >= 0, "an integer >= 0 (0 = off)"),
+    ("model.lora.alpha", lambda v: v > 0, "a number > 0"),
+    ("model.lora.dropout", lambda v: 0 <= v < 1, "a number in [0, 1)"),
+    ("model.lora.target_modules", lambda v: v == "all-linear" or (isinstance(v, list) and len(v) > 0 and all(
+        isinstance(m, str) and m for m in v)), "'all-linear' or a non-empty list of module names"),
     ("rollout.group_size", lambda v: v >= 2, "an integer >= 2 (a group needs at least two completions to compare)"),
     ("rollout.temperature", lambda v: v > 0, "a number > 0"),
     ("rollout.top_p", lambda v: 0 < v <= 1, "a number in (0, 1]"),
@@ -340,6 +358,8 @@ _RANGES: list[tuple[str, Any, str]] = [
     ("train.warmup_steps", lambda v: v >= 0, "an integer >= 0"),
     ("train.grad_clip", lambda v: v >= 0, "a number >= 0 (0 = off)"),
     ("train.save_every", lambda v: v >= 0, "an integer >= 0"),
+    ("train.device", lambda v: v in ("auto", "cpu", "cuda") or (v.startswith("cuda:") and v[5:].isdigit()),
+     "one of 'auto', 'cpu', 'cuda', 'cuda:N'"),
     ("train.save_every_minutes", lambda v: v >= 0, "a number >= 0 (0 = off)"),
     ("train.keep_last", lambda v: v >= 1, "an integer >= 1"),
     ("train.adam_beta1", lambda v: 0 <= v < 1, "a number in [0, 1)"),

@@ -37,10 +37,10 @@ class ForwardOut:
     cols: slice  # which completion columns of the rollout these cover
 
 
-def autocast(precision: str):
-    """bf16 autocast over fp32 master weights, or nothing for fp32."""
+def autocast(precision: str, device: torch.device | str = "cpu"):
+    """bf16 autocast over fp32 master weights on `device`'s type (where the model's weights are), or nothing for fp32."""
     if precision == "bf16":
-        return torch.autocast("cpu" if not torch.cuda.is_available() else "cuda", dtype=torch.bfloat16)
+        return torch.autocast(torch.device(device).type, dtype=torch.bfloat16)
     return contextlib.nullcontext()
 
 
@@ -66,7 +66,7 @@ def completion_logprobs(
     input_ids = torch.cat([prompt_ids, comp_ids], dim=1)
     attn = torch.cat([pmask, torch.ones_like(cmask)], dim=1)  # pads after EOS are attended but never trained
     position_ids = (attn.cumsum(-1) - 1).clamp(min=0)
-    with autocast(precision):
+    with autocast(precision, rollout.completion_ids.device):
         logits = model(input_ids=input_ids, attention_mask=attn, position_ids=position_ids, logits_to_keep=lc + 1).logits
     return _finish(logits[:, :-1], comp_ids, cmask, temperature, with_entropy, entropy_grad)
 
@@ -99,7 +99,7 @@ def _shared_prompt_logprobs(model, rollout, rows, temperature, precision, with_e
     first, lc = _trim(rollout, rows)
     pmask = rollout.prompt_mask[heads, first:]
     comp_ids, cmask = rollout.completion_ids[rows, :lc], rollout.completion_mask[rows, :lc]
-    with autocast(precision):
+    with autocast(precision, rollout.completion_ids.device):
         out = model(
             input_ids=rollout.prompt_ids[heads, first:], attention_mask=pmask,
             position_ids=(pmask.cumsum(-1) - 1).clamp(min=0), use_cache=True, logits_to_keep=1,
@@ -130,7 +130,7 @@ def _packed_group_logprobs(model, rollout, rows, temperature, precision, with_en
     packed = pack_completions(comp_ids, cmask, prompt_ids[:, -1], run)
     prefix, prefix_mask = prompt_ids[:, :-1], pmask[:, :-1]  # left-padded: the last column is every prompt's last token
     row_prefix_mask = prefix_mask[packed.group]
-    with autocast(precision):
+    with autocast(precision, rollout.completion_ids.device):
         embeds = model.get_input_embeddings()(torch.cat([prefix.flatten(), packed.ids.flatten()]))
         prefix_embeds, row_embeds = embeds.split([prefix.numel(), packed.ids.numel()])
         cache_arg = {}

@@ -54,7 +54,13 @@ def problem_hashes(problems: Iterable[Problem]) -> list[str]:
 
 
 def data_hash(problems: list[Problem]) -> str:
-    return sha256_bytes(json.dumps([[p.uid, p.question, p.answer] for p in problems]).encode())
+    """sha256 of every problem's uid, question and answer -- plus its task data (a code task's tests) and
+    instruction where it has them, so answer tasks keep the hashes they always had."""
+    def row(p: Problem) -> list:
+        extra = [dict(p.data), p.instruction] if p.data else []
+        return [p.uid, p.question, p.answer, *extra]
+
+    return sha256_bytes(json.dumps([row(p) for p in problems], sort_keys=True).encode())
 
 
 def reward_code_hash() -> str:
@@ -105,7 +111,7 @@ def read_manifest(run_dir: Path) -> dict[str, Any]:
         raise GrpolabError(f"{path}: not valid JSON ({e})") from None
 
 
-SEMANTIC_SECTIONS = ("config", "objective", "hashes", "versions", "git")
+SEMANTIC_SECTIONS = ("config", "objective", "hashes", "versions", "git", "world_size")
 IGNORED_CONFIG_KEYS = {"config.run.name", "config.run.output_dir"}
 
 

@@ -14,7 +14,6 @@ from typing import Any
 
 import torch
 
-from .rollout.base import Rollout
 
 
 def peak_rss_mb() -> float:
@@ -49,12 +48,13 @@ def group_metrics(zero_std: torch.Tensor, slices: list[str]) -> dict[str, float]
     return out
 
 
-def completion_metrics(rollout: Rollout) -> dict[str, float]:
-    lengths = rollout.completion_mask.sum(-1).double()
+def completion_metrics(lengths: torch.Tensor, truncated: torch.Tensor) -> dict[str, float]:
+    """completion/len_mean, len_max (tokens) and truncated_frac over completions with these lengths and flags."""
+    lengths = lengths.double()
     return {
         "completion/len_mean": lengths.mean().item(),
         "completion/len_max": lengths.max().item(),
-        "completion/truncated_frac": rollout.truncated.double().mean().item(),
+        "completion/truncated_frac": truncated.double().mean().item(),
     }
 
 

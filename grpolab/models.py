@@ -13,13 +13,16 @@ import importlib.util
 import os
 import shutil
 import tempfile
+from collections.abc import Mapping
 from copy import deepcopy
 from pathlib import Path
 
 import torch
+from torch.distributed.tensor import DTensor
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from .errors import GrpolabError
+from .lora import MergedWeights, is_adapter_dir, is_lora
 
 BUNDLED: dict[str, tuple[str, str]] = {
     # alias: (python package holding the file, GGUF file name)
@@ -80,8 +83,9 @@ def resolve_model_path(name: str) -> str:
             raise GrpolabError(f"{p}: run directory has no complete checkpoint under checkpoints/")
         return str(ckpt)
     looks_local = name.startswith((".", "/", "~")) or p.exists() or name.count("/") > 1
-    if looks_local and not (p / "config.json").is_file():
-        raise GrpolabError(f"model.name: {name} is not a model directory (expected a config.json there)")
+    if looks_local and not (p / "config.json").is_file() and not is_adapter_dir(p):
+        raise GrpolabError(f"model.name: {name} is not a model directory (expected a config.json there, or a LoRA "
+                           f"adapter's adapter_config.json)")
     return name
 
 
@@ -98,6 +102,12 @@ def load_tokenizer(path: str) -> PreTrainedTokenizerBase:
 
 
 def load_causal_lm(path: str, dtype: str = "float32") -> PreTrainedModel:
+    """A plain causal LM from a model directory or hub id; a LoRA checkpoint (adapter directory) is loaded onto its
+    base model and merged (grpolab.lora.load_merged)."""
+    if is_adapter_dir(path):
+        from .lora import load_merged
+
+        return load_merged(Path(path), dtype)
     try:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype])
     except OSError as e:
@@ -141,8 +151,11 @@ def _materialise_from(meta_model: torch.nn.Module, source: torch.nn.Module) -> N
                 store[name] = made[id(t)]
 
 
-def _named_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """Every parameter and buffer by name, tied names included."""
+def _named_tensors(model: torch.nn.Module) -> Mapping[str, torch.Tensor]:
+    """Every parameter and buffer by name, tied names included; a LoRA (peft) model's by the plain model's names,
+    adapted weights merged (grpolab.lora.MergedWeights)."""
+    if is_lora(model):
+        return MergedWeights(model, buffers=True)
     return dict(model.named_parameters(remove_duplicate=False)) | dict(model.named_buffers(remove_duplicate=False))
 
 
@@ -161,10 +174,12 @@ def copy_weights_by_name(dst: torch.nn.Module, src: torch.nn.Module) -> None:
     """dst's parameters <- src's of the same name (cast to dst's dtype), whatever order either registers them in.
 
     A parameter tied under several names in dst is written once, and src must tie the same names (else the copy
-    could not hold both values). Different name sets raise ValueError naming the first mismatch.
+    could not hold both values). Different name sets raise ValueError naming the first mismatch. A LoRA (peft) src
+    gives its merged weights W + (alpha / r) B A under the plain names (grpolab.lora.MergedWeights); nothing is
+    merged into src itself.
     """
     d = dict(dst.named_parameters(remove_duplicate=False))
-    s = dict(src.named_parameters(remove_duplicate=False))
+    s = MergedWeights(src) if is_lora(src) else dict(src.named_parameters(remove_duplicate=False))
     check_same_names(d, s, "weight sync")
     written: dict[int, tuple[str, torch.Tensor]] = {}
     for name, p in d.items():
@@ -173,8 +188,9 @@ def copy_weights_by_name(dst: torch.nn.Module, src: torch.nn.Module) -> None:
             if s[name] is not source:
                 raise ValueError(f"weight sync: {name!r} is tied to {first!r} in the copy but not in the source model")
             continue
-        p.copy_(s[name])
-        written[id(p)] = (name, s[name])
+        value = s[name]  # computed once: a merged LoRA weight is a new tensor on every access
+        p.copy_(value.full_tensor() if isinstance(value, DTensor) else value)  # FSDP2 shard: gathered (a collective)
+        written[id(p)] = (name, value)
 
 
 @contextlib.contextmanager

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from . import manifest as mf
 from .card import objective_card
 from .config import Config, from_dict, parse_override, set_path, to_dict
+from .distributed import barrier, gather_objects, init_world, resolve_device
 from .errors import GrpolabError
 from .rewards.user import source_hashes
 from .tasks.base import Problem
@@ -39,7 +40,7 @@ def plan_run_dir(cfg: Config) -> Path:
 
 
 def build_manifest(cfg: Config, model_path: str, tokenizer, train: list[Problem], held_out: list[Problem],
-                   data_summary: dict[str, int] | None = None) -> dict[str, Any]:
+                   data_summary: dict[str, int] | None = None, world_size: int = 1) -> dict[str, Any]:
     hashes = mf.hash_model_dir(model_path)
     return {
         "grpolab_manifest": 1,
@@ -62,6 +63,7 @@ def build_manifest(cfg: Config, model_path: str, tokenizer, train: list[Problem]
         "versions": mf.versions(),
         "git": mf.git_state(),
         "seed": cfg.train.seed,
+        "world_size": world_size,
         "machine": mf.machine(),
     }
 
@@ -69,20 +71,24 @@ def build_manifest(cfg: Config, model_path: str, tokenizer, train: list[Problem]
 def trainer_manifest(trainer: "Trainer") -> dict[str, Any]:
     """The manifest of a built trainer, as it reads back from JSON (tuples as lists), so it compares equal."""
     built = build_manifest(trainer.cfg, trainer.model_path, trainer.tokenizer, trainer.train_problems,
-                           trainer.eval_problems, trainer.data_summary)
+                           trainer.eval_problems, trainer.data_summary, trainer.world.size)
     return json.loads(json.dumps(built))
 
 
 def start_run(cfg: Config) -> tuple["Trainer", dict[str, Any]]:
     """A new run: check the directory is free, build the trainer (bad input fails here, before anything is
-    written), then create the directory and write its manifest."""
+    written), then create the directory and write its manifest. Over several ranks, rank 0 names and writes the
+    directory (its name, with a timestamp, is the one every rank uses)."""
     from .trainer import Trainer
 
-    run_dir = plan_run_dir(cfg)
-    trainer = Trainer(cfg, run_dir)
+    world = init_world(resolve_device(cfg.train.device))
+    run_dir = gather_objects(plan_run_dir(cfg) if world.main else None, world)[0]
+    trainer = Trainer(cfg, run_dir, world)
     manifest = trainer_manifest(trainer)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    mf.write_json_atomic(run_dir / "manifest.json", manifest)
+    if world.main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        mf.write_json_atomic(run_dir / "manifest.json", manifest)
+    barrier(world)
     return trainer, manifest
 
 
@@ -125,10 +131,12 @@ def resume_run(run_dir: Path, overrides: list[str], allow_changes: bool) -> tupl
 
     run_dir = Path(run_dir)
     cfg, recorded = resume_config(run_dir, overrides)
-    trainer = Trainer(cfg, run_dir)
+    trainer = Trainer(cfg, run_dir, init_world(resolve_device(cfg.train.device)))
     current = trainer_manifest(trainer)
     diffs = check_resume(recorded, current, run_dir, allow_changes)
     path = trainer.resume()
+    if not trainer.world.main:
+        return trainer, path
     updated = dict(recorded)
     if diffs:
         updated.update({k: current[k] for k in RESUME_GUARDED})

@@ -25,11 +25,14 @@ from .algo.kl import KLPlacement, token_kl
 from .batch import Batch, BatchCollector
 from .checkpoint import rng_state, seed_everything, set_rng_state
 from .config import Config
+from .sharding import Strategy, check_shardable, full_model_state, full_optimizer_state, load_full_state, shard
+from .distributed import World, all_reduce_max, all_reduce_sum, barrier, gather_objects, init_world, resolve_device
 from .errors import DataError, GrpolabError
 from .evaluate import EvalResult, greedy_eval
 from .faults import InterruptGuard, NonFiniteTracker, TrainingInterrupted
 from .metrics import JsonlSink, peak_rss_mb, truncate_log
-from .models import DTYPES, frozen_copy, load_causal_lm, load_tokenizer, resolve_model_path
+from .lora import apply_lora, load_weights, make_reference, trainable_parameters
+from .models import DTYPES, load_causal_lm, load_tokenizer, resolve_model_path
 from .prompt_sampler import PromptSampler
 from .rewards import RewardSet
 from .rollout.hf import HFEngine
@@ -100,29 +103,46 @@ def sample_rows(num_rows: int, n: int, group_size: int) -> list[int]:
     return [g * group_size + k for k in range(group_size) for g in range(groups)][:n]
 
 
+class NullSink:
+    """What ranks other than 0 log to (rank 0 writes the run directory)."""
+
+    def log(self, step: int, metrics: dict[str, Any]) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
 class Trainer:
-    def __init__(self, cfg: Config, run_dir: Path):
+    def __init__(self, cfg: Config, run_dir: Path, world: World | None = None):
         self.cfg = cfg
         self.run_dir = Path(run_dir)
+        self.device = resolve_device(cfg.train.device)
+        self.world = world or init_world(self.device)
         seed_everything(cfg.train.seed)
         self.rewards = RewardSet(cfg.reward.weights, cfg.reward.functions, cfg.reward.time_limit_s)  # before any model
         self.train_problems, self.eval_problems, self.data_summary = load_problems(cfg)
         self.model_path = resolve_model_path(cfg.model.name)
         self.tokenizer = load_tokenizer(self.model_path)
-        self.policy = load_causal_lm(self.model_path, cfg.model.dtype)
+        self.policy = apply_lora(load_causal_lm(self.model_path, cfg.model.dtype), cfg.model, self.model_path,
+                                 cfg.train.seed).to(self.device)  # a peft model when model.lora.rank > 0
         self.policy.train()
         compute_dtype = torch.bfloat16 if cfg.train.precision == "bf16" else DTYPES[cfg.model.dtype]
-        self.reference = frozen_copy(self.policy, compute_dtype) if cfg.algorithm.beta > 0 else None
-        self.engine = HFEngine(self.policy, self.tokenizer, DTYPES[cfg.rollout.dtype], cfg.rollout.decoder)
+        self.reference = make_reference(self.policy, compute_dtype) if cfg.algorithm.beta > 0 else None  # LoRA: adapters off
         t = cfg.train
+        self.sharded = t.strategy == Strategy.FSDP2  # the sampler and reference copies are made before sharding
+        self.engine = HFEngine(self.policy, self.tokenizer, DTYPES[cfg.rollout.dtype], cfg.rollout.decoder, self.sharded)
+        if self.sharded:
+            check_shardable(cfg, self.world, self.policy)
+            shard(self.policy)
         self.optimizer = torch.optim.AdamW(
-            self.policy.parameters(), lr=t.lr, weight_decay=t.weight_decay, betas=(t.adam_beta1, t.adam_beta2),
-            **({"fused": True} if t.fused_adamw else {"foreach": True}),
+            trainable_parameters(self.policy), lr=t.lr, weight_decay=t.weight_decay, betas=(t.adam_beta1, t.adam_beta2),
+            **({"fused": True} if t.fused_adamw and not self.sharded else {"foreach": True}),
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(cfg))
-        self.updater = PolicyUpdater(cfg, self.policy, self.reference, self.optimizer, self.scheduler)
-        self.sampler = PromptSampler(self.train_problems, t.seed)
-        self.collector = BatchCollector(cfg, self.engine, self.tokenizer, self.sampler, self.rewards)
+        self.updater = PolicyUpdater(cfg, self.policy, self.reference, self.optimizer, self.scheduler, self.world)
+        self.sampler = PromptSampler(self.train_problems, t.seed)  # the same prompts on every rank
+        self.collector = BatchCollector(cfg, self.engine, self.tokenizer, self.sampler, self.rewards, self.world)
         self.step = 0
         self.saved_step: int | None = None  # step of the newest checkpoint this trainer wrote or loaded
         self.saved_at = time.monotonic()  # when it was written (for train.save_every_minutes)
@@ -133,7 +153,7 @@ class Trainer:
     # ------------------------------------------------------------------------------------------ one step
 
     def collect(self) -> Batch:
-        return self.collector.collect()
+        return self.collector.collect(self.step)
 
     def train_step(self) -> tuple[dict[str, float], list[dict[str, Any]]]:
         """One whole step (collect + update) without logging or checkpointing."""
@@ -148,10 +168,12 @@ class Trainer:
             return None, None
         ref = self.updater.logprobs_no_grad(self.reference, batch.rollout, "fp32")
         old = self.updater.logprobs_no_grad(self.policy, batch.rollout, self.cfg.train.precision)
-        kl_seq = (token_kl(old, ref, a.kl_estimator) * batch.rollout.completion_mask).sum(-1).double()
-        batch.scores.rewards = batch.scores.rewards - a.beta * kl_seq
-        batch.metrics["reward/kl_penalty/mean"] = (a.beta * kl_seq).mean().item()  # reward/mean stays the task reward
-        batch.advantages = self.collector.advantages(batch.scores.rewards, batch.scores.invalid).advantages.view(-1)
+        kl_seq = (token_kl(old, ref, a.kl_estimator).double() * batch.rollout.completion_mask).sum(-1)  # float64: no
+        # rounding that depends on how wide the rollout tensor is (it differs with the number of ranks)
+        batch.scores.rewards = batch.scores.rewards - a.beta * kl_seq.to(batch.scores.rewards.device)
+        penalty = all_reduce_sum(torch.tensor([a.beta * kl_seq.sum().item(), float(len(kl_seq))], dtype=torch.float64), self.world)
+        batch.metrics["reward/kl_penalty/mean"] = (penalty[0] / penalty[1].clamp(min=1)).item()  # reward/mean: task reward
+        batch.advantages = self.collector.global_advantages(batch)
         return ref, old
 
     def update_step(self, batch: Batch, t0: float) -> tuple[dict[str, float], list[dict[str, Any]]]:
@@ -160,7 +182,8 @@ class Trainer:
         ref, old = self.kl_in_reward(batch)
         rollout, scores, t = batch.rollout, batch.scores, self.cfg.train
         skipped = self.updater.skipped_steps
-        update_metrics = self.updater.update(rollout, batch.advantages, ~scores.invalid, ref_logp=ref, old_logp=old)
+        update_metrics = self.updater.update(rollout, batch.advantages, ~scores.invalid, ref_logp=ref, old_logp=old,
+                                             positions=batch.positions, num_groups=batch.num_groups, step=self.step)
         self.skipped_in_step = self.updater.skipped_steps - skipped
         self.step += 1
         align_schedule(self.scheduler, self.step * t.mu * t.minibatches)
@@ -171,12 +194,13 @@ class Trainer:
             log.warning("step %d: %d of %d completions have no valid reward (excluded from the update); first: %s",
                         self.step, int(scores.invalid.sum()), len(rollout), first)
         timing = self.collector.timing
+        tokens = all_reduce_sum(torch.tensor([float(rollout.completion_mask.sum() + rollout.prompt_mask.sum())]), self.world)
         metrics = {
             **batch.metrics, **update_metrics,
             "optim/lr": self.scheduler.get_last_lr()[0],
             "time/rollout_s": timing["rollout"], "time/reward_s": timing["reward"], "time/update_s": t2 - t1,
             "time/step_s": t2 - t0,
-            "throughput/tokens_per_s": (rollout.completion_mask.sum().item() + rollout.prompt_mask.sum().item()) / (t2 - t0),
+            "throughput/tokens_per_s": tokens.item() / (t2 - t0),
             "memory/peak_rss_mb": peak_rss_mb(),
         }
         return metrics, self.samples(batch)
@@ -210,7 +234,7 @@ class Trainer:
         Ctrl-C: see grpolab.faults (raises TrainingInterrupted after writing a checkpoint). Non-finite steps are
         skipped and stop the run after train.max_nonfinite_steps in a row (GrpolabError)."""
         metrics: dict[str, float] = {}
-        sinks = {name: JsonlSink(self.run_dir / name) for name in LOGS}
+        sinks = {name: JsonlSink(self.run_dir / name) if self.world.main else NullSink() for name in LOGS}
         try:
             with InterruptGuard() as guard:
                 while self.step < self.cfg.train.steps:
@@ -239,7 +263,7 @@ class Trainer:
                  on_step: Callable[[int, dict[str, float]], None] | None) -> dict[str, float]:
         """Periodic eval, logging, non-finite bookkeeping and the periodic checkpoint of the step just taken."""
         cfg, step = self.cfg, self.step
-        if cfg.eval.every_steps and (step % cfg.eval.every_steps == 0 or step == cfg.train.steps):
+        if cfg.eval.every_steps and (step % cfg.eval.every_steps == 0 or step == cfg.train.steps) and self.world.main:
             metrics.update(self.eval_metrics())
         bad = self.skipped_in_step > 0 or not all(math.isfinite(v) for k, v in metrics.items() if k.startswith("loss/"))
         sinks["metrics.jsonl"].log(step, metrics)
@@ -258,11 +282,12 @@ class Trainer:
         return metrics
 
     def checkpoint_due(self) -> bool:
-        """train.save_every steps, or train.save_every_minutes since the last checkpoint (0 turns either off)."""
+        """train.save_every steps, or train.save_every_minutes since the last checkpoint (0 turns either off); the
+        ranks' clocks differ, so any rank's "due" makes it due on all of them."""
         t = self.cfg.train
         by_step = bool(t.save_every) and self.step % t.save_every == 0
         by_time = bool(t.save_every_minutes) and time.monotonic() - self.saved_at >= 60 * t.save_every_minutes
-        return by_step or by_time
+        return bool(all_reduce_max(torch.tensor([float(by_step or by_time)]), self.world).item())
 
     def interrupted(self) -> TrainingInterrupted:
         """Checkpoint the last completed step (unless it already is, or nothing was trained) for a Ctrl-C."""
@@ -281,49 +306,65 @@ class Trainer:
         """Everything an exact resume needs besides the weights (docs/robustness.md). Dynamic sampling keeps no
         state across steps (each step refills from the prompt cursor), so the cursor covers it."""
         return {
-            **self.cursor_state(), "step": self.step, "optimizer": self.optimizer.state_dict(),
+            **self.cursor_state(), "step": self.step,
+            "optimizer": full_optimizer_state(self.policy, self.optimizer) if self.sharded else self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(), "faults": {"skipped_steps": self.updater.skipped_steps},
             "logs": {name: _size(self.run_dir / name) for name in LOGS}, "torch_threads": torch.get_num_threads(),
+            "world_size": self.world.size, "rank_rng": gather_objects(rng_state(), self.world),
         }
 
     def save(self) -> Path:
         """Write checkpoints/step-N atomically; a failed write (full disk...) stops the run with the previous
         checkpoint intact."""
+        state = self.state_dict()  # a collective: every rank's RNG state goes into rank 0's checkpoint
+        weights = full_model_state(self.policy) if self.sharded else None  # fsdp2: gathered (a collective)
+        path = ckpt.checkpoint_path(self.run_dir, self.step)
         try:
-            path = ckpt.save_checkpoint(self.run_dir, self.step, self.policy, self.tokenizer, self.state_dict(),
-                                        self.cfg.train.keep_last)
+            if self.world.main:
+                path = ckpt.save_checkpoint(self.run_dir, self.step, self.policy, self.tokenizer, state,
+                                            self.cfg.train.keep_last, weights)
         except (OSError, RuntimeError) as e:
             prev = ckpt.latest_checkpoint(self.run_dir)
             kept = f"the previous checkpoint {prev} is intact" if prev else "there is no earlier checkpoint"
             raise GrpolabError(f"could not write the checkpoint of step {self.step} ({type(e).__name__}: {e}); {kept}; "
                                f"fix the cause (disk space?) and continue with: grpolab train --resume {self.run_dir}") from None
+        barrier(self.world)  # no rank runs ahead of a checkpoint that is not on disk yet
         self.saved_step, self.saved_at = self.step, time.monotonic()
         return path
 
     def load(self, path: Path) -> None:
         """Restore a checkpoint. The RNG states are restored last, after everything that could draw from them."""
         state = ckpt.load_state(path)
-        self.policy.load_state_dict(load_causal_lm(str(path), self.cfg.model.dtype).state_dict())
+        saved_world = state.get("world_size", 1)
+        if saved_world != self.world.size:
+            raise GrpolabError(f"{path} was written by {saved_world} process(es), this run has {self.world.size}: resume "
+                               f"with the same number (torchrun --nproc-per-node {saved_world} ... or grpolab train "
+                               f"--nproc {saved_world} --resume {self.run_dir})")
+        if self.sharded:  # every rank reads the full state and keeps its shards
+            load_full_state(self.policy, self.optimizer, load_causal_lm(str(path), self.cfg.model.dtype).state_dict(),
+                            state["optimizer"])
+        else:
+            load_weights(self.policy, path, self.cfg.model.dtype)  # the full model, or the LoRA adapter
+            self.optimizer.load_state_dict(state["optimizer"])
         self.engine.sync_weights(self.policy)
-        self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.sampler.load_state_dict(state["sampler"])
         self.updater.skipped_steps = state.get("faults", {}).get("skipped_steps", 0)
-        for name, offset in state.get("logs", {}).items():
+        for name, offset in state.get("logs", {}).items() if self.world.main else ():
             truncate_log(self.run_dir / name, offset)
         self.step = self.saved_step = state["step"]
         if state.get("torch_threads", torch.get_num_threads()) != torch.get_num_threads():
             log.warning("%s was written with %d torch threads, this process uses %d: CPU results may differ in the "
                         "last bits (set OMP_NUM_THREADS=%d for an exact resume)", path, state["torch_threads"],
                         torch.get_num_threads(), state["torch_threads"])
-        set_rng_state(state["rng"])
+        set_rng_state(state["rank_rng"][self.world.rank] if "rank_rng" in state else state["rng"])
 
     def resume(self) -> Path | None:
         """Continue from the newest complete checkpoint, or from step 0 (logs emptied) when there is none."""
         ckpt.remove_partial(self.run_dir)
         path = ckpt.latest_checkpoint(self.run_dir)
         if path is None:
-            for name in LOGS:
+            for name in LOGS if self.world.main else ():
                 truncate_log(self.run_dir / name, 0)
             return None
         self.load(path)

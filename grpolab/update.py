@@ -1,5 +1,9 @@
 """The policy update of one rollout batch: mu passes x minibatches (one optimizer step each) x micro-batches.
 
+Over several data-parallel ranks (grpolab.distributed) each rank holds its own groups of every minibatch: the
+aggregation counts and loss sums are all-reduced, the gradients summed over the ranks before each optimizer step,
+and a non-finite loss on any rank skips the step on all of them.
+
 Aggregation weights are computed over each whole minibatch before it is split into micro-batches, so the
 gradient does not depend on micro_batch_size. Old logprobs (pi_old, the policy that sampled) are the
 detached current logprobs when mu = 1 and minibatches = 1 -- exact, since no update has happened yet --
@@ -13,19 +17,28 @@ from collections import defaultdict
 
 import torch
 
-from .algo.aggregation import token_weights
+from .algo.aggregation import batch_counts, token_weights
 from .algo.importance import ISParams, is_weights, mismatch_stats
 from .algo.kl import KLPlacement
 from .algo.loss import ObjectiveParams, objective
 from .algo.surrogate import ClipParams
 from .config import Config
+from .distributed import World, all_reduce_gradients, all_reduce_max, all_reduce_sum, gather_objects, group_seed
 from .forward import completion_logprobs
+from .lora import runnable
+from .models import eval_mode
 from .rollout.base import Rollout
+from .sharding import loss_scale
+
+
+SUMMED = ("loss/policy", "loss/kl", "loss/total", "kl_tok", "clip_low", "clip_high", "tokens", "entropy",
+          "approx_kl_old", "signal_tokens")  # per-step sums, added over the ranks before they are divided
 
 
 class PolicyUpdater:
-    def __init__(self, cfg: Config, policy, reference, optimizer, scheduler):
+    def __init__(self, cfg: Config, policy, reference, optimizer, scheduler, world: World = World()):
         a = cfg.algorithm
+        self.world = world
         self.cfg, self.policy, self.reference = cfg, policy, reference
         self.optimizer, self.scheduler = optimizer, scheduler
         self.params = ObjectiveParams(
@@ -34,18 +47,44 @@ class PolicyUpdater:
         )
         self.is_params = ISParams(c_max=a.is_c_max, c_min=a.is_c_min)
         self.temperature = cfg.rollout.temperature
-        self.share_prompt, self.pack = cfg.train.share_prompt, cfg.train.pack_completions
+        self.sharded = cfg.train.strategy == "fsdp2"  # plain training passes: one root call per micro-batch
+        self.share_prompt = cfg.train.share_prompt and not self.sharded
+        self.pack = cfg.train.pack_completions
         self.skipped_steps = 0  # optimizer steps skipped for a non-finite loss or gradient, over the whole run
 
     @torch.no_grad()
     def logprobs_no_grad(self, model, rollout: Rollout, precision: str) -> torch.Tensor:
-        """[N, Lc] logprobs of every completion token under `model` (micro-batched, no graph)."""
-        out = torch.zeros(rollout.completion_ids.shape, dtype=torch.float32)
-        for rows in torch.arange(len(rollout)).split(self.cfg.train.micro_batch_size):
-            fo = completion_logprobs(model, rollout, rows, self.temperature, precision, share_prompt=self.share_prompt,
-                                     pack=self.pack)
-            out[rows, fo.cols] = fo.logp.float()
+        """[N, Lc] logprobs of every completion token under `model` (micro-batched, no graph), in eval mode (no
+        dropout: pi_old and the reference are deterministic); each module's mode is restored afterwards. A LoRA
+        reference (grpolab.lora.AdapterOff) runs the policy with its adapters disabled."""
+        out = torch.zeros(rollout.completion_ids.shape, dtype=torch.float32, device=rollout.completion_ids.device)
+        chunks = list(torch.arange(len(rollout)).split(self.cfg.train.micro_batch_size))
+        with runnable(model) as net, eval_mode(net):
+            for rows in self.lockstep(chunks, model is self.policy):
+                if rows is None:
+                    self.idle_pass(grad=False)
+                    continue
+                fo = completion_logprobs(net, rollout, rows, self.temperature, precision,
+                                         share_prompt=self.share_prompt, pack=self.pack)
+                out[rows, fo.cols] = fo.logp.float()
         return out
+
+    def lockstep(self, chunks: list, sharded_model: bool = True) -> list:
+        """The micro-batches to run, padded with None up to the busiest rank's count when the model is FSDP2-sharded:
+        FSDP2 runs collectives in every forward and backward, so every rank must make as many calls."""
+        if not (self.sharded and sharded_model):
+            return chunks
+        busiest = int(all_reduce_max(torch.tensor([float(len(chunks))]), self.world).item())
+        return chunks + [None] * (busiest - len(chunks))
+
+    def idle_pass(self, grad: bool) -> None:
+        """A one-token pass of the sharded policy whose loss is multiplied by 0: it takes part in FSDP2's collectives
+        and changes no gradient."""
+        device = next(self.policy.parameters()).device
+        with torch.set_grad_enabled(grad):
+            logits = self.policy(input_ids=torch.zeros((1, 1), dtype=torch.long, device=device)).logits
+            if grad:
+                (logits.float().sum() * 0.0).backward()
 
     def loss_mask(self, rollout: Rollout, valid: torch.Tensor) -> torch.Tensor:
         mask = rollout.completion_mask.clone()
@@ -55,10 +94,16 @@ class PolicyUpdater:
         return mask
 
     def update(self, rollout: Rollout, advantages: torch.Tensor, valid: torch.Tensor,
-               ref_logp: torch.Tensor | None = None, old_logp: torch.Tensor | None = None) -> dict[str, float]:
-        """One rollout batch's update; ref/old logprobs are computed here unless the caller already has them."""
-        cfg = self.cfg
-        t = cfg.train
+               ref_logp: torch.Tensor | None = None, old_logp: torch.Tensor | None = None,
+               positions: list[int] | None = None, num_groups: int | None = None, step: int = 0) -> dict[str, float]:
+        """One rollout batch's update; ref/old logprobs are computed here unless the caller already has them.
+
+        positions / num_groups: where this rank's groups stand among the batch's groups over all ranks (default:
+        this rank holds the whole batch). Minibatches are drawn over the global groups, so every rank takes the
+        same optimizer steps on the same global minibatches, whatever its own share."""
+        t, g = self.cfg.train, self.cfg.rollout.group_size
+        positions = list(range(len(rollout) // g)) if positions is None else positions
+        num_groups = len(positions) if num_groups is None else num_groups
         mask = self.loss_mask(rollout, valid)
         if self.reference is not None and ref_logp is None:
             ref_logp = self.logprobs_no_grad(self.reference, rollout, "fp32")
@@ -66,58 +111,66 @@ class PolicyUpdater:
         old_all = old_logp if reuse_old or old_logp is not None else self.logprobs_no_grad(self.policy, rollout, t.precision)
         sums: dict[str, float] = defaultdict(float)
         mismatch: dict[str, list[torch.Tensor]] = defaultdict(list)
-        n = len(rollout)
+        inputs = (rollout, advantages, mask, ref_logp, None if reuse_old else old_all)
+        where = {pos: i for i, pos in enumerate(positions)}
         for it in range(t.mu):
-            order = self.group_order(rollout) if t.minibatches > 1 else torch.arange(n)
-            for mb in order.chunk(t.minibatches):
-                weights = token_weights(mask[mb], cfg.algorithm.aggregation, cfg.l_max)
-                self.optimizer.zero_grad(set_to_none=True)
-                finite = True
-                for start in range(0, len(mb), t.micro_batch_size):
-                    rows = mb[start : start + t.micro_batch_size]
-                    fo = completion_logprobs(self.policy, rollout, rows, self.temperature, t.precision, with_entropy=True,
-                                             entropy_grad=cfg.algorithm.entropy_coef != 0, share_prompt=self.share_prompt,
-                                             pack=self.pack)
-                    c = fo.cols
-                    m = mask[rows][:, c]
-                    old = fo.logp.detach() if reuse_old else old_all[rows][:, c]
-                    sampler = rollout.sampler_logprobs[rows][:, c]
-                    isw = is_weights(old, sampler, m, cfg.algorithm.is_mode, self.is_params)
-                    terms = objective(
-                        fo.logp, old, None if ref_logp is None else ref_logp[rows][:, c], advantages[rows],
-                        weights[start : start + len(rows)][:, c], isw, m, self.params, fo.entropy,
-                    )
-                    total = terms.total.item()
-                    finite = finite and math.isfinite(total)
-                    if finite:  # a NaN/Inf loss skips this optimizer step anyway: no backward needed
-                        terms.total.backward()
-                    mf = m.float()
-                    sums["loss/policy"] += terms.policy
-                    sums["loss/kl"] += terms.kl
-                    sums["loss/total"] += total
-                    sums["kl_tok"] += terms.kl_token_sum
-                    sums["clip_low"] += terms.clip_low_count
-                    sums["clip_high"] += terms.clip_high_count
-                    sums["tokens"] += terms.token_count
-                    sums["entropy"] += (fo.entropy * mf).sum().item()
-                    sums["approx_kl_old"] += (0.5 * (fo.logp.detach() - old) ** 2 * mf).sum().item()
-                    sums["signal_tokens"] += (mf * (advantages[rows] != 0).unsqueeze(-1)).sum().item()
-                    if it == 0:
-                        sel = m.bool()
-                        mismatch["old"].append(old[sel])
-                        mismatch["sampler"].append(sampler[sel])
-                        mismatch["w"].append(isw[sel])
-                sums["grad_norm"] += self.optimizer_step(finite)
+            for chunk in minibatch_groups(num_groups, t.minibatches, t.seed, step, it):
+                mb = torch.tensor([where[pos] * g + k for pos in chunk if pos in where for k in range(g)], dtype=torch.long)
+                finite = self.minibatch(inputs, mb, sums, mismatch if it == 0 else None)
+                bad = all_reduce_max(torch.tensor([0.0 if finite else 1.0]), self.world)
+                if not self.sharded:  # fsdp2 reduce-scatters the gradients itself (grpolab.sharding)
+                    all_reduce_gradients([q for q in self.policy.parameters() if q.requires_grad], self.world)
+                sums["grad_norm"] += self.optimizer_step(bool(bad.item() == 0))
                 sums["optimizer_steps"] += 1
-        out = self._summarise(sums, mismatch)
+        out = self._summarise(sums, mismatch, self.world)
         out["optim/skipped_steps"] = float(self.skipped_steps)
         return out
 
-    def group_order(self, rollout: Rollout) -> torch.Tensor:
-        """A random order of the rows that keeps each group's rows together (so prompts can be shared)."""
-        g = self.cfg.rollout.group_size
-        groups = torch.randperm(len(rollout) // g)
-        return (groups.unsqueeze(1) * g + torch.arange(g)).flatten()
+    def minibatch(self, inputs, mb: torch.Tensor, sums: dict[str, float], mismatch: dict | None) -> bool:
+        """Accumulate the gradient of this rank's rows `mb` of one minibatch, micro-batch by micro-batch, with the
+        aggregation weights of the whole minibatch (its counts summed over the ranks); False when a loss is not
+        finite (the step will be skipped, so no backward is run after it)."""
+        cfg, t = self.cfg, self.cfg.train
+        rollout, advantages, mask, ref_logp, old_all = inputs
+        counts = all_reduce_sum(batch_counts(mask[mb]), self.world)
+        weights = token_weights(mask[mb], cfg.algorithm.aggregation, cfg.l_max, counts)
+        self.optimizer.zero_grad(set_to_none=True)
+        finite = True
+        for start in self.lockstep(list(range(0, len(mb), t.micro_batch_size))):
+            if start is None:
+                self.idle_pass(grad=True)
+                continue
+            rows = mb[start : start + t.micro_batch_size]
+            fo = completion_logprobs(self.policy, rollout, rows, self.temperature, t.precision, with_entropy=True,
+                                     entropy_grad=cfg.algorithm.entropy_coef != 0, share_prompt=self.share_prompt,
+                                     pack=self.pack)
+            c = fo.cols
+            m = mask[rows][:, c]
+            old = fo.logp.detach() if old_all is None else old_all[rows][:, c]
+            sampler = rollout.sampler_logprobs[rows][:, c]  # the distribution sampled (after top-k/top-p)
+            isw = is_weights(old, sampler, m, cfg.algorithm.is_mode, self.is_params)
+            terms = objective(
+                fo.logp, old, None if ref_logp is None else ref_logp[rows][:, c], advantages[rows],
+                weights[start : start + len(rows)][:, c], isw, m, self.params, fo.entropy,
+            )
+            total = terms.total.item()
+            finite = finite and math.isfinite(total)
+            if finite:  # a NaN/Inf loss skips this optimizer step anyway: no backward needed
+                (terms.total * loss_scale(self.sharded, self.world.size)).backward()
+            mf = m.float()
+            for key, value in (("loss/policy", terms.policy), ("loss/kl", terms.kl), ("loss/total", total),
+                               ("kl_tok", terms.kl_token_sum), ("clip_low", terms.clip_low_count),
+                               ("clip_high", terms.clip_high_count), ("tokens", terms.token_count),
+                               ("entropy", (fo.entropy * mf).sum().item()),
+                               ("approx_kl_old", (0.5 * (fo.logp.detach() - old) ** 2 * mf).sum().item()),
+                               ("signal_tokens", (mf * (advantages[rows] != 0).unsqueeze(-1)).sum().item())):
+                sums[key] += value
+            if mismatch is not None:
+                sel = m.bool()
+                mismatch["old"].append(old[sel])
+                mismatch["sampler"].append(rollout.untruncated_logprobs()[rows][:, c][sel])  # like with like
+                mismatch["w"].append(isw[sel])
+        return finite
 
     def optimizer_step(self, finite_loss: bool = True) -> float:
         """Clip, step the optimizer and the LR schedule. A non-finite loss or gradient norm skips the step
@@ -137,7 +190,11 @@ class PolicyUpdater:
         return norm
 
     @staticmethod
-    def _summarise(sums: dict[str, float], mismatch: dict[str, list[torch.Tensor]]) -> dict[str, float]:
+    def _summarise(sums: dict[str, float], mismatch: dict[str, list[torch.Tensor]], world: World) -> dict[str, float]:
+        """Step metrics from the sums of every rank (loss terms are already weighted by the whole batch, so their
+        sum over ranks is the loss; token counts and statistics are summed, then divided)."""
+        total = all_reduce_sum(torch.tensor([float(sums[k]) for k in SUMMED], dtype=torch.float64), world).tolist()
+        sums = {**sums, **dict(zip(SUMMED, total))}
         steps = max(sums["optimizer_steps"], 1)
         tokens = max(sums["tokens"], 1)
         out = {
@@ -147,7 +204,24 @@ class PolicyUpdater:
             "policy/clip_frac_high": sums["clip_high"] / tokens, "policy/approx_kl_old": sums["approx_kl_old"] / tokens,
             "loss/signal_token_frac": sums["signal_tokens"] / tokens, "optim/grad_norm": sums["grad_norm"] / steps,
         }
-        if mismatch["old"]:
-            old, sampler, w = (torch.cat(mismatch[k]) for k in ("old", "sampler", "w"))
+        local = [torch.cat(mismatch[k]).cpu() if mismatch[k] else torch.zeros(0) for k in ("old", "sampler", "w")]
+        parts = gather_objects(local, world)
+        old, sampler, w = (torch.cat([part[i] for part in parts]) for i in range(3))
+        if old.numel():
             out.update(mismatch_stats(old, sampler, torch.ones_like(old), w))
         return out
+
+
+def minibatch_groups(num_groups: int, minibatches: int, seed: int, step: int, iteration: int) -> list[list[int]]:
+    """The global groups of each minibatch of one pass: one minibatch of all groups in order, or a random order
+    (drawn from (seed, step, pass), the same on every rank) cut into `minibatches` chunks.
+
+    >>> minibatch_groups(4, 1, 0, 0, 0)
+    [[0, 1, 2, 3]]
+    >>> sorted(sum(minibatch_groups(4, 2, 0, 0, 0), []))
+    [0, 1, 2, 3]
+    """
+    if minibatches == 1:
+        return [list(range(num_groups))]
+    order = torch.randperm(num_groups, generator=torch.Generator().manual_seed(group_seed(seed, step, -1 - iteration)))
+    return [c.tolist() for c in order.chunk(minibatches)]

@@ -171,6 +171,10 @@ def test_int_accepted_for_float_field():
 
 # One violating value per entry of config._RANGES; the first test fails when an entry is added without one here.
 BAD_VALUES = {
+    "model.lora.rank": -1,
+    "model.lora.alpha": 0.0,
+    "model.lora.dropout": 1.0,
+    "model.lora.target_modules": [],
     "rollout.group_size": 1,
     "rollout.temperature": 0.0,
     "rollout.top_p": 1.5,
@@ -197,6 +201,9 @@ BAD_VALUES = {
     "train.warmup_steps": -1,
     "train.grad_clip": -1.0,
     "train.save_every": -1,
+    "train.save_every_minutes": -1.0,
+    "train.device": "gpu",
+    "reward.time_limit_s": 0.0,
     "train.keep_last": 0,
     "train.adam_beta1": 1.0,
     "train.adam_beta2": -0.1,

@@ -1,6 +1,8 @@
 """How token losses become one number: loss = sum_{i,t} w_it * l_it with weights from the *whole* batch.
 
-Modes (m_it the loss mask, B_ne the number of sequences with at least one unmasked token, B all rows):
+Modes (m_it the loss mask, B_ne the number of sequences with at least one unmasked token, B all rows; B, B_ne and
+sum_{i,t} m_it are counts over the whole optimisation batch -- over every data-parallel rank when the batch is split
+across ranks, passed in as `counts`):
 
 * seq_mean_token_mean (GRPO):      w_it = m_it / (B_ne * sum_t m_it)
 * token_mean (DAPO):               w_it = m_it / sum_{i,t} m_it
@@ -28,31 +30,40 @@ class Aggregation(StrEnum):
     SEQ_MEAN_TOKEN_SUM = "seq_mean_token_sum"
 
 
-def _nonempty_rows(m: torch.Tensor) -> torch.Tensor:
-    return (m.sum(-1) > 0).sum().clamp(min=1)
+ROWS, NONEMPTY_ROWS, TOKENS = 0, 1, 2
 
 
-def seq_mean_token_mean(m: torch.Tensor, l_max: int) -> torch.Tensor:
+def batch_counts(mask: torch.Tensor) -> torch.Tensor:
+    """[B, B_ne, sum_{i,t} m_it] of a mask, float64 (summed over ranks, they are the whole batch's counts).
+
+    >>> batch_counts(torch.tensor([[1, 1, 0], [0, 0, 0]])).tolist()
+    [2.0, 1.0, 2.0]
+    """
+    m = mask.to(torch.float64)
+    return torch.stack([torch.tensor(float(m.shape[0]), dtype=torch.float64, device=m.device), (m.sum(-1) > 0).sum().double(), m.sum()])
+
+
+def seq_mean_token_mean(m: torch.Tensor, l_max: int, c: torch.Tensor) -> torch.Tensor:
     """w_it = m_it / (B_ne * sum_t m_it)."""
-    return m / (m.sum(-1, keepdim=True).clamp(min=1.0) * _nonempty_rows(m))
+    return m / (m.sum(-1, keepdim=True).clamp(min=1.0) * c[NONEMPTY_ROWS].clamp(min=1.0))
 
 
-def token_mean(m: torch.Tensor, l_max: int) -> torch.Tensor:
+def token_mean(m: torch.Tensor, l_max: int, c: torch.Tensor) -> torch.Tensor:
     """w_it = m_it / sum_{i,t} m_it."""
-    return m / m.sum().clamp(min=1.0)
+    return m / c[TOKENS].clamp(min=1.0)
 
 
-def seq_mean_token_sum_norm(m: torch.Tensor, l_max: int) -> torch.Tensor:
+def seq_mean_token_sum_norm(m: torch.Tensor, l_max: int, c: torch.Tensor) -> torch.Tensor:
     """w_it = m_it / (B * L_max)."""
-    return m / (m.shape[0] * l_max)
+    return m / (c[ROWS].clamp(min=1.0) * l_max)
 
 
-def seq_mean_token_sum(m: torch.Tensor, l_max: int) -> torch.Tensor:
+def seq_mean_token_sum(m: torch.Tensor, l_max: int, c: torch.Tensor) -> torch.Tensor:
     """w_it = m_it / B_ne."""
-    return m / _nonempty_rows(m)
+    return m / c[NONEMPTY_ROWS].clamp(min=1.0)
 
 
-AGGREGATIONS: dict[Aggregation, Callable[[torch.Tensor, int], torch.Tensor]] = {
+AGGREGATIONS: dict[Aggregation, Callable[[torch.Tensor, int, torch.Tensor], torch.Tensor]] = {
     Aggregation.SEQ_MEAN_TOKEN_MEAN: seq_mean_token_mean,
     Aggregation.TOKEN_MEAN: token_mean,
     Aggregation.SEQ_MEAN_TOKEN_SUM_NORM: seq_mean_token_sum_norm,
@@ -60,8 +71,9 @@ AGGREGATIONS: dict[Aggregation, Callable[[torch.Tensor, int], torch.Tensor]] = {
 }
 
 
-def token_weights(mask: torch.Tensor, mode: Aggregation, l_max: int) -> torch.Tensor:
-    """[B, T] float64 weights w_it for the whole optimisation batch (see module docstring).
+def token_weights(mask: torch.Tensor, mode: Aggregation, l_max: int, counts: torch.Tensor | None = None) -> torch.Tensor:
+    """[B, T] float64 weights w_it of these rows of the optimisation batch (see module docstring); counts is
+    batch_counts of the whole batch (default: these rows are the whole batch).
 
     >>> m = torch.tensor([[1, 1, 0], [1, 0, 0]])
     >>> token_weights(m, Aggregation.SEQ_MEAN_TOKEN_MEAN, 3).tolist()
@@ -69,4 +81,5 @@ def token_weights(mask: torch.Tensor, mode: Aggregation, l_max: int) -> torch.Te
     >>> token_weights(m, Aggregation.TOKEN_MEAN, 3).tolist()[0]
     [0.3333333333333333, 0.3333333333333333, 0.0]
     """
-    return AGGREGATIONS[Aggregation(mode)](mask.to(torch.float64), l_max)
+    m = mask.to(torch.float64)
+    return AGGREGATIONS[Aggregation(mode)](m, l_max, batch_counts(m) if counts is None else counts.to(m.device))

@@ -24,7 +24,7 @@ def report(
     capability_option: Annotated[list[str], typer.Option(
         "--capability-option", help="task option KEY=VALUE, e.g. path=../shared/data/gsm8k")] = [],
     capability_max_new_tokens: int = 256,
-    dtype: Annotated[str, typer.Option(help="float32 or bfloat16, for the models this command runs")] = "bfloat16",
+    dtype: Annotated[str, typer.Option(help="float32 or bfloat16, for the models this command runs")] = "float32",
     strict: Annotated[bool, typer.Option("--strict", help="exit 1 unless the verdict is 'ship' (for CI)")] = False,
 ) -> None:
     """Release gate: checks (reward hacking, learning signal, drift, regressions, uncertainty) -> report.html + report.md."""

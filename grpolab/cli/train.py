@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Annotated, Optional
@@ -27,11 +30,16 @@ def train(
     resume: Annotated[Optional[Path], typer.Option("--resume", help="continue RUN_DIR from its last complete checkpoint (config from its manifest)")] = None,
     allow_changes: Annotated[bool, typer.Option("--allow-changes", help="with --resume: accept (and record) differences from the manifest")] = False,
     seeds: Annotated[Optional[str], typer.Option("--seeds", help="repeat the run once per seed, e.g. 1,2,3 (one run directory each)")] = None,
+    nproc: Annotated[int, typer.Option("--nproc", help="data-parallel processes on this machine: launches torchrun "
+                                                      "--nproc-per-node N -m grpolab train ...")] = 1,
 ) -> None:
     """Train with GRPO and write a run directory (manifest, metrics, samples, checkpoints)."""
     from ..config import load_config
     from ..runs import resume_run, start_run
 
+    if nproc != 1:
+        raise typer.Exit(launch_torchrun(nproc))
+    console.quiet = int(os.environ.get("RANK", "0")) != 0  # under torchrun, rank 0 speaks for the run
     _show_warnings()
     if resume is not None:
         if config is not None:
@@ -58,6 +66,32 @@ def train(
         _fit(trainer)
         run_dirs.append(str(trainer.run_dir))
     console.print(f"compare the seeds: grpolab compare {' '.join(run_dirs)}", highlight=False, soft_wrap=True)
+
+
+def torchrun_command(nproc: int, argv: list[str]) -> list[str]:
+    """The torchrun command that runs this `grpolab train` (argv without --nproc) in nproc processes.
+
+    >>> torchrun_command(2, ["grpolab", "train", "c.yaml", "--nproc", "2", "--set", "train.steps=3"])[2:]
+    ['torch.distributed.run', '--standalone', '--nproc-per-node=2', '-m', 'grpolab', 'train', 'c.yaml', '--set', 'train.steps=3']
+    """
+    args, skip = [], False
+    for a in argv[1:]:
+        if skip:
+            skip = False
+        elif a == "--nproc":
+            skip = True
+        elif not a.startswith("--nproc="):
+            args.append(a)
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", "-m", "grpolab", *args]
+
+
+def launch_torchrun(nproc: int) -> int:
+    """Run this command under torchrun in nproc processes; their exit code."""
+    if nproc < 1:
+        raise GrpolabError(f"--nproc: expected an integer >= 1, got {nproc}")
+    cmd = torchrun_command(nproc, sys.argv)
+    console.print(f"[bold]launch[/] {' '.join(cmd[1:])}", highlight=False, soft_wrap=True)
+    return subprocess.run(cmd).returncode
 
 
 def _parse_seeds(text: str) -> list[int]:
@@ -98,8 +132,12 @@ def _fit(trainer) -> None:
     def line(step: int, m: dict[str, float]) -> str:
         return step_line(step, cfg.train.steps, m, trainer.last_eval.accuracy if trainer.last_eval else None)
 
+    def plain(step: int, m: dict[str, float]) -> None:
+        console.print(line(step, m), highlight=False, soft_wrap=True)
+        console.file.flush()  # a log file or a pipe is block-buffered: each line must reach it when it is printed
+
     if not console.is_terminal:
-        trainer.fit(lambda step, m: console.print(line(step, m), highlight=False, soft_wrap=True))
+        trainer.fit(plain)
     else:
         with _progress() as progress:
             task = progress.add_task("train", total=cfg.train.steps, completed=trainer.step, info="")

@@ -98,7 +98,7 @@ def summarize(prompts: Sequence[dict[str, str]], base: Sequence[str], trained: S
             "heuristic": HEURISTIC, "items": items}
 
 
-def run_safety(run_dir: Path, base_model: str, trained_model: str, max_new_tokens: int = 64, dtype: str = "bfloat16",
+def run_safety(run_dir: Path, base_model: str, trained_model: str, max_new_tokens: int = 64, dtype: str = "float32",
                generate: Generator = generate_greedy, prompts: list[dict[str, str]] | None = None) -> dict[str, Any]:
     """Answers of base and trained model to the safety prompts (cached in RUN_DIR/eval/safety.json), summarised.
 

@@ -74,8 +74,9 @@ class Rollout:
 
 
 class RolloutEngine(Protocol):
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> Rollout:
-        """Sample params.group_size completions for each tokenised prompt."""
+    def generate(self, prompts: list[list[int]], params: SamplingParams, seeds: list[int] | None = None) -> Rollout:
+        """Sample params.group_size completions for each tokenised prompt; seeds (one per prompt) give each group
+        its own sampling stream."""
         ...
 
     def sync_weights(self, policy: torch.nn.Module) -> None:

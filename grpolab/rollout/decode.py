@@ -88,6 +88,13 @@ def sample_tokens(
     return token, (logp_full - torch.log(mass)).float(), logp_full
 
 
+def uniforms(n: int, group_size: int, generators: list[torch.Generator] | None) -> torch.Tensor:
+    """One uniform per row for a decode step: group_size from each group's generator, or n from the global RNG."""
+    if generators is None:
+        return torch.rand(n)
+    return torch.cat([torch.rand(group_size, generator=g) for g in generators])
+
+
 @torch.no_grad()
 def decode_groups(
     model: torch.nn.Module,
@@ -102,9 +109,15 @@ def decode_groups(
     top_k: int = 0,
     top_p: float = 1.0,
     compact: bool = True,
+    generators: list[torch.Generator] | None = None,
 ) -> Decoded:
-    """Sample group_size completions for each left-padded prompt row; rows of the result are group-major."""
+    """Sample group_size completions for each left-padded prompt row; rows of the result are group-major.
+
+    generators: one CPU torch.Generator per prompt (its group's own sampling stream: the group's tokens then
+    depend only on its generator, not on which other groups share the batch); None draws from the global RNG.
+    Every tensor is made on the prompts' device."""
     n = prompt_ids.shape[0] * group_size
+    dev = prompt_ids.device
     positions = (prompt_mask.cumsum(-1) - 1).clamp(min=0)
     out = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=positions, use_cache=True, logits_to_keep=1)
     cache = getattr(out, "cache", None) or out.past_key_values
@@ -113,18 +126,18 @@ def decode_groups(
     logits = out.logits[:, -1].repeat_interleave(group_size, dim=0)
     attn = prompt_mask.repeat_interleave(group_size, dim=0)
     next_pos = attn.sum(-1)
-    stops = torch.tensor(stop_ids, dtype=torch.long)
+    stops = torch.tensor(stop_ids, dtype=torch.long, device=dev)
 
-    tokens = torch.full((n, max_new_tokens), pad_id, dtype=torch.long)
-    logprobs = torch.zeros((n, max_new_tokens), dtype=torch.float32)
+    tokens = torch.full((n, max_new_tokens), pad_id, dtype=torch.long, device=dev)
+    logprobs = torch.zeros((n, max_new_tokens), dtype=torch.float32, device=dev)
     cut = not greedy and truncates(top_k, top_p, logits.shape[-1])
-    logprobs_full = torch.zeros((n, max_new_tokens), dtype=torch.float32) if cut else None
-    lengths = torch.full((n,), max_new_tokens, dtype=torch.long)
-    ended = torch.zeros(n, dtype=torch.bool)  # per output row: a stop token was sampled
-    rows = torch.arange(n)  # which output row each batch row is
-    finished = torch.zeros(n, dtype=torch.bool)  # per batch row (only used when compaction is off)
+    logprobs_full = torch.zeros((n, max_new_tokens), dtype=torch.float32, device=dev) if cut else None
+    lengths = torch.full((n,), max_new_tokens, dtype=torch.long, device=dev)
+    ended = torch.zeros(n, dtype=torch.bool, device=dev)  # per output row: a stop token was sampled
+    rows = torch.arange(n, device=dev)  # which output row each batch row is
+    finished = torch.zeros(n, dtype=torch.bool, device=dev)  # per batch row (only used when compaction is off)
     for t in range(max_new_tokens):
-        u = None if greedy else torch.rand(n)[rows]
+        u = None if greedy else uniforms(n, group_size, generators).to(dev)[rows]
         tok, lp, lp_full = sample_tokens(logits, temperature, u, top_k, top_p)
         live = ~finished
         tokens[rows[live], t], logprobs[rows[live], t] = tok[live], lp[live]
@@ -144,6 +157,6 @@ def decode_groups(
                      use_cache=True, **cache_kwarg(model, cache))
         logits, next_pos = step.logits[:, -1], next_pos + 1
     width = int(lengths.max())
-    mask = (torch.arange(width).unsqueeze(0) < lengths.unsqueeze(1)).long()
+    mask = (torch.arange(width, device=dev).unsqueeze(0) < lengths.unsqueeze(1)).long()
     full = logprobs_full[:, :width] if cut else None
     return Decoded(tokens[:, :width], mask, logprobs[:, :width], ~ended, full)

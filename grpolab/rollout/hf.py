@@ -14,6 +14,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ..algo.logprobs import token_logprobs
+from ..lora import is_lora
 from ..models import copy_weights_by_name, eval_mode, frozen_copy
 from .base import Rollout, SamplingParams
 from .decode import decode_groups
@@ -39,7 +40,7 @@ def eos_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> list[
 
 def completion_mask(completion_ids: torch.Tensor, stop_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
     """Mask up to and including the first stop token; truncated = no stop token in the row."""
-    is_stop = torch.isin(completion_ids, torch.tensor(stop_ids))
+    is_stop = torch.isin(completion_ids, torch.tensor(stop_ids, device=completion_ids.device))
     seen_before = torch.cumsum(is_stop.long(), dim=1) - is_stop.long()
     mask = (seen_before == 0).long()
     return mask, ~is_stop.any(dim=1)
@@ -50,12 +51,14 @@ class HFEngine:
     batch, inverse-CDF sampling); "hf": `model.generate`, the plain path it is tested against."""
 
     def __init__(self, policy: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, dtype: torch.dtype,
-                 decoder: str = "grpolab"):
+                 decoder: str = "grpolab", own_copy: bool = False):
         if decoder not in ("grpolab", "hf"):
             raise ValueError(f"rollout.decoder: expected 'grpolab' or 'hf', got {decoder!r}")
         self.decoder = decoder
         self.tokenizer = tokenizer
-        self.own_copy = next(policy.parameters()).dtype != dtype
+        # a LoRA policy always gets a plain copy holding the merged weights W + (alpha / r) B A (grpolab/lora.py)
+        # (and so does a policy about to be sharded: own_copy=True, train.strategy fsdp2)
+        self.own_copy = own_copy or next(policy.parameters()).dtype != dtype or is_lora(policy)
         self.model = frozen_copy(policy, dtype) if self.own_copy else policy
         self.stop_ids = eos_ids(policy, tokenizer)
 
@@ -65,20 +68,27 @@ class HFEngine:
             copy_weights_by_name(self.model, policy)
 
     @torch.no_grad()
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> Rollout:
+    def generate(self, prompts: list[list[int]], params: SamplingParams, seeds: list[int] | None = None) -> Rollout:
+        """G completions per prompt. seeds: one per prompt, the seed of that group's own sampling stream (the
+        grpolab decoder; `generate` draws from the global RNG and refuses them)."""
+        device = next(self.model.parameters()).device
         ids, mask = left_pad(prompts, self.tokenizer.pad_token_id)
+        ids, mask = ids.to(device), mask.to(device)
         g = 1 if params.greedy else params.group_size
+        generators = None if seeds is None else [torch.Generator().manual_seed(s) for s in seeds]
         want_logp = params.logprobs and not params.greedy
         if self.decoder == "grpolab":
             temperature = 1.0 if params.greedy else params.temperature
             with eval_mode(self.model):
                 d = decode_groups(self.model, ids, mask, g, params.max_new_tokens, temperature, self.stop_ids,
                                   self.tokenizer.pad_token_id, greedy=params.greedy, top_k=params.top_k,
-                                  top_p=params.top_p)
+                                  top_p=params.top_p, generators=generators)
             if not want_logp:
-                return self._rollout(ids, mask, g, d.tokens, d.mask, torch.full(d.tokens.shape, float("nan")), None,
+                return self._rollout(ids, mask, g, d.tokens, d.mask, torch.full(d.tokens.shape, float("nan"), device=device), None,
                                      d.truncated)
             return self._rollout(ids, mask, g, d.tokens, d.mask, d.logprobs, d.logprobs_untruncated, d.truncated)
+        if seeds is not None:
+            raise ValueError("per-group seeds need rollout.decoder: grpolab (transformers' generate has one RNG)")
         return self._generate_hf(ids, mask, g, params, want_logp)
 
     def _generate_hf(self, ids, mask, g: int, params: SamplingParams, want_logp: bool) -> Rollout:
@@ -98,7 +108,7 @@ class HFEngine:
         comp = out.sequences[:, ids.shape[1] :]
         cmask, truncated = completion_mask(comp, self.stop_ids)
         if not want_logp:
-            nan = torch.full(comp.shape, float("nan"), dtype=torch.float32)
+            nan = torch.full(comp.shape, float("nan"), dtype=torch.float32, device=comp.device)
             return self._rollout(ids, mask, g, comp, cmask, nan, None, truncated)
 
         def per_step(steps, temperature: float) -> torch.Tensor:
@@ -120,7 +130,7 @@ class HFEngine:
             completion_mask=cmask,
             sampler_logprobs=logp,
             truncated=truncated,
-            group=torch.arange(len(ids)).repeat_interleave(g),
+            group=torch.arange(len(ids), device=ids.device).repeat_interleave(g),
             texts=texts,
             sampler_logprobs_untruncated=logp_untruncated,
         )
