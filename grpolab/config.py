@@ -60,7 +60,6 @@ class RewardConfig:
 
 @dataclass(frozen=True)
 class RolloutConfig:
-    engine: Literal["hf"] = "hf"
     decoder: Literal["grpolab", "hf"] = "grpolab"  # grpolab's decode loop (rollout/decode.py) or HF generate
     group_size: int = 8  # G completions per prompt
     temperature: float = 1.0

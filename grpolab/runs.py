@@ -102,6 +102,7 @@ def resume_config(run_dir: Path, overrides: list[str]) -> tuple[Config, dict[str
         raw = copy.deepcopy(manifest["config"])
     except (ValueError, KeyError, OSError) as e:
         raise GrpolabError(f"--resume {run_dir}: unreadable manifest.json ({type(e).__name__}: {e})") from None
+    (raw.get("rollout") or {}).pop("engine", None)  # retired: it had one value and nothing read it
     for text in overrides:
         set_path(raw, *parse_override(text))
     return from_dict(raw), manifest
