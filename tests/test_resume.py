@@ -216,7 +216,7 @@ def test_ctrl_c_during_rollout_checkpoints_the_last_step_and_resumes_exactly(ref
     cfg = {**cfg, "train": {**cfg["train"], "save_every": 0}, "run": {"output_dir": str(tmp_path), "name": "ctrl-c"}}
     real, calls = HFEngine.generate, {"n": 0}
 
-    def generate(self, prompts, params):
+    def generate(self, prompts, params, *args, **kwargs):
         out = real(self, prompts, params)  # draws from the RNG before the interrupt arrives
         calls["n"] += not params.greedy
         if calls["n"] == 3:
