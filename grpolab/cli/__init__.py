@@ -9,7 +9,7 @@ import click
 
 from ..errors import GrpolabError
 from ..faults import TrainingInterrupted
-from . import train, evaluate, report, manifest  # noqa: F401, I001  (register the verbs on `app`, in help order)
+from . import train, evaluate, report, export, manifest  # noqa: F401, I001  (register the verbs on `app`, in help order)
 from .app import app, console, err_console
 
 __all__ = ["app", "console", "main"]
