@@ -18,6 +18,7 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
+import earnable
 from grpolab import checkpoint as ckpt
 from grpolab import cli
 from grpolab.config import from_dict
@@ -33,14 +34,16 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def tiny(model_dir: str, out: Path, name: str, **train) -> dict:
-    """A tiny run whose metrics depend on every sampled token (the entropy bonus gives a gradient even when the
-    random model earns no reward), so a wrong RNG, optimizer or cursor state after a resume changes them."""
+    """A tiny run whose gradient is the policy-gradient term's alone: the random model earns the newline reward of
+    tests/earnable.py (non-zero advantages), no entropy bonus, no KL. Its metrics depend on every sampled token, so
+    a wrong RNG, optimizer or cursor state after a resume changes them."""
     return {
         "model": {"name": model_dir},
         "task": {"name": "arithmetic", "options": {"num_train": 50, "num_test": 20}},
-        "rollout": {"group_size": 4, "max_new_tokens": 4, "dtype": "float32"},
-        "algorithm": {"preset": "grpo", "beta": 0.0, "entropy_coef": 0.05},
-        "train": {"steps": 4, "prompts_per_step": 2, "micro_batch_size": 8, "lr": 1e-2, "seed": 0,
+        "reward": earnable.reward_config(),
+        "rollout": earnable.rollout_config(group_size=4),
+        "algorithm": {"preset": "grpo", "beta": 0.0, "entropy_coef": 0.0},
+        "train": {"steps": 4, "prompts_per_step": 2, "micro_batch_size": 8, "lr": 5e-3, "seed": 0,
                   "samples_per_step": 2, "save_every": 1, **train},
         "eval": {"every_steps": 2, "num_problems": 2, "max_new_tokens": 3},
         "run": {"output_dir": str(out), "name": name},
@@ -83,6 +86,12 @@ def assert_same_run(a: Path, b: Path) -> None:
         assert torch.equal(wa[k], wb[k]), k  # bitwise
 
 
+def assert_policy_gradient(run: Path) -> None:
+    """Every step had non-zero advantages, so the policy-gradient term (the only one) moved the weights."""
+    for r in rows(run / "metrics.jsonl"):
+        assert r["loss/signal_token_frac"] > 0 and r["reward/std"] > 0, f"step {r['step']}: every advantage is 0"
+
+
 def wait_for(path: Path, proc: subprocess.Popen, timeout: float = 120) -> float:
     end = time.monotonic() + timeout
     while not path.is_file():
@@ -101,6 +110,7 @@ def reference(tiny_model_dir, tmp_path_factory) -> tuple[dict, Path]:
     cfg = tiny(tiny_model_dir, out, "whole")
     with pytest.MonkeyPatch.context() as mp:
         assert run_main(mp, "train", write_config(out / "whole.yaml", cfg)) == 0
+    assert_policy_gradient(out / "whole")
     return cfg, out / "whole"
 
 
@@ -217,7 +227,7 @@ def test_ctrl_c_during_rollout_checkpoints_the_last_step_and_resumes_exactly(ref
     real, calls = HFEngine.generate, {"n": 0}
 
     def generate(self, prompts, params, *args, **kwargs):
-        out = real(self, prompts, params)  # draws from the RNG before the interrupt arrives
+        out = real(self, prompts, params, *args, **kwargs)  # draws from the RNG before the interrupt arrives
         calls["n"] += not params.greedy
         if calls["n"] == 3:
             raise KeyboardInterrupt
