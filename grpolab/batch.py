@@ -28,7 +28,7 @@ from .distributed import World, gather_objects, gather_rows, group_seed, owned_g
 from .metrics import completion_metrics, group_metrics, reward_metrics
 from .prompt_sampler import PromptSampler
 from .prompting import prompt_ids
-from .rewards import RewardSet
+from .rewards import RewardResult, RewardSet, result_metrics
 from .rewards.overlong import soft_overlong_penalty
 from .rollout.base import Rollout, RolloutEngine, SamplingParams, concat_rollouts
 from .tasks.base import Problem
@@ -36,22 +36,29 @@ from .tasks.base import Problem
 
 @dataclass
 class Scores:
-    """Per-completion reward (NaN where invalid), its named components, and the invalid flags. [N] each."""
+    """Per-completion reward (NaN where invalid), its named components, and the invalid flags. [N] each. ``results``
+    keeps each row's RewardResult for what is not a number: why it is invalid, why a code program failed (its
+    reason) and its per-sample extras (grpolab.rewards.result_metrics)."""
 
     rewards: torch.Tensor
     components: dict[str, torch.Tensor]
     invalid: torch.Tensor
-    errors: list[str | None] = field(default_factory=list)  # per row: why it is invalid, None when valid
+    results: list[RewardResult] = field(default_factory=list)
+
+    @property
+    def errors(self) -> list[str | None]:
+        """Per row: why it is invalid, None when valid."""
+        return [r.error for r in self.results]
 
     def select(self, rows: list[int]) -> "Scores":
         return Scores(self.rewards[rows], {k: v[rows] for k, v in self.components.items()}, self.invalid[rows],
-                      [self.errors[i] for i in rows])
+                      [self.results[i] for i in rows])
 
 
 def cat_scores(parts: list[Scores]) -> Scores:
     return Scores(torch.cat([s.rewards for s in parts]),
                   {k: torch.cat([s.components[k] for s in parts]) for k in parts[0].components},
-                  torch.cat([s.invalid for s in parts]), [e for s in parts for e in s.errors])
+                  torch.cat([s.invalid for s in parts]), [r for s in parts for r in s.results])
 
 
 def score_rollout(rollout: Rollout, problems: list[Problem], rewards: RewardSet, cfg: Config) -> Scores:
@@ -59,7 +66,7 @@ def score_rollout(rollout: Rollout, problems: list[Problem], rewards: RewardSet,
 
     With algorithm.overlong_buffer > 0 the DAPO soft overlong penalty is added as the `overlong` component.
     """
-    results = [rewards.score(text, problems[g]) for text, g in zip(rollout.texts, rollout.group.tolist())]
+    results = rewards.score_many(rollout.texts, [problems[g] for g in rollout.group.tolist()])
     components = {n: torch.tensor([r.components.get(n, math.nan) for r in results], dtype=torch.float64)
                   for n in rewards.weights}
     total = torch.tensor([r.total for r in results], dtype=torch.float64)
@@ -69,7 +76,7 @@ def score_rollout(rollout: Rollout, problems: list[Problem], rewards: RewardSet,
         pen = [soft_overlong_penalty(n, cfg.rollout.max_new_tokens, a.overlong_buffer, a.overlong_penalty) for n in lengths]
         components["overlong"] = torch.tensor(pen, dtype=torch.float64)
         total = total + components["overlong"]
-    return Scores(total, components, torch.tensor([r.invalid for r in results]), [r.error for r in results])
+    return Scores(total, components, torch.tensor([r.invalid for r in results]), results)
 
 
 @dataclass
@@ -98,11 +105,17 @@ class Batch:
     num_groups: int = 0  # groups in the batch over all ranks
 
 
+SIGNAL_COMPONENTS = ("correct", "all_pass", "pass_fraction")  # in order of preference
+
+
 def signal_values(scores: Scores) -> torch.Tensor:
     """What dynamic sampling judges a group's signal by: the correctness component when the reward has one (as
-    DAPO filters on accuracy: a format bonus or a length penalty must not keep an all-wrong group), else the
-    total reward."""
-    return scores.components.get("correct", scores.rewards)
+    DAPO filters on accuracy: a format bonus or a length penalty must not keep an all-wrong group) -- ``correct``,
+    else a code task's ``all_pass``, else its ``pass_fraction`` -- and otherwise the total reward."""
+    for name in SIGNAL_COMPONENTS:
+        if name in scores.components:
+            return scores.components[name]
+    return scores.rewards
 
 
 class BatchCollector:
@@ -144,7 +157,7 @@ class BatchCollector:
         self.timing["rollout"] += t1 - t0
         self.timing["reward"] += time.perf_counter() - t1
         g = self.cfg.rollout.group_size
-        by_group = {j: errs[i * g:(i + 1) * g] for groups, errs in gather_objects((owned, local.errors), self.world)
+        by_group = {j: res[i * g:(i + 1) * g] for groups, res in gather_objects((owned, local.results), self.world)
                     for i, j in enumerate(groups)}
         scores = Scores(self.gather(local.rewards, owned, p), {k: self.gather(v, owned, p) for k, v in local.components.items()},
                         self.gather(local.invalid, owned, p), [e for j in range(p) for e in by_group[j]])
@@ -186,7 +199,7 @@ class BatchCollector:
         scores = cat_scores([r.scores for r in rounds]).select(every)
         adv = self.advantages(scores.rewards, scores.invalid)
         problems = [rounds[r].problems[gi] for r, gi in groups]
-        metrics = {**reward_metrics(scores.rewards, scores.components, scores.invalid),
+        metrics = {**reward_metrics(scores.rewards, scores.components, scores.invalid), **result_metrics(scores.results),
                    **completion_metrics(torch.cat([r.lengths for r in rounds])[every], torch.cat([r.truncated for r in rounds])[every]),
                    **group_metrics(adv.zero_std, [q.slice for q in problems])}
         positions = [i for i, (r, gi) in enumerate(groups) if gi in rounds[r].owned]

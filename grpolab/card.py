@@ -341,4 +341,13 @@ def objective_card(cfg: Config) -> dict[str, Any]:
             "strategy": cfg.train.strategy,
         },
         "equivalents": equivalents(cfg),
+        **code_extraction(cfg),
     }
+
+
+def code_extraction(cfg: Config) -> dict[str, str]:
+    """With a code reward, the rule by which the program is taken from a completion (grpolab.rewards.code)."""
+    from .rewards import reward_card
+
+    rule = reward_card(cfg.reward.weights).get("code_extraction")
+    return {"code_extraction": rule} if rule else {}

@@ -56,6 +56,7 @@ class RewardConfig:
     weights: dict = field(default_factory=lambda: {"correct": 1.0, "format": 0.1})
     functions: dict = field(default_factory=dict)  # your own: {name: "path/file.py:fn" | "pkg.mod:fn"} (rewards/user.py)
     time_limit_s: float = 5.0  # per call of each of your functions (the built-ins have their own)
+    sandbox: dict = field(default_factory=dict)  # limits of the code rewards' sandbox (grpolab/sandbox/limits.py)
 
 
 @dataclass(frozen=True)

@@ -1,15 +1,17 @@
-"""Held-out evaluation: decoding on problems the model never trained on, scored by math-verify
-(grpolab.scoring, which shares no code with the training reward), with bootstrap intervals.
+"""Held-out evaluation: decoding on problems the model never trained on, scored by math-verify -- or, for code
+tasks, by running all of the problem's tests in the sandbox -- in grpolab.scoring, which shares no scoring code
+with the training reward, with bootstrap intervals.
 
 Per problem i (one "item"), every metric is a number s_i; a model's metric is mean_i s_i with a 95% percentile
 bootstrap interval over problems (grpolab.scoring.bootstrap_ci), and two models are compared on the same
 problems by the paired bootstrap of d_i = s_i(model) - s_i(first model). Metrics:
 
-- ``accuracy``: greedy completion correct (math-verify equivalence of its final answer with gold).
+- ``accuracy``: greedy completion correct (math-verify equivalence of its final answer with gold; for code: every
+  test passes, i.e. greedy pass@1).
 - ``strict`` / ``flexible`` (GSM8K only): greedy correct in the requested ``\\boxed{}`` format / by last number.
 - with k samples at temperature T: ``pass@j`` = unbiased 1 - C(k-c, j)/C(k, j) for j in 1, 2, 4, ... and k
   (c = correct samples); ``maj@k`` = the majority answer (math-verify clusters) is correct;
-  ``mean@k`` = c / k.
+  ``mean@k`` = c / k (code: no maj@k, programs have no final answer to vote on).
 
 Slices: the task's own label (``digits=2``, ``level=3``) and, for MATH-500, ``subject=<name>`` read from the uid.
 Length is counted in completion tokens (the EOS included); truncated = hit max_new_tokens without EOS.
@@ -26,11 +28,13 @@ import numpy as np
 
 from .prompting import prompt_ids
 from .rollout.base import RolloutEngine, SamplingParams
-from .scoring import (bootstrap_ci, extract_final, gsm8k_flexible, gsm8k_strict, is_correct, maj_at_k, mean_at_k,
-                      paired_bootstrap_diff, pass_at_k)
+from .scoring import (bootstrap_ci, code_passes, extract_final, gsm8k_flexible, gsm8k_strict, held_out_job, is_correct,
+                      maj_at_k, mean_at_k, paired_bootstrap_diff, pass_at_k, program_text)
 from .tasks.base import Problem
+from .tasks.code import is_code_problem
 
 METRIC_NAME = "math-verify equivalence of the final answer (grpolab.scoring)"
+CODE_METRIC_NAME = "every test passes in the sandbox (grpolab.scoring)"
 
 
 @dataclass(frozen=True)
@@ -132,6 +136,26 @@ def score_item(problem: Problem, greedy: Completion, samples: list[Completion], 
     return item
 
 
+def score_code_item(problem: Problem, greedy: Completion, samples: list[Completion],
+                    verdicts: list[tuple[bool, str | None]]) -> dict[str, Any]:
+    """One evaluation record of a code problem; ``verdicts`` (passed, reason) for the greedy completion and then
+    each sample (grpolab.scoring.code_passes)."""
+    (ok, reason), rest = verdicts[0], verdicts[1:]
+    item: dict[str, Any] = {
+        "uid": problem.uid, "slice": problem.slice, "slices": slice_labels(problem), "gold": problem.answer,
+        "completion": greedy.text, "answer": program_text(greedy.text)[:2000], "correct": bool(ok), "reason": reason,
+        "length": greedy.length, "truncated": greedy.truncated, "scores": {"accuracy": float(ok)},
+    }
+    if samples:
+        passed = [bool(v[0]) for v in rest]
+        k, c = len(samples), sum(passed)
+        item["samples"] = [{"completion": s.text, "correct": p, "reason": v[1], "length": s.length, "truncated": s.truncated}
+                           for s, p, v in zip(samples, passed, rest)]
+        item["scores"].update({f"pass@{j}": pass_at_k(k, c, j) for j in pass_ks(k)})
+        item["scores"][f"mean@{k}"] = mean_at_k(passed)
+    return item
+
+
 def _ci(values: list[float] | np.ndarray) -> dict[str, float]:
     m, lo, hi = bootstrap_ci(np.asarray(values, dtype=float))
     return {"mean": m, "ci_low": lo, "ci_high": hi}
@@ -177,7 +201,12 @@ def evaluate_model(engine: RolloutEngine, tokenizer, problems: list[Problem], se
         params = SamplingParams(group_size=settings.samples, logprobs=False, temperature=settings.temperature, top_p=settings.top_p,
                                 max_new_tokens=settings.max_new_tokens)
         sampled = generate_all(engine, tokenizer, problems, params, settings.batch_size)
-    items = [score_item(p, g[0], s, settings.task) for p, g, s in zip(problems, greedy, sampled)]
+    if problems and all(is_code_problem(p) for p in problems):
+        jobs = [[held_out_job(c.text, p.data) for c in (g[0], *s)] for p, g, s in zip(problems, greedy, sampled)]
+        verdicts = code_passes(jobs)
+        items = [score_code_item(p, g[0], s, v) for p, g, s, v in zip(problems, greedy, sampled, verdicts)]
+    else:
+        items = [score_item(p, g[0], s, settings.task) for p, g, s in zip(problems, greedy, sampled)]
     result = summarise(items, time.perf_counter() - start)
     if settings.samples > 0:
         all_s = [s for it in items for s in it["samples"]]
@@ -231,9 +260,10 @@ def eval_header(task: str, options: dict[str, Any], split: str, problems: list[P
     """The part of an evaluation JSON that identifies the evaluation set and the decoding."""
     from .manifest import data_hash, versions
 
+    code = bool(problems) and all(is_code_problem(p) for p in problems)
     return {"grpolab_eval": 1, "task": task, "task_options": options, "split": split, "n": len(problems),
             "data_hash": data_hash(problems), "decoding": decoding, "max_new_tokens": decoding["max_new_tokens"],
-            "dtype": dtype, "metric": METRIC_NAME, "versions": versions(),
+            "dtype": dtype, "metric": CODE_METRIC_NAME if code else METRIC_NAME, "versions": versions(),
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
 
 

@@ -233,3 +233,55 @@ def paired_bootstrap_diff(
     if a.shape != b.shape:
         raise ValueError(f"paired inputs differ in length: {a.size} vs {b.size}")
     return bootstrap_ci(b - a, n_boot=n_boot, alpha=alpha, seed=seed)
+
+
+# ------------------------------------------------------------------------------------------- code (held out)
+#
+# Held-out code scoring. It shares the sandbox with the training reward (grpolab.sandbox: where and how a
+# program runs) but none of the scoring: the program is taken from the completion, assembled and judged here.
+# A sample is correct iff every test of the problem -- the hidden ones and those shown in the prompt -- passes.
+
+_FENCE = re.compile(r"^[ \t]*```[ \t]*([A-Za-z0-9_+.-]*)[^\n]*\n(.*?)(?:^[ \t]*```[^\n]*$|\Z)", re.MULTILINE | re.DOTALL)
+_FENCE_LANGS = {"", "python", "py", "python3"}
+
+
+def program_text(completion: str) -> str:
+    """The code of a completion for held-out scoring: the body of the first fenced block tagged as Python (or
+    untagged), else the whole completion.
+
+    >>> program_text("x\\n```text\\nno\\n```\\n```py\\ndef f():\\n    return 1\\n```")
+    'def f():\\n    return 1\\n'
+    >>> program_text("def f(): return 2")
+    'def f(): return 2'
+    """
+    for m in _FENCE.finditer(completion):
+        if m.group(1).lower() in _FENCE_LANGS:
+            return m.group(2)
+    return completion
+
+
+def held_out_job(completion: str, data) -> "Job":
+    """The sandbox job judging one completion against all of a problem's tests (hidden and shown)."""
+    from .sandbox import Job
+
+    code = program_text(completion)
+    prefix, entry = data.get("prefix") or "", data.get("entry_point") or ""
+    if prefix:
+        defines = bool(entry) and re.search(r"(?m)^\s*def\s+" + re.escape(entry) + r"\s*\(", code) is not None
+        code = prefix + ("\n\n" + code if defines else code)
+    cases = tuple(dict.fromkeys([*data["tests"], *(data.get("shown") or ())]))
+    return Job(code, cases, data.get("setup") or "", data.get("time_limit_s"))
+
+
+def code_passes(jobs_per_item: Sequence[Sequence["Job"]], limits=None) -> list[list[tuple[bool, str | None]]]:
+    """(all tests passed, first failure reason) for every job, run in parallel on the shared sandbox pool; a
+    sandbox failure counts as not passed (reason "sandbox")."""
+    from .sandbox import SandboxLimits, shared_pool
+
+    pool = shared_pool(limits or SandboxLimits())
+    futures = [[pool.submit(job) for job in jobs] for jobs in jobs_per_item]
+    out = []
+    for row in futures:
+        results = [f.result() for f in row]
+        out.append([(r.all_passed, "sandbox" if r.infra_error else r.reason) for r in results])
+    return out

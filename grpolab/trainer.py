@@ -85,6 +85,8 @@ def load_problems(cfg: Config) -> tuple[list[Problem], list[Problem], dict[str, 
         if cfg.eval.every_steps:
             held_out = task.problems(cfg.eval.split)[: cfg.eval.num_problems]
             summary.update(held_out_problems=len(held_out), held_out_skipped=getattr(task, "last_skipped", 0))
+        if getattr(task, "source", None):  # where the data came from (e.g. the hf task's fingerprints): the manifest
+            summary["source"] = task.source
     except (OSError, UnicodeDecodeError) as e:
         raise DataError(f"{source}: cannot read the task data ({type(e).__name__}: {e})") from None
     if not train:
@@ -114,14 +116,21 @@ class NullSink:
 
 
 class Trainer:
-    def __init__(self, cfg: Config, run_dir: Path, world: World | None = None):
+    """``rewards``: Python reward callables by name, beside the config's (grpolab.api); ``problems``: (train,
+    held-out, data summary) given in memory instead of loaded from the config's task (grpolab.api)."""
+
+    def __init__(self, cfg: Config, run_dir: Path, world: World | None = None,
+                 rewards: dict[str, Callable[..., Any]] | None = None,
+                 problems: tuple[list[Problem], list[Problem], dict[str, Any]] | None = None):
         self.cfg = cfg
         self.run_dir = Path(run_dir)
         self.device = resolve_device(cfg.train.device)
         self.world = world or init_world(self.device)
         seed_everything(cfg.train.seed)
-        self.rewards = RewardSet(cfg.reward.weights, cfg.reward.functions, cfg.reward.time_limit_s)  # before any model
-        self.train_problems, self.eval_problems, self.data_summary = load_problems(cfg)
+        self.rewards = RewardSet(cfg.reward.weights, cfg.reward.functions, cfg.reward.time_limit_s,  # before any model
+                                 cfg.reward.sandbox, callables=rewards)
+        self.train_problems, self.eval_problems, self.data_summary = problems or load_problems(cfg)
+        self.rewards.probe(self.train_problems[0])  # a reward returning a non-number fails here, before any model
         self.model_path = resolve_model_path(cfg.model.name)
         self.tokenizer = load_tokenizer(self.model_path)
         self.policy = apply_lora(load_causal_lm(self.model_path, cfg.model.dtype), cfg.model, self.model_path,
@@ -212,7 +221,9 @@ class Trainer:
         return [
             {"step": self.step, "uid": batch.problems[r.group[i]].uid, "gold": batch.problems[r.group[i]].answer,
              "completion": r.texts[i], "reward": batch.scores.rewards[i].item(), "advantage": batch.advantages[i].item(),
-             **{f"reward/{k}": v[i].item() for k, v in batch.scores.components.items()}}
+             **{f"reward/{k}": v[i].item() for k, v in batch.scores.components.items()},
+             **({"reason": batch.scores.results[i].reason} if batch.scores.results[i].reason else {}),
+             **({"error": batch.scores.results[i].error} if batch.scores.results[i].error else {})}
             for i in rows
         ]
 

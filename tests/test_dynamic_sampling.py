@@ -19,7 +19,7 @@ from grpolab.forward import completion_logprobs
 from grpolab.rewards.overlong import soft_overlong_penalty
 from grpolab.rollout.base import Rollout
 from grpolab.batch import Scores, score_rollout
-from grpolab.rewards import RewardSet
+from grpolab.rewards import RewardResult, RewardSet
 from grpolab.trainer import Trainer
 
 NAN = math.nan
@@ -59,8 +59,9 @@ class Script:
         assert len(r) == len(rollout) == len(problems) * cfg.rollout.group_size
         self.calls.append((rollout, problems))
         invalid = torch.isnan(r)
-        errors = [f"correct: ValueError: scripted invalid row {i}" if bad else None for i, bad in enumerate(invalid.tolist())]
-        return Scores(rewards=r.clone(), components={"correct": r.clone()}, invalid=invalid, errors=errors)
+        results = [RewardResult(v, {"correct": v}, bad, f"correct: ValueError: scripted invalid row {i}" if bad else None)
+                   for i, (v, bad) in enumerate(zip(r.tolist(), invalid.tolist()))]
+        return Scores(rewards=r.clone(), components={"correct": r.clone()}, invalid=invalid, results=results)
 
 
 @pytest.fixture
@@ -420,7 +421,8 @@ def test_dynamic_sampling_judges_groups_by_correctness_not_bonuses(tiny_model_di
     def scorer(rollout, problems, rewards, cfg):
         correct = torch.tensor([0.0, 0.0, 1.0, 0.0], dtype=torch.float64)  # group 0 all wrong, group 1 mixed
         fmt = torch.tensor([1.0, 0.0, 1.0, 1.0], dtype=torch.float64)  # ... but group 0's bonus varies
-        return Scores(correct + 0.1 * fmt, {"correct": correct, "format": fmt}, torch.zeros(4, dtype=torch.bool), [None] * 4)
+        return Scores(correct + 0.1 * fmt, {"correct": correct, "format": fmt}, torch.zeros(4, dtype=torch.bool),
+                      [RewardResult(0.0)] * 4)
 
     monkeypatch.setattr(batch_mod, "score_rollout", scorer)
     batch = t.collect()

@@ -148,7 +148,7 @@ def make_run(root: Path, name: str, hacked: bool = False, with_safety: bool = Tr
         def fake(model, prompts, max_new_tokens, dtype):
             return ["I'm sorry, I can't help with that."] * len(prompts)
 
-        run_safety(run, BASE, str(latest_checkpoint(run).resolve()), 64, "bfloat16", generate=fake)
+        run_safety(run, BASE, str(latest_checkpoint(run).resolve()), 64, "float32", generate=fake)
     return run
 
 

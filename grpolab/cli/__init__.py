@@ -1,5 +1,6 @@
 """The `grpolab` command. One module per verb group, each registering on the shared app (grpolab/cli/app.py):
-train.py (train), evaluate.py (eval, compare, baseline), report.py (report), manifest.py (manifest diff, models)."""
+train.py (train), evaluate.py (eval, compare, baseline), report.py (report), export.py (export), manifest.py
+(manifest diff, models), score.py (score)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import click
 
 from ..errors import GrpolabError
 from ..faults import TrainingInterrupted
-from . import train, evaluate, report, export, manifest  # noqa: F401, I001  (register the verbs on `app`, in help order)
+from . import train, evaluate, report, export, manifest, score  # noqa: F401, I001  (register the verbs on `app`, in help order)
 from .app import app, console, err_console
 
 __all__ = ["app", "console", "main"]

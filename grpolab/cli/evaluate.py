@@ -40,9 +40,9 @@ def _ci(m: dict[str, float]) -> str:
 
 
 def _write(out: Optional[Path], data: dict[str, Any]) -> None:
-    if out:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(data, indent=2) + "\n")
+    from ..api import write_result  # the file grpolab.evaluate / grpolab.compare write with out=
+
+    if write_result(out, data):
         console.print(f"wrote {out}")
 
 
@@ -50,7 +50,8 @@ def print_eval(result: dict[str, Any]) -> None:
     """Console tables of an evaluation JSON: one row per model, then accuracy per slice."""
     dec = result["decoding"]
     how = "greedy" + (f" + {dec['samples']} samples at T={dec['temperature']}" if dec.get("samples") else "")
-    table = Table(title=f"{result['task']} / {result['split']}  (n = {result['n']}, {how}, math-verify)")
+    metric = str(result.get("metric", "math-verify")).split(" (")[0]
+    table = Table(title=f"{result['task']} / {result['split']}  (n = {result['n']}, {how}, {metric})")
     extra = [m for m in result["models"][0]["metrics"] if m != "accuracy" and "ci_low" in result["models"][0]["metrics"][m]]
     for col in ("model", "accuracy [95% CI]", "Δ vs first [95% CI]", *extra, "len", "trunc", "problems/s"):
         table.add_column(col)
@@ -91,7 +92,7 @@ def eval_(
     temperature: Annotated[float, typer.Option(help="sampling temperature (with --samples)")] = 1.0,
     top_p: float = 1.0,
     seed: int = 0,
-    dtype: Annotated[str, typer.Option(help="float32 or bfloat16")] = "bfloat16",
+    dtype: Annotated[str, typer.Option(help="float32 or bfloat16 (bf16 pays only on CPUs with bf16 matrix units, and GPUs)")] = "float32",
     out: Annotated[Optional[Path], typer.Option(help="write the JSON result here")] = None,
 ) -> None:
     """Held-out accuracy (math-verify) with 95% bootstrap intervals and paired differences, for one or more models."""
@@ -114,7 +115,7 @@ def best_of_n(
     task: str = "arithmetic",
     task_option: Annotated[list[str], typer.Option("--task-option", help="task option KEY=VALUE")] = [],
     split: str = "test", limit: int = 0, max_new_tokens: int = 64, batch_size: int = 64,
-    temperature: float = 1.0, seed: int = 0, dtype: str = "bfloat16",
+    temperature: float = 1.0, seed: int = 0, dtype: str = "float32",
     out: Annotated[Optional[Path], typer.Option(help="write the JSON result here")] = None,
 ) -> None:
     """Sample n, keep the answer the training reward ranks highest, score it with math-verify."""

@@ -12,6 +12,7 @@ from ..checkpoint import latest_checkpoint
 from ..errors import GrpolabError
 from ..manifest import write_json_atomic
 from .checks import CheckResult, Thresholds, training_checks
+from .code import code_checks, code_figures
 from .evidence import (RunEvidence, baseline_comparisons, best_worst, capability_comparisons, change_counts,
                        changed_answers, heldout_comparison, load_evals, load_run)
 from .gates import check_capability, check_improvement, check_reproducibility, check_safety, order_checks, verdict
@@ -25,7 +26,7 @@ class ReportOptions:
     thresholds: Thresholds = field(default_factory=Thresholds)
     skip_safety: bool = False
     safety_max_new_tokens: int = 64
-    dtype: str = "bfloat16"
+    dtype: str = "float32"
     capability_task: str | None = None
     capability_n: int = 50
     capability_options: dict[str, Any] = field(default_factory=dict)
@@ -115,7 +116,7 @@ def capability_figures(capability: list[dict[str, Any]]) -> list[tuple[str, str]
 
 
 def all_checks(ev: RunEvidence, heldout, capability, safety, t: Thresholds) -> list[CheckResult]:
-    checks = training_checks(ev.metrics, ev.config, heldout, t)
+    checks = training_checks(ev.metrics, ev.config, heldout, t) + code_checks(ev.metrics, ev.config, t)
     checks += [check_improvement(heldout, t), check_capability(capability, t), check_safety(safety, t),
                check_reproducibility(ev.manifest)]
     return order_checks(checks)
@@ -142,7 +143,7 @@ def build_report(run_dir: Path, opts: ReportOptions | None = None, log: Callable
         "run_dir": str(ev.run_dir), "run_name": ev.run_dir.resolve().name, "generated": time.strftime("%Y-%m-%d %H:%M:%S"),
         "train_task": ev.train_task, "manifest": ev.manifest, "checks": checks, "verdict": verdict(checks),
         "heldout": heldout, "baselines": baselines, "capability": capability, "safety": safety, "safety_note": safety_note,
-        "figures": training_figures(ev.metrics), "comparison_figures": comparison_figures(heldout, baselines),
+        "figures": training_figures(ev.metrics) + code_figures(ev.metrics), "comparison_figures": comparison_figures(heldout, baselines),
         "capability_figures": capability_figures(capability),
         "best": best, "worst": worst, "changed": changed_answers(base_row, trained_row),
         "change_counts": change_counts(base_row, trained_row), "thresholds": opts.thresholds,

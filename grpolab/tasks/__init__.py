@@ -12,15 +12,24 @@ from typing import Any, Callable
 from grpolab.errors import ConfigError
 from grpolab.tasks.arithmetic import ArithmeticTask
 from grpolab.tasks.base import PROMPT_INSTRUCTION, Problem, Task
+from grpolab.tasks.code import CODE_INSTRUCTION, code_problem, is_code_problem
 from grpolab.tasks.gsm8k import GSM8KTask
+from grpolab.tasks.hf import HFTask
+from grpolab.tasks.humaneval import HumanEvalTask
 from grpolab.tasks.jsonl import JsonlTask
 from grpolab.tasks.math500 import Math500Task
+from grpolab.tasks.mbpp import MBPPTask
+from grpolab.tasks.pyfunc import PyFuncTask
 
 TASKS: dict[str, Callable[..., Task]] = {
     "arithmetic": ArithmeticTask,
     "gsm8k": GSM8KTask,
+    "hf": HFTask,
+    "humaneval": HumanEvalTask,
     "jsonl": JsonlTask,
     "math500": Math500Task,
+    "mbpp": MBPPTask,
+    "pyfunc": PyFuncTask,
 }
 
 
@@ -50,19 +59,27 @@ def make_task(name: str, **kwargs: Any) -> Task:
 
 
 def render_prompt(problem: Problem) -> str:
-    """The user message for a problem: its question, a newline, then the answer-format instruction."""
-    return problem.question + "\n" + PROMPT_INSTRUCTION
+    """The user message for a problem: its question, a newline, then its answer-format instruction
+    (PROMPT_INSTRUCTION for answer tasks, CODE_INSTRUCTION for code tasks)."""
+    return problem.question + "\n" + problem.instruction
 
 
 __all__ = [
+    "CODE_INSTRUCTION",
     "TASKS",
     "ArithmeticTask",
     "GSM8KTask",
+    "HFTask",
+    "HumanEvalTask",
     "JsonlTask",
+    "MBPPTask",
     "Math500Task",
     "PROMPT_INSTRUCTION",
+    "PyFuncTask",
     "Problem",
     "Task",
+    "code_problem",
+    "is_code_problem",
     "make_task",
     "render_prompt",
 ]

@@ -1,0 +1,16 @@
+"""Running untrusted programs against trusted tests (docs/code.md): a judge process holds the tests and compares
+values, the program runs in a second process behind a value-only wire, both in a fresh namespace sandbox with
+rlimits, an unprivileged uid, no network, an empty environment and a private temporary directory.
+
+    pool = shared_pool(SandboxLimits(wall_s=5))
+    [result] = pool.run_many([Job("def f(x): return x + 1", ("assert f(1) == 2",))])
+    result.all_passed, result.cases[0].reason
+"""
+
+from .isolation import Isolation, detect
+from .limits import SandboxLimits
+from .pool import SandboxPool, shared_pool
+from .runner import REASONS, CaseResult, ExecResult, Job, run_job
+
+__all__ = ["REASONS", "CaseResult", "ExecResult", "Isolation", "Job", "SandboxLimits", "SandboxPool", "detect",
+           "run_job", "shared_pool"]

@@ -1,0 +1,146 @@
+"""Which isolation this machine allows, found once per process by running a probe program through each setup.
+
+Preference order (the first whose probe passes wins; every step down is logged once as a warning naming what is
+lost, see docs/code.md "Fallbacks"):
+
+1. root with ``unshare --mount --net --pid --fork --kill-child --mount-proc``: private /proc, tmpfs working
+   directory and /tmp, no network, the judge is PID 1 of its namespace (killing it ends every descendant, and
+   the program cannot signal it), programs run as an unprivileged uid;
+2. root with ``unshare --net --pid --fork --kill-child`` (no mount namespace);
+3. root with ``unshare --net``;
+4. root without namespaces: sockets refused by the seccomp filter, stragglers killed by uid;
+5. not root, with an unprivileged user namespace (``unshare --user --map-root-user ...``): net/pid/mount
+   namespaces but the program runs as your own user;
+6. not root, no namespaces: rlimits and the seccomp filter only.
+
+Every setup also installs the seccomp filter that refuses network sockets in the program's process
+(x86_64 and aarch64).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import platform
+import shutil
+import stat
+import sys
+import threading
+from dataclasses import dataclass, replace
+
+from ..errors import GrpolabError
+from .limits import SandboxLimits
+
+log = logging.getLogger("grpolab")
+FULL_NS = ("--mount", "--net", "--pid", "--fork", "--kill-child", "--mount-proc")
+PID_NET_NS = ("--net", "--pid", "--fork", "--kill-child")
+SECCOMP_MACHINES = ("x86_64", "aarch64")
+
+
+@dataclass(frozen=True)
+class Isolation:
+    """What the sandbox uses on this machine. `unshare` is the command prefix (empty: none)."""
+
+    unshare: tuple[str, ...] = ()
+    net: bool = False
+    pid: bool = False
+    mounts: bool = False
+    uid_drop: bool = False
+    seccomp: bool = False
+    name: str = "none"
+
+    def command(self) -> list[str]:
+        return list(self.unshare)
+
+    def missing(self) -> list[str]:
+        """One line per protection this setup lacks, saying what that means."""
+        out = []
+        if not self.uid_drop:
+            out.append("programs run as your own user (not root, so no drop to an unprivileged uid): they can read and "
+                       "delete what you can, and the process-count limit counts all your processes")
+        if not self.net:
+            out.append("no network namespace: " + ("network sockets are refused by a seccomp filter" if self.seccomp
+                                                   else "NETWORK ACCESS IS NOT BLOCKED (no seccomp on this machine)"))
+        if not self.pid:
+            out.append("no PID namespace: " + ("processes that leave the program's process group are killed by uid"
+                                               if self.uid_drop else "a process that calls setsid can outlive its run"))
+        if not self.mounts:
+            out.append("no mount namespace: the working directory is a host directory (removed afterwards) and /tmp is shared")
+        return out
+
+
+def candidates(unshare: str | None, root: bool, seccomp: bool) -> list[Isolation]:
+    """The setups to probe, best first.
+
+    >>> [c.name for c in candidates("/usr/bin/unshare", True, True)]
+    ['full', 'net+pid', 'net', 'rlimits']
+    """
+    base = Isolation(seccomp=seccomp, uid_drop=root)
+    if root:
+        out = [replace(base, unshare=(unshare, *FULL_NS), net=True, pid=True, mounts=True, name="full"),
+               replace(base, unshare=(unshare, *PID_NET_NS), net=True, pid=True, name="net+pid"),
+               replace(base, unshare=(unshare, "--net"), net=True, name="net")] if unshare else []
+        return out + [replace(base, name="rlimits")]
+    user = [replace(base, unshare=(unshare, "--user", "--map-root-user", *FULL_NS), net=True, pid=True, mounts=True,
+                    name="user-ns")] if unshare else []
+    return user + [replace(base, name="rlimits")]
+
+
+def prefix_closed(uid_drop: bool, python: str) -> str | None:
+    """Without a mount namespace the sandbox uid must reach the interpreter's files itself: the first directory
+    on the way that others may not enter, else None."""
+    if not uid_drop:
+        return None
+    prefix = os.path.realpath(sys.base_prefix if not python else os.path.dirname(os.path.dirname(python)))
+    current = "/"
+    for part in [p for p in prefix.split("/") if p]:
+        current = os.path.join(current, part)
+        if not os.stat(current).st_mode & stat.S_IXOTH:
+            return current
+    return None
+
+
+def probe(candidate: Isolation, limits: SandboxLimits) -> str | None:
+    """None when a trivial program passes its test under `candidate`, else why not."""
+    from .runner import Job, run_job
+
+    if candidate.unshare and not candidate.mounts:
+        closed = prefix_closed(candidate.uid_drop, limits.python)
+        if closed:
+            return f"{closed} is closed to other users, so the sandbox uid cannot load the interpreter"
+    if not candidate.unshare and candidate.uid_drop:
+        closed = prefix_closed(True, limits.python)
+        if closed:
+            return f"{closed} is closed to other users, so the sandbox uid cannot load the interpreter"
+    result = run_job(Job("def f(x):\n    return [x, {'k': (x,)}]\n", ("assert f(2) == [2, {'k': (2,)}]",)),
+                     replace(limits, wall_s=max(limits.wall_s, 10.0), cpu_s=max(limits.cpu_s, 5.0)), candidate, 0)
+    if result.all_passed:
+        return None
+    return result.infra_error or f"{result.reason}: {result.detail}"
+
+
+_lock = threading.Lock()
+_found: dict[str, Isolation] = {}
+
+
+def detect(limits: SandboxLimits) -> Isolation:
+    """The best isolation this machine allows (cached per interpreter); GrpolabError when nothing works."""
+    key = limits.python or sys.executable
+    with _lock:
+        if key in _found:
+            return _found[key]
+        root = os.geteuid() == 0
+        seccomp = platform.machine() in SECCOMP_MACHINES
+        tried = []
+        for candidate in candidates(shutil.which("unshare"), root, seccomp):
+            why = probe(candidate, limits)
+            if why is None:
+                if tried:
+                    log.warning("sandbox: using the %r setup (%s)", candidate.name, "; ".join(tried))
+                for line in candidate.missing():
+                    log.warning("sandbox: %s", line)
+                _found[key] = candidate
+                return candidate
+            tried.append(f"{candidate.name!r} failed: {why}")
+        raise GrpolabError("sandbox: no setup could run a program here (" + "; ".join(tried) + "); "
+                           "set reward.sandbox.python to an interpreter the sandbox user can read")
