@@ -40,8 +40,16 @@ def plan_run_dir(cfg: Config) -> Path:
 
 
 def build_manifest(cfg: Config, model_path: str, tokenizer, train: list[Problem], held_out: list[Problem],
-                   data_summary: dict[str, int] | None = None, world_size: int = 1) -> dict[str, Any]:
+                   data_summary: dict[str, Any] | None = None, world_size: int = 1,
+                   callable_hashes: dict[str, str | None] | None = None) -> dict[str, Any]:
+    """The manifest of a run (docs/design.md section 6). ``hashes.reward_functions`` holds the source hash of every
+    user reward: the file of each config reference, the own source of each Python callable passed in
+    (``callable_hashes``; their names are listed under ``python_rewards``). A data summary with a ``source`` (the hf
+    task, in-memory data sets) puts its ``fingerprint`` into ``hashes.dataset_fingerprint`` and the whole source
+    into ``data.source``."""
     hashes = mf.hash_model_dir(model_path)
+    reward_hashes = {**source_hashes(cfg.reward.functions), **(callable_hashes or {})}
+    fingerprint = ((data_summary or {}).get("source") or {}).get("fingerprint")
     return {
         "grpolab_manifest": 1,
         "command": " ".join(["grpolab", *sys.argv[1:]]),
@@ -53,10 +61,12 @@ def build_manifest(cfg: Config, model_path: str, tokenizer, train: list[Problem]
             "tokenizer": hashes["tokenizer"],
             "chat_template": mf.sha256_bytes((tokenizer.chat_template or "").encode()),
             "reward_code": mf.reward_code_hash(),
-            **({"reward_functions": source_hashes(cfg.reward.functions)} if cfg.reward.functions else {}),
+            **({"reward_functions": dict(sorted(reward_hashes.items()))} if reward_hashes else {}),
             "train_data": mf.data_hash(train),
             "held_out_data": mf.data_hash(held_out),
+            **({"dataset_fingerprint": fingerprint} if fingerprint else {}),
         },
+        **({"python_rewards": sorted(callable_hashes)} if callable_hashes else {}),
         "data": data_summary or {"train_problems": len(train), "held_out_problems": len(held_out)},
         "model_path": model_path,
         "train_problem_hashes": mf.problem_hashes(train),
@@ -71,19 +81,22 @@ def build_manifest(cfg: Config, model_path: str, tokenizer, train: list[Problem]
 def trainer_manifest(trainer: "Trainer") -> dict[str, Any]:
     """The manifest of a built trainer, as it reads back from JSON (tuples as lists), so it compares equal."""
     built = build_manifest(trainer.cfg, trainer.model_path, trainer.tokenizer, trainer.train_problems,
-                           trainer.eval_problems, trainer.data_summary, trainer.world.size)
+                           trainer.eval_problems, trainer.data_summary, trainer.world.size,
+                           trainer.rewards.callable_hashes())
     return json.loads(json.dumps(built))
 
 
-def start_run(cfg: Config) -> tuple["Trainer", dict[str, Any]]:
+def start_run(cfg: Config, rewards: dict[str, Any] | None = None,
+              problems: tuple[list[Problem], list[Problem], dict[str, Any]] | None = None) -> tuple["Trainer", dict[str, Any]]:
     """A new run: check the directory is free, build the trainer (bad input fails here, before anything is
     written), then create the directory and write its manifest. Over several ranks, rank 0 names and writes the
-    directory (its name, with a timestamp, is the one every rank uses)."""
+    directory (its name, with a timestamp, is the one every rank uses). ``rewards`` and ``problems``: Python
+    callables and in-memory problems (grpolab.api, Trainer)."""
     from .trainer import Trainer
 
     world = init_world(resolve_device(cfg.train.device))
     run_dir = gather_objects(plan_run_dir(cfg) if world.main else None, world)[0]
-    trainer = Trainer(cfg, run_dir, world)
+    trainer = Trainer(cfg, run_dir, world, rewards=rewards, problems=problems)
     manifest = trainer_manifest(trainer)
     if world.main:
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -92,8 +105,9 @@ def start_run(cfg: Config) -> tuple["Trainer", dict[str, Any]]:
     return trainer, manifest
 
 
-def resume_config(run_dir: Path, overrides: list[str]) -> tuple[Config, dict[str, Any]]:
-    """(config recorded in RUN_DIR/manifest.json with --set overrides applied, the manifest)."""
+def resume_config(run_dir: Path, overrides: list[str] | dict[str, Any]) -> tuple[Config, dict[str, Any]]:
+    """(config recorded in RUN_DIR/manifest.json with overrides applied, the manifest); overrides are --set strings,
+    or a mapping of dotted keys to values (grpolab.api)."""
     run_dir = Path(run_dir)
     if not (run_dir / "manifest.json").is_file():
         raise GrpolabError(f"--resume {run_dir}: not a run directory (no manifest.json); start a new run instead")
@@ -103,8 +117,8 @@ def resume_config(run_dir: Path, overrides: list[str]) -> tuple[Config, dict[str
     except (ValueError, KeyError, OSError) as e:
         raise GrpolabError(f"--resume {run_dir}: unreadable manifest.json ({type(e).__name__}: {e})") from None
     (raw.get("rollout") or {}).pop("engine", None)  # retired: it had one value and nothing read it
-    for text in overrides:
-        set_path(raw, *parse_override(text))
+    for key, value in overrides.items() if isinstance(overrides, dict) else map(parse_override, overrides):
+        set_path(raw, key, value)
     return from_dict(raw), manifest
 
 
@@ -125,14 +139,16 @@ def check_resume(recorded: dict[str, Any], current: dict[str, Any], run_dir: Pat
     return diffs
 
 
-def resume_run(run_dir: Path, overrides: list[str], allow_changes: bool) -> tuple["Trainer", Path | None]:
+def resume_run(run_dir: Path, overrides: list[str] | dict[str, Any], allow_changes: bool, rewards: dict[str, Any] | None = None,
+               problems: tuple[list[Problem], list[Problem], dict[str, Any]] | None = None) -> tuple["Trainer", Path | None]:
     """Rebuild the trainer of RUN_DIR, check it against the manifest, restore the newest complete checkpoint
-    (step 0 when there is none) and record the resume. Returns (trainer, checkpoint resumed from)."""
+    (step 0 when there is none) and record the resume. Returns (trainer, checkpoint resumed from). A run started
+    with Python rewards or in-memory problems (grpolab.api) is resumed with the same ``rewards`` / ``problems``."""
     from .trainer import Trainer
 
     run_dir = Path(run_dir)
     cfg, recorded = resume_config(run_dir, overrides)
-    trainer = Trainer(cfg, run_dir, init_world(resolve_device(cfg.train.device)))
+    trainer = Trainer(cfg, run_dir, init_world(resolve_device(cfg.train.device)), rewards=rewards, problems=problems)
     current = trainer_manifest(trainer)
     diffs = check_resume(recorded, current, run_dir, allow_changes)
     path = trainer.resume()

@@ -1,0 +1,326 @@
+"""The Python API: the runs, evaluations, comparisons and reports of the `grpolab` command as function calls that
+return result objects and print nothing (docs/api.md).
+
+    import grpolab
+
+    cfg = grpolab.load_config("configs/quickstart.yaml", **{"train.steps": 2, "reward.weights": {"correct": 1.0, "brevity": 0.1}})
+    result = grpolab.train(cfg, rewards={"brevity": brevity}, run_dir="runs/api-demo")
+    grpolab.release_report(result.run_dir, skip_safety=True).verdict
+
+Each entry point runs the command's own code: ``train`` builds the run with grpolab.runs.start_run (resume_run with
+``resume=``) and trains with Trainer.fit, as `grpolab train` does; ``evaluate_models`` is grpolab.evaluate.run_eval (`grpolab
+eval`); ``compare`` is the comparison of `grpolab compare`; ``release_report`` is grpolab.report.build_report (`grpolab
+report`). The same config and seed therefore give the same metrics.jsonl either way.
+
+What only Python can pass:
+- ``rewards={name: fn}``: reward callables, ``fn(completion, problem) -> float | None`` or batched
+  (``@grpolab.batched``, grpolab.rewards.user); each needs a weight in ``reward.weights``. The manifest records
+  each one's source hash (``hashes.reward_functions``) and its name (``python_rewards``).
+- ``problems=``: a list of grpolab.Problem, or a ``datasets.Dataset`` / ``DatasetDict`` read with the rules of task
+  ``hf`` (grpolab.tasks.hf; ``fields`` holds its options: prompt_field, answer_field, messages_field, ...). The held-out
+  problems of a periodic eval are ``eval_problems`` (a list or a Dataset), else the Dataset's test split or its
+  seeded held-out fraction; held-out problems that share a question with a training problem are refused. The run
+  records task name "python" (the problems live in the caller's memory); the manifest hashes them
+  (``hashes.train_data`` / ``held_out_data``) and, for a Dataset, records its fingerprint.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+
+if TYPE_CHECKING:
+    from .config import Config
+    from .tasks.base import Problem
+
+IN_MEMORY_TASK = "python"
+
+
+# ------------------------------------------------------------------------------------------------ results
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    """A finished (or resumed and finished) run: its directory, the metrics of its last step (those of
+    metrics.jsonl's last line, empty when there was nothing left to train), its newest checkpoint and its manifest."""
+
+    run_dir: Path
+    metrics: dict[str, float]
+    checkpoint: Path | None
+    manifest: dict[str, Any]
+    steps: int
+
+    def history(self) -> list[dict[str, Any]]:
+        """Every line of the run's metrics.jsonl."""
+        from .metrics import read_jsonl
+
+        return read_jsonl(self.run_dir / "metrics.jsonl")
+
+
+@dataclass(frozen=True)
+class EvalReport:
+    """An evaluation (the JSON `grpolab eval --out` writes, as ``data``) and where it was written, if anywhere."""
+
+    data: dict[str, Any]
+    path: Path | None = None
+
+    @property
+    def accuracy(self) -> dict[str, float]:
+        """{model: greedy (or sampled) accuracy} in the order evaluated."""
+        return {row["model"]: row["metrics"]["accuracy"]["mean"] for row in self.data["models"]}
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """A comparison (the JSON `grpolab compare --out` writes: ``eval_sets``, ``seed_groups``)."""
+
+    data: dict[str, Any]
+    path: Path | None = None
+
+
+@dataclass(frozen=True)
+class Report:
+    """A release report: the verdict and why, every check, the written report.html / report.md, and all its data."""
+
+    verdict: str
+    reason: str
+    checks: list[Any]
+    paths: dict[str, Path]
+    data: dict[str, Any] = field(repr=False)
+
+
+def write_result(path: str | Path | None, data: Mapping[str, Any]) -> Path | None:
+    """Write an evaluation or comparison JSON to `path` (folders created); None when no path is given."""
+    if path is None:
+        return None
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=2) + "\n")
+    return path
+
+
+# ------------------------------------------------------------------------------------------------ config
+
+
+def load_config(source: Any = None, overrides: Mapping[str, Any] | Sequence[str] | None = None, **fields: Any) -> "Config":
+    """A validated Config from a YAML path, a dict (nested, or with dotted keys), a Config, or None (the defaults),
+    with overrides applied in order: ``overrides`` (a mapping of dotted keys to values, or `--set` strings
+    "a.b=value" read exactly as the command reads them), then keyword fields (``train__steps=2`` is "train.steps";
+    dotted keys also work as ``**{"train.steps": 2}``). A value replaces the field whole (a mapping too). A
+    resolved Config's algorithm fields are already expanded, so change ``algorithm.preset`` on its YAML or dict.
+
+    >>> load_config({"train.steps": 3}, {"rollout.group_size": 4}, train__lr=1e-5).train.steps
+    3
+    """
+    from .config import Config, from_dict, load_config as load_yaml, parse_override, set_path, to_dict
+
+    if isinstance(source, Config):
+        raw = to_dict(source)
+    elif isinstance(source, Mapping):
+        raw = {}
+        for key, value in copy.deepcopy(dict(source)).items():
+            set_path(raw, str(key), value)
+    elif source is None:
+        raw = {}
+    else:
+        load_yaml(source)  # the command's own checks and messages for the file
+        import yaml
+
+        raw = yaml.safe_load(Path(source).read_text()) or {}
+    if isinstance(overrides, (str, bytes)):
+        overrides = [overrides]
+    if isinstance(overrides, Mapping):
+        for key, value in overrides.items():
+            set_path(raw, str(key), value)
+    else:
+        for text in overrides or ():
+            set_path(raw, *parse_override(text))
+    for key, value in fields.items():
+        set_path(raw, key.replace("__", "."), value)
+    return from_dict(raw)
+
+
+def _with_run_dir(cfg: "Config", run_dir: str | Path | None) -> "Config":
+    """cfg with run.output_dir / run.name pointing at `run_dir` (unchanged when None)."""
+    if run_dir is None:
+        return cfg
+    run_dir = Path(run_dir)
+    return dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, output_dir=str(run_dir.parent), name=run_dir.name))
+
+
+# ------------------------------------------------------------------------------------------------ in-memory problems
+
+
+def _is_dataset(obj: Any) -> bool:
+    """A datasets.Dataset or DatasetDict (both have column_names), told apart from a list of problems."""
+    return hasattr(obj, "column_names")
+
+
+def _problem_list(where: str, items: Any) -> list["Problem"]:
+    from .errors import ConfigError
+    from .tasks.base import Problem
+
+    if isinstance(items, (str, bytes, Mapping)) or not isinstance(items, Sequence):
+        raise ConfigError(f"{where}: expected a list of grpolab.Problem or a datasets.Dataset, got {type(items).__name__}")
+    for i, p in enumerate(items):
+        if not isinstance(p, Problem):
+            raise ConfigError(f"{where}[{i}]: expected a grpolab.Problem(uid, question, answer), got {type(p).__name__}")
+    return list(items)
+
+
+def _dataset_task(dataset: Any, fields: Mapping[str, Any] | None):
+    from .tasks.hf import HFTask
+
+    return HFTask(dataset=dataset, **dict(fields or {}))
+
+
+def in_memory_problems(cfg: "Config", problems: Any, eval_problems: Any = None,
+                       fields: Mapping[str, Any] | None = None) -> tuple[list["Problem"], list["Problem"], dict[str, Any]]:
+    """(train, held-out, data summary) of problems given in memory (module docstring); the held-out ones are cut to
+    eval.num_problems, and any that shares a question with a training problem is a DataError naming it."""
+    from .errors import ConfigError, DataError
+    from .manifest import problem_hashes
+    from .overlap import overlapping
+
+    source: dict[str, Any] = {"kind": IN_MEMORY_TASK}
+    task = _dataset_task(problems, fields) if _is_dataset(problems) else None
+    train = task.problems("train") if task else _problem_list("problems", problems)
+    if not train:
+        raise ConfigError("problems: no training problems")
+    held_out: list[Problem] = []
+    if eval_problems is not None:
+        held_out = _dataset_task(eval_problems, fields).problems("train") if _is_dataset(eval_problems) \
+            else _problem_list("eval_problems", eval_problems)
+    elif task is not None and cfg.eval.every_steps:
+        held_out = task.problems("test")
+    if task is not None:
+        source.update(task.source, kind=IN_MEMORY_TASK)
+    if cfg.eval.every_steps and not held_out:
+        raise ConfigError("eval_problems: eval.every_steps > 0 needs held-out problems; pass eval_problems=[...] (or a "
+                          "datasets.Dataset as problems, whose test split or held-out fraction is used), or set "
+                          "eval.every_steps=0")
+    held_out = held_out[: cfg.eval.num_problems] if cfg.eval.every_steps else held_out
+    shared = overlapping(held_out, problem_hashes(train))
+    if shared:
+        raise DataError(f"eval_problems: {len(shared)} of {len(held_out)} held-out problems share a question with a "
+                        f"training problem (e.g. {shared[0].uid}: {shared[0].question[:80]!r}); hold them out")
+    summary = {"train_problems": len(train), "held_out_problems": len(held_out), "source": source}
+    return train, held_out, summary
+
+
+# ------------------------------------------------------------------------------------------------ entry points
+
+
+def train(config: Any = None, *, rewards: Mapping[str, Callable[..., Any]] | None = None, problems: Any = None,
+          eval_problems: Any = None, fields: Mapping[str, Any] | None = None, run_dir: str | Path | None = None,
+          on_step: Callable[[int, dict[str, float]], None] | None = None, resume: str | Path | None = None,
+          allow_changes: bool = False) -> TrainResult:
+    """Train with GRPO as `grpolab train` does and return the run (module docstring for ``rewards`` and ``problems``).
+
+    ``config``: a Config, a YAML path or a dict (load_config). ``run_dir``: the new run's directory (else
+    run.output_dir / run.name). ``on_step(step, metrics)`` is called after every step. ``resume=RUN_DIR`` continues a
+    run from its newest checkpoint instead, as `grpolab train --resume` (its config comes from its manifest, and
+    ``config`` may only be a mapping of overrides; ``allow_changes`` as --allow-changes); pass the same ``rewards``
+    and ``problems`` it was started with. Everything the run is given is checked before any model is loaded; errors
+    are GrpolabError subclasses with one-line messages.
+    """
+    from .checkpoint import latest_checkpoint
+    from .config import TaskConfig
+    from .errors import ConfigError
+    from .runs import start_run
+
+    rewards = dict(rewards or {})
+    if resume is not None:
+        trainer, manifest = _resume(Path(resume), config, rewards, problems, eval_problems, fields, allow_changes)
+    else:
+        cfg = _with_run_dir(config if _is_config(config) else load_config(config), run_dir)
+        prepared = None
+        if problems is not None:
+            prepared = in_memory_problems(cfg, problems, eval_problems, fields)
+            options = dict(fields or {}) if _is_dataset(problems) else {}
+            cfg = dataclasses.replace(cfg, task=TaskConfig(name=IN_MEMORY_TASK, options=options))
+        elif eval_problems is not None or fields:
+            raise ConfigError("eval_problems / fields: only with problems=...; otherwise the config's task supplies them")
+        trainer, manifest = start_run(cfg, rewards=rewards, problems=prepared)
+    metrics = trainer.fit(on_step)
+    return TrainResult(run_dir=trainer.run_dir, metrics=metrics, checkpoint=latest_checkpoint(trainer.run_dir),
+                       manifest=manifest, steps=trainer.step)
+
+
+def _resume(run_dir: Path, overrides: Any, rewards: dict[str, Any], problems: Any, eval_problems: Any,
+            fields: Mapping[str, Any] | None, allow_changes: bool):
+    """(trainer, manifest) of a resumed run (grpolab.runs.resume_run, with the in-memory problems prepared)."""
+    from .errors import ConfigError
+    from .manifest import read_manifest
+    from .runs import resume_config, resume_run
+
+    if overrides is not None and not isinstance(overrides, Mapping):
+        raise ConfigError("config: with resume=RUN_DIR the config comes from its manifest; pass None or a mapping "
+                          "of overrides such as {'train.steps': 50}")
+    overrides = dict(overrides or {})
+    cfg, _ = resume_config(run_dir, overrides)
+    if cfg.task.name == IN_MEMORY_TASK and problems is None:
+        raise ConfigError(f"problems: {run_dir} was trained on problems passed in memory; pass the same problems= "
+                          "(and eval_problems=) to resume it")
+    prepared = in_memory_problems(cfg, problems, eval_problems, fields) if problems is not None else None
+    trainer, _ = resume_run(run_dir, overrides, allow_changes, rewards=rewards, problems=prepared)
+    return trainer, read_manifest(run_dir)
+
+
+def _is_config(obj: Any) -> bool:
+    from .config import Config
+
+    return isinstance(obj, Config)
+
+
+def evaluate_models(models: str | Sequence[str], task: str = "arithmetic", options: Mapping[str, Any] | None = None,
+             split: str = "test", limit: int = 0, max_new_tokens: int = 64, batch_size: int = 64, samples: int = 0,
+             temperature: float = 1.0, top_p: float = 1.0, seed: int = 0, dtype: str = "float32",
+             out: str | Path | None = None) -> EvalReport:
+    """Held-out accuracy of one or more models (hub id, path, run directory or bundled: alias) on a task's split, as
+    `grpolab eval` (same defaults): bootstrap intervals, paired differences against the first model, the held-out
+    check of every model's recorded training set. ``out``: also write the JSON there."""
+    from .evaluate import run_eval
+
+    names = [models] if isinstance(models, (str, Path)) else list(models)
+    data = run_eval([str(m) for m in names], task, dict(options or {}), split, limit, max_new_tokens, batch_size, dtype,
+                    samples=samples, temperature=temperature, top_p=top_p, seed=seed)
+    return EvalReport(data, write_result(out, data))
+
+
+def compare(sources: str | Path | Sequence[str | Path], baseline: str = "", out: str | Path | None = None) -> Comparison:
+    """Runs and evaluation JSONs side by side per evaluation set, with paired differences and seed groups, as
+    `grpolab compare`. ``baseline``: the reference row is the first whose label contains it."""
+    from .cli.evaluate import compare_entries, load_entries
+
+    paths = [Path(sources)] if isinstance(sources, (str, Path)) else [Path(s) for s in sources]
+    data = compare_entries(load_entries(paths), baseline)
+    return Comparison(data, write_result(out, data))
+
+
+def release_report(run_dir: str | Path, baselines: Sequence[str] = (), thresholds: Mapping[str, float] | None = None,
+           skip_safety: bool = False, safety_max_new_tokens: int = 64, capability_task: str | None = None,
+           capability_n: int = 50, capability_options: Mapping[str, Any] | None = None,
+           capability_max_new_tokens: int = 256, dtype: str = "float32",
+           log: Callable[[str], None] | None = None) -> Report:
+    """The release report of a run, as `grpolab report` (same defaults): writes report.html and report.md into the
+    run directory and returns the verdict, the checks and the paths. ``thresholds``: {name: value} overrides."""
+    from .report import ReportOptions, build_report
+    from .report.base import Thresholds
+
+    opts = ReportOptions(baselines=list(baselines), thresholds=Thresholds().replace(dict(thresholds or {})),
+                         skip_safety=skip_safety, safety_max_new_tokens=safety_max_new_tokens, dtype=dtype,
+                         capability_task=capability_task or None, capability_n=capability_n,
+                         capability_options=dict(capability_options or {}),
+                         capability_max_new_tokens=capability_max_new_tokens)
+    data = build_report(Path(run_dir), opts, log=log or (lambda s: None))
+    label, why = data["verdict"]
+    return Report(verdict=label, reason=why, checks=list(data["checks"]), paths=dict(data["paths"]), data=data)
+
+
+__all__ = ["Comparison", "EvalReport", "Report", "TrainResult", "compare", "evaluate", "in_memory_problems",
+           "load_config", "report", "train", "write_result"]
