@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from .config import Config
+from .precision import card_entry, unresolved
 
 PEER_VERSIONS = {"trl": "1.16.0", "verl": "0.9.1", "openrlhf": "0.11.2"}
 EXACT, NEAREST, NONE = "exact", "nearest", "none"
@@ -319,8 +320,10 @@ def peer_settings(peer_equivalents: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
-def objective_card(cfg: Config) -> dict[str, Any]:
-    """The card stored in the manifest: preset, formula (text and LaTeX), every choice, and the peer equivalents."""
+def objective_card(cfg: Config, precision: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The card stored in the manifest: preset, formula (text and LaTeX), every choice, and the peer equivalents.
+    ``precision``: the trainer's resolution of train.precision / rollout.dtype (grpolab.precision.resolve); without
+    it the card shows the settings as they are ("auto" left open)."""
     text, tex = formula(cfg)
     a = cfg.algorithm
     return {
@@ -339,6 +342,7 @@ def objective_card(cfg: Config) -> dict[str, Any]:
             "lora": ({"rank": cfg.model.lora.rank, "alpha": cfg.model.lora.alpha, "dropout": cfg.model.lora.dropout,
                       "target_modules": cfg.model.lora.target_modules} if cfg.model.lora.rank else "off"),
             "strategy": cfg.train.strategy,
+            "precision": card_entry(precision or unresolved(cfg.train.precision, cfg.rollout.dtype)),
         },
         "equivalents": equivalents(cfg),
         **code_extraction(cfg),

@@ -67,7 +67,8 @@ class RolloutConfig:
     top_p: float = 1.0
     top_k: int = 0  # 0 = off
     max_new_tokens: int = 64
-    dtype: Literal["float32", "bfloat16"] = "bfloat16"  # the sampler's own weight copy; synced after each update
+    # the sampler's own weight copy, synced after each update; auto = measured at start (grpolab/precision.py)
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
 
 
 @dataclass(frozen=True)
@@ -112,7 +113,8 @@ class TrainConfig:
     schedule: Literal["constant", "cosine"] = "constant"
     min_lr_ratio: float = 0.0
     grad_clip: float = 1.0
-    precision: Literal["fp32", "bf16"] = "fp32"  # bf16 = bfloat16 autocast over fp32 master weights
+    # bf16 = bfloat16 autocast over fp32 master weights; auto = measured at start (grpolab/precision.py)
+    precision: Literal["auto", "fp32", "bf16"] = "auto"
     device: str = "auto"  # auto (cuda when available) | cpu | cuda | cuda:N; under torchrun on CUDA: cuda:LOCAL_RANK
     strategy: Literal["ddp", "fsdp2"] = "ddp"  # data parallel: replicated weights, or sharded (grpolab/sharding.py)
     share_prompt: bool = True  # training passes run each prompt once per micro-batch, not once per completion

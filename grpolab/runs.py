@@ -41,12 +41,15 @@ def plan_run_dir(cfg: Config) -> Path:
 
 def build_manifest(cfg: Config, model_path: str, tokenizer, train: list[Problem], held_out: list[Problem],
                    data_summary: dict[str, Any] | None = None, world_size: int = 1,
-                   callable_hashes: dict[str, str | None] | None = None) -> dict[str, Any]:
+                   callable_hashes: dict[str, str | None] | None = None,
+                   precision: dict[str, Any] | None = None) -> dict[str, Any]:
     """The manifest of a run (docs/design.md section 6). ``hashes.reward_functions`` holds the source hash of every
     user reward: the file of each config reference, the own source of each Python callable passed in
     (``callable_hashes``; their names are listed under ``python_rewards``). A data summary with a ``source`` (the hf
     task, in-memory data sets) puts its ``fingerprint`` into ``hashes.dataset_fingerprint`` and the whole source
-    into ``data.source``."""
+    into ``data.source``. ``precision``: the trainer's resolution of train.precision / rollout.dtype
+    (grpolab.precision.resolve: setting, choice, source, probe numbers), stored under ``precision`` and shown in
+    the objective card; a resume passes it back to the trainer."""
     hashes = mf.hash_model_dir(model_path)
     reward_hashes = {**source_hashes(cfg.reward.functions), **(callable_hashes or {})}
     fingerprint = ((data_summary or {}).get("source") or {}).get("fingerprint")
@@ -55,7 +58,8 @@ def build_manifest(cfg: Config, model_path: str, tokenizer, train: list[Problem]
         "command": " ".join(["grpolab", *sys.argv[1:]]),
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "config": to_dict(cfg),
-        "objective": objective_card(cfg),
+        "objective": objective_card(cfg, precision),
+        **({"precision": precision} if precision else {}),
         "hashes": {
             "model_weights": hashes["weights"],
             "tokenizer": hashes["tokenizer"],
@@ -80,9 +84,9 @@ def build_manifest(cfg: Config, model_path: str, tokenizer, train: list[Problem]
 
 def trainer_manifest(trainer: "Trainer") -> dict[str, Any]:
     """The manifest of a built trainer, as it reads back from JSON (tuples as lists), so it compares equal."""
-    built = build_manifest(trainer.cfg, trainer.model_path, trainer.tokenizer, trainer.train_problems,
+    built = build_manifest(trainer.config_given, trainer.model_path, trainer.tokenizer, trainer.train_problems,
                            trainer.eval_problems, trainer.data_summary, trainer.world.size,
-                           trainer.rewards.callable_hashes())
+                           trainer.rewards.callable_hashes(), trainer.precision)
     return json.loads(json.dumps(built))
 
 
@@ -148,13 +152,14 @@ def resume_run(run_dir: Path, overrides: list[str] | dict[str, Any], allow_chang
 
     run_dir = Path(run_dir)
     cfg, recorded = resume_config(run_dir, overrides)
-    trainer = Trainer(cfg, run_dir, init_world(resolve_device(cfg.train.device)), rewards=rewards, problems=problems)
+    trainer = Trainer(cfg, run_dir, init_world(resolve_device(cfg.train.device)), rewards=rewards, problems=problems,
+                      precision=recorded.get("precision"))  # an "auto" keeps its recorded choice: no new probe
     current = trainer_manifest(trainer)
     diffs = check_resume(recorded, current, run_dir, allow_changes)
     path = trainer.resume()
     if not trainer.world.main:
         return trainer, path
-    updated = dict(recorded)
+    updated = dict(recorded, precision=current["precision"])  # the recorded one unless an override changed it
     if diffs:
         updated.update({k: current[k] for k in RESUME_GUARDED})
     updated["resumes"] = [*recorded.get("resumes", []), {

@@ -11,6 +11,7 @@ grpolab.faults.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
@@ -33,6 +34,7 @@ from .faults import InterruptGuard, NonFiniteTracker, TrainingInterrupted
 from .metrics import JsonlSink, peak_rss_mb, truncate_log
 from .lora import apply_lora, load_weights, make_reference, trainable_parameters
 from .models import DTYPES, load_causal_lm, load_tokenizer, resolve_model_path
+from .precision import model_dims, probe_shapes, resolve
 from .prompt_sampler import PromptSampler
 from .rewards import RewardSet
 from .rollout.hf import HFEngine
@@ -117,12 +119,17 @@ class NullSink:
 
 class Trainer:
     """``rewards``: Python reward callables by name, beside the config's (grpolab.api); ``problems``: (train,
-    held-out, data summary) given in memory instead of loaded from the config's task (grpolab.api)."""
+    held-out, data summary) given in memory instead of loaded from the config's task (grpolab.api).
+
+    ``precision``: a resumed run's recorded resolution of train.precision / rollout.dtype (its manifest's
+    ``precision``), reused instead of probing again. ``self.precision`` is the resolution; ``self.cfg`` is the
+    config with it applied (never "auto"), ``self.config_given`` the config as given (what the manifest records)."""
 
     def __init__(self, cfg: Config, run_dir: Path, world: World | None = None,
                  rewards: dict[str, Callable[..., Any]] | None = None,
-                 problems: tuple[list[Problem], list[Problem], dict[str, Any]] | None = None):
-        self.cfg = cfg
+                 problems: tuple[list[Problem], list[Problem], dict[str, Any]] | None = None,
+                 precision: dict[str, Any] | None = None):
+        self.cfg = self.config_given = cfg
         self.run_dir = Path(run_dir)
         self.device = resolve_device(cfg.train.device)
         self.world = world or init_world(self.device)
@@ -136,6 +143,9 @@ class Trainer:
         self.policy = apply_lora(load_causal_lm(self.model_path, cfg.model.dtype), cfg.model, self.model_path,
                                  cfg.train.seed).to(self.device)  # a peft model when model.lora.rank > 0
         self.policy.train()
+        self.precision = self.resolve_precision(precision)
+        self.cfg = cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, precision=self.precision["update"]),
+                                             rollout=dataclasses.replace(cfg.rollout, dtype=self.precision["sampling"]))
         compute_dtype = torch.bfloat16 if cfg.train.precision == "bf16" else DTYPES[cfg.model.dtype]
         self.reference = make_reference(self.policy, compute_dtype) if cfg.algorithm.beta > 0 else None  # LoRA: adapters off
         t = cfg.train
@@ -158,6 +168,15 @@ class Trainer:
         self.nonfinite = NonFiniteTracker(t.max_nonfinite_steps)
         self.skipped_in_step = 0
         self.last_eval: EvalResult | None = None
+
+    def resolve_precision(self, recorded: dict[str, Any] | None) -> dict[str, Any]:
+        """train.precision / rollout.dtype resolved by grpolab.precision (explicit wins; auto: CUDA support or the
+        CPU probe at this model's shapes; a resume's recorded resolution); rank 0 decides for every rank."""
+        c = self.cfg
+        shapes = probe_shapes(*model_dims(self.policy), c.train.micro_batch_size, c.rollout.max_new_tokens,
+                              c.rollout.group_size)
+        mine = resolve(c.train.precision, c.rollout.dtype, self.device, shapes, recorded) if self.world.main else None
+        return gather_objects(mine, self.world)[0]
 
     # ------------------------------------------------------------------------------------------ one step
 

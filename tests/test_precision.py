@@ -1,0 +1,213 @@
+"""Precision by measurement (grpolab/precision.py): the rule on given numbers, the per-machine cache, what a run
+records (manifest and objective card: setting, resolution, probe numbers) and that a resume keeps its recorded
+choice. No test asserts a timing: the measurement itself is replaced by fakes wherever a result is checked."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import earnable
+from grpolab import precision
+from grpolab.card import objective_card
+from grpolab.config import from_dict
+from grpolab.errors import ConfigError, GrpolabError
+from grpolab.runs import resume_run, start_run
+
+SHAPES = {"update": [56, 32, 64], "sampling": [4, 32, 100]}
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def probed(speedup: float, shapes: dict = SHAPES) -> dict:
+    """What precision.probe returns when bf16 runs `speedup` times as fast as fp32 (100 GFLOP/s) for both uses."""
+    products = {use: {"shape": s, "fp32_gflops": 100.0, "bf16_gflops": 100.0 * speedup, "speedup": speedup}
+                for use, s in shapes.items()}
+    return {"key": "fake", "cached": False, "products": products}
+
+
+class FakeProbe:
+    """A stand-in for precision.probe: fixed numbers, and a count of its calls."""
+
+    def __init__(self, speedup: float):
+        self.speedup, self.calls = speedup, 0
+
+    def __call__(self, shapes: dict) -> dict:
+        self.calls += 1
+        return probed(self.speedup, shapes)
+
+
+# ----------------------------------------------------------------------------------------------- the rule
+
+
+@pytest.mark.parametrize("speedup, update, sampling", [(1.3, "bf16", "bfloat16"), (1.05, "fp32", "float32"),
+                                                       (precision.BF16_MARGIN, "bf16", "bfloat16"), (0.02, "fp32", "float32")])
+def test_auto_picks_bf16_only_when_clearly_faster(speedup, update, sampling):
+    r = precision.resolve("auto", "auto", "cpu", SHAPES, run_probe=lambda s: probed(speedup))
+    assert (r["update"], r["sampling"]) == (update, sampling)
+    assert r["setting"] == {"update": "auto", "sampling": "auto"} and r["source"].startswith("auto: probe")
+    assert r["probe"]["products"]["update"]["bf16_gflops"] == pytest.approx(100 * speedup)
+    assert r["probe"]["margin"] == precision.BF16_MARGIN
+
+
+def test_an_explicit_setting_wins_and_is_recorded_as_explicit():
+    fake = FakeProbe(1.3)
+    r = precision.resolve("fp32", "float32", "cpu", SHAPES, run_probe=fake)
+    assert (r["update"], r["sampling"], r["source"]) == ("fp32", "float32", "explicit") and fake.calls == 0
+    assert "probe" not in r
+    mixed = precision.resolve("fp32", "auto", "cpu", SHAPES, run_probe=fake)  # only the auto one follows the probe
+    assert (mixed["update"], mixed["sampling"]) == ("fp32", "bfloat16") and fake.calls == 1
+    assert mixed["source"].startswith("update explicit; sampling auto: probe")
+
+
+def test_cuda_decides_by_device_support_without_probing(monkeypatch):
+    def no_probe(shapes):
+        raise AssertionError("probed on CUDA")
+
+    for supported, update in ((True, "bf16"), (False, "fp32")):
+        monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: supported)
+        r = precision.resolve("auto", "auto", "cuda", SHAPES, run_probe=no_probe)
+        assert r["update"] == update and "CUDA" in r["source"] and "probe" not in r
+
+
+def test_the_rate_formula_and_the_shapes_fit_the_budget():
+    assert precision.gflops(2, 3, 4, 1e-9) == pytest.approx(2 * 2 * 3 * 4)  # 2 m n k / s / 1e9
+    shapes = precision.probe_shapes(576, 1536, 49152, micro_batch_size=16, max_new_tokens=48, group_size=8)
+    assert shapes["update"][1:] == [576, 1536] and shapes["sampling"][:2] == [8, 576]  # hidden sizes and rows kept
+    for m, k, n in shapes.values():
+        assert 2 * m * k * n <= precision.MAX_PROBE_FLOP
+
+
+def test_auto_is_accepted_and_a_wrong_value_names_the_field():
+    cfg = from_dict({})
+    assert (cfg.train.precision, cfg.rollout.dtype) == ("auto", "auto")
+    with pytest.raises(ConfigError, match="train.precision: expected one of 'auto', 'fp32', 'bf16'"):
+        from_dict({"train": {"precision": "float32"}})
+    with pytest.raises(ConfigError, match="rollout.dtype: expected one of 'auto', 'float32', 'bfloat16'"):
+        from_dict({"rollout": {"dtype": "bf16"}})
+    card = objective_card(cfg)["choices"]["precision"]  # no trainer yet: the settings, left open
+    assert card["update"] == "auto" and "when the trainer is built" in card["source"]
+
+
+# ----------------------------------------------------------------------------------------------- the cache
+
+
+def test_the_probe_is_measured_once_per_machine_and_shapes(tmp_path, monkeypatch):
+    monkeypatch.setenv("GRPOLAB_CACHE", str(tmp_path))
+    timed = []
+
+    def fake_time(m, k, n, dtype):
+        timed.append((m, k, n, dtype))
+        return 1e-3 if dtype == torch.float32 else 4e-3
+
+    monkeypatch.setattr(precision, "time_product", fake_time)
+    first = precision.probe(SHAPES)
+    assert len(timed) == 4 and first["cached"] is False  # 2 uses x 2 dtypes
+    assert first["products"]["update"] == {"shape": [56, 32, 64], "fp32_gflops": round(2 * 56 * 32 * 64 / 1e-3 / 1e9, 2),
+                                           "bf16_gflops": round(2 * 56 * 32 * 64 / 4e-3 / 1e9, 2), "speedup": 0.25}
+    again = precision.probe(SHAPES)
+    assert len(timed) == 4 and again["cached"] is True and again["products"] == first["products"]
+    assert first["key"] in json.loads((tmp_path / precision.CACHE_FILE).read_text())
+
+    other = {**SHAPES, "update": [28, 32, 64]}
+    assert precision.probe(other)["cached"] is False and len(timed) == 8  # other shapes: measured
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 7)
+    assert precision.probe(SHAPES)["cached"] is False and len(timed) == 12  # other thread count: measured
+    assert precision.probe(SHAPES)["cached"] is True and len(timed) == 12
+
+
+def test_an_unreadable_cache_is_measured_again(tmp_path, monkeypatch):
+    monkeypatch.setenv("GRPOLAB_CACHE", str(tmp_path))
+    (tmp_path / precision.CACHE_FILE).write_text("{not json")
+    calls = []
+    monkeypatch.setattr(precision, "time_product", lambda m, k, n, dtype: calls.append(dtype) or 1e-3)
+    assert precision.probe(SHAPES)["cached"] is False and len(calls) == 4
+    assert precision.probe(SHAPES)["cached"] is True  # and the file is whole again
+
+
+def test_the_real_probe_leaves_the_global_rng_alone():
+    state = torch.random.get_rng_state()
+    precision.measure({"update": [8, 16, 16]})
+    assert torch.equal(state, torch.random.get_rng_state())
+
+
+# ----------------------------------------------------------------------------------------------- runs
+
+
+def tiny(model_dir: str, out, name: str, **train) -> dict:
+    return {
+        "model": {"name": model_dir},
+        "task": {"name": "arithmetic", "options": {"num_train": 20, "num_test": 10}},
+        "reward": earnable.reward_config(),
+        "rollout": earnable.rollout_config(group_size=4, dtype="auto"),
+        "algorithm": {"preset": "grpo", "beta": 0.0, "entropy_coef": 0.0},
+        "train": {"steps": 1, "prompts_per_step": 2, "micro_batch_size": 4, "lr": 1e-3, "seed": 0,
+                  "samples_per_step": 0, "precision": "auto", **train},
+        "eval": {"every_steps": 0},
+        "run": {"output_dir": str(out), "name": name},
+    }
+
+
+def sampler_dtype(trainer) -> torch.dtype:
+    return next(trainer.engine.model.parameters()).dtype
+
+
+def test_a_run_records_setting_resolution_and_probe_numbers(tiny_model_dir, tmp_path, monkeypatch):
+    monkeypatch.setattr(precision, "probe", fake := FakeProbe(0.5))
+    trainer, manifest = start_run(from_dict(tiny(tiny_model_dir, tmp_path, "auto")))
+    assert fake.calls == 1
+    p = manifest["precision"]
+    assert p["setting"] == {"update": "auto", "sampling": "auto"} and (p["update"], p["sampling"]) == ("fp32", "float32")
+    assert p["probe"]["cached"] is False and p["probe"]["margin"] == precision.BF16_MARGIN
+    hidden, inter, vocab = precision.model_dims(trainer.policy)
+    assert (hidden, inter) == (32, 64)  # conftest's tiny Llama
+    assert p["probe"]["products"]["update"]["shape"][1:] == [32, 64]
+    assert p["probe"]["products"]["sampling"]["shape"] == [4, 32, vocab]
+    assert p["probe"]["products"]["sampling"]["fp32_gflops"] == 100.0
+    card = manifest["objective"]["choices"]["precision"]
+    assert card == {"update": "fp32", "sampling": "float32", "source": p["source"]} and "0.5x" in card["source"]
+    assert manifest["config"]["train"]["precision"] == "auto" and manifest["config"]["rollout"]["dtype"] == "auto"
+    assert json.loads((tmp_path / "auto" / "manifest.json").read_text())["precision"] == p
+    assert trainer.cfg.train.precision == "fp32" and sampler_dtype(trainer) == torch.float32
+
+    monkeypatch.setattr(precision, "probe", FakeProbe(1.3))  # bf16 clearly faster: the run uses it
+    trainer, manifest = start_run(from_dict(tiny(tiny_model_dir, tmp_path, "fast-bf16")))
+    assert trainer.cfg.train.precision == "bf16" and trainer.updater.cfg.train.precision == "bf16"
+    assert sampler_dtype(trainer) == torch.bfloat16 and manifest["precision"]["sampling"] == "bfloat16"
+
+
+def test_an_explicit_run_is_recorded_as_explicit(tiny_model_dir, tmp_path, monkeypatch):
+    monkeypatch.setattr(precision, "probe", fake := FakeProbe(1.3))
+    raw = tiny(tiny_model_dir, tmp_path, "explicit", precision="fp32")
+    raw["rollout"]["dtype"] = "float32"
+    trainer, manifest = start_run(from_dict(raw))
+    assert fake.calls == 0 and manifest["precision"]["source"] == "explicit" and "probe" not in manifest["precision"]
+    assert manifest["objective"]["choices"]["precision"] == {"update": "fp32", "sampling": "float32", "source": "explicit"}
+    assert sampler_dtype(trainer) == torch.float32
+
+
+def test_a_resumed_auto_run_keeps_its_recorded_choice(tiny_model_dir, tmp_path, monkeypatch):
+    monkeypatch.setattr(precision, "probe", FakeProbe(0.5))
+    trainer, manifest = start_run(from_dict(tiny(tiny_model_dir, tmp_path, "r")))
+    trainer.fit()
+    run = tmp_path / "r"
+    monkeypatch.setattr(precision, "probe", now := FakeProbe(1.3))  # this machine would now choose bf16
+    assert precision.resolve("auto", "auto", "cpu", SHAPES)["update"] == "bf16" and now.calls == 1
+
+    resumed, path = resume_run(run, [], allow_changes=False)  # no difference: the recorded choice is reused
+    assert now.calls == 1 and path is not None and path.name == "step-1"
+    assert resumed.cfg.train.precision == "fp32" and sampler_dtype(resumed) == torch.float32
+    after = json.loads((run / "manifest.json").read_text())
+    assert after["precision"] == manifest["precision"] and after["resumes"][0]["differences"] == []
+
+    with pytest.raises(GrpolabError, match="config.train.precision"):  # an override is a change like any other
+        resume_run(run, ["train.precision=bf16"], allow_changes=False)
+    resumed, _ = resume_run(run, ["train.precision=bf16"], allow_changes=True)  # ... and wins when allowed
+    assert resumed.cfg.train.precision == "bf16" and resumed.cfg.rollout.dtype == "float32" and now.calls == 1
+    after = json.loads((run / "manifest.json").read_text())
+    assert after["precision"]["update"] == "bf16" and after["precision"]["sampling"] == "float32"
+    assert after["precision"]["source"] == "update explicit; sampling auto: recorded by the run"
+    assert after["precision"]["probe"] == manifest["precision"]["probe"]  # the numbers the kept choice was made on
+    assert after["objective"]["choices"]["precision"]["update"] == "bf16"
