@@ -12,7 +12,7 @@ EVAL_N ?= 300
 # capability on a task the demo never trains on: products up to 12 x 12 (it trains on sums and differences)
 CAPABILITY_N ?= 100
 
-.PHONY: install demo test test-slow test-peers bench clean
+.PHONY: install demo code-demo test test-slow test-peers bench clean
 
 install: $(STAMP)
 
@@ -39,6 +39,20 @@ demo: $(STAMP)
 	$(VENV)/bin/grpolab report $(DEMO_RUN) --capability-task arithmetic --capability-n $(CAPABILITY_N) \
 		--capability-option operators='*' --capability-option max_operand=12 --capability-option terms=2 \
 		--capability-max-new-tokens 48
+
+# The code quickstart (docs/code.md): pyfunc on the bundled model, held-out pass rate base vs trained, HumanEval pass@1.
+# HUMANEVAL: a directory with HumanEval.jsonl, or empty for the hub data set (network).
+CODE_RUN ?= runs/code-quickstart
+HUMANEVAL ?=
+code-demo: $(STAMP)
+	rm -rf $(CODE_RUN)
+	$(VENV)/bin/grpolab train configs/code_quickstart.yaml --set run.name=$(notdir $(CODE_RUN)) --set run.output_dir=$(dir $(CODE_RUN))
+	$(VENV)/bin/grpolab eval bundled:smollm2-135m-instruct $(CODE_RUN) --task pyfunc --task-option seed=0 \
+		--task-option levels=2,3 --task-option test_fraction=0.5 --split test --max-new-tokens 64 \
+		--out $(CODE_RUN)/eval/base_vs_trained.json
+	$(VENV)/bin/grpolab eval bundled:smollm2-135m-instruct $(CODE_RUN) --task humaneval $(if $(HUMANEVAL),--task-option path=$(HUMANEVAL)) \
+		--split test --max-new-tokens 256 --out $(CODE_RUN)/eval/humaneval.json
+	$(VENV)/bin/grpolab report $(CODE_RUN)
 
 # The objective card checked by the peers' own code (tests/test_card_peers.py): TRL, verl and OpenRLHF in a venv of
 # their own (verl and OpenRLHF install with --no-deps, and hydra pins an older antlr4 than math-verify uses).

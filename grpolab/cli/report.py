@@ -22,7 +22,7 @@ def report(
     capability_task: Annotated[str, typer.Option(help="evaluate base and trained model on this untrained task, e.g. gsm8k")] = "",
     capability_n: Annotated[int, typer.Option(help="problems for --capability-task")] = 50,
     capability_option: Annotated[list[str], typer.Option(
-        "--capability-option", help="task option KEY=VALUE, e.g. path=../shared/data/gsm8k")] = [],
+        "--capability-option", help="task option KEY=VALUE, e.g. path=data/gsm8k")] = [],
     capability_max_new_tokens: int = 256,
     dtype: Annotated[str, typer.Option(help="float32 or bfloat16, for the models this command runs")] = "float32",
     strict: Annotated[bool, typer.Option("--strict", help="exit 1 unless the verdict is 'ship' (for CI)")] = False,
