@@ -92,6 +92,8 @@ def test_unknown_weight_and_builtin_name_clash(rewards_file):
         RewardSet({"mine": 1.0})
     with pytest.raises(ConfigError, match="reward.functions.correct: 'correct' is a built-in reward"):
         RewardSet({"correct": 1.0}, {"correct": f"{rewards_file}:echo_slice"})
+    with pytest.raises(ConfigError, match=r"reward.functions.mine: defined but not weighted; add reward.weights.mine"):
+        RewardSet({"correct": 1.0}, {"mine": f"{rewards_file}:echo_slice"})  # never silently left out
 
 
 def test_source_hash_changes_with_the_file_and_shows_in_manifest_diff(rewards_file):

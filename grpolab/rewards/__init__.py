@@ -190,6 +190,9 @@ class RewardSet:
         for name, ref in (functions or {}).items():
             field_path = f"reward.functions.{name}"
             self._check_name(field_path, name)
+            if name not in self.weights:
+                raise ConfigError(f"{field_path}: defined but not weighted; add reward.weights.{name} (0 logs it "
+                                  "without training on it)")
             self._add_user(name, load_reward_function(field_path, ref), field_path, f"user reward {ref}", time_limit_s)
         for name, fn in (callables or {}).items():
             field_path = f"rewards[{name!r}]"
