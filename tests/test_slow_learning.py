@@ -21,8 +21,12 @@ from grpolab.trainer import Trainer
 pytestmark = pytest.mark.slow
 
 QUICKSTART = Path(__file__).resolve().parents[1] / "configs" / "quickstart.yaml"
-STEPS, HELD_OUT = 12, 64
-REWARD_MARGIN, ACCURACY_MARGIN = 0.0, 0.0
+STEPS, HELD_OUT, WINDOW = 20, 64, 5
+# Measured (make demo, seed 0, fp32, 2-vCPU AMD EPYC): training reward 0.319 over steps 1-5 and 0.531 over steps 16-20;
+# held-out accuracy on these 64 problems 0.3125 (base) -> 0.531 at step 20 (+0.22). The margins are half of that:
+# a policy-gradient sign error, zeroed advantages or a learning rate that never reaches the weights fails them. The
+# per-step reward of 4 prompts is noisy (it swings 0.0 - 0.78 from step to step), hence windows of 5 steps.
+REWARD_MARGIN, ACCURACY_MARGIN = 0.1, 0.1
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +38,8 @@ def bundled_model():
 def test_quickstart_learns_at_small_scale(bundled_model, tmp_path):
     """STEPS steps of the quickstart (4 prompts x 8 completions, lr 1e-5, correctness reward), in float32: bf16
     matmuls are emulated, and many times slower, on CPUs without AVX512-BF16, and the claim is about learning, not
-    speed. The training reward rises and held-out accuracy rises, both beyond what the measured noise allows."""
+    speed. The training reward (windows of WINDOW steps) and held-out accuracy (paired, greedy) rise by at least
+    the margins, half of what the demo measured."""
     cfg = load_config(QUICKSTART, [
         f"train.steps={STEPS}", f"eval.every_steps={STEPS}", f"eval.num_problems={HELD_OUT}",
         "rollout.dtype=float32", "train.precision=fp32", "train.save_every_minutes=0",
@@ -50,7 +55,7 @@ def test_quickstart_learns_at_small_scale(bundled_model, tmp_path):
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
     reward = [r["reward/mean"] for r in rows]
-    early, late = statistics.mean(reward[:4]), statistics.mean(reward[-4:])
+    early, late = statistics.mean(reward[:WINDOW]), statistics.mean(reward[-WINDOW:])
     assert late >= early + REWARD_MARGIN, reward
 
     before = {it["uid"]: it["scores"]["accuracy"] for it in base.items}
