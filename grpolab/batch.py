@@ -28,7 +28,7 @@ from .distributed import World, gather_objects, gather_rows, group_seed, owned_g
 from .metrics import completion_metrics, group_metrics, reward_metrics
 from .prompt_sampler import PromptSampler
 from .prompting import prompt_ids
-from .rewards import RewardResult, RewardSet, result_metrics
+from .rewards import CORRECTNESS_REWARDS, RewardResult, RewardSet, result_metrics
 from .rewards.overlong import soft_overlong_penalty
 from .rollout.base import Rollout, RolloutEngine, SamplingParams, concat_rollouts
 from .tasks.base import Problem
@@ -105,14 +105,11 @@ class Batch:
     num_groups: int = 0  # groups in the batch over all ranks
 
 
-SIGNAL_COMPONENTS = ("correct", "all_pass", "pass_fraction")  # in order of preference
-
-
 def signal_values(scores: Scores) -> torch.Tensor:
     """What dynamic sampling judges a group's signal by: the correctness component when the reward has one (as
     DAPO filters on accuracy: a format bonus or a length penalty must not keep an all-wrong group) -- ``correct``,
     else a code task's ``all_pass``, else its ``pass_fraction`` -- and otherwise the total reward."""
-    for name in SIGNAL_COMPONENTS:
+    for name in CORRECTNESS_REWARDS:
         if name in scores.components:
             return scores.components[name]
     return scores.rewards

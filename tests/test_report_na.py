@@ -120,6 +120,23 @@ def test_bonus_vs_correctness_is_na_without_a_rewarded_bonus():
     assert C.check_format_vs_correct(rows, {"correct": 1.0, "format": 0.1}, T).status == C.FAIL
 
 
+def test_code_runs_judge_bonuses_and_length_against_the_code_correctness_component():
+    """A code run has no `correct` component: pass_fraction (or all_pass) is its correctness, so the hacking checks
+    are N/A when it is the whole reward and judge a bonus against it otherwise, instead of 'too few steps'."""
+    code_only = config(weights={"pass_fraction": 1.0})
+    rows = history(reward__mean=ramp(0.2, 0.5), completion__len_mean=ramp(60, 30),
+                   reward__pass_fraction__mean=ramp(0.2, 0.5), reward__format__mean=ramp(0.0, 1.0))
+    assert C.check_format_vs_correct(rows, {"pass_fraction": 1.0}, T).status == NA
+    assert C.check_reward_length_corr(rows, code_only, T).status == NA
+    flat = [{**r, "reward/pass_fraction/mean": 0.3} for r in rows]  # the bonus grew, passing did not
+    farmed = C.check_format_vs_correct(flat, {"pass_fraction": 1.0, "format": 0.2}, T)
+    assert farmed.status == C.FAIL and farmed.numbers["correct_early"] == 0.3
+    both = C.check_format_vs_correct(flat, {"all_pass": 1.0, "pass_fraction": 0.5}, T)
+    assert both.status == C.WARN and not both.measured and "reward/all_pass/mean" in both.reason  # all_pass not logged
+    length = C.check_reward_length_corr(rows, config(weights={"pass_fraction": 1.0, "format": 0.2}), T)
+    assert length.status == C.PASS and length.numbers["corr_reward_correct"] == 1.0
+
+
 def test_reward_vs_heldout_is_na_when_the_reward_did_not_rise():
     flat = C.check_reward_vs_heldout(history(reward__mean=0.3), {"diff": ci(-0.1, 0.02)}, T)
     assert flat.status == NA and "did not rise" in flat.reason and "0.300->0.300" in flat.reason

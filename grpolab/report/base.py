@@ -47,7 +47,7 @@ class Thresholds:
     reward_rise: float = _t(0.03, "late - early reward/mean at least this much: 'training reward rose'")
     heldout_transfer: float = _t(0.25, "held-out gain interval entirely below this x the reward rise: held-out 'did not' rise")
     bonus_rise: float = _t(0.1, "late - early mean of a rewarded bonus component (format...) counted as 'grew'")
-    correct_rise: float = _t(0.02, "late - early reward/correct/mean counted as 'correctness grew'")
+    correct_rise: float = _t(0.02, "late - early mean of the correctness component (reward/correct/mean; code: all_pass or pass_fraction) counted as 'correctness grew'")
     length_corr_min: float = _t(0.5, "|corr(reward, length)| over steps at least this much ...")
     length_corr_margin: float = _t(0.2, "... and this much above corr(reward, correctness): reward follows length (FAIL)")
     zero_std_warn: float = _t(0.5, "late share of zero-variance groups: WARN at or above")
@@ -229,21 +229,36 @@ def reward_weights(config: dict[str, Any] | None) -> dict[str, float] | None:
     return dict(w) if isinstance(w, dict) else None
 
 
+def correctness_component(weights: dict[str, float] | None) -> str:
+    """The reward component that says whether a completion is right: the first of `correct`, `all_pass`,
+    `pass_fraction` (grpolab.rewards.CORRECTNESS_REWARDS) with a positive weight; `correct` when none is weighted or
+    the weights are unknown.
+
+    >>> correctness_component({"pass_fraction": 1.0}), correctness_component(None)
+    ('pass_fraction', 'correct')
+    """
+    from ..rewards import CORRECTNESS_REWARDS
+
+    return next((c for c in CORRECTNESS_REWARDS if _positive((weights or {}).get(c))), "correct")
+
+
 def reward_is_correctness(config: dict[str, Any] | None, kl_logged_apart: bool = False) -> bool:
     """True only when the config proves the logged reward/mean is a positive multiple of correctness:
-    reward.weights has `correct` > 0 and every other weight 0, algorithm.overlong_buffer == 0 (no length
-    penalty), and no KL term in reward/mean: algorithm.beta == 0, or kl_placement is not "reward", or
-    `kl_logged_apart` (the run logs the KL penalty as reward/kl_penalty/mean and keeps reward/mean the task
-    reward; older runs subtracted it from reward/mean). Unknown fields: False.
+    reward.weights has the correctness component (correctness_component: `correct`, or a code task's `all_pass` /
+    `pass_fraction`) > 0 and every other weight 0, algorithm.overlong_buffer == 0 (no length penalty), and no KL
+    term in reward/mean: algorithm.beta == 0, or kl_placement is not "reward", or `kl_logged_apart` (the run logs
+    the KL penalty as reward/kl_penalty/mean and keeps reward/mean the task reward; older runs subtracted it from
+    reward/mean). Unknown fields: False.
 
     >>> reward_is_correctness({"reward": {"weights": {"correct": 1.0, "format": 0.0}},
     ...                        "algorithm": {"overlong_buffer": 0, "beta": 0.0}})
     True
     """
     weights = reward_weights(config)
-    if not weights or not _positive(weights.get("correct")):
+    key = correctness_component(weights)
+    if not weights or not _positive(weights.get(key)):
         return False
-    if any(w != 0 for c, w in weights.items() if c != "correct"):
+    if any(w != 0 for c, w in weights.items() if c != key):
         return False
     if _number(config, "algorithm.overlong_buffer") != 0:
         return False

@@ -134,6 +134,9 @@ REWARD_FUNCTIONS: dict[str, RewardSpec] = {
     **{name: RewardSpec(**kwargs) for name, kwargs in code_reward_specs().items()},
 }
 CODE_REWARDS = ("pass_fraction", "all_pass")
+# The component that says whether a completion is right, in order of preference: dynamic sampling judges a group's
+# signal by it (grpolab.batch) and the report's hacking checks compare bonuses and length against it.
+CORRECTNESS_REWARDS = ("correct", "all_pass", "pass_fraction")
 
 
 def call_batched(fn: Callable[..., Any], limit_s: float | None, completions: Sequence[str],
@@ -363,6 +366,7 @@ def score_completion(completion: str, gold: str, weights: dict[str, float]) -> R
 
 __all__ = [
     "CODE_REWARDS",
+    "CORRECTNESS_REWARDS",
     "REWARD_FUNCTIONS",
     "RewardResult",
     "RewardSet",
