@@ -16,6 +16,19 @@ epoch-wise in a seeded shuffled order), i.e. the same optimizer-step budget as a
   model, keep the distinct ones with training-reward component ``correct`` >= 1, fine-tune on those.
 The result is an HF checkpoint directory with a ``baseline_manifest.json`` that records the training problems,
 so ``grpolab eval`` refuses evaluation sets that overlap them (grpolab.overlap).
+
+DPO (grpolab.dpo) and PPO with a critic (grpolab.ppo) are the other baselines (`grpolab baseline dpo|ppo`).
+
+**Budget.** Every baseline states what it spent in *sampled completions* and *optimizer steps* (``budget_of``), beside
+its wall time and peak memory, so `grpolab compare` and the release report can put them in one table:
+
+- GRPO / PPO run: train.steps x prompts_per_step x group_size completions (plus dynamic-sampling refills), train.steps
+  x mu x minibatches optimizer steps (PPO: as many critic steps besides);
+- DPO: the completions it sampled on training problems (default: the GRPO run's number), its optimizer steps
+  (default: the GRPO run's);
+- RFT: rft_samples x training problems completions; SFT on gold solutions: none; both take the run's step budget;
+- best-of-n: n x evaluated problems completions (sampled at test time), no optimizer step. To spend the GRPO run's
+  completions, n = round(completions / evaluated problems) (``matched_n``).
 """
 
 from __future__ import annotations
@@ -38,6 +51,101 @@ from .scoring import is_correct
 from .tasks.base import Problem
 
 BASELINE_MANIFEST = "baseline_manifest.json"
+
+
+# ---------------------------------------------------------------------------------------------- budget
+
+def grpo_budget(cfg) -> dict[str, int]:
+    """What a GRPO (or PPO) run of this config samples and steps (without dynamic-sampling refills)."""
+    t = cfg.train
+    return {"completions_sampled": t.steps * t.prompts_per_step * cfg.rollout.group_size,
+            "optimizer_steps": t.steps * t.mu * t.minibatches}
+
+
+def budget_statement(cfg) -> str:
+    """One line: the budget of a run of this config.
+
+    >>> from grpolab.config import from_dict
+    >>> budget_statement(from_dict({"train": {"steps": 30}}))
+    'budget: 960 sampled completions (30 steps x 4 prompts x 8), 30 optimizer steps'
+    """
+    b, t = grpo_budget(cfg), cfg.train
+    return (f"budget: {b['completions_sampled']} sampled completions ({t.steps} steps x {t.prompts_per_step} prompts x "
+            f"{cfg.rollout.group_size}), {b['optimizer_steps']} optimizer steps")
+
+
+def matched_n(completions: int, num_problems: int) -> int:
+    """best-of-n's n that spends about `completions` on `num_problems` evaluated problems (at least 1).
+
+    >>> matched_n(960, 266)
+    4
+    """
+    return max(1, round(completions / max(num_problems, 1)))
+
+
+def run_budget(run_dir: Path, manifest: dict[str, Any]) -> dict[str, Any]:
+    """A training run's budget from its metrics.jsonl: completions (steps x P x G x (1 + refills)), optimizer steps,
+    wall time (sum of time/step_s), peak memory (max memory/peak_rss_mb)."""
+    import json
+
+    cfg = manifest.get("config") or {}
+    t, g = cfg.get("train") or {}, (cfg.get("rollout") or {}).get("group_size", 0)
+    rows = [json.loads(x) for x in (Path(run_dir) / "metrics.jsonl").read_text().splitlines() if x.strip()] \
+        if (Path(run_dir) / "metrics.jsonl").is_file() else []
+    rows = [r for r in rows if "time/step_s" in r]  # training steps (not other records)
+    completions = sum(t.get("prompts_per_step", 0) * g * (1 + r.get("dynamic/extra_rounds", 0)) for r in rows)
+    return {"completions_sampled": int(completions), "optimizer_steps": len(rows) * t.get("mu", 1) * t.get("minibatches", 1),
+            "wall_s": sum(r.get("time/step_s", 0.0) for r in rows),
+            "peak_memory_mb": max((r.get("memory/peak_rss_mb", 0.0) for r in rows), default=float("nan"))}
+
+
+def budget_of(manifest_file: Path | None, manifest: dict[str, Any] | None, method: str = "greedy", samples: int = 0,
+              n: int = 0, eval_seconds: float = float("nan")) -> dict[str, Any]:
+    """The budget row of a compared model: from its run or baseline manifest, or (best-of-n) from its evaluation."""
+    nan = float("nan")
+    if method == "best_of_n":
+        return {"completions_sampled": samples * n, "optimizer_steps": 0, "wall_s": eval_seconds, "peak_memory_mb": nan}
+    if not manifest:  # the base model
+        return {"completions_sampled": 0, "optimizer_steps": 0, "wall_s": 0.0, "peak_memory_mb": nan}
+    if manifest_file is not None and manifest_file.name == "manifest.json":
+        return run_budget(manifest_file.parent, manifest)
+    b = manifest.get("budget") or {}
+    cfg = (manifest.get("config") or {}).get("train") or {}
+    rft = manifest.get("method") == "sft-rft"
+    return {"completions_sampled": b.get("completions_sampled", cfg.get("rft_samples", 0) * manifest.get("num_problems", 0) if rft else 0),
+            "optimizer_steps": b.get("optimizer_steps", cfg.get("steps", 0)),
+            "wall_s": manifest.get("seconds", nan), "peak_memory_mb": manifest.get("peak_rss_mb", nan)}
+
+
+def entry_budget(entry: dict[str, Any]) -> dict[str, Any]:
+    """The budget of one row of `grpolab compare` (an evaluated model): from the run or baseline manifest found
+    beside the model, or, for best-of-n, from the evaluation itself (n samples per problem, its time)."""
+    from .overlap import find_manifest
+
+    if entry.get("method") == "best_of_n":
+        rate = entry.get("problems_per_s") or float("nan")
+        named = re.search(r"best-of-(\d+)", str(entry.get("model", "")))  # a report row has no decoding: its label
+        samples = entry.get("samples") or (int(named.group(1)) if named else 0)
+        return budget_of(None, None, "best_of_n", samples, entry.get("n") or 0, (entry.get("n") or 0) / rate)
+    found = find_manifest(entry.get("model"), entry.get("path"))
+    return budget_of(found[0], found[1]) if found else budget_of(None, None)
+
+
+BUDGET_COLUMNS = ("wall time", "peak memory", "completions sampled", "optimizer steps")
+
+
+def budget_cells(b: dict[str, Any] | None) -> list[str]:
+    """wall time, peak memory, completions sampled, optimizer steps, as table cells ('-' where unknown).
+
+    >>> budget_cells({"wall_s": 650.0, "peak_memory_mb": 4400.0, "completions_sampled": 960, "optimizer_steps": 30})
+    ['10.8 min', '4.3 GiB', '960', '30']
+    """
+    if not b:
+        return ["-"] * 4
+    ok = lambda v: isinstance(v, (int, float)) and math.isfinite(v)  # noqa: E731
+    return [f"{b['wall_s'] / 60:.1f} min" if ok(b.get("wall_s")) else "-",
+            f"{b['peak_memory_mb'] / 1024:.1f} GiB" if ok(b.get("peak_memory_mb")) else "-",
+            str(b.get("completions_sampled", "-")), str(b.get("optimizer_steps", "-"))]
 
 
 # ---------------------------------------------------------------------------------------------- best-of-n
@@ -216,6 +324,7 @@ def run_sft(model_name: str, task: str, options: dict[str, Any], s: SFTSettings,
     """Build the SFT/RFT data, fine-tune, write an HF checkpoint + baseline_manifest.json to out_dir."""
     from .evaluate import load_eval_problems
     from .manifest import data_hash, problem_hashes, versions, write_json_atomic
+    from .metrics import peak_rss_mb
     from .models import load_causal_lm, load_tokenizer, resolve_model_path
     from .rollout.hf import HFEngine
 
@@ -249,7 +358,8 @@ def run_sft(model_name: str, task: str, options: dict[str, Any], s: SFTSettings,
         "problems_with_examples": len({p.uid for p, _ in examples}),
         "train_problem_hashes": problem_hashes(problems), "train_data_hash": data_hash(problems),
         "loss_before": before, "loss_after": after, "losses": losses,
-        "seconds": time.perf_counter() - start, "versions": versions(),
+        "budget": {"completions_sampled": s.rft_samples * len(problems) if s.mode == "rft" else 0, "optimizer_steps": s.steps},
+        "seconds": time.perf_counter() - start, "peak_rss_mb": peak_rss_mb(), "versions": versions(),
     }
     write_json_atomic(out_dir / BASELINE_MANIFEST, manifest)
     return manifest

@@ -21,7 +21,7 @@ from .algo.aggregation import batch_counts, token_weights
 from .algo.importance import ISParams, is_weights, mismatch_stats
 from .algo.kl import KLPlacement
 from .algo.loss import ObjectiveParams, objective
-from .algo.surrogate import ClipParams
+from .algo.surrogate import ClipParams, per_token
 from .config import Config
 from .distributed import World, all_reduce_gradients, all_reduce_max, all_reduce_sum, gather_objects, group_seed
 from .forward import completion_logprobs
@@ -87,7 +87,9 @@ class PolicyUpdater:
                 (logits.float().sum() * 0.0).backward()
 
     def loss_mask(self, rollout: Rollout, valid: torch.Tensor) -> torch.Tensor:
-        mask = rollout.completion_mask.clone()
+        """The tokens trained on: the rollout's loss mask (an agent episode's model tokens, not its environment
+        tokens; the completion mask otherwise), without invalid rows (and truncated ones with mask_truncated)."""
+        mask = rollout.trained_mask().clone()
         mask[~valid] = 0
         if self.cfg.algorithm.mask_truncated:
             mask[rollout.truncated] = 0
@@ -97,6 +99,7 @@ class PolicyUpdater:
                ref_logp: torch.Tensor | None = None, old_logp: torch.Tensor | None = None,
                positions: list[int] | None = None, num_groups: int | None = None, step: int = 0) -> dict[str, float]:
         """One rollout batch's update; ref/old logprobs are computed here unless the caller already has them.
+        advantages: [N] per sequence (GRPO: broadcast over its tokens) or [N, Lc] per token (PPO: grpolab.ppo).
 
         positions / num_groups: where this rank's groups stand among the batch's groups over all ranks (default:
         this rank holds the whole batch). Minibatches are drawn over the global groups, so every rank takes the
@@ -149,8 +152,9 @@ class PolicyUpdater:
             old = fo.logp.detach() if old_all is None else old_all[rows][:, c]
             sampler = rollout.sampler_logprobs[rows][:, c]  # the distribution sampled (after top-k/top-p)
             isw = is_weights(old, sampler, m, cfg.algorithm.is_mode, self.is_params)
+            adv = advantages[rows][:, c] if advantages.dim() == 2 else advantages[rows]  # per token [N, T] or per sequence [N]
             terms = objective(
-                fo.logp, old, None if ref_logp is None else ref_logp[rows][:, c], advantages[rows],
+                fo.logp, old, None if ref_logp is None else ref_logp[rows][:, c], adv,
                 weights[start : start + len(rows)][:, c], isw, m, self.params, fo.entropy,
             )
             total = terms.total.item()
@@ -163,7 +167,7 @@ class PolicyUpdater:
                                ("clip_high", terms.clip_high_count), ("tokens", terms.token_count),
                                ("entropy", (fo.entropy * mf).sum().item()),
                                ("approx_kl_old", (0.5 * (fo.logp.detach() - old) ** 2 * mf).sum().item()),
-                               ("signal_tokens", (mf * (advantages[rows] != 0).unsqueeze(-1)).sum().item())):
+                               ("signal_tokens", (mf * per_token(adv != 0, mf)).sum().item())):
                 sums[key] += value
             if mismatch is not None:
                 sel = m.bool()

@@ -106,14 +106,15 @@ def importance_weights(old: torch.Tensor, sampler: torch.Tensor, m: torch.Tensor
             "sequence_truncate": seq.clamp(max=c_max), "sequence_mask": inside(seq)}[mode] * m
 
 
-def reference_update(policy, reference, rollout, minibatches, aggregation, is_mode, surrogate):
+def reference_update(policy, reference, rollout, minibatches, aggregation, is_mode, surrogate, advantages=None):
     """Train `policy` in place on the given minibatches (lists of rows, in the update's order); returns the mean
-    over optimizer steps of the loss and the numbers of tokens clipped low and high."""
+    over optimizer steps of the loss and the numbers of tokens clipped low and high. advantages: [N, Lc] per-token
+    advantages A_it instead of the per-sequence ADVANTAGES."""
     n = len(rollout)
     valid = torch.ones(n)
     valid[INVALID] = 0
     mask = rollout.completion_mask.double() * valid.unsqueeze(1)
-    adv = torch.tensor(ADVANTAGES, dtype=torch.float64).unsqueeze(1)
+    adv = torch.tensor(ADVANTAGES, dtype=torch.float64).unsqueeze(1) if advantages is None else advantages
     with torch.no_grad():  # pi_old and pi_ref, stored in float32 as the update stores them
         old = torch.stack([row_logprobs(policy, rollout, i) for i in range(n)]).float().double()
         ref = torch.stack([row_logprobs(reference, rollout, i) for i in range(n)]).float().double()
@@ -161,7 +162,7 @@ class RecordingSGD(torch.optim.SGD):
 
 
 def grpolab_update(base, reference, rollout, aggregation, is_mode, surrogate, micro_batch_size=6,
-                   share_prompt=False, pack=False, given=None, mu=2, minibatches=2):
+                   share_prompt=False, pack=False, given=None, mu=2, minibatches=2, advantages=None):
     """(trained copy of base, update metrics, minibatches as the update took them). given: (pi_old, pi_ref)
     logprobs to use instead of the update's own no-grad passes."""
     cfg = from_dict({
@@ -188,7 +189,8 @@ def grpolab_update(base, reference, rollout, aggregation, is_mode, surrogate, mi
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(update_module, "completion_logprobs", spy)
         metrics = PolicyUpdater(cfg, policy, reference, optimizer, scheduler).update(
-            rollout, torch.tensor(ADVANTAGES, dtype=torch.float64), valid, ref_logp=ref, old_logp=old)
+            rollout, torch.tensor(ADVANTAGES, dtype=torch.float64) if advantages is None else advantages, valid,
+            ref_logp=ref, old_logp=old)
     minibatches, rows = [], []
     for entry in log:
         if entry == "step":
@@ -210,9 +212,10 @@ def make_case():
     return base, reference, rollout
 
 
-def assert_matches_reference(base, reference, rollout, aggregation, is_mode, surrogate, mu=2, minibatches=2):
+def assert_matches_reference(base, reference, rollout, aggregation, is_mode, surrogate, mu=2, minibatches=2,
+                             advantages=None):
     policy, metrics, taken = grpolab_update(base, reference, rollout, aggregation, is_mode, surrogate, mu=mu,
-                                            minibatches=minibatches)
+                                            minibatches=minibatches, advantages=advantages)
     # mu passes x `minibatches` minibatches of whole groups; each pass covers every row once
     assert len(taken) == mu * minibatches, taken
     for mb in taken:
@@ -221,7 +224,7 @@ def assert_matches_reference(base, reference, rollout, aggregation, is_mode, sur
     for p in range(mu):
         assert sorted(sum(taken[p * minibatches : (p + 1) * minibatches], [])) == list(range(len(rollout)))
     expected = copy.deepcopy(base)
-    loss, low, high = reference_update(expected, reference, rollout, taken, aggregation, is_mode, surrogate)
+    loss, low, high = reference_update(expected, reference, rollout, taken, aggregation, is_mode, surrogate, advantages)
 
     tokens = mu * float(rollout.completion_mask.sum() - COMPLETION_LENS[INVALID])  # mu passes over the loss tokens
     assert metrics["loss/total"] == pytest.approx(loss, rel=1e-6, abs=1e-9)
@@ -261,6 +264,21 @@ def test_update_equals_the_reference_for_every_importance_mode(is_mode):
 def test_update_equals_the_reference_for_the_other_surrogates(surrogate):
     base, reference, rollout = make_case()
     assert_matches_reference(base, reference, rollout, "token_mean", "token_truncate", surrogate)
+
+
+@pytest.mark.parametrize("aggregation", ["token_mean", "seq_mean_token_mean"])
+def test_update_with_per_token_advantages_equals_the_reference(aggregation):
+    """[N, Lc] advantages A_it (PPO's GAE, grpolab.ppo): each token its own advantage, of both signs within a row."""
+    base, reference, rollout = make_case()
+    g = torch.Generator().manual_seed(5)
+    adv = torch.randn(rollout.completion_ids.shape, generator=g, dtype=torch.float64) * rollout.completion_mask
+    metrics = assert_matches_reference(base, reference, rollout, aggregation, "token_truncate", "ppo_clip", advantages=adv)
+    assert metrics["policy/clip_frac_low"] > 0 and metrics["policy/clip_frac_high"] > 0
+    const = torch.tensor(ADVANTAGES, dtype=torch.float64).unsqueeze(1) * rollout.completion_mask
+    seq, _, _ = grpolab_update(base, reference, rollout, aggregation, "token_truncate", "ppo_clip")
+    tok, _, _ = grpolab_update(base, reference, rollout, aggregation, "token_truncate", "ppo_clip", advantages=const)
+    for p, q in zip(seq.parameters(), tok.parameters()):  # A_i broadcast = A_it constant along the row
+        assert torch.equal(p, q)
 
 
 def test_one_pass_of_one_minibatch_equals_the_reference():

@@ -51,7 +51,7 @@ def objective(
     params: ObjectiveParams,
     entropy: torch.Tensor | None = None,
 ) -> LossTerms:
-    """Micro-batch loss L (module docstring). Shapes: [B, T] except advantages [B]."""
+    """Micro-batch loss L (module docstring). Shapes: [B, T]; advantages [B] (per sequence) or [B, T] (per token)."""
     m = mask.to(logp.dtype)
     w = weights.to(logp.dtype)
     sur = surrogate_loss(params.surrogate, logp, old_logp, advantages.to(logp.dtype), m, params.clip)

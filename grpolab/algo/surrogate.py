@@ -1,6 +1,7 @@
 """Clipped policy-gradient surrogates (per-token loss, to be minimised).
 
-Notation: r_it = pi_theta(o_it) / pi_old(o_it), A_i the sequence advantage broadcast over tokens.
+Notation: r_it = pi_theta(o_it) / pi_old(o_it), A_i the sequence advantage broadcast over tokens -- or, given
+per-token advantages A_it ([B, T], e.g. GAE from a critic: grpolab.algo.gae), A_it itself.
 
 * ppo_clip:  l_it = -min(r_it A_i, clip(r_it, 1 - eps_low, 1 + eps_high) A_i)
   (eps_low = eps_high = 0.2: GRPO; 0.2 / 0.28: DAPO clip-higher)
@@ -44,6 +45,15 @@ class SurrogateOut:
     clipped_high: torch.Tensor  # [B, T] bool
 
 
+def per_token(adv: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """[B, T] advantages: per-sequence [B] broadcast over tokens, per-token [B, T] as they are.
+
+    >>> per_token(torch.tensor([1.0, -2.0]), torch.zeros(2, 3)).tolist()
+    [[1.0, 1.0, 1.0], [-2.0, -2.0, -2.0]]
+    """
+    return (adv if adv.dim() == like.dim() else adv.unsqueeze(-1)).expand_as(like)
+
+
 def _clipped(log_ratio: torch.Tensor, adv: torch.Tensor, p: ClipParams) -> SurrogateOut:
     """l = -min(r A, clip(r, 1-eps_low, 1+eps_high) A) for a given log ratio (token or sequence)."""
     ratio = torch.exp(log_ratio)
@@ -59,13 +69,13 @@ def ppo_clip(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, mask
     """l_it = -min(r_it A_i, clip(r_it, 1-eps_low, 1+eps_high) A_i), r_it = exp(logp - old_logp) on unmasked
     tokens (masked tokens get r = 1, so padding values can never produce inf/NaN)."""
     log_ratio = torch.where(mask.bool(), logp - old_logp, torch.zeros_like(logp))
-    return _clipped(log_ratio, adv.unsqueeze(-1).expand_as(logp), p)
+    return _clipped(log_ratio, per_token(adv, logp), p)
 
 
 def dual_clip(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, p: ClipParams) -> SurrogateOut:
     """ppo_clip, then for A_i < 0: l_it = min(l_it, -c A_i)."""
     out = ppo_clip(logp, old_logp, adv, mask, p)
-    a = adv.unsqueeze(-1).expand_as(logp)
+    a = per_token(adv, logp)
     capped = torch.where(a < 0, torch.minimum(out.loss, -p.dual_clip_c * a), out.loss)
     return SurrogateOut(loss=capped, ratio=out.ratio, clipped_low=out.clipped_low, clipped_high=out.clipped_high)
 
@@ -74,7 +84,7 @@ def gspo(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, mask: to
     """log s_i = sum_t m_it (logp - old_logp) / sum_t m_it; l_it = -min(s_i A_i, clip(s_i, ...) A_i) for all t."""
     m = mask.to(logp.dtype)
     log_s = ((logp - old_logp) * m).sum(-1) / m.sum(-1).clamp(min=1.0)
-    return _clipped(log_s.unsqueeze(-1).expand_as(logp), adv.unsqueeze(-1).expand_as(logp), p)
+    return _clipped(log_s.unsqueeze(-1).expand_as(logp), per_token(adv, logp), p)
 
 
 SURROGATES: dict[Surrogate, Callable[..., SurrogateOut]] = {

@@ -1,0 +1,102 @@
+"""`grpolab baseline ppo|dpo CONFIG`: PPO with a critic and DPO on the same problems and budget as a GRPO run.
+
+Both read a GRPO config (a YAML file, or with ``--match-run RUN`` the config recorded in RUN's manifest) and keep its
+model, task, reward, sampling and step budget (grpolab.baselines.budget_statement prints it):
+
+- ppo: the same config with ``algorithm.estimator=gae`` and ``algorithm.kl_placement=reward`` (grpolab.ppo): a run
+  directory like GRPO's, as many sampled completions and optimizer steps;
+- dpo: as many sampled completions as the GRPO run (train.steps x prompts_per_step x group_size) from the base model
+  on training problems, paired by the training reward, then train.steps x mu x minibatches DPO steps (grpolab.dpo).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from .app import _show_warnings, baseline_app, console
+from ..errors import GrpolabError
+
+
+def _config(config: Optional[Path], match_run: Optional[Path], overrides: list[str]):
+    """The GRPO config to match: CONFIG, or RUN's recorded config; --set overrides applied on top."""
+    from ..config import from_dict, load_config, parse_override, set_path
+    from ..manifest import read_manifest
+
+    if (config is None) == (match_run is None):
+        raise GrpolabError("give a CONFIG file or --match-run RUN (the GRPO run to match), not both")
+    if config is not None:
+        return load_config(config, overrides)
+    raw = read_manifest(match_run)["config"]
+    for key, value in map(parse_override, overrides):
+        set_path(raw, key, value)
+    return from_dict(raw)
+
+
+@baseline_app.command("ppo")
+def ppo(
+    config: Annotated[Optional[Path], typer.Argument(help="the GRPO YAML config to match")] = None,
+    match_run: Annotated[Optional[Path], typer.Option(help="or: the GRPO run whose recorded config to match")] = None,
+    set_: Annotated[list[str], typer.Option("--set", help="override a field, e.g. --set critic.lr=2e-5")] = [],
+) -> None:
+    """PPO with a learned critic (GAE, value clipping, per-token KL in the reward) on the GRPO run's budget."""
+    from ..baselines import budget_statement
+    from ..runs import start_run
+
+    _show_warnings()
+    base = _config(config, match_run, set_)
+    stem = match_run.name if match_run else (base.run.name or Path(config).stem)
+    extra = ["algorithm.estimator=gae", "algorithm.kl_placement=reward", *set_]
+    if not any(s.startswith("run.name=") for s in set_):
+        extra.append(f"run.name={stem}-ppo")
+    cfg = _config(config, match_run, extra)
+    trainer, _ = start_run(cfg)
+    console.print(f"[bold]run[/] {trainer.run_dir}  {budget_statement(cfg)}", highlight=False, soft_wrap=True)
+
+    def line(step: int, m: dict[str, float]) -> None:
+        console.print(f"step {step}/{cfg.train.steps}  reward {m['reward/mean']:.3f}  value loss {m['value/loss']:.4f}  "
+                      f"{m['time/step_s']:.1f}s/step", highlight=False)
+        console.file.flush()
+
+    trainer.fit(line)
+    console.print(f"[green]done[/] {trainer.run_dir}  (evaluate it with: grpolab eval BASE {trainer.run_dir} --task "
+                  f"{cfg.task.name} ...)", highlight=False, soft_wrap=True)
+
+
+@baseline_app.command("dpo")
+def dpo(
+    out: Annotated[Path, typer.Option(help="new directory for the DPO-trained HF checkpoint")],
+    config: Annotated[Optional[Path], typer.Argument(help="the GRPO YAML config to match")] = None,
+    match_run: Annotated[Optional[Path], typer.Option(help="or: the GRPO run whose recorded config to match")] = None,
+    set_: Annotated[list[str], typer.Option("--set", help="override a field of the matched config")] = [],
+    loss: Annotated[str, typer.Option(help="sigmoid (DPO) or ipo")] = "sigmoid",
+    beta: float = 0.1,
+    batch_size: Annotated[int, typer.Option(help="pairs per optimizer step")] = 8,
+    lr: Annotated[Optional[float], typer.Option(help="learning rate (default: the config's train.lr)")] = None,
+    completions: Annotated[Optional[int], typer.Option(help="completions to sample (default: the GRPO run's)")] = None,
+    steps: Annotated[Optional[int], typer.Option(help="optimizer steps (default: the GRPO run's)")] = None,
+    pairs_per_problem: Annotated[int, typer.Option(help="at most this many pairs per problem (0 = all)")] = 0,
+) -> None:
+    """DPO on pairs of the base model's own samples (training problems, ranked by the training reward)."""
+    from ..baselines import budget_statement, grpo_budget
+    from ..dpo import DPOSettings, run_dpo
+
+    _show_warnings()
+    if loss not in ("sigmoid", "ipo"):
+        raise GrpolabError(f"--loss: expected 'sigmoid' or 'ipo', got {loss!r}")
+    if beta <= 0:
+        raise GrpolabError(f"--beta: expected a number > 0, got {beta}")
+    cfg = _config(config, match_run, set_)
+    budget = grpo_budget(cfg)
+    s = DPOSettings(loss=loss, beta=beta, batch_size=batch_size, lr=lr or cfg.train.lr, seed=cfg.train.seed,
+                    completions=completions or budget["completions_sampled"], steps=steps or budget["optimizer_steps"],
+                    pairs_per_problem=pairs_per_problem)
+    console.print(f"[bold]dpo[/] matching {budget_statement(cfg)}", highlight=False, soft_wrap=True)
+    m = run_dpo(cfg, s, out)
+    p = m["pairs"]
+    console.print(f"{m['method']}: {p['completions_sampled']} completions sampled on {p['problems_sampled']} training "
+                  f"problems -> {p['pairs']} pairs ({p['problems_with_pairs']} problems), {s.steps} steps; loss "
+                  f"{m['steps'][0]['loss']:.3f} -> {m['steps'][-1]['loss']:.3f} ({m['seconds']:.0f}s)", highlight=False)
+    console.print(f"wrote {out}  (evaluate it with: grpolab eval BASE {out} --task {cfg.task.name} ...)", highlight=False)
