@@ -58,6 +58,37 @@ def completion_metrics(lengths: torch.Tensor, truncated: torch.Tensor) -> dict[s
     }
 
 
+def agent_metrics(results: list[Any]) -> dict[str, float]:
+    """Episode metrics of a batch of agent episodes (grpolab.agents.episode.EpisodeResult), logged as ``agent/*``:
+
+    - ``agent/success_frac``: episodes whose reward reached full marks (>= 1), invalid ones counted as failures;
+    - ``agent/turns_mean``, ``agent/tool_calls_mean``, ``agent/tool_errors_mean``, ``agent/model_tokens_mean``:
+      per episode, over all episodes;
+    - ``agent/ended_by/<x>_frac`` for x in done, max_turns, max_turn_tokens, max_total_tokens, invalid: the share of
+      episodes each way of ending ended (they sum to 1);
+    - ``agent/success_without_tool_frac``: among successful episodes of environments that require a tool, the share
+      that made no tool call (NaN when there is none): a reward reached without the required tool use.
+    """
+    from .agents.episode import ENDINGS
+
+    n = len(results)
+    if not n:
+        return {}
+    success = [r.reward >= 1.0 for r in results]  # NaN (invalid) compares False
+    out = {
+        "agent/success_frac": sum(success) / n,
+        "agent/turns_mean": sum(r.turns for r in results) / n,
+        "agent/tool_calls_mean": sum(r.tool_calls for r in results) / n,
+        "agent/tool_errors_mean": sum(r.tool_errors for r in results) / n,
+        "agent/model_tokens_mean": sum(r.model_tokens for r in results) / n,
+        **{f"agent/ended_by/{e}_frac": sum(r.ended_by == e for r in results) / n for e in ENDINGS},
+    }
+    needs = [r for r, ok in zip(results, success) if ok and r.requires_tools]
+    if any(r.requires_tools for r in results):
+        out["agent/success_without_tool_frac"] = (sum(r.tool_calls == 0 for r in needs) / len(needs)) if needs else math.nan
+    return out
+
+
 class JsonlSink:
     """One JSON object per line: {"step": N, <metric>: value, ...}; flushed after every line."""
 

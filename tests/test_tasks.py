@@ -241,7 +241,7 @@ def test_jsonl_task_missing_field(tmp_path):
 # --- registry ---------------------------------------------------------------------------------
 
 def test_registry_and_make_task():
-    assert sorted(TASKS) == ["arithmetic", "gsm8k", "hf", "humaneval", "jsonl", "math500", "mbpp", "pyfunc"]
+    assert sorted(TASKS) == ["agent", "arithmetic", "gsm8k", "hf", "humaneval", "jsonl", "math500", "mbpp", "pyfunc"]
     task = make_task("arithmetic", digits=2, num_train=5)
     assert task.name == "arithmetic" and len(task.problems("train")) == 5
 
@@ -249,7 +249,7 @@ def test_registry_and_make_task():
 def test_make_task_unknown_name():
     with pytest.raises(ConfigError) as info:
         make_task("foo")
-    assert str(info.value) == "task.name: unknown task 'foo'; expected one of arithmetic, gsm8k, hf, humaneval, jsonl, math500, mbpp, pyfunc"
+    assert str(info.value) == "task.name: unknown task 'foo'; expected one of agent, arithmetic, gsm8k, hf, humaneval, jsonl, math500, mbpp, pyfunc"
 
 
 def test_make_task_unknown_and_missing_options():

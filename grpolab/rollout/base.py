@@ -36,6 +36,10 @@ class Rollout:
                                        trainer computes, so the sampler/trainer mismatch metric compares like
                                        with like; None when nothing was truncated (then it equals
                                        sampler_logprobs: read it through `untruncated_logprobs()`)
+    loss_mask:                         [N, Lc] long, 1 on the tokens the loss trains on: the model's own tokens of
+                                       a multi-turn episode (grpolab.agents), 0 on environment / tool tokens it
+                                       only attends to; None = completion_mask (single-turn: every sampled token).
+                                       Read it through `trained_mask()`
     """
 
     prompt_ids: torch.Tensor
@@ -47,6 +51,7 @@ class Rollout:
     group: torch.Tensor
     texts: list[str]
     sampler_logprobs_untruncated: torch.Tensor | None = None
+    loss_mask: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return self.completion_ids.shape[0]
@@ -65,7 +70,12 @@ class Rollout:
             texts=[self.texts[i] for i in idx.tolist()],
             sampler_logprobs_untruncated=None if self.sampler_logprobs_untruncated is None
             else self.sampler_logprobs_untruncated[idx],
+            loss_mask=None if self.loss_mask is None else self.loss_mask[idx],
         )
+
+    def trained_mask(self) -> torch.Tensor:
+        """[N, Lc] the tokens the loss trains on: loss_mask, or completion_mask when there is none."""
+        return self.completion_mask if self.loss_mask is None else self.loss_mask
 
     def untruncated_logprobs(self) -> torch.Tensor:
         """[N, Lc] the sampler's untruncated logprobs (sampler_logprobs itself when nothing was truncated)."""
@@ -101,6 +111,9 @@ def concat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
     untruncated = None
     if any(r.sampler_logprobs_untruncated is not None for r in parts):
         untruncated = torch.cat([pad(r.untruncated_logprobs(), lc, 0.0, False) for r in parts])
+    loss_mask = None
+    if any(r.loss_mask is not None for r in parts):
+        loss_mask = torch.cat([pad(r.trained_mask(), lc, 0, False) for r in parts])
     return Rollout(
         prompt_ids=torch.cat([pad(r.prompt_ids, lp, pad_id, True) for r in parts]),
         prompt_mask=torch.cat([pad(r.prompt_mask, lp, 0, True) for r in parts]),
@@ -111,4 +124,5 @@ def concat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
         group=torch.cat(groups),
         texts=[t for r in parts for t in r.texts],
         sampler_logprobs_untruncated=untruncated,
+        loss_mask=loss_mask,
     )
