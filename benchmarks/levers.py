@@ -11,6 +11,7 @@ alternating, --repeats times each, median seconds:
   training passes  one fixed rollout batch, reference pass + policy update (forward, backward, optimizer):
                    share_prompt=false (plain padded rows)  vs  share_prompt (prompt cache repeated G times,
                    padded completions)  vs  share_prompt + pack_completions (the default)
+  attention (bf16) the bf16 policy update with attention in bf16 (SDPA)  vs  in float32 (sdpa_fp32, grpolab/attention.py)
   optimizer step   AdamW foreach  vs  fused, on the policy's parameters with fixed gradients
 
 Generation samples differ between decoders (different random streams), so the generation rows also report
@@ -92,6 +93,23 @@ def bench_training(trainer, repeats: int) -> dict[str, float]:
     return {v: statistics.median(ts) for v, ts in times.items()}
 
 
+def bench_attention(trainer, repeats: int) -> dict[str, float]:
+    """The bf16 update with attention in bf16 (plain SDPA) and in float32 (grpolab/attention.py), same batch."""
+    import torch
+
+    torch.manual_seed(0)
+    batch = trainer.collect()
+    policy, updater = trainer.policy, trainer.updater
+    times: dict[str, list[float]] = {"sdpa": [], "sdpa_fp32": []}
+    for r in range(repeats + 1):
+        for name in times:
+            policy.set_attn_implementation(name)
+            t = timed(lambda: updater.update(batch.rollout, batch.advantages, ~batch.scores.invalid))
+            if r:
+                times[name].append(t)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
 def bench_optimizer(trainer, repeats: int) -> dict[str, float]:
     import torch
 
@@ -125,6 +143,14 @@ def main(argv: list[str] | None = None) -> int:
     print("\n  reference + policy update          s   ratio to plain")
     for name, s in train.items():
         print(f"  {name:28s} {s:8.2f}   {s / train['plain']:8.2f}")
+    if args.precision == "bf16":
+        from grpolab.attention import register
+
+        register()
+        att = bench_attention(trainer, args.repeats)
+        print("\n  bf16 policy update, attention in   s   ratio to bf16")
+        for name, label in (("sdpa", "bf16 (plain SDPA)"), ("sdpa_fp32", "float32 (sdpa_fp32)")):
+            print(f"  {label:28s} {att[name]:8.2f}   {att[name] / att['sdpa']:8.2f}")
     opt = bench_optimizer(trainer, args.repeats)
     print("\n  AdamW step                         s   ratio to foreach")
     for name, s in opt.items():

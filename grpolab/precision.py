@@ -251,7 +251,8 @@ def resolve(update: str, sampling: str, device: torch.device | str, shapes: dict
 
 def card_entry(resolution: dict[str, Any]) -> dict[str, str]:
     """What the objective card shows of a resolution: the choices and their source."""
-    return {"update": resolution["update"], "sampling": resolution["sampling"], "source": resolution["source"]}
+    attention = {"attention": resolution["attention"]} if "attention" in resolution else {}  # grpolab/attention.py
+    return {"update": resolution["update"], "sampling": resolution["sampling"], "source": resolution["source"], **attention}
 
 
 def unresolved(update: str, sampling: str) -> dict[str, Any]:

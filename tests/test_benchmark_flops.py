@@ -114,3 +114,21 @@ def test_matmul_rate_is_positive(common):
     import torch
 
     assert common.matmul_rate(16, 16, 16, torch.float32, min_seconds=0.0, min_reps=2) > 0
+
+
+def test_decode_floor_bytes_per_step_by_hand(common):
+    """benchmarks/decode_floor.py: every parameter once (a tied head once) + the KV cache of G rows at the context."""
+    import torch
+    from transformers import LlamaForCausalLM
+
+    sys.path.insert(0, str(PATH.parent))
+    spec = importlib.util.spec_from_file_location("grpolab_bench_decode_floor", PATH.parent / "decode_floor.py")
+    floor = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(floor)
+    model = LlamaForCausalLM(tiny_config(tie=True))
+    # per layer: q 32x32, k 32x16, v 32x16, o 32x32, gate/up 32x64 each, down 64x32, two norms of 32
+    layer = 32 * 32 + 2 * 32 * 16 + 32 * 32 + 3 * 32 * 64 + 2 * 32
+    params = 100 * 32 + 2 * layer + 32  # embedding (tied head) + 2 layers + final norm
+    kv = 2 * 2 * 8 * 10 * 2 * 8  # layers x (K, V) x G x context x kv heads x head_dim
+    assert floor.step_bytes(model, 8, 10, torch.float32) == (params + kv) * 4
+    assert floor.step_bytes(model, 8, 10, torch.bfloat16) == (params + kv) * 2
