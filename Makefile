@@ -70,7 +70,7 @@ $(PEERS_STAMP): pyproject.toml Makefile
 	touch $(PEERS_STAMP)
 
 test-peers: $(PEERS_STAMP)
-	$(PEERS_PY) -m pytest tests/test_card_peers.py
+	$(PEERS_PY) -m pytest tests/test_card_peers.py tests/test_ppo_peers.py
 
 bench: $(STAMP)
 	$(PY) -m pip install --quiet -e ".[bench]"

@@ -90,6 +90,7 @@ class Round:
     scores: Scores  # all P * G rows, group-major
     lengths: torch.Tensor  # [P * G] completion lengths, all rows
     truncated: torch.Tensor  # [P * G] bool, all rows
+    signal: list[bool] = field(default_factory=list)  # [P] whether each group's correctness varies (has_signal)
 
 
 @dataclass
@@ -142,30 +143,42 @@ class BatchCollector:
     def gather(self, local: torch.Tensor, owned: list[int], num_groups: int) -> torch.Tensor:
         return gather_rows(local, owned, num_groups, self.cfg.rollout.group_size, self.world)
 
+    def sample_and_score(self, problems: list[Problem], seeds: list[int], t0: float) -> tuple[Rollout, Scores]:
+        """G completions of each of this rank's problems and their scores (timed from t0). The collector of agent
+        tasks runs G episodes per problem here instead (grpolab.agents.collect)."""
+        rollout = self.engine.generate([self.prompt_ids(q) for q in problems], self.params, seeds)
+        t1 = time.perf_counter()
+        local = score_rollout(rollout, problems, self.rewards, self.cfg)
+        self.timing["rollout"] += t1 - t0
+        self.timing["reward"] += time.perf_counter() - t1
+        return rollout, local
+
     def generate_round(self, step: int, index: int) -> Round:
         """Round `index` of training step `step`: group j's sampling stream is seeded by (seed, step, index * P + j)."""
         t0, p = time.perf_counter(), self.cfg.train.prompts_per_step
         problems = self.sampler.take(p)
         owned = owned_groups(p, self.world)
         seeds = [group_seed(self.cfg.train.seed, step, index * p + j) for j in owned]
-        rollout = self.engine.generate([self.prompt_ids(problems[j]) for j in owned], self.params, seeds)
-        t1 = time.perf_counter()
-        local = score_rollout(rollout, [problems[j] for j in owned], self.rewards, self.cfg)
-        self.timing["rollout"] += t1 - t0
-        self.timing["reward"] += time.perf_counter() - t1
+        rollout, local = self.sample_and_score([problems[j] for j in owned], seeds, t0)
         g = self.cfg.rollout.group_size
         by_group = {j: res[i * g:(i + 1) * g] for groups, res in gather_objects((owned, local.results), self.world)
                     for i, j in enumerate(groups)}
         scores = Scores(self.gather(local.rewards, owned, p), {k: self.gather(v, owned, p) for k, v in local.components.items()},
                         self.gather(local.invalid, owned, p), [e for j in range(p) for e in by_group[j]])
-        lengths = self.gather(rollout.completion_mask.sum(-1).cpu(), owned, p)
-        return Round(problems, owned, rollout, scores, lengths, self.gather(rollout.truncated.cpu(), owned, p))
+        lengths = self.gather(rollout.trained_mask().sum(-1).cpu(), owned, p)  # agent episodes: model tokens only
+        rnd = Round(problems, owned, rollout, scores, lengths, self.gather(rollout.truncated.cpu(), owned, p))
+        rnd.signal, pass_rates = self.group_signal(scores)
+        self.sampler.observe(problems, [not s for s in rnd.signal], pass_rates)  # the prompt schedule's memory
+        return rnd
 
-    def has_signal(self, rnd: Round) -> list[bool]:
+    def group_signal(self, scores: Scores) -> tuple[list[bool], list[float]]:
+        """Per group: whether its correctness (signal_values) varies among the valid rows, and its mean over them."""
         g = self.cfg.rollout.group_size
-        values, invalid = signal_values(rnd.scores).view(-1, g), rnd.scores.invalid.view(-1, g)
+        values, invalid = signal_values(scores).view(-1, g), scores.invalid.view(-1, g)
         valid = ~invalid & torch.isfinite(values)
-        return (~zero_signal_groups(torch.where(valid, values, 0.0), valid)).tolist()
+        values = torch.where(valid, values, 0.0)
+        means = (values.sum(-1) / valid.sum(-1).clamp(min=1)).tolist()
+        return (~zero_signal_groups(values, valid)).tolist(), means
 
     def collect(self, step: int = 0) -> Batch:
         """Generate and score prompts_per_step groups. With dynamic sampling, keep the groups with signal and refill
@@ -174,12 +187,13 @@ class BatchCollector:
         self.timing = {"rollout": 0.0, "reward": 0.0}
         a, want = self.cfg.algorithm, self.cfg.train.prompts_per_step
         rounds = [self.generate_round(step, 0)]
-        kept = [(0, gi) for gi, ok in enumerate(self.has_signal(rounds[0])) if ok] if a.dynamic_sampling else []
+        kept = [(0, gi) for gi, ok in enumerate(rounds[0].signal) if ok] if a.dynamic_sampling else []
         while a.dynamic_sampling and len(kept) < want and len(rounds) <= a.max_extra_rounds:
             rounds.append(self.generate_round(step, len(rounds)))
-            kept += [(len(rounds) - 1, gi) for gi, ok in enumerate(self.has_signal(rounds[-1])) if ok]
+            kept += [(len(rounds) - 1, gi) for gi, ok in enumerate(rounds[-1].signal) if ok]
         everything = [(r, gi) for r in range(len(rounds)) for gi in range(want)]
         sampled = self.join(rounds, everything)
+        sampled.metrics.update(self.sampler.stats())
         if not a.dynamic_sampling:
             return sampled
         train = self.join(rounds, kept[:want] if kept else everything[:want])

@@ -13,10 +13,13 @@ rows differently) and ignores clamps that act only on log-ratios beyond +-20.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
+from . import ppo_card
 from .config import Config
 from .precision import card_entry, unresolved
+from .rewards.model import reward_model_card
 
 PEER_VERSIONS = {"trl": "1.16.0", "verl": "0.9.1", "openrlhf": "0.11.2"}
 EXACT, NEAREST, NONE = "exact", "nearest", "none"
@@ -47,6 +50,8 @@ _RATIO = {"gspo": ("s_i = exp(mean_t log r_it)", r"s_i"), "ppo_clip": ("r_it", r
 
 def formula(cfg: Config) -> tuple[str, str]:
     """(plain text, LaTeX) of the minimised loss."""
+    if cfg.algorithm.estimator == "gae":  # PPO with a critic
+        return ppo_card.formula(cfg)
     a = cfg.algorithm
     adv, adv_tex = _ADV_TEXT[(a.baseline.value, a.scaling.value)]
     agg, agg_tex = _AGG_TEXT[a.aggregation.value]
@@ -301,6 +306,8 @@ _INTERFACE = {
 def equivalents(cfg: Config) -> dict[str, dict[str, Any]]:
     """Per peer: the version checked against, the interface, and one row per axis (see ``_row``)."""
     rows = {axis: fn(cfg) for axis, fn in AXES.items()}
+    if cfg.algorithm.estimator == "gae":  # PPO with a critic: its advantage and KL rows (grpolab/ppo_card.py)
+        rows = ppo_card.equivalents(cfg, rows)
     out = {}
     for peer, version in PEER_VERSIONS.items():
         interface = _INTERFACE[peer] or ("trl.RLOOConfig" if cfg.algorithm.baseline == "leave_one_out" else "trl.GRPOConfig")
@@ -342,10 +349,16 @@ def objective_card(cfg: Config, precision: dict[str, Any] | None = None) -> dict
             "lora": ({"rank": cfg.model.lora.rank, "alpha": cfg.model.lora.alpha, "dropout": cfg.model.lora.dropout,
                       "target_modules": cfg.model.lora.target_modules} if cfg.model.lora.rank else "off"),
             "strategy": cfg.train.strategy,
+            "prompt_schedule": ("shuffle: each prompt once per epoch" if cfg.train.prompt_schedule == "shuffle" else
+                                f"pass_rate: a prompt whose last group was solved G/G or 0/G is skipped except with "
+                                f"probability {cfg.train.prompt_floor}, and taken after {math.ceil(1 / cfg.train.prompt_floor)} "
+                                f"skips in a row"),
             "precision": card_entry(precision or unresolved(cfg.train.precision, cfg.rollout.dtype)),
+            **ppo_card.choices(cfg),
         },
         "equivalents": equivalents(cfg),
         **code_extraction(cfg),
+        **reward_model_card(cfg),  # the learned reward's model: hashes, template, normalisation (rewards/model.py)
     }
 
 

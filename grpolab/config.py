@@ -52,11 +52,22 @@ class TaskConfig:
 
 
 @dataclass(frozen=True)
+class RewardModelConfig:
+    """The `model` reward's reward model (grpolab/rewards/model.py; docs/reward_models.md)."""
+
+    path: str = ""  # hub id, local directory or `grpolab rm train` run directory
+    normalize: bool = False  # z-score the scores of each scored batch
+    batch_size: int = 16  # sequences per forward pass
+    max_length: int = 512  # tokens kept (the last ones) of each (prompt, completion) text
+
+
+@dataclass(frozen=True)
 class RewardConfig:
     weights: dict = field(default_factory=lambda: {"correct": 1.0, "format": 0.1})
     functions: dict = field(default_factory=dict)  # your own: {name: "path/file.py:fn" | "pkg.mod:fn"} (rewards/user.py)
     time_limit_s: float = 5.0  # per call of each of your functions (the built-ins have their own)
     sandbox: dict = field(default_factory=dict)  # limits of the code rewards' sandbox (grpolab/sandbox/limits.py)
+    model: RewardModelConfig = RewardModelConfig()  # the learned reward `model` (weights: {model: 1.0})
 
 
 @dataclass(frozen=True)
@@ -96,6 +107,11 @@ class AlgorithmConfig:
     overlong_penalty: float = 1.0  # ... and its maximum penalty
     dynamic_sampling: bool = False  # DAPO: drop zero-variance groups and refill
     max_extra_rounds: int = 0  # refill budget (extra generation rounds per step)
+    # advantage estimator: group-relative (GRPO family) or gae = PPO with a learned critic (grpolab/ppo.py)
+    estimator: Literal["group", "gae"] = "group"
+    gamma: float = 1.0  # gae: discount
+    lam: float = 0.95  # gae: lambda
+    whiten: bool = True  # gae: whiten the per-token advantages over the batch
 
 
 @dataclass(frozen=True)
@@ -115,6 +131,7 @@ class TrainConfig:
     grad_clip: float = 1.0
     # bf16 = bfloat16 autocast over fp32 master weights; auto = measured at start (grpolab/precision.py)
     precision: Literal["auto", "fp32", "bf16"] = "auto"
+    attention_fp32: bool = True  # with bf16 on CPU: attention in float32 (its bf16 backward is slow; grpolab/attention.py)
     device: str = "auto"  # auto (cuda when available) | cpu | cuda | cuda:N; under torchrun on CUDA: cuda:LOCAL_RANK
     strategy: Literal["ddp", "fsdp2"] = "ddp"  # data parallel: replicated weights, or sharded (grpolab/sharding.py)
     share_prompt: bool = True  # training passes run each prompt once per micro-batch, not once per completion
@@ -126,6 +143,21 @@ class TrainConfig:
     keep_last: int = 2
     samples_per_step: int = 4
     max_nonfinite_steps: int = 3  # stop after this many consecutive steps with a NaN/Inf loss or gradient
+    # prompt order (grpolab/prompt_sampler.py): shuffle = each prompt once per epoch; pass_rate = prompts whose last
+    # group was solved G/G or 0/G are skipped except with probability prompt_floor (and after ceil(1/floor) skips)
+    prompt_schedule: Literal["shuffle", "pass_rate"] = "shuffle"
+    prompt_floor: float = 0.25
+
+
+@dataclass(frozen=True)
+class CriticConfig:
+    """The value model of algorithm.estimator = gae (grpolab/critic.py); trained for train.mu x train.minibatches
+    steps per batch, like the policy."""
+
+    share_backbone: bool = False  # False: value head on a copy of the policy's backbone; True: on the policy's own
+    lr: float = 1e-5
+    value_clip: float = 0.2  # clip of V - V_old in the value loss (0 = off)
+    grad_clip: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -152,6 +184,7 @@ class Config:
     algorithm: AlgorithmConfig = AlgorithmConfig()
     train: TrainConfig = TrainConfig()
     eval: EvalConfig = EvalConfig()
+    critic: CriticConfig = CriticConfig()
     run: RunConfig = RunConfig()
 
     @property
@@ -349,7 +382,14 @@ _RANGES: list[tuple[str, Any, str]] = [
     ("algorithm.overlong_buffer", lambda v: v >= 0, "an integer >= 0"),
     ("algorithm.overlong_penalty", lambda v: v >= 0, "a number >= 0"),
     ("algorithm.max_extra_rounds", lambda v: v >= 0, "an integer >= 0"),
+    ("algorithm.gamma", lambda v: 0 <= v <= 1, "a number in [0, 1]"),
+    ("algorithm.lam", lambda v: 0 <= v <= 1, "a number in [0, 1]"),
+    ("critic.lr", lambda v: v > 0, "a number > 0"),
+    ("critic.value_clip", lambda v: v >= 0, "a number >= 0 (0 = off)"),
+    ("critic.grad_clip", lambda v: v >= 0, "a number >= 0 (0 = off)"),
     ("reward.time_limit_s", lambda v: v > 0, "a number > 0 (seconds)"),
+    ("reward.model.batch_size", lambda v: v >= 1, "an integer >= 1"),
+    ("reward.model.max_length", lambda v: v >= 8, "an integer >= 8 (tokens)"),
     ("train.steps", lambda v: v >= 1, "an integer >= 1"),
     ("train.prompts_per_step", lambda v: v >= 1, "an integer >= 1"),
     ("train.mu", lambda v: v >= 1, "an integer >= 1"),
@@ -369,6 +409,7 @@ _RANGES: list[tuple[str, Any, str]] = [
     ("train.min_lr_ratio", lambda v: 0 <= v <= 1, "a number in [0, 1]"),
     ("train.samples_per_step", lambda v: v >= 0, "an integer >= 0"),
     ("train.max_nonfinite_steps", lambda v: v >= 1, "an integer >= 1"),
+    ("train.prompt_floor", lambda v: 0 < v <= 1, "a number in (0, 1]"),
     ("algorithm.entropy_coef", math.isfinite, "a finite number"),
     ("eval.every_steps", lambda v: v >= 0, "an integer >= 0"),
     ("eval.batch_size", lambda v: v >= 1, "an integer >= 1"),

@@ -191,6 +191,12 @@ def evaluate_model(engine: RolloutEngine, tokenizer, problems: list[Problem], se
     """Greedy completions (and k samples when settings.samples > 0) for every problem, scored and summarised."""
     import torch
 
+    from .agents.env import is_agent_problem
+
+    if problems and all(is_agent_problem(p) for p in problems):  # one greedy episode each (grpolab.agents.evaluate)
+        from .agents.evaluate import evaluate_episodes
+
+        return evaluate_episodes(engine, tokenizer, problems, settings)
     start = time.perf_counter()
     greedy = generate_all(engine, tokenizer, problems,
                           SamplingParams(group_size=1, max_new_tokens=settings.max_new_tokens, greedy=True),

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from .algo.logprobs import logprobs_and_entropy
+from .attention import SDPA_NAMES
 from .packing import block_causal_mask, pack_completions
 from .rollout.base import Rollout
 from .rollout.cache import cache_kwarg
@@ -118,7 +119,7 @@ def _shared_prompt_logprobs(model, rollout, rows, temperature, precision, with_e
 
 def packing_supported(model) -> bool:
     """Packing needs an attention that takes a boolean 4-D mask as given: SDPA (eager adds the mask as floats)."""
-    return getattr(model.config, "_attn_implementation", None) == "sdpa"
+    return getattr(model.config, "_attn_implementation", None) in SDPA_NAMES
 
 
 def _packed_group_logprobs(model, rollout, rows, temperature, precision, with_entropy, entropy_grad, run, heads) -> ForwardOut:

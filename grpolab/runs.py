@@ -22,6 +22,7 @@ from .card import objective_card
 from .config import Config, from_dict, parse_override, set_path, to_dict
 from .distributed import barrier, gather_objects, init_world, resolve_device
 from .errors import GrpolabError
+from .rewards.model import reward_model_hashes, reward_model_manifest
 from .rewards.user import source_hashes
 from .tasks.base import Problem
 
@@ -53,6 +54,7 @@ def build_manifest(cfg: Config, model_path: str, tokenizer, train: list[Problem]
     hashes = mf.hash_model_dir(model_path)
     reward_hashes = {**source_hashes(cfg.reward.functions), **(callable_hashes or {})}
     fingerprint = ((data_summary or {}).get("source") or {}).get("fingerprint")
+    rm = reward_model_manifest(cfg)  # the learned reward's model (grpolab.rewards.model), None without one
     return {
         "grpolab_manifest": 1,
         "command": " ".join(["grpolab", *sys.argv[1:]]),
@@ -69,8 +71,10 @@ def build_manifest(cfg: Config, model_path: str, tokenizer, train: list[Problem]
             "train_data": mf.data_hash(train),
             "held_out_data": mf.data_hash(held_out),
             **({"dataset_fingerprint": fingerprint} if fingerprint else {}),
+            **reward_model_hashes(rm),
         },
         **({"python_rewards": sorted(callable_hashes)} if callable_hashes else {}),
+        **({"reward_model": rm} if rm else {}),
         "data": data_summary or {"train_problems": len(train), "held_out_problems": len(held_out)},
         "model_path": model_path,
         "train_problem_hashes": mf.problem_hashes(train),
@@ -96,11 +100,11 @@ def start_run(cfg: Config, rewards: dict[str, Any] | None = None,
     written), then create the directory and write its manifest. Over several ranks, rank 0 names and writes the
     directory (its name, with a timestamp, is the one every rank uses). ``rewards`` and ``problems``: Python
     callables and in-memory problems (grpolab.api, Trainer)."""
-    from .trainer import Trainer
+    from .ppo import trainer_class  # the GRPO Trainer, or PPO's for algorithm.estimator = gae
 
     world = init_world(resolve_device(cfg.train.device))
     run_dir = gather_objects(plan_run_dir(cfg) if world.main else None, world)[0]
-    trainer = Trainer(cfg, run_dir, world, rewards=rewards, problems=problems)
+    trainer = trainer_class(cfg)(cfg, run_dir, world, rewards=rewards, problems=problems)
     manifest = trainer_manifest(trainer)
     if world.main:
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -148,11 +152,11 @@ def resume_run(run_dir: Path, overrides: list[str] | dict[str, Any], allow_chang
     """Rebuild the trainer of RUN_DIR, check it against the manifest, restore the newest complete checkpoint
     (step 0 when there is none) and record the resume. Returns (trainer, checkpoint resumed from). A run started
     with Python rewards or in-memory problems (grpolab.api) is resumed with the same ``rewards`` / ``problems``."""
-    from .trainer import Trainer
+    from .ppo import trainer_class  # the GRPO Trainer, or PPO's for algorithm.estimator = gae
 
     run_dir = Path(run_dir)
     cfg, recorded = resume_config(run_dir, overrides)
-    trainer = Trainer(cfg, run_dir, init_world(resolve_device(cfg.train.device)), rewards=rewards, problems=problems,
+    trainer = trainer_class(cfg)(cfg, run_dir, init_world(resolve_device(cfg.train.device)), rewards=rewards, problems=problems,
                       precision=recorded.get("precision"))  # an "auto" keeps its recorded choice: no new probe
     current = trainer_manifest(trainer)
     diffs = check_resume(recorded, current, run_dir, allow_changes)

@@ -23,6 +23,7 @@ import torch
 
 from . import checkpoint as ckpt
 from .algo.kl import KLPlacement, token_kl
+from .agents.collect import collector_class
 from .batch import Batch, BatchCollector
 from .checkpoint import rng_state, seed_everything, set_rng_state
 from .config import Config
@@ -34,6 +35,7 @@ from .faults import InterruptGuard, NonFiniteTracker, TrainingInterrupted
 from .metrics import JsonlSink, peak_rss_mb, truncate_log
 from .lora import apply_lora, load_weights, make_reference, trainable_parameters
 from .models import DTYPES, load_causal_lm, load_tokenizer, resolve_model_path
+from .attention import use_fp32_attention
 from .precision import model_dims, probe_shapes, resolve
 from .prompt_sampler import PromptSampler
 from .rewards import RewardSet
@@ -135,7 +137,7 @@ class Trainer:
         self.world = world or init_world(self.device)
         seed_everything(cfg.train.seed)
         self.rewards = RewardSet(cfg.reward.weights, cfg.reward.functions, cfg.reward.time_limit_s,  # before any model
-                                 cfg.reward.sandbox, callables=rewards)
+                                 cfg.reward.sandbox, callables=rewards, model=cfg.reward.model, device=self.device)
         self.train_problems, self.eval_problems, self.data_summary = problems or load_problems(cfg)
         self.rewards.probe(self.train_problems[0])  # a reward returning a non-number fails here, before any model
         self.model_path = resolve_model_path(cfg.model.name)
@@ -151,6 +153,8 @@ class Trainer:
         t = cfg.train
         self.sharded = t.strategy == Strategy.FSDP2  # the sampler and reference copies are made before sharding
         self.engine = HFEngine(self.policy, self.tokenizer, DTYPES[cfg.rollout.dtype], cfg.rollout.decoder, self.sharded)
+        if t.attention_fp32 and t.precision == "bf16" and self.device.type == "cpu" and use_fp32_attention(self.policy):
+            self.precision["attention"] = "float32 inside bf16 autocast (sdpa_fp32)"  # after the copies: training only
         if self.sharded:
             check_shardable(cfg, self.world, self.policy)
             shard(self.policy)
@@ -160,8 +164,9 @@ class Trainer:
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(cfg))
         self.updater = PolicyUpdater(cfg, self.policy, self.reference, self.optimizer, self.scheduler, self.world)
-        self.sampler = PromptSampler(self.train_problems, t.seed)  # the same prompts on every rank
-        self.collector = BatchCollector(cfg, self.engine, self.tokenizer, self.sampler, self.rewards, self.world)
+        self.sampler = PromptSampler(self.train_problems, t.seed, t.prompt_schedule, t.prompt_floor)  # same on every rank
+        self.collector = collector_class(self.train_problems)(cfg, self.engine, self.tokenizer, self.sampler,
+                                                              self.rewards, self.world)  # episodes for agent tasks
         self.step = 0
         self.saved_step: int | None = None  # step of the newest checkpoint this trainer wrote or loaded
         self.saved_at = time.monotonic()  # when it was written (for train.save_every_minutes)
@@ -196,7 +201,7 @@ class Trainer:
             return None, None
         ref = self.updater.logprobs_no_grad(self.reference, batch.rollout, "fp32")
         old = self.updater.logprobs_no_grad(self.policy, batch.rollout, self.cfg.train.precision)
-        kl_seq = (token_kl(old, ref, a.kl_estimator).double() * batch.rollout.completion_mask).sum(-1)  # float64: no
+        kl_seq = (token_kl(old, ref, a.kl_estimator).double() * batch.rollout.trained_mask()).sum(-1)  # float64: no
         # rounding that depends on how wide the rollout tensor is (it differs with the number of ranks)
         batch.scores.rewards = batch.scores.rewards - a.beta * kl_seq.to(batch.scores.rewards.device)
         penalty = all_reduce_sum(torch.tensor([a.beta * kl_seq.sum().item(), float(len(kl_seq))], dtype=torch.float64), self.world)

@@ -25,6 +25,7 @@ COMMON = {
     "aggregation": "seq_mean_token_mean", "l_max": 0, "beta": 0.0, "kl_estimator": "k3", "kl_placement": "loss",
     "is_mode": "none", "is_c_max": 2.0, "is_c_min": 0.5, "entropy_coef": 0.0, "mask_truncated": False,
     "overlong_buffer": 0, "overlong_penalty": 1.0, "dynamic_sampling": False, "max_extra_rounds": 0,
+    "estimator": "group", "gamma": 1.0, "lam": 0.95, "whiten": True,
 }
 EXPECTED_PRESETS = {
     # DeepSeekMath GRPO: group mean / sample std (torch.std), clip 0.2 both sides, k3 KL in the loss at 0.04,
@@ -191,6 +192,11 @@ BAD_VALUES = {
     "algorithm.overlong_buffer": -1,
     "algorithm.overlong_penalty": -1.0,
     "algorithm.max_extra_rounds": -1,
+    "algorithm.gamma": 1.5,
+    "algorithm.lam": -0.1,
+    "critic.lr": 0.0,
+    "critic.value_clip": -0.2,
+    "critic.grad_clip": -1.0,
     "train.steps": 0,
     "train.prompts_per_step": 0,
     "train.mu": 0,
@@ -204,12 +210,15 @@ BAD_VALUES = {
     "train.save_every_minutes": -1.0,
     "train.device": "gpu",
     "reward.time_limit_s": 0.0,
+    "reward.model.batch_size": 0,
+    "reward.model.max_length": 4,
     "train.keep_last": 0,
     "train.adam_beta1": 1.0,
     "train.adam_beta2": -0.1,
     "train.min_lr_ratio": 2.0,
     "train.samples_per_step": -1,
     "train.max_nonfinite_steps": 0,
+    "train.prompt_floor": 0.0,
     "algorithm.entropy_coef": float("inf"),
     "eval.every_steps": -1,
     "eval.num_problems": 0,
@@ -219,7 +228,7 @@ BAD_VALUES = {
 # A second violating value where the range has two ends or an open end worth checking.
 MORE_BAD_VALUES = [
     ("rollout.top_p", 0.0), ("rollout.temperature", -1.0), ("algorithm.eps_low", -0.1), ("algorithm.dual_clip_c", 0.5),
-    ("algorithm.beta", float("nan")), ("train.lr", float("nan")), ("train.lr", -1e-5),
+    ("algorithm.beta", float("nan")), ("train.lr", float("nan")), ("train.lr", -1e-5), ("train.prompt_floor", 1.5),
 ]
 
 

@@ -10,7 +10,7 @@ import click
 
 from ..errors import GrpolabError
 from ..faults import TrainingInterrupted
-from . import train, evaluate, report, export, manifest, score  # noqa: F401, I001  (register the verbs on `app`, in help order)
+from . import train, evaluate, baseline, report, export, manifest, score, rm  # noqa: F401, I001  (register the verbs on `app`, in help order)
 from .app import app, console, err_console
 
 __all__ = ["app", "console", "main"]

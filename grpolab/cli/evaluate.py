@@ -21,11 +21,9 @@ import numpy as np
 import typer
 from rich.table import Table
 
-from .app import app, console
+from .app import app, baseline_app, console
 from ..errors import GrpolabError
 
-baseline_app = typer.Typer(no_args_is_help=True, help="Baselines on the same problems: SFT / RFT, best-of-n.")
-app.add_typer(baseline_app, name="baseline")
 SEED_KEYS = {"config.train.seed"}
 
 
@@ -278,6 +276,7 @@ def seed_summary(group: list[dict[str, Any]]) -> dict[str, Any]:
 
 def compare_entries(entries: list[dict[str, Any]], baseline: str = "") -> dict[str, Any]:
     """Side-by-side rows per evaluation set, with paired differences against each set's reference."""
+    from ..baselines import entry_budget
     from ..evaluate import paired_diffs
 
     sets: dict[str, list[dict[str, Any]]] = {}
@@ -290,7 +289,7 @@ def compare_entries(entries: list[dict[str, Any]], baseline: str = "") -> dict[s
         for r in rows:
             diff = paired_diffs(ref["items"], r["items"]) if r is not ref and ref["items"] and r["items"] else {}
             table.append({k: r.get(k) for k in ("label", "model", "method", "source", "n", "len_mean", "truncated_frac")}
-                         | {"metrics": r["metrics"], "diff_vs_reference": diff})
+                         | {"metrics": r["metrics"], "diff_vs_reference": diff, "budget": entry_budget(r)})
         out_sets.append({"data_hash": h, "task": rows[0]["task"], "split": rows[0]["split"], "reference": ref["label"],
                          "rows": table})
     return {"eval_sets": out_sets, "seed_groups": [seed_summary(g) for g in seed_groups(entries)]}
@@ -303,17 +302,20 @@ def compare(
     out: Annotated[Optional[Path], typer.Option(help="write the comparison JSON here")] = None,
 ) -> None:
     """Runs and baselines side by side on the same held-out problems; mean and spread across seeds."""
+    from ..baselines import budget_cells
+
     result = compare_entries(load_entries(sources), baseline)
     for s in result["eval_sets"]:
         names = list(dict.fromkeys(m for r in s["rows"] for m, v in r["metrics"].items() if m != "accuracy" and "ci_low" in v))
         t = Table(title=f"{s['task']} / {s['split']}  set {s['data_hash'][:10]}  (reference: {s['reference']})")
-        for col in ("run / model", "method", "n", "accuracy [95% CI]", "Δ vs ref [95% CI]", *names, "len", "trunc"):
+        budget = ("wall", "peak mem", "completions", "opt steps")  # grpolab.baselines.entry_budget
+        for col in ("run / model", "method", "n", "accuracy [95% CI]", "Δ vs ref [95% CI]", *names, "len", "trunc", *budget):
             t.add_column(col, overflow="fold")
         for r in s["rows"]:
             d = r["diff_vs_reference"].get("accuracy")
             t.add_row(r["label"], str(r["method"]), str(r["n"]), _ci(r["metrics"]["accuracy"]), _ci(d) if d else "-",
                       *[f"{r['metrics'][m]['mean']:.3f}" if m in r["metrics"] else "-" for m in names],
-                      f"{r['len_mean']:.1f}", f"{r['truncated_frac']:.2f}")
+                      f"{r['len_mean']:.1f}", f"{r['truncated_frac']:.2f}", *budget_cells(r.get("budget")))
         console.print(t)
     for g in result["seed_groups"]:
         t = Table(title=f"across {g['n_seeds']} seeds {g['seeds']}: {', '.join(g['runs'])}")

@@ -11,11 +11,13 @@ from typing import Any, Callable
 from ..checkpoint import latest_checkpoint
 from ..errors import GrpolabError
 from ..manifest import write_json_atomic
+from .agent import agent_checks
 from .checks import CheckResult, Thresholds, training_checks
 from .code import code_checks, code_figures
 from .evidence import (RunEvidence, baseline_comparisons, best_worst, capability_comparisons, change_counts,
                        changed_answers, heldout_comparison, load_evals, load_run)
 from .gates import check_capability, check_improvement, check_reproducibility, check_safety, order_checks, verdict
+from .reward_model import defer_reward_vs_heldout, reward_model_checks, rm_evidence
 
 
 @dataclass
@@ -117,6 +119,9 @@ def capability_figures(capability: list[dict[str, Any]]) -> list[tuple[str, str]
 
 def all_checks(ev: RunEvidence, heldout, capability, safety, t: Thresholds) -> list[CheckResult]:
     checks = training_checks(ev.metrics, ev.config, heldout, t) + code_checks(ev.metrics, ev.config, t)
+    checks = defer_reward_vs_heldout(checks, ev.config)  # unchanged without a learned reward (report/reward_model.py)
+    checks += reward_model_checks(ev.metrics, ev.samples, ev.config, heldout, t)  # none without a learned reward
+    checks += agent_checks(ev.metrics, ev.config, t)  # none for runs that are not agent runs (report/agent.py)
     checks += [check_improvement(heldout, t), check_capability(capability, t), check_safety(safety, t),
                check_reproducibility(ev.manifest)]
     return order_checks(checks)
@@ -145,6 +150,7 @@ def build_report(run_dir: Path, opts: ReportOptions | None = None, log: Callable
         "heldout": heldout, "baselines": baselines, "capability": capability, "safety": safety, "safety_note": safety_note,
         "figures": training_figures(ev.metrics) + code_figures(ev.metrics), "comparison_figures": comparison_figures(heldout, baselines),
         "capability_figures": capability_figures(capability),
+        "reward_model": rm_evidence(ev.metrics, ev.samples, ev.config, ev.manifest),  # None without a learned reward
         "best": best, "worst": worst, "changed": changed_answers(base_row, trained_row),
         "change_counts": change_counts(base_row, trained_row), "thresholds": opts.thresholds,
     }

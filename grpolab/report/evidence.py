@@ -69,8 +69,10 @@ def load_run(run_dir: Path) -> RunEvidence:
 
 
 def summary(row: dict[str, Any], label: str | None = None) -> dict[str, Any]:
+    from ..baselines import entry_budget  # completions sampled, optimizer steps, wall time, peak memory
+
     return {"label": label or row.get("model", "?"), "accuracy": row["accuracy"], "ci_low": row.get("ci_low", math.nan),
-            "ci_high": row.get("ci_high", math.nan), "n": row.get("n")}
+            "ci_high": row.get("ci_high", math.nan), "n": row.get("n"), "budget": entry_budget(row)}
 
 
 def unpaired_diff(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:

@@ -11,7 +11,9 @@ import json
 from dataclasses import fields
 from typing import Any, Iterable, Sequence
 
+from ..baselines import BUDGET_COLUMNS, budget_cells
 from .base import NA, STATUSES, CheckResult, Thresholds
+from .reward_model import html_section as rm_html_section, markdown_lines as rm_markdown_lines
 
 CSS = """
 body{font-family:-apple-system,'Segoe UI',Helvetica,Arial,sans-serif;margin:24px auto;max-width:1240px;color:#1d2433;
@@ -120,11 +122,12 @@ def section_heldout(r: dict[str, Any]) -> str:
     out.append(f'<p class="note">Source: {esc(h["source"])}; task {esc(h.get("task") or "training task")}, split '
                f'{esc(h.get("split") or "—")}, n = {esc(fmt(h.get("n")))}. Greedy decoding, math-verify scoring, 95% '
                'bootstrap intervals; differences are paired over the same problems unless marked.</p>')
-    rows = [(h["base"]["label"], acc(h["base"]), h["base"].get("n"), diff(h["diff"]) + "  (trained - base)")]
-    rows.append((h["trained"]["label"], acc(h["trained"]), h["trained"].get("n"), "—"))
+    cost = lambda b: budget_cells(b.get("budget"))  # noqa: E731  (grpolab.baselines: wall, memory, completions, steps)
+    rows = [(h["base"]["label"], acc(h["base"]), h["base"].get("n"), diff(h["diff"]) + "  (trained - base)", *cost(h["base"]))]
+    rows.append((h["trained"]["label"], acc(h["trained"]), h["trained"].get("n"), "—", *cost(h["trained"])))
     for b in h.get("others", []) + r["baselines"]:
-        rows.append((b["label"], acc(b), b.get("n"), diff(b["diff"]) + "  (trained - this)"))
-    out.append(table(["model", "accuracy [95% CI]", "n", "difference [95% CI]"], rows))
+        rows.append((b["label"], acc(b), b.get("n"), diff(b["diff"]) + "  (trained - this)", *cost(b)))
+    out.append(table(["model", "accuracy [95% CI]", "n", "difference [95% CI]", *BUDGET_COLUMNS], rows))
     if h.get("per_slice"):
         others = h.get("others", []) + r["baselines"]
         srows = [(s, acc(v["base"]), acc(v["trained"]), diff(v["diff"]),
@@ -251,6 +254,7 @@ def render_html(r: dict[str, Any]) -> str:
         f"<h1>{esc(title)}</h1><p class='note'>Generated {esc(r['generated'])} from {esc(r['run_dir'])}. "
         f"Training task: {esc(r['train_task'])}; model {esc((m.get('config') or {}).get('model', {}).get('name', '—'))}.</p>",
         section_verdict(r), section_heldout(r), section_regressions(r), section_curves(r), section_samples(r),
+        rm_html_section(r),
         section_objective(m), section_manifest(m), section_thresholds(r["thresholds"]),
     ])
     return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{esc(title)}</title>'
@@ -266,10 +270,12 @@ def render_markdown(r: dict[str, Any]) -> str:
     lines += [f"| {c.status} | {c.name} | {c.reason.replace('|', '/')} | {numbers_text(c).replace('|', '/')} |" for c in r["checks"]]
     lines += ["", "## Held-out comparison", ""]
     if h:
-        lines += [f"Source: {h['source']}", "", "| model | accuracy [95% CI] | difference [95% CI] |", "|---|---|---|",
-                  f"| {h['base']['label']} | {acc(h['base'])} | {diff(h['diff'])} (trained - base) |",
-                  f"| {h['trained']['label']} | {acc(h['trained'])} | |"]
-        lines += [f"| {b['label']} | {acc(b)} | {diff(b['diff'])} (trained - this) |" for b in h.get("others", []) + r["baselines"]]
+        cost = lambda b: " | ".join(budget_cells(b.get("budget")))  # noqa: E731  (grpolab.baselines)
+        lines += [f"Source: {h['source']}", "", f"| model | accuracy [95% CI] | difference [95% CI] | {' | '.join(BUDGET_COLUMNS)} |",
+                  "|---|---|---|---|---|---|---|",
+                  f"| {h['base']['label']} | {acc(h['base'])} | {diff(h['diff'])} (trained - base) | {cost(h['base'])} |",
+                  f"| {h['trained']['label']} | {acc(h['trained'])} | | {cost(h['trained'])} |"]
+        lines += [f"| {b['label']} | {acc(b)} | {diff(b['diff'])} (trained - this) | {cost(b)} |" for b in h.get("others", []) + r["baselines"]]
         lines += [f"| slice {s} | {acc(v['trained'])} | {diff(v['diff'])} (trained - base) |" for s, v in h.get("per_slice", {}).items()]
     else:
         lines.append("No held-out evaluation found.")
@@ -280,6 +286,7 @@ def render_markdown(r: dict[str, Any]) -> str:
     lines.append(f"- safety: compliance with {s['n']} harmful requests, base {s['base']['compliance_rate']:.2f}, trained "
                  f"{s['trained']['compliance_rate']:.2f} (keyword refusal heuristic)" if s else
                  f"- safety: not measured ({r.get('safety_note') or 'skipped'})")
+    lines += rm_markdown_lines(r)  # the learned reward model's evidence (none for other runs)
     lines += ["", "## Reproduce", "", "```", m.get("command", "(no command recorded)"), "```", ""]
     lines += [f"> WARNING: {w}" for w in repro_warnings(m)]
     lines += ["", "## Objective", "", f"Preset `{(m.get('objective') or {}).get('preset')}`:", "", "```",

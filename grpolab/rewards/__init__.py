@@ -32,6 +32,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
+from grpolab.agents.env import env_reward
 from grpolab.errors import ConfigError
 from grpolab.rewards.code import EXTRACTION_RULE, Scored, code_reward_specs
 from grpolab.rewards.math import correctness_reward, extract_answer, format_reward, normalize_answer
@@ -131,6 +132,8 @@ class RewardResult:
 REWARD_FUNCTIONS: dict[str, RewardSpec] = {
     "correct": RewardSpec(correctness_reward, "1.0 if the last boxed answer (or last number) equals the gold answer"),
     "format": RewardSpec(format_reward, "1.0 if the completion contains \\boxed{"),
+    "env": RewardSpec(env_reward, "an agent environment's reward() at the end of the episode (grpolab.agents)",
+                      takes_problem=True),
     **{name: RewardSpec(**kwargs) for name, kwargs in code_reward_specs().items()},
 }
 CODE_REWARDS = ("pass_fraction", "all_pass")
@@ -180,11 +183,15 @@ class RewardSet:
     """
 
     def __init__(self, weights: dict[str, float], functions: dict[str, str] | None = None, time_limit_s: float | None = 5.0,
-                 sandbox: Mapping[str, Any] | None = None, callables: Mapping[str, Callable[..., Any]] | None = None):
+                 sandbox: Mapping[str, Any] | None = None, callables: Mapping[str, Callable[..., Any]] | None = None,
+                 model: Any = None, device: Any = None):
+        from .model import MODEL_REWARD, model_reward_spec
         from .user import callable_label, check_reward_callable, load_reward_function
 
         self.weights = dict(weights)
         self.specs = dict(REWARD_FUNCTIONS)
+        if MODEL_REWARD in self.weights:  # a learned reward model (config reward.model) on the run's device
+            self.specs[MODEL_REWARD] = model_reward_spec(model, device)
         limits = SandboxLimits.from_options(sandbox)  # checked even when no code reward is weighted
         if any(name in CODE_REWARDS for name in self.weights):
             self.specs.update({name: RewardSpec(**kw) for name, kw in code_reward_specs(limits).items()})
@@ -215,7 +222,7 @@ class RewardSet:
     def _check_name(self, field_path: str, name: Any) -> None:
         if not isinstance(name, str) or not name.strip():
             raise ConfigError(f"{field_path}: expected a non-empty string as the reward's name")
-        if name in REWARD_FUNCTIONS:
+        if name in REWARD_FUNCTIONS or name == "model":
             raise ConfigError(f"{field_path}: {name!r} is a built-in reward; give your function another name")
         if name in self.user:
             raise ConfigError(f"{field_path}: {name!r} is already defined by {self.fields[name]}; use one of them")
@@ -330,13 +337,14 @@ def result_metrics(results: Sequence[RewardResult]) -> dict[str, float]:
     >>> result_metrics([ok, bad])["reward/code/syntax_frac"], result_metrics([ok, bad])["reward/code/pass_frac"]
     (0.5, 0.5)
     """
-    coded = [r for r in results if r.reason is not None or r.extras]
-    if not results or not coded:
+    coded = [r for r in results if r.reason is not None or any(k.startswith("code/") for k in r.extras)]
+    if not results or not (coded or any(r.extras for r in results)):
         return {}
     n = len(results)
-    counts = Counter(r.reason for r in results if not r.invalid and (r.reason is not None or r.extras))
-    out = {f"reward/code/{reason}_frac": counts.get(reason, 0) / n for reason in REASONS}
-    out["reward/code/pass_frac"] = counts.get(None, 0) / n
+    counts = Counter(r.reason for r in coded if not r.invalid)
+    out = {f"reward/code/{reason}_frac": counts.get(reason, 0) / n for reason in REASONS} if coded else {}
+    if coded:  # other extras (the reward model's model/raw) are no code outcome
+        out["reward/code/pass_frac"] = counts.get(None, 0) / n
     for key in sorted({k for r in results for k in r.extras}):
         vals = [r.extras[key] for r in results if key in r.extras and isfinite(r.extras[key])]
         out[f"reward/{key}"] = sum(vals) / len(vals) if vals else float("nan")

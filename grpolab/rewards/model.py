@@ -126,8 +126,10 @@ def forward_scores(model, input_ids: torch.Tensor, attention_mask: torch.Tensor)
 def normalize_scores(scores: Sequence[float], eps: float = NORM_EPS) -> list[float]:
     """Per-batch z-scores: z_i = (s_i - mean(s)) / (std(s) + eps), std the population standard deviation.
 
-    >>> normalize_scores([1.0, 3.0])
-    [-0.9999995000002499, 0.9999995000002499]
+    >>> normalize_scores([1.0, 3.0], eps=0.0)  # mean 2, population std 1
+    [-1.0, 1.0]
+    >>> normalize_scores([5.0, 5.0])  # no spread: all 0, never a division by zero
+    [0.0, 0.0]
     """
     n = len(scores)
     if n == 0:

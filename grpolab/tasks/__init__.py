@@ -10,6 +10,7 @@ import inspect
 from typing import Any, Callable
 
 from grpolab.errors import ConfigError
+from grpolab.agents.env import AgentTask
 from grpolab.tasks.arithmetic import ArithmeticTask
 from grpolab.tasks.base import PROMPT_INSTRUCTION, Problem, Task
 from grpolab.tasks.code import CODE_INSTRUCTION, code_problem, is_code_problem
@@ -22,6 +23,7 @@ from grpolab.tasks.mbpp import MBPPTask
 from grpolab.tasks.pyfunc import PyFuncTask
 
 TASKS: dict[str, Callable[..., Task]] = {
+    "agent": AgentTask,  # multi-turn episodes of an environment (grpolab.agents)
     "arithmetic": ArithmeticTask,
     "gsm8k": GSM8KTask,
     "hf": HFTask,
