@@ -124,6 +124,15 @@ def test_a_user_environment_is_loaded_from_a_file(tmp_path):
     assert [p.uid for p in task.problems("test")] == ["echo/test/0", "echo/test/1", "echo/test/2"]
     with pytest.raises(ConfigError, match="has no class 'Nope'"):
         make_task("agent", env=f"{tmp_path / 'my_env.py'}:Nope")
+    (tmp_path / "half_env.py").write_text(  # a subclass that forgot reward(): refused at load, not mid-episode
+        "from grpolab.agents.env import AgentEnv\n"
+        "class Half(AgentEnv):\n"
+        "    def reset(self, problem, rng): return problem.question\n"
+        "    def step(self, action): return '', True\n"
+        "    @classmethod\n"
+        "    def problems(cls, split, n, seed, difficulty): return []\n")
+    with pytest.raises(ConfigError, match=r"task.env: .*half_env.py:Half lacks reward"):
+        make_task("agent", env=f"{tmp_path / 'half_env.py'}:Half")
 
 
 def _rollout(n: int, lc: int, loss: bool) -> Rollout:

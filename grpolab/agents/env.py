@@ -18,6 +18,7 @@ reached without one); ``observation_role`` is the chat role observations are ren
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import inspect
 import random
@@ -33,25 +34,25 @@ if TYPE_CHECKING:  # grpolab.tasks imports this module (its `agent` task): no im
 AGENT_KIND = "agent"
 
 
-class AgentEnv:
-    """Defaults for an environment (subclassing it is optional: any class with the methods works)."""
+class AgentEnv(abc.ABC):
+    """The base of the built-in environments (subclassing it is optional: any class with the methods works). Its
+    episode methods are abstract, so a subclass that forgets one is refused when it is loaded (load_env), not half-way
+    through an episode."""
 
     tools: list[Tool] = []
     requires_tools: bool = False
     observation_role: str = "user"
 
-    def reset(self, problem: Problem, rng: random.Random) -> str:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def reset(self, problem: Problem, rng: random.Random) -> str: ...
 
-    def step(self, action: str) -> tuple[str, bool]:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def step(self, action: str) -> tuple[str, bool]: ...
 
-    def reward(self) -> float:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def reward(self) -> float: ...
 
-    @classmethod
-    def problems(cls, split: str, n: int, seed: int, difficulty: int) -> list[Problem]:
-        raise NotImplementedError
+    # and, for a task of its own, a classmethod problems(split, n, seed, difficulty) -> list[Problem] (load_env checks)
 
 
 @dataclass(frozen=True)
@@ -95,7 +96,8 @@ def load_env(ref: str, field: str = "task.env") -> type:
     cls = getattr(_load_module(field, where), name, None)
     if not inspect.isclass(cls):
         raise ConfigError(f"{field}: {where} has no class {name!r}")
-    missing = [m for m in ("reset", "step", "reward", "problems") if not callable(getattr(cls, m, None))]
+    missing = [m for m in ("reset", "step", "reward", "problems")
+               if not callable(getattr(cls, m, None)) or m in getattr(cls, "__abstractmethods__", ())]
     if missing:
         raise ConfigError(f"{field}: {ref} lacks {', '.join(missing)}; an environment needs reset(problem, rng), "
                           "step(action) -> (observation, done), reward() and problems(split, n, seed, difficulty)")
