@@ -82,13 +82,16 @@ def test_train_and_held_out_instances_are_disjoint_and_seeded(make, difficulty):
     assert [p.uid for p in make("test", 100, 1, difficulty)] != [p.uid for p in test]
 
 
-def test_calc_env_rewards_the_boxed_answer_and_reminds_otherwise():
+def test_calc_env_ends_on_the_answer_turn_and_scores_it_like_the_correct_reward():
     p = calc_problems("train", 1, 0, 2)[0]
     env = CalcEnv()
     assert p.question in env.reset(p, None) and env.requires_tools
-    assert env.step("I think") == (env.step("no box")[0], False)
-    assert env.reward() == 0.0
-    assert env.step(f"so \\boxed{{{p.answer}}}") == ("", True) and env.reward() == 1.0
+    assert env.reward() == 0.0  # no answer turn yet (a bound ended the episode)
+    assert env.step(f"so \\boxed{{{p.answer}}} or maybe 1") == ("", True) and env.reward() == 1.0  # the box wins
+    env.reset(p, None)
+    assert env.step(f"It is {p.answer}.") == ("", True) and env.reward() == 1.0  # no box: the last number
+    env.reset(p, None)
+    assert env.step(f"{p.answer} plus one is {int(p.answer) + 1}") == ("", True) and env.reward() == 0.0
 
 
 def test_guess_env_answers_higher_lower_and_ends_on_the_secret():

@@ -10,9 +10,11 @@ Rules:
   is below 20%), so train and held-out instances never share a question whatever the seed or sizes. Each split has
   its own RNG stream ``random.Random(f"calc:{seed}:{split}:{difficulty}")``.
 - Episode: the first observation is the question and the answer format; a turn with a tool call gets the tool's
-  result; a turn with ``\\boxed{...}`` ends the episode; any other turn is answered with a reminder.
-- Reward: 1.0 when the last boxed answer of the final turn equals the gold answer (grpolab.rewards.math), else 0.0
-  (also when a bound ended the episode before an answer).
+  result; the first turn without a tool call is the answer and ends the episode.
+- Reward: the single-turn ``correct`` rule on the answer turn (grpolab.rewards.math.correctness_reward: the last
+  ``\\boxed{}``, else the last number, equal to the gold answer) -- 1.0 or 0.0; 0.0 when a bound ended the episode
+  before an answer turn. (An earlier rule waited for a ``\\boxed{}`` and answered other turns with a reminder: the
+  bundled model never boxed after a reminder and scored 0/32, so nothing could be learned -- docs/agents.md.)
 """
 
 from __future__ import annotations
@@ -93,10 +95,8 @@ class CalcEnv(AgentEnv):
         return f"{problem.question}\n{problem.instruction}"
 
     def step(self, action: str) -> tuple[str, bool]:
-        if "\\boxed" in action:
-            self.final = action
-            return "", True
-        return "No final answer yet. Put the final answer in \\boxed{}.", False
+        self.final = action  # a turn without a tool call is the answer
+        return "", True
 
     def reward(self) -> float:
         return 0.0 if self.final is None else correctness_reward(self.final, self.gold)
