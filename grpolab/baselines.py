@@ -36,7 +36,7 @@ from __future__ import annotations
 import math
 import re
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -197,7 +197,7 @@ class SFTSettings:
     lr: float = 1e-5
     weight_decay: float = 0.0
     grad_clip: float = 1.0
-    precision: str = "fp32"  # "bf16" = bfloat16 autocast over fp32 weights
+    precision: str = "auto"  # "fp32", "bf16" (bfloat16 autocast over fp32 weights) or "auto" (the probe decides)
     seed: int = 0
     rft_samples: int = 4
     rft_temperature: float = 1.0
@@ -326,6 +326,7 @@ def run_sft(model_name: str, task: str, options: dict[str, Any], s: SFTSettings,
     from .manifest import data_hash, problem_hashes, versions, write_json_atomic
     from .metrics import peak_rss_mb
     from .models import load_causal_lm, load_tokenizer, resolve_model_path
+    from .precision import resolve_update
     from .rollout.hf import HFEngine
 
     out_dir = Path(out_dir)
@@ -343,6 +344,8 @@ def run_sft(model_name: str, task: str, options: dict[str, Any], s: SFTSettings,
     else:
         examples = rft_examples(HFEngine(model, tokenizer, torch.float32), tokenizer, problems, s)
     encoded = [encode(tokenizer, p, t) for p, t in examples]
+    resolution = resolve_update(s.precision, model, s.batch_size, s.max_new_tokens)
+    s = replace(s, precision=resolution["update"])
     before = mean_loss(model, tokenizer, encoded) if encoded else float("nan")
     losses = train_sft(model, tokenizer, examples, s)
     after = mean_loss(model, tokenizer, encoded)
@@ -357,7 +360,7 @@ def run_sft(model_name: str, task: str, options: dict[str, Any], s: SFTSettings,
         "num_problems": len(problems), "num_examples": len(examples),
         "problems_with_examples": len({p.uid for p, _ in examples}),
         "train_problem_hashes": problem_hashes(problems), "train_data_hash": data_hash(problems),
-        "loss_before": before, "loss_after": after, "losses": losses,
+        "loss_before": before, "loss_after": after, "losses": losses, "precision": resolution,
         "budget": {"completions_sampled": s.rft_samples * len(problems) if s.mode == "rft" else 0, "optimizer_steps": s.steps},
         "seconds": time.perf_counter() - start, "peak_rss_mb": peak_rss_mb(), "versions": versions(),
     }

@@ -196,6 +196,7 @@ def run_dpo(cfg, s: DPOSettings, out_dir: Path) -> dict[str, Any]:
     from .config import to_dict
     from .manifest import data_hash, problem_hashes, versions, write_json_atomic
     from .metrics import peak_rss_mb
+    from .precision import resolve_update
     from .models import DTYPES, load_causal_lm, load_tokenizer, resolve_model_path
     from .prompt_sampler import PromptSampler
     from .rewards import RewardSet
@@ -212,7 +213,8 @@ def run_dpo(cfg, s: DPOSettings, out_dir: Path) -> dict[str, Any]:
     held_out = make_task(cfg.task.name, **cfg.task.options).problems(cfg.eval.split)
     path = resolve_model_path(cfg.model.name)
     tokenizer, model = load_tokenizer(path), load_causal_lm(path, "float32")
-    precision = "bf16" if cfg.train.precision == "bf16" else "fp32"
+    resolution = resolve_update(cfg.train.precision, model, cfg.train.micro_batch_size, cfg.rollout.max_new_tokens)
+    precision = resolution["update"]
     rewards = RewardSet(cfg.reward.weights, cfg.reward.functions, cfg.reward.time_limit_s, cfg.reward.sandbox)
     engine = HFEngine(model, tokenizer, DTYPES["float32"] if cfg.rollout.dtype == "auto" else DTYPES[cfg.rollout.dtype])
     collector = BatchCollector(cfg, engine, tokenizer, PromptSampler(train, cfg.train.seed), rewards)
@@ -230,7 +232,7 @@ def run_dpo(cfg, s: DPOSettings, out_dir: Path) -> dict[str, Any]:
         "config": {**to_dict(cfg), "dpo": dataclasses.asdict(s)},
         "budget": {"completions_sampled": stats["completions_sampled"], "optimizer_steps": s.steps,
                    "pairs_per_step": s.batch_size},
-        "pairs": stats, "num_problems": len(unique),
+        "pairs": stats, "num_problems": len(unique), "precision": resolution,
         "train_problem_hashes": problem_hashes(unique), "train_data_hash": data_hash(unique),
         "steps": log, "seconds": time.perf_counter() - start, "sampling_seconds": sampled_s,
         "peak_rss_mb": peak_rss_mb(), "versions": versions(),

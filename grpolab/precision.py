@@ -29,6 +29,8 @@ from typing import Any, Callable
 
 import torch
 
+from .errors import GrpolabError
+
 BF16_MARGIN = 1.15
 """bf16 is chosen only when its measured rate is >= 1.15 x fp32's: below that the gain is within the noise of a
 short probe on a shared machine, and it would not pay for bf16's rounding (log-ratios of the policy against its
@@ -247,6 +249,16 @@ def resolve(update: str, sampling: str, device: torch.device | str, shapes: dict
         f"update {sources['update']}; sampling {sources['sampling']}"
     return {"update": UPDATE[kinds["update"]], "sampling": SAMPLING[kinds["sampling"]], "setting": setting,
             "source": source, **({"probe": probed} if probed else {})}
+
+
+def resolve_update(setting: str, model: torch.nn.Module, batch_size: int, new_tokens: int) -> dict[str, Any]:
+    """The resolution of a baseline's update precision (SFT, DPO: no sampler of their own to resolve): `setting`
+    ('fp32' / 'bf16' as given, 'auto' by the probe on a CPU, as the trainer resolves train.precision), for a model
+    trained on micro-batches of `batch_size` sequences of about `new_tokens` target tokens."""
+    if setting != "auto" and _kind(setting) is None:
+        raise GrpolabError(f"precision: expected fp32, bf16 or auto, got {setting!r}")
+    shapes = probe_shapes(*model_dims(model), batch_size, new_tokens, 1)
+    return resolve(setting, "fp32", next(model.parameters()).device, shapes)
 
 
 def card_entry(resolution: dict[str, Any]) -> dict[str, str]:

@@ -72,6 +72,23 @@ def test_cuda_decides_by_device_support_without_probing(monkeypatch):
         assert r["update"] == update and "CUDA" in r["source"] and "probe" not in r
 
 
+def test_a_baselines_update_precision_is_measured_unless_given(monkeypatch):
+    """SFT and DPO resolve their update precision as the trainer does: before, SFT hard-coded bf16, 0.02-0.19x fp32's
+    rate on a CPU without bf16 units."""
+    model = torch.nn.Linear(8, 8)
+    model.get_input_embeddings = lambda: torch.nn.Embedding(100, 32)
+    model.config = type("C", (), {"intermediate_size": 64})()
+    for speedup, want in ((0.1, "fp32"), (1.5, "bf16")):
+        monkeypatch.setattr(precision, "probe", lambda shapes, s=speedup: probed(s, shapes))
+        r = precision.resolve_update("auto", model, 4, 16)
+        assert r["update"] == want and r["source"].startswith("update auto: probe")
+        assert r["probe"]["products"]["update"]["shape"][1:] == [32, 64]  # hidden x intermediate of this model
+    monkeypatch.setattr(precision, "probe", FakeProbe(1.5))
+    assert precision.resolve_update("fp32", model, 4, 16)["update"] == "fp32" and precision.probe.calls == 0
+    with pytest.raises(GrpolabError, match="expected fp32, bf16 or auto, got 'fp16'"):
+        precision.resolve_update("fp16", model, 4, 16)
+
+
 def test_the_rate_formula_and_the_shapes_fit_the_budget():
     assert precision.gflops(2, 3, 4, 1e-9) == pytest.approx(2 * 2 * 3 * 4)  # 2 m n k / s / 1e9
     shapes = precision.probe_shapes(576, 1536, 49152, micro_batch_size=16, max_new_tokens=48, group_size=8)

@@ -155,7 +155,8 @@ def sft(
     task: Optional[str] = None,
     task_option: Annotated[list[str], typer.Option("--task-option", help="task option KEY=VALUE")] = [],
     limit: Annotated[int, typer.Option(help="use the first N train problems (0 = all)")] = 0,
-    batch_size: int = 8, lr: float = 1e-5, seed: int = 0, precision: str = "bf16",
+    batch_size: int = 8, lr: float = 1e-5, seed: int = 0,
+    precision: Annotated[str, typer.Option(help="fp32, bf16 or auto (measured, as train.precision)")] = "auto",
     rft_samples: int = 4, rft_temperature: float = 1.0, max_new_tokens: int = 64,
 ) -> None:
     """Fine-tune the base model on gold solutions or on its own correct samples (RFT), same step budget as GRPO."""
