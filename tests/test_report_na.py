@@ -137,6 +137,17 @@ def test_code_runs_judge_bonuses_and_length_against_the_code_correctness_compone
     assert length.status == C.PASS and length.numbers["corr_reward_correct"] == 1.0
 
 
+def test_agent_runs_judge_against_the_environments_reward():
+    """An agent run's only reward is `env`, the environment's verdict on the end state: nothing else is rewarded, so
+    the bonus and length checks are N/A -- not WARN 'too few steps with reward/correct/mean', which left the agent
+    quickstart's verdict 'not established'."""
+    rows = history(reward__mean=ramp(0.1, 0.2), completion__len_mean=ramp(35, 19), reward__env__mean=ramp(0.1, 0.2))
+    bonus = C.check_format_vs_correct(rows, {"env": 1.0}, T)
+    assert bonus.status == NA and "nothing besides correctness" in bonus.reason
+    length = C.check_reward_length_corr(rows, config(weights={"env": 1.0}), T)
+    assert length.status == NA and "'env'" in length.reason
+
+
 def test_reward_vs_heldout_is_na_when_the_reward_did_not_rise():
     flat = C.check_reward_vs_heldout(history(reward__mean=0.3), {"diff": ci(-0.1, 0.02)}, T)
     assert flat.status == NA and "did not rise" in flat.reason and "0.300->0.300" in flat.reason

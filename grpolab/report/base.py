@@ -232,8 +232,8 @@ def reward_weights(config: dict[str, Any] | None) -> dict[str, float] | None:
 
 def correctness_component(weights: dict[str, float] | None) -> str:
     """The reward component that says whether a completion is right: the first of `correct`, `all_pass`,
-    `pass_fraction` (grpolab.rewards.CORRECTNESS_REWARDS) with a positive weight; `correct` when none is weighted or
-    the weights are unknown.
+    `pass_fraction`, `env` (an agent environment's end-state verdict; grpolab.rewards.CORRECTNESS_REWARDS) with a
+    positive weight; `correct` when none is weighted or the weights are unknown.
 
     >>> correctness_component({"pass_fraction": 1.0}), correctness_component(None)
     ('pass_fraction', 'correct')
