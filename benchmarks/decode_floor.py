@@ -13,7 +13,8 @@ best of several sums over a buffer far larger than the last-level cache). The sc
 prompt, with no row allowed to stop (so every step has G rows):
 
   model step    the model's forward for one new token of G rows, KV cache in place (what the floor bounds)
-  decode step   grpolab's whole step (rollout/decode.py): forward + sampling + bookkeeping
+  decode step   grpolab's whole step (rollout/decode.py): forward + sampling + bookkeeping, with its output head
+                computed with the weight on the left (fast_head, the default) and without (the whole model called)
 
 and prints both against the floor at the mean context. It imports grpolab only for the decode loop and the model.
 """
@@ -77,7 +78,7 @@ def model_step_seconds(model, prompt_ids: torch.Tensor, group_size: int, new_tok
     return times
 
 
-def decode_step_seconds(model, prompt_ids: torch.Tensor, group_size: int, new_tokens: int) -> float:
+def decode_step_seconds(model, prompt_ids: torch.Tensor, group_size: int, new_tokens: int, fast_head: bool) -> float:
     """Mean seconds per step of grpolab's decode loop with no stop token (all G rows run every step)."""
     from grpolab.rollout.decode import decode_groups
 
@@ -88,7 +89,8 @@ def decode_step_seconds(model, prompt_ids: torch.Tensor, group_size: int, new_to
         model(input_ids=prompt_ids, use_cache=True)
     prefill = time.perf_counter() - t0
     t0 = time.perf_counter()
-    decode_groups(model, prompt_ids, mask, group_size, new_tokens, 1.0, stop_ids=[], pad_id=0, generators=gens)
+    decode_groups(model, prompt_ids, mask, group_size, new_tokens, 1.0, stop_ids=[], pad_id=0, generators=gens,
+                  fast_head=fast_head)
     return (time.perf_counter() - t0 - prefill) / (new_tokens - 1)
 
 
@@ -110,8 +112,11 @@ def main() -> None:
     model_step_seconds(model, prompt, args.group_size, 8)  # warm-up
     model_steps = statistics.median(statistics.mean(model_step_seconds(model, prompt, args.group_size, args.new_tokens))
                                     for _ in range(args.repeats))
-    decode_steps = statistics.median(decode_step_seconds(model, prompt, args.group_size, args.new_tokens)
-                                     for _ in range(args.repeats))
+    steps = {fast: [] for fast in (True, False)}
+    for _ in range(args.repeats):  # alternated, so drift of a shared machine hits both alike
+        for fast in steps:
+            steps[fast].append(decode_step_seconds(model, prompt, args.group_size, args.new_tokens, fast))
+    decode_steps, plain_steps = statistics.median(steps[True]), statistics.median(steps[False])
     context = args.prompt_tokens + args.new_tokens / 2
     floor = step_bytes(model, args.group_size, context, dtype) / bandwidth
     print(f"machine: {cpu_features()}  threads: {torch.get_num_threads()}  torch {torch.__version__}")
@@ -123,7 +128,9 @@ def main() -> None:
     print("|---|---|---|")
     print(f"| floor (bytes / bandwidth) | {floor * 1e3:.1f} | 1.00 |")
     print(f"| model forward (G rows, KV cache) | {model_steps * 1e3:.1f} | {model_steps / floor:.2f} |")
+    print(f"| grpolab decode step, whole model called (fast_head off) | {plain_steps * 1e3:.1f} | {plain_steps / floor:.2f} |")
     print(f"| grpolab decode step (forward + sampling) | {decode_steps * 1e3:.1f} | {decode_steps / floor:.2f} |")
+    print(f"fast_head: {decode_steps / plain_steps:.2f}x the step without it")
 
 
 if __name__ == "__main__":
