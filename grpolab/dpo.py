@@ -196,8 +196,8 @@ def run_dpo(cfg, s: DPOSettings, out_dir: Path) -> dict[str, Any]:
     from .config import to_dict
     from .manifest import data_hash, problem_hashes, versions, write_json_atomic
     from .metrics import peak_rss_mb
-    from .precision import resolve_update
     from .models import DTYPES, load_causal_lm, load_tokenizer, resolve_model_path
+    from .precision import resolve_update
     from .prompt_sampler import PromptSampler
     from .rewards import RewardSet
     from .rollout.hf import HFEngine

@@ -110,13 +110,12 @@ def head_split(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.Tensor] |
 
 def step_logits(model, split, tok: torch.Tensor, attn: torch.Tensor, pos: torch.Tensor, cache) -> torch.Tensor:
     """Logits [B, V] of one new token per row, the KV cache `cache` growing in place; `split` from head_split."""
+    net = model if split is None else split[0]
+    out = net(input_ids=tok.unsqueeze(-1), attention_mask=attn, position_ids=pos.unsqueeze(-1), use_cache=True,
+              **cache_kwarg(net, cache))
     if split is None:
-        return model(input_ids=tok.unsqueeze(-1), attention_mask=attn, position_ids=pos.unsqueeze(-1), use_cache=True,
-                     **cache_kwarg(model, cache)).logits[:, -1]
-    backbone, w = split
-    h = backbone(input_ids=tok.unsqueeze(-1), attention_mask=attn, position_ids=pos.unsqueeze(-1), use_cache=True,
-                 **cache_kwarg(backbone, cache)).last_hidden_state[:, -1]
-    return torch.mm(w, h.t()).t()
+        return out.logits[:, -1]
+    return torch.mm(split[1], out.last_hidden_state[:, -1].t()).t()
 
 
 def uniforms(n: int, group_size: int, generators: list[torch.Generator] | None) -> torch.Tensor:
