@@ -13,8 +13,8 @@ best of several sums over a buffer far larger than the last-level cache). The sc
 prompt, with no row allowed to stop (so every step has G rows):
 
   model step    the model's forward for one new token of G rows, KV cache in place (what the floor bounds)
-  decode step   grpolab's whole step (rollout/decode.py): forward + sampling + bookkeeping, with its output head
-                computed with the weight on the left (fast_head, the default) and without (the whole model called)
+  decode step   grpolab's whole step (rollout/decode.py): forward + sampling + bookkeeping, with the linear
+                layers' weights packed once per decode call (prepack, the default) and used as they are
 
 and prints both against the floor at the mean context. It imports grpolab only for the decode loop and the model.
 """
@@ -35,6 +35,8 @@ sys.path.insert(0, str(HERE))
 from common import cpu_features  # noqa: E402
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+# decode-step variants timed, as decode_groups(prepack=...)
+VARIANTS = {"weights as they are": False, "prepacked weights (default)": True}
 
 
 def read_bandwidth(megabytes: int = 1024, repeats: int = 7) -> float:
@@ -78,7 +80,7 @@ def model_step_seconds(model, prompt_ids: torch.Tensor, group_size: int, new_tok
     return times
 
 
-def decode_step_seconds(model, prompt_ids: torch.Tensor, group_size: int, new_tokens: int, fast_head: bool) -> float:
+def decode_step_seconds(model, prompt_ids: torch.Tensor, group_size: int, new_tokens: int, prepack: bool) -> float:
     """Mean seconds per step of grpolab's decode loop with no stop token (all G rows run every step)."""
     from grpolab.rollout.decode import decode_groups
 
@@ -90,7 +92,7 @@ def decode_step_seconds(model, prompt_ids: torch.Tensor, group_size: int, new_to
     prefill = time.perf_counter() - t0
     t0 = time.perf_counter()
     decode_groups(model, prompt_ids, mask, group_size, new_tokens, 1.0, stop_ids=[], pad_id=0, generators=gens,
-                  fast_head=fast_head)
+                  prepack=prepack)
     return (time.perf_counter() - t0 - prefill) / (new_tokens - 1)
 
 
@@ -112,11 +114,11 @@ def main() -> None:
     model_step_seconds(model, prompt, args.group_size, 8)  # warm-up
     model_steps = statistics.median(statistics.mean(model_step_seconds(model, prompt, args.group_size, args.new_tokens))
                                     for _ in range(args.repeats))
-    steps = {fast: [] for fast in (True, False)}
+    steps = {variant: [] for variant in VARIANTS}
     for _ in range(args.repeats):  # alternated, so drift of a shared machine hits both alike
-        for fast in steps:
-            steps[fast].append(decode_step_seconds(model, prompt, args.group_size, args.new_tokens, fast))
-    decode_steps, plain_steps = statistics.median(steps[True]), statistics.median(steps[False])
+        for variant, packed in VARIANTS.items():
+            steps[variant].append(decode_step_seconds(model, prompt, args.group_size, args.new_tokens, packed))
+    step_ms = {variant: statistics.median(times) * 1e3 for variant, times in steps.items()}
     context = args.prompt_tokens + args.new_tokens / 2
     floor = step_bytes(model, args.group_size, context, dtype) / bandwidth
     print(f"machine: {cpu_features()}  threads: {torch.get_num_threads()}  torch {torch.__version__}")
@@ -128,10 +130,11 @@ def main() -> None:
     print("|---|---|---|")
     print(f"| floor (bytes / bandwidth) | {floor * 1e3:.1f} | 1.00 |")
     print(f"| model forward (G rows, KV cache) | {model_steps * 1e3:.1f} | {model_steps / floor:.2f} |")
-    print(f"| grpolab decode step, whole model called (fast_head off) | {plain_steps * 1e3:.1f} | {plain_steps / floor:.2f} |")
-    print(f"| grpolab decode step (forward + sampling) | {decode_steps * 1e3:.1f} | {decode_steps / floor:.2f} |")
-    print(f"fast_head: {decode_steps / plain_steps:.2f}x the step without it")
-
+    for variant, ms in step_ms.items():
+        print(f"| grpolab decode step, {variant} | {ms:.1f} | {ms / (floor * 1e3):.2f} |")
+    plain = step_ms["weights as they are"]
+    print("each variant / the weights as they are: "
+          + ", ".join(f"{v}: {ms / plain:.2f}x" for v, ms in step_ms.items()))
 
 if __name__ == "__main__":
     main()

@@ -80,6 +80,9 @@ class RolloutConfig:
     max_new_tokens: int = 64
     # the sampler's own weight copy, synced after each update; auto = measured at start (grpolab/precision.py)
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    # grpolab decoder on a CPU in float32: weights packed once per decode call for oneDNN (rollout/prepack.py; the
+    # same sums in another order); false = every product re-packs its weight, as the model runs outside decoding
+    cpu_fast_paths: bool = True
 
 
 @dataclass(frozen=True)

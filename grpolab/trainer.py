@@ -152,7 +152,8 @@ class Trainer:
         self.reference = make_reference(self.policy, compute_dtype) if cfg.algorithm.beta > 0 else None  # LoRA: adapters off
         t = cfg.train
         self.sharded = t.strategy == Strategy.FSDP2  # the sampler and reference copies are made before sharding
-        self.engine = HFEngine(self.policy, self.tokenizer, DTYPES[cfg.rollout.dtype], cfg.rollout.decoder, self.sharded)
+        self.engine = HFEngine(self.policy, self.tokenizer, DTYPES[cfg.rollout.dtype], cfg.rollout.decoder, self.sharded,
+                               cfg.rollout.cpu_fast_paths)
         if t.attention_fp32 and t.precision == "bf16" and self.device.type == "cpu" and use_fp32_attention(self.policy):
             self.precision["attention"] = "float32 inside bf16 autocast (sdpa_fp32)"  # after the copies: training only
         if self.sharded:

@@ -272,35 +272,48 @@ def test_recorded_logprobs_equal_a_teacher_forced_forward(tiny_lm, float64_rmsno
     assert (d.logprobs[d.mask == 0] == 0).all()
 
 
-def test_the_output_head_with_the_weight_on_the_left_samples_the_same_tokens():
-    """fast_head computes a decode step's logits as (W @ h^T)^T from the backbone: the same sum in another order, so
+def test_prepacked_weights_sample_the_same_tokens():
+    """prepack multiplies a decode step's rows by weights packed once (oneDNN): the same sums in another order, so
     the same tokens (greedy and sampled with the same stream) and logprobs equal to float32 rounding."""
-    from grpolab.rollout.decode import head_split
     from grpolab.rollout.hf import left_pad
+    from grpolab.rollout.prepack import prepack_available
 
     model = tiny_llama(vocab=300, seed=3).float().eval()
-    assert head_split(model) is not None
+    if not prepack_available(model):
+        pytest.skip("this torch build has no oneDNN")
     ids, mask = left_pad([[5, 17, 42, 9], [7, 8]], 0)
     for greedy in (True, False):
-        runs = [decode_groups(model, ids, mask, 4, 16, 0.9, [], 0, greedy=greedy, fast_head=fast,
-                              generators=[torch.Generator().manual_seed(g) for g in (1, 2)]) for fast in (True, False)]
+        runs = [decode_groups(model, ids, mask, 4, 16, 0.9, [], 0, greedy=greedy, prepack=packed,
+                              generators=[torch.Generator().manual_seed(g) for g in (1, 2)]) for packed in (True, False)]
         assert torch.equal(runs[0].tokens, runs[1].tokens) and torch.equal(runs[0].mask, runs[1].mask)
         assert torch.allclose(runs[0].logprobs, runs[1].logprobs, atol=1e-5, rtol=0)
         assert len(set(runs[0].tokens[:, -1].tolist())) > 1 or greedy  # sampled rows differ: a real draw
 
 
-def test_the_weight_on_the_left_is_used_only_where_it_is_the_same_function():
-    from grpolab.rollout.decode import head_split
+def test_prepacked_linears_compute_x_wt_plus_b_and_restore_the_model():
+    from grpolab.rollout.prepack import prepack_available, prepacked_linears
 
-    assert head_split(tiny_llama().eval()) is None  # float64: not where it was measured
     model = tiny_llama().float()
-    backbone, w = head_split(model)
-    assert backbone is model.model and w is model.lm_head.weight
-    model.lm_head = torch.nn.Linear(32, 50, bias=True)  # a biased head: logits are not W h
-    assert head_split(model) is None
-    wrapped = torch.nn.Module()  # another family or a wrapper: the model is called whole
-    wrapped.get_output_embeddings = lambda: tiny_llama().float().lm_head
-    assert head_split(wrapped) is None
+    if not prepack_available(model):
+        pytest.skip("this torch build has no oneDNN")
+    model.lm_head = torch.nn.Linear(32, 50, bias=True)  # a bias is added after the packed product
+    linears = [m for m in model.modules() if type(m) is torch.nn.Linear]
+    x = torch.randn(3, 2, 32, generator=torch.Generator().manual_seed(0))
+    want = model.lm_head(x).double()
+    ref = torch.nn.functional.linear(x.double(), model.lm_head.weight.double(), model.lm_head.bias.double())
+    with pytest.raises(RuntimeError, match="boom"):
+        with prepacked_linears(model, rows=6) as count:
+            assert count == len(linears) == 2 * 7 + 1  # q k v o gate up down per layer, and the head
+            got = model.lm_head(x).double()
+            assert "forward" in model.lm_head.__dict__  # the packed product is what ran
+            assert torch.allclose(got, ref, atol=1e-5, rtol=0)
+            raise RuntimeError("boom")
+    assert all("forward" not in m.__dict__ for m in linears)  # restored even though the block raised
+    assert torch.equal(model.lm_head(x).double(), want)
+    with prepacked_linears(tiny_llama(), rows=6) as count:  # float64: not where it was measured
+        assert count == 0
+    with prepacked_linears(model, rows=6, enabled=False) as count:
+        assert count == 0
 
 
 def test_group_samples_differ_and_the_engine_is_seeded(tiny_lm):

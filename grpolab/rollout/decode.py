@@ -12,11 +12,9 @@ work per token:
   draws one exponential per vocabulary entry (on this CPU that was 40 ms of a ~130 ms decode step);
 - the sampled token's log-probability comes out of the same log-sum-exp, never a second pass: under the
   distribution actually sampled (after top-k / top-p) and, when truncating, also untruncated.
-- **output head with the weight on the left** (``fast_head``, float32 on a CPU, model families whose logits are
-  exactly ``lm_head(h)``): a decode step's logits are computed as ``(W @ h^T)^T`` from the backbone's last hidden
-  state instead of ``F.linear(h, W)``. The same sum in another order (equal to float rounding); for 8 rows of
-  SmolLM2-135M it takes 16.4 ms instead of 34.6 on a 2-core AVX2 CPU, where MKL runs the skinny ``F.linear`` at a
-  third of its rate (benchmarks/skinny_products.py, docs/performance.md).
+- **weights packed once per call** (float32 on a CPU, grpolab/rollout/prepack.py): after the prefill every linear
+  layer multiplies by a copy of its weight packed once for oneDNN, instead of the BLAS re-packing it on every
+  few-row product (0.70x the decode step of SmolLM2-135M at G = 8 on a 2-core AVX2 CPU; docs/performance.md).
 
 The uniform numbers are drawn for every row at every step, active or not, so the tokens a row gets do not depend on
 when other rows finish (tested: compaction on and off sample identical tokens).
@@ -29,6 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from .cache import cache_kwarg
+from .prepack import prepacked_linears
 
 
 @dataclass
@@ -93,29 +92,11 @@ def sample_tokens(
     return token, (logp_full - torch.log(mass)).float(), logp_full
 
 
-# Causal LMs whose forward computes logits = lm_head(last hidden state) and nothing else (no scaling, no soft-cap)
-PLAIN_HEAD_MODELS = frozenset({"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"})
-
-
-def head_split(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.Tensor] | None:
-    """(backbone, W [V, H]) when a decode step may compute the logits itself as (W @ h^T)^T: a model family in
-    PLAIN_HEAD_MODELS with a bias-free linear head, float32 weights on a CPU (where it was measured to pay); None
-    otherwise (a peft wrapper, another family, bf16, a GPU), and the model is called whole."""
-    head = model.get_output_embeddings() if type(model).__name__ in PLAIN_HEAD_MODELS else None
-    if not isinstance(head, torch.nn.Linear) or head.bias is not None:
-        return None
-    w = head.weight
-    return (model.get_decoder(), w) if w.device.type == "cpu" and w.dtype == torch.float32 else None
-
-
-def step_logits(model, split, tok: torch.Tensor, attn: torch.Tensor, pos: torch.Tensor, cache) -> torch.Tensor:
-    """Logits [B, V] of one new token per row, the KV cache `cache` growing in place; `split` from head_split."""
-    net = model if split is None else split[0]
-    out = net(input_ids=tok.unsqueeze(-1), attention_mask=attn, position_ids=pos.unsqueeze(-1), use_cache=True,
-              **cache_kwarg(net, cache))
-    if split is None:
-        return out.logits[:, -1]
-    return torch.mm(split[1], out.last_hidden_state[:, -1].t()).t()
+def step_logits(model, tok: torch.Tensor, attn: torch.Tensor, pos: torch.Tensor, cache) -> torch.Tensor:
+    """Logits [B, V] of one new token per row, the KV cache `cache` growing in place."""
+    out = model(input_ids=tok.unsqueeze(-1), attention_mask=attn, position_ids=pos.unsqueeze(-1), use_cache=True,
+                **cache_kwarg(model, cache))
+    return out.logits[:, -1]
 
 
 def uniforms(n: int, group_size: int, generators: list[torch.Generator] | None) -> torch.Tensor:
@@ -140,14 +121,14 @@ def decode_groups(
     top_p: float = 1.0,
     compact: bool = True,
     generators: list[torch.Generator] | None = None,
-    fast_head: bool = True,
+    prepack: bool = True,
 ) -> Decoded:
     """Sample group_size completions for each left-padded prompt row; rows of the result are group-major.
 
     generators: one CPU torch.Generator per prompt (its group's own sampling stream: the group's tokens then
     depend only on its generator, not on which other groups share the batch); None draws from the global RNG.
-    Every tensor is made on the prompts' device. fast_head False: every step calls the whole model (head_split)."""
-    split = head_split(model) if fast_head else None
+    Every tensor is made on the prompts' device. prepack False: the decode steps multiply by the weights as they
+    are, not by copies packed once per call (prepack.py)."""
     n = prompt_ids.shape[0] * group_size
     dev = prompt_ids.device
     positions = (prompt_mask.cumsum(-1) - 1).clamp(min=0)
@@ -168,24 +149,25 @@ def decode_groups(
     ended = torch.zeros(n, dtype=torch.bool, device=dev)  # per output row: a stop token was sampled
     rows = torch.arange(n, device=dev)  # which output row each batch row is
     finished = torch.zeros(n, dtype=torch.bool, device=dev)  # per batch row (only used when compaction is off)
-    for t in range(max_new_tokens):
-        u = None if greedy else uniforms(n, group_size, generators).to(dev)[rows]
-        tok, lp, lp_full = sample_tokens(logits, temperature, u, top_k, top_p)
-        live = ~finished
-        tokens[rows[live], t], logprobs[rows[live], t] = tok[live], lp[live]
-        if cut:
-            logprobs_full[rows[live], t] = lp_full[live]
-        stopped = live & torch.isin(tok, stops)
-        lengths[rows[stopped]], ended[rows[stopped]] = t + 1, True
-        finished |= stopped
-        if bool(finished.all()) or t + 1 == max_new_tokens:
-            break
-        if compact and bool(stopped.any()):
-            keep = (~finished).nonzero().squeeze(-1)
-            cache.batch_select_indices(keep)
-            rows, tok, attn, next_pos, finished = rows[keep], tok[keep], attn[keep], next_pos[keep], finished[keep]
-        attn = torch.cat([attn, torch.ones_like(attn[:, :1])], dim=1)
-        logits, next_pos = step_logits(model, split, tok, attn, next_pos, cache), next_pos + 1
+    with prepacked_linears(model, n, enabled=prepack):
+        for t in range(max_new_tokens):
+            u = None if greedy else uniforms(n, group_size, generators).to(dev)[rows]
+            tok, lp, lp_full = sample_tokens(logits, temperature, u, top_k, top_p)
+            live = ~finished
+            tokens[rows[live], t], logprobs[rows[live], t] = tok[live], lp[live]
+            if cut:
+                logprobs_full[rows[live], t] = lp_full[live]
+            stopped = live & torch.isin(tok, stops)
+            lengths[rows[stopped]], ended[rows[stopped]] = t + 1, True
+            finished |= stopped
+            if bool(finished.all()) or t + 1 == max_new_tokens:
+                break
+            if compact and bool(stopped.any()):
+                keep = (~finished).nonzero().squeeze(-1)
+                cache.batch_select_indices(keep)
+                rows, tok, attn, next_pos, finished = rows[keep], tok[keep], attn[keep], next_pos[keep], finished[keep]
+            attn = torch.cat([attn, torch.ones_like(attn[:, :1])], dim=1)
+            logits, next_pos = step_logits(model, tok, attn, next_pos, cache), next_pos + 1
     width = int(lengths.max())
     mask = (torch.arange(width, device=dev).unsqueeze(0) < lengths.unsqueeze(1)).long()
     full = logprobs_full[:, :width] if cut else None
