@@ -49,7 +49,7 @@ code-demo: $(STAMP)
 	$(VENV)/bin/grpolab train configs/code_quickstart.yaml --set run.name=$(notdir $(CODE_RUN)) --set run.output_dir=$(dir $(CODE_RUN))
 	$(VENV)/bin/grpolab eval bundled:smollm2-135m-instruct $(CODE_RUN) --task pyfunc --task-option seed=0 \
 		--task-option levels=2,3 --task-option test_fraction=0.5 --split test --max-new-tokens 64 \
-		--out $(CODE_RUN)/eval/base_vs_trained.json
+		--samples 4 --temperature 1.0 --out $(CODE_RUN)/eval/base_vs_trained.json
 	$(VENV)/bin/grpolab eval bundled:smollm2-135m-instruct $(CODE_RUN) --task humaneval $(if $(HUMANEVAL),--task-option path=$(HUMANEVAL)) \
 		--split test --max-new-tokens 256 --out $(CODE_RUN)/eval/humaneval.json
 	$(VENV)/bin/grpolab report $(CODE_RUN)
