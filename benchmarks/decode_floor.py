@@ -12,9 +12,12 @@ and cannot be faster than bytes / bandwidth, the bandwidth being this machine's 
 best of several sums over a buffer far larger than the last-level cache). The script measures, on one fixed
 prompt, with no row allowed to stop (so every step has G rows):
 
+  products      the step's linear products alone (every nn.Linear, LM head included, on G rows, weights
+                prepacked): what this machine's product kernel makes of the weight bytes, nothing else running
   model step    the model's forward for one new token of G rows, KV cache in place (what the floor bounds)
-  decode step   grpolab's whole step (rollout/decode.py): forward + sampling + bookkeeping, with the linear
-                layers' weights packed once per decode call (prepack, the default) and used as they are
+  decode step   grpolab's whole step (rollout/decode.py): forward + sampling + bookkeeping, with its levers off,
+                then each added in turn: the linear layers' weights packed once per decode call (prepack.py), the
+                KV cache grown in place instead of concatenated (cache.py); both on is the default
 
 and prints both against the floor at the mean context. It imports grpolab only for the decode loop and the model.
 """
@@ -35,8 +38,12 @@ sys.path.insert(0, str(HERE))
 from common import cpu_features  # noqa: E402
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-# decode-step variants timed, as decode_groups(prepack=...)
-VARIANTS = {"weights as they are": False, "prepacked weights (default)": True}
+# decode-step variants timed, as decode_groups keyword arguments (each lever added to the one before)
+VARIANTS = {
+    "weights as they are, cache by concatenation": {"prepack": False, "preallocate_cache": False},
+    "prepacked weights": {"prepack": True, "preallocate_cache": False},
+    "prepacked weights + cache grown in place (default)": {"prepack": True, "preallocate_cache": True},
+}
 
 
 def read_bandwidth(megabytes: int = 1024, repeats: int = 7) -> float:
@@ -80,7 +87,19 @@ def model_step_seconds(model, prompt_ids: torch.Tensor, group_size: int, new_tok
     return times
 
 
-def decode_step_seconds(model, prompt_ids: torch.Tensor, group_size: int, new_tokens: int, prepack: bool) -> float:
+def products_seconds(model, rows: int, repeats: int = 5) -> float:
+    """Seconds of a step's linear products alone: every nn.Linear of the model (the LM head included) applied in
+    turn to `rows` rows, with its weight prepacked as the decode loop has it; nothing else of the model runs. The
+    weights (hundreds of MB) come from memory, as in a real step: the best this machine's product kernel does."""
+    from grpolab.rollout.prepack import prepacked_linears
+
+    linears = [m for m in model.modules() if type(m) is torch.nn.Linear]
+    inputs = [torch.randn(rows, m.in_features, dtype=m.weight.dtype) for m in linears]
+    with torch.no_grad(), prepacked_linears(model, rows):
+        return min(_timed(lambda: [m(x) for m, x in zip(linears, inputs)]) for _ in range(repeats))
+
+
+def decode_step_seconds(model, prompt_ids: torch.Tensor, group_size: int, new_tokens: int, levers: dict) -> float:
     """Mean seconds per step of grpolab's decode loop with no stop token (all G rows run every step)."""
     from grpolab.rollout.decode import decode_groups
 
@@ -92,7 +111,7 @@ def decode_step_seconds(model, prompt_ids: torch.Tensor, group_size: int, new_to
     prefill = time.perf_counter() - t0
     t0 = time.perf_counter()
     decode_groups(model, prompt_ids, mask, group_size, new_tokens, 1.0, stop_ids=[], pad_id=0, generators=gens,
-                  prepack=prepack)
+                  **levers)
     return (time.perf_counter() - t0 - prefill) / (new_tokens - 1)
 
 
@@ -114,10 +133,11 @@ def main() -> None:
     model_step_seconds(model, prompt, args.group_size, 8)  # warm-up
     model_steps = statistics.median(statistics.mean(model_step_seconds(model, prompt, args.group_size, args.new_tokens))
                                     for _ in range(args.repeats))
+    products = products_seconds(model, args.group_size)
     steps = {variant: [] for variant in VARIANTS}
     for _ in range(args.repeats):  # alternated, so drift of a shared machine hits both alike
-        for variant, packed in VARIANTS.items():
-            steps[variant].append(decode_step_seconds(model, prompt, args.group_size, args.new_tokens, packed))
+        for variant, levers in VARIANTS.items():
+            steps[variant].append(decode_step_seconds(model, prompt, args.group_size, args.new_tokens, levers))
     step_ms = {variant: statistics.median(times) * 1e3 for variant, times in steps.items()}
     context = args.prompt_tokens + args.new_tokens / 2
     floor = step_bytes(model, args.group_size, context, dtype) / bandwidth
@@ -129,11 +149,12 @@ def main() -> None:
     print("| per decode step | ms | x floor |")
     print("|---|---|---|")
     print(f"| floor (bytes / bandwidth) | {floor * 1e3:.1f} | 1.00 |")
+    print(f"| the step's linear products alone (prepacked, G rows) | {products * 1e3:.1f} | {products / floor:.2f} |")
     print(f"| model forward (G rows, KV cache) | {model_steps * 1e3:.1f} | {model_steps / floor:.2f} |")
     for variant, ms in step_ms.items():
         print(f"| grpolab decode step, {variant} | {ms:.1f} | {ms / (floor * 1e3):.2f} |")
-    plain = step_ms["weights as they are"]
-    print("each variant / the weights as they are: "
+    plain = step_ms[next(iter(VARIANTS))]
+    print(f"each variant / {next(iter(VARIANTS))}: "
           + ", ".join(f"{v}: {ms / plain:.2f}x" for v, ms in step_ms.items()))
 
 if __name__ == "__main__":

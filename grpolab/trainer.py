@@ -153,7 +153,7 @@ class Trainer:
         t = cfg.train
         self.sharded = t.strategy == Strategy.FSDP2  # the sampler and reference copies are made before sharding
         self.engine = HFEngine(self.policy, self.tokenizer, DTYPES[cfg.rollout.dtype], cfg.rollout.decoder, self.sharded,
-                               cfg.rollout.cpu_fast_paths)
+                               cfg.rollout.cpu_fast_paths, cfg.rollout.preallocate_kv_cache)
         if t.attention_fp32 and t.precision == "bf16" and self.device.type == "cpu" and use_fp32_attention(self.policy):
             self.precision["attention"] = "float32 inside bf16 autocast (sdpa_fp32)"  # after the copies: training only
         if self.sharded:

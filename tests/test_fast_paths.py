@@ -6,7 +6,8 @@
 - first-fit-decreasing packing and the block-causal mask on hand-worked cases;
 - grpolab's decode loop: inverse-CDF sampling on hand-worked uniforms and distributions, top-k/top-p identical to
   Hugging Face's logits warpers, sampled frequencies, greedy tokens identical to `generate`, recorded logprobs
-  identical to a teacher-forced forward, and finished rows leaving the batch changing nothing;
+  identical to a teacher-forced forward, and finished rows leaving the batch changing nothing; the KV cache
+  grown in place and the prepacked weights sampling the same tokens as the plain path;
 - fused AdamW vs foreach AdamW.
 """
 
@@ -314,6 +315,57 @@ def test_prepacked_linears_compute_x_wt_plus_b_and_restore_the_model():
         assert count == 0
     with prepacked_linears(model, rows=6, enabled=False) as count:
         assert count == 0
+
+
+def test_kv_cache_grown_in_place_samples_the_same_tokens():
+    """preallocate_cache writes each step's keys/values into buffers made once instead of concatenating: the
+    attention reads the same numbers, so the same tokens and logprobs, with rows finishing at different steps (the
+    kept rows of the buffers are selected, as the concatenated cache's are)."""
+    from grpolab.rollout.hf import left_pad
+
+    model = tiny_llama(vocab=300, seed=3).eval()
+    ids, mask = left_pad([[5, 17, 42, 9], [7, 8]], 0)
+    stops = list(range(0, 300, 7))  # about one token in seven stops a row: rows leave the batch at different steps
+    for greedy in (True, False):
+        runs = [decode_groups(model, ids, mask, 4, 24, 1.0, stops, 0, greedy=greedy, preallocate_cache=inplace,
+                              generators=[torch.Generator().manual_seed(g) for g in (1, 2)]) for inplace in (True, False)]
+        assert torch.equal(runs[0].tokens, runs[1].tokens) and torch.equal(runs[0].mask, runs[1].mask)
+        assert torch.allclose(runs[0].logprobs, runs[1].logprobs, atol=1e-12, rtol=0)
+    lengths = runs[0].mask.sum(-1)
+    assert len(set(lengths.tolist())) > 2 and int(lengths.max()) > 8  # rows did finish apart, some ran long
+
+
+def test_preallocated_layer_holds_what_concatenation_holds():
+    """The in-place cache against a DynamicCache fed the same entries: after the swap, after steps past its
+    capacity (the buffers grow), after selecting rows, repeating them and cropping."""
+    from transformers.cache_utils import DynamicCache
+
+    from grpolab.rollout.cache import PreallocatedLayer, preallocate
+
+    gen = torch.Generator().manual_seed(0)
+    entries = lambda n, b=3: (torch.randn(b, 2, n, 4, generator=gen), torch.randn(b, 2, n, 4, generator=gen))  # noqa: E731
+    ours, ref = DynamicCache(), DynamicCache()
+    for layer in range(2):
+        k, v = entries(5)
+        ours.update(k, v, layer), ref.update(k, v, layer)
+    assert preallocate(ours, capacity=7) == 2 and all(type(x) is PreallocatedLayer for x in ours.layers)
+    buffer = ours.layers[0]._keys
+    for step in range(4):  # the third step needs 8 > 7 positions: the buffers double to 16
+        for layer in range(2):
+            k, v = entries(1)
+            got, want = ours.update(k, v, layer), ref.update(k, v, layer)
+            assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+        if step < 2:
+            assert ours.layers[0]._keys is buffer  # written in place, no new buffer
+    assert ours.layers[0]._keys.shape[-2] == 16 and ours.get_seq_length() == ref.get_seq_length() == 9
+    keep = torch.tensor([2, 0])
+    ours.batch_select_indices(keep), ref.batch_select_indices(keep)
+    ours.batch_repeat_interleave(2), ref.batch_repeat_interleave(2)
+    ours.crop(-3), ref.crop(-3)
+    k, v = entries(1, b=4)
+    for layer in range(2):
+        got, want = ours.update(k, v, layer), ref.update(k, v, layer)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]) and got[0].shape[-2] == 7
 
 
 def test_group_samples_differ_and_the_engine_is_seeded(tiny_lm):

@@ -12,6 +12,8 @@ work per token:
   draws one exponential per vocabulary entry (on this CPU that was 40 ms of a ~130 ms decode step);
 - the sampled token's log-probability comes out of the same log-sum-exp, never a second pass: under the
   distribution actually sampled (after top-k / top-p) and, when truncating, also untruncated.
+- **the KV cache grows in place** (grpolab/rollout/cache.py): each layer's keys and values are written into buffers
+  allocated once for the prompt plus max_new_tokens, not concatenated (a copy of the whole cache) every step;
 - **weights packed once per call** (float32 on a CPU, grpolab/rollout/prepack.py): after the prefill every linear
   layer multiplies by a copy of its weight packed once for oneDNN, instead of the BLAS re-packing it on every
   few-row product (0.70x the decode step of SmolLM2-135M at G = 8 on a 2-core AVX2 CPU; docs/performance.md).
@@ -26,7 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .cache import cache_kwarg
+from .cache import cache_kwarg, preallocate
 from .prepack import prepacked_linears
 
 
@@ -122,13 +124,15 @@ def decode_groups(
     compact: bool = True,
     generators: list[torch.Generator] | None = None,
     prepack: bool = True,
+    preallocate_cache: bool = True,
 ) -> Decoded:
     """Sample group_size completions for each left-padded prompt row; rows of the result are group-major.
 
     generators: one CPU torch.Generator per prompt (its group's own sampling stream: the group's tokens then
     depend only on its generator, not on which other groups share the batch); None draws from the global RNG.
     Every tensor is made on the prompts' device. prepack False: the decode steps multiply by the weights as they
-    are, not by copies packed once per call (prepack.py)."""
+    are, not by copies packed once per call (prepack.py). preallocate_cache False: the KV cache grows by
+    concatenation (transformers' default) instead of in place (cache.py)."""
     n = prompt_ids.shape[0] * group_size
     dev = prompt_ids.device
     positions = (prompt_mask.cumsum(-1) - 1).clamp(min=0)
@@ -136,6 +140,8 @@ def decode_groups(
     cache = getattr(out, "cache", None) or out.past_key_values
     if group_size > 1:
         cache.batch_repeat_interleave(group_size)
+    if preallocate_cache:
+        preallocate(cache, prompt_ids.shape[1] + max_new_tokens)
     logits = out.logits[:, -1].repeat_interleave(group_size, dim=0)
     attn = prompt_mask.repeat_interleave(group_size, dim=0)
     next_pos = attn.sum(-1)

@@ -51,10 +51,11 @@ class HFEngine:
     batch, inverse-CDF sampling); "hf": `model.generate`, the plain path it is tested against."""
 
     def __init__(self, policy: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, dtype: torch.dtype,
-                 decoder: str = "grpolab", own_copy: bool = False, cpu_fast_paths: bool = True):
+                 decoder: str = "grpolab", own_copy: bool = False, cpu_fast_paths: bool = True,
+                 preallocate_kv_cache: bool = True):
         if decoder not in ("grpolab", "hf"):
             raise ValueError(f"rollout.decoder: expected 'grpolab' or 'hf', got {decoder!r}")
-        self.decoder, self.cpu_fast_paths = decoder, cpu_fast_paths
+        self.decoder, self.cpu_fast_paths, self.preallocate_kv_cache = decoder, cpu_fast_paths, preallocate_kv_cache
         self.tokenizer = tokenizer
         # a LoRA policy always gets a plain copy holding the merged weights W + (alpha / r) B A (grpolab/lora.py)
         # (and so does a policy about to be sharded: own_copy=True, train.strategy fsdp2)
@@ -82,7 +83,8 @@ class HFEngine:
             with eval_mode(self.model):
                 d = decode_groups(self.model, ids, mask, g, params.max_new_tokens, temperature, self.stop_ids,
                                   self.tokenizer.pad_token_id, greedy=params.greedy, top_k=params.top_k,
-                                  top_p=params.top_p, generators=generators, prepack=self.cpu_fast_paths)
+                                  top_p=params.top_p, generators=generators, prepack=self.cpu_fast_paths,
+                                  preallocate_cache=self.preallocate_kv_cache)
             if not want_logp:
                 return self._rollout(ids, mask, g, d.tokens, d.mask, torch.full(d.tokens.shape, float("nan"), device=device), None,
                                      d.truncated)
