@@ -92,7 +92,8 @@ def main() -> None:
     args = ap.parse_args()
     dtype = DTYPES[args.dtype]
     print(f"machine: {cpu_features()}  threads: {torch.get_num_threads()}  torch {torch.__version__}")
-    print(f"{args.dtype}, weights {'hot in cache (one copy)' if args.hot else f'from memory (>= {args.cold_mb} MB cycled)'}")
+    where = "hot in cache (one copy)" if args.hot else f"from memory (>= {args.cold_mb} MB cycled)"
+    print(f"{args.dtype}, weights {where}")
     print("| M x K x N | F.linear ms (GFLOP/s, GB/s) | x @ W^T (copy) | (W @ x^T)^T | prepacked | best / F.linear |")
     print("|---|---|---|---|---|---|")
     for m in args.rows:
@@ -100,8 +101,8 @@ def main() -> None:
             weight_bytes = k * n * dtype.itemsize
             copies = 1 if args.hot else max(2, math.ceil(args.cold_mb * 1e6 / weight_bytes))
             sec = measure(m, k, n, dtype, copies, args.repeats)
-            cells = ["refused" if s is None else
-                     f"{s * 1e3:.2f} ({2 * m * k * n / s / 1e9:.0f}, {weight_bytes / s / 1e9:.1f})" for s in sec.values()]
+            cells = ["refused" if s is None else f"{s * 1e3:.2f} ({2 * m * k * n / s / 1e9:.0f}, "
+                     f"{weight_bytes / s / 1e9:.1f})" for s in sec.values()]
             best = min(s for s in sec.values() if s is not None)
             print(f"| {m} x {k} x {n} | {' | '.join(cells)} | {best / sec['F.linear']:.2f} |", flush=True)
 

@@ -328,7 +328,8 @@ def test_kv_cache_grown_in_place_samples_the_same_tokens():
     stops = list(range(0, 300, 7))  # about one token in seven stops a row: rows leave the batch at different steps
     for greedy in (True, False):
         runs = [decode_groups(model, ids, mask, 4, 24, 1.0, stops, 0, greedy=greedy, preallocate_cache=inplace,
-                              generators=[torch.Generator().manual_seed(g) for g in (1, 2)]) for inplace in (True, False)]
+                              generators=[torch.Generator().manual_seed(g) for g in (1, 2)])
+                for inplace in (True, False)]
         assert torch.equal(runs[0].tokens, runs[1].tokens) and torch.equal(runs[0].mask, runs[1].mask)
         assert torch.allclose(runs[0].logprobs, runs[1].logprobs, atol=1e-12, rtol=0)
     lengths = runs[0].mask.sum(-1)
@@ -343,7 +344,10 @@ def test_preallocated_layer_holds_what_concatenation_holds():
     from grpolab.rollout.cache import PreallocatedLayer, preallocate
 
     gen = torch.Generator().manual_seed(0)
-    entries = lambda n, b=3: (torch.randn(b, 2, n, 4, generator=gen), torch.randn(b, 2, n, 4, generator=gen))  # noqa: E731
+
+    def entries(n: int, b: int = 3) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.randn(b, 2, n, 4, generator=gen), torch.randn(b, 2, n, 4, generator=gen)
+
     ours, ref = DynamicCache(), DynamicCache()
     for layer in range(2):
         k, v = entries(5)

@@ -16,7 +16,7 @@ work per token:
   allocated once for the prompt plus max_new_tokens, not concatenated (a copy of the whole cache) every step;
 - **weights packed once per call** (float32 on a CPU, grpolab/rollout/prepack.py): after the prefill every linear
   layer multiplies by a copy of its weight packed once for oneDNN, instead of the BLAS re-packing it on every
-  few-row product (0.70x the decode step of SmolLM2-135M at G = 8 on a 2-core AVX2 CPU; docs/performance.md).
+  few-row product (0.62-0.78x the decode step of SmolLM2-135M at G = 8 on a 2-vCPU AVX2 CPU; docs/performance.md).
 
 The uniform numbers are drawn for every row at every step, active or not, so the tokens a row gets do not depend on
 when other rows finish (tested: compaction on and off sample identical tokens).

@@ -2,10 +2,10 @@
 
 A decode step multiplies a few rows (G per prompt) by every weight matrix of the model. Called as ``F.linear``,
 the CPU BLAS re-packs each weight into its blocked layout on every call, work that a handful of rows cannot amortise
-(measured: packing once makes the whole decode step 0.70x as long, docs/performance.md). oneDNN can reorder a weight into its blocked layout
-once (``torch.ops.mkldnn._reorder_linear_weight``) and multiply against that copy afterwards
-(``torch.ops.mkldnn._linear_pointwise``): the same sum y = x W^T + b, accumulated in another order (equal to float32
-rounding, tested), the path torch.compile's CPU backend takes for a frozen float32 linear layer.
+(measured: packing once makes the whole decode step 0.62-0.78x as long, docs/performance.md). oneDNN can reorder a
+weight into its blocked layout once (``torch.ops.mkldnn._reorder_linear_weight``) and multiply against that copy
+afterwards (``torch.ops.mkldnn._linear_pointwise``): the same sum y = x W^T + b, accumulated in another order (equal
+to float32 rounding, tested), the path torch.compile's CPU backend takes for a frozen float32 linear layer.
 
 The weights change after every optimizer step, so the packed copies live for one decode call: made after the
 prefill, dropped when the loop ends (one extra copy of the linear weights, in memory only while decoding). Used only
