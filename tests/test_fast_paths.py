@@ -370,6 +370,7 @@ def test_preallocated_layer_holds_what_concatenation_holds():
     for layer in range(2):
         got, want = ours.update(k, v, layer), ref.update(k, v, layer)
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]) and got[0].shape[-2] == 7
+    assert ours.layers[0]._keys.shape[-2] == 16  # selected / repeated rows keep the capacity: no regrowth
 
 
 def test_group_samples_differ_and_the_engine_is_seeded(tiny_lm):

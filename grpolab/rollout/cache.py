@@ -8,7 +8,8 @@ step: at context c that is 2 * n_layers * B * c * n_kv_heads * head_dim elements
 completion. A `PreallocatedLayer` holds buffers [B, H, capacity, D] allocated once and writes each step's entries
 into them; its keys/values are the views [:, :, :length] of those buffers. The attention reads the same numbers in
 the same order (tested: same tokens and logprobs with and without). A finished row leaving the batch copies the
-kept rows once (`batch_select_indices`), as before.
+kept rows' filled positions once (`batch_select_indices`), as before. Memory: the buffers are allocated for the
+prompt plus max_new_tokens up front, but on a CPU the pages of the unwritten tail stay virtual until written.
 """
 
 from __future__ import annotations
@@ -57,12 +58,16 @@ if DynamicLayer is not None:
             return self.keys, self.values
 
         def batch_select_indices(self, indices: torch.Tensor) -> None:
-            self._keys, self._values = self._keys[indices], self._values[indices]
-            self._views()
+            self._rebuffer(self.keys[indices], self.values[indices])
 
         def batch_repeat_interleave(self, repeats: int) -> None:
-            self._keys = self._keys.repeat_interleave(repeats, dim=0)
-            self._values = self._values.repeat_interleave(repeats, dim=0)
+            self._rebuffer(self.keys.repeat_interleave(repeats, dim=0), self.values.repeat_interleave(repeats, dim=0))
+
+        def _rebuffer(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+            """New buffers of the same capacity holding these entries: only the filled positions are copied, so the
+            unwritten tail is never touched (a CPU allocation stays virtual until written)."""
+            capacity = self._keys.shape[-2]
+            self._keys, self._values = _buffer(keys, capacity), _buffer(values, capacity)
             self._views()
 
         def crop(self, tokens_to_remove: int) -> None:
