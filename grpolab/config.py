@@ -83,8 +83,9 @@ class RolloutConfig:
     # grpolab decoder on a CPU in float32: weights packed once per decode call for oneDNN (rollout/prepack.py; the
     # same sums in another order); false = every product re-packs its weight, as the model runs outside decoding
     cpu_fast_paths: bool = True
-    # grpolab decoder: the KV cache is written in place into buffers allocated once per decode call
-    # (rollout/cache.py; the same numbers); false = transformers' default, a concatenation per step
+    # grpolab decoder: the KV cache is written in place into buffers allocated once per decode call for prompt +
+    # max_new_tokens (rollout/cache.py; the same numbers; on a GPU that memory is reserved up front, on a CPU only
+    # written pages count); false = transformers' default, a concatenation per step
     preallocate_kv_cache: bool = True
 
 
