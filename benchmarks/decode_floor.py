@@ -19,7 +19,7 @@ prompt, with no row allowed to stop (so every step has G rows):
                 then each added in turn: the linear layers' weights packed once per decode call (prepack.py), the
                 KV cache grown in place instead of concatenated (cache.py); both on is the default
 
-and prints both against the floor at the mean context. It imports grpolab only for the decode loop and the model.
+and prints each against the floor at the mean context. It imports grpolab only for the decode loop and the model.
 """
 
 from __future__ import annotations
@@ -156,6 +156,7 @@ def main() -> None:
     plain = step_ms[next(iter(VARIANTS))]
     print(f"each variant / {next(iter(VARIANTS))}: "
           + ", ".join(f"{v}: {ms / plain:.2f}x" for v, ms in step_ms.items()))
+
 
 if __name__ == "__main__":
     main()

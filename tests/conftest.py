@@ -64,18 +64,12 @@ def private_probe_cache(tmp_path_factory):
     """The precision probe's entries for the tests' tiny models go to a cache of this session, not the user's
     (``$GRPOLAB_CACHE/precision.json``); the converted bundled model is still shared with the user's cache
     (``models/`` is a link to it), so it is converted once per machine, not per session. Subprocesses inherit it."""
-    import os
-
     from grpolab.models import cache_dir
 
     shared_models = cache_dir() / "models"
     shared_models.mkdir(parents=True, exist_ok=True)
     private = tmp_path_factory.mktemp("grpolab-cache")
     (private / "models").symlink_to(shared_models.resolve(), target_is_directory=True)
-    before = os.environ.get("GRPOLAB_CACHE")
-    os.environ["GRPOLAB_CACHE"] = str(private)
-    yield private
-    if before is None:
-        os.environ.pop("GRPOLAB_CACHE", None)
-    else:
-        os.environ["GRPOLAB_CACHE"] = before
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("GRPOLAB_CACHE", str(private))
+        yield private

@@ -317,12 +317,16 @@ def test_prepacked_linears_compute_x_wt_plus_b_and_restore_the_model():
         assert count == 0
 
 
-def test_kv_cache_grown_in_place_samples_the_same_tokens():
+def test_kv_cache_grown_in_place_samples_the_same_tokens(monkeypatch):
     """preallocate_cache writes each step's keys/values into buffers made once instead of concatenating: the
     attention reads the same numbers, so the same tokens and logprobs, with rows finishing at different steps (the
     kept rows of the buffers are selected, as the concatenated cache's are)."""
+    import grpolab.rollout.decode as decode
+    from grpolab.rollout.cache import preallocate
     from grpolab.rollout.hf import left_pad
 
+    swapped = []
+    monkeypatch.setattr(decode, "preallocate", lambda cache, capacity: swapped.append(preallocate(cache, capacity)))
     model = tiny_llama(vocab=300, seed=3).eval()
     ids, mask = left_pad([[5, 17, 42, 9], [7, 8]], 0)
     stops = list(range(0, 300, 7))  # about one token in seven stops a row: rows leave the batch at different steps
@@ -334,6 +338,7 @@ def test_kv_cache_grown_in_place_samples_the_same_tokens():
         assert torch.allclose(runs[0].logprobs, runs[1].logprobs, atol=1e-12, rtol=0)
     lengths = runs[0].mask.sum(-1)
     assert len(set(lengths.tolist())) > 2 and int(lengths.max()) > 8  # rows did finish apart, some ran long
+    assert swapped == [model.config.num_hidden_layers] * 2  # the in-place runs did swap every layer's cache
 
 
 def test_preallocated_layer_holds_what_concatenation_holds():
