@@ -7,8 +7,8 @@ Two batches exist in a step with dynamic sampling, and both are logged:
   the policy does, so the standard metric names (`reward/*`, `completion/*`, `groups/frac_zero_std`) describe it
   and the release checks for reward hacking, length and truncation read it;
 - the **kept** batch: the groups the update trains on. Dynamic sampling keeps only groups whose *correctness*
-  varies (all-right and all-wrong groups carry no signal), which biases every statistic of the kept batch;
-  its metrics carry a `kept/` prefix.
+  varies (all-right and all-wrong groups carry no signal; ``signal_values`` says what counts as correctness),
+  which biases every statistic of the kept batch; its metrics carry a `kept/` prefix.
 
 Without dynamic sampling the two are the same batch and only the standard names are logged. Over several ranks
 (grpolab.distributed) each rank samples and trains its own groups, and every statistic here is over all of them.
@@ -106,12 +106,14 @@ class Batch:
     num_groups: int = 0  # groups in the batch over all ranks
 
 
-def signal_values(scores: Scores) -> torch.Tensor:
-    """What dynamic sampling judges a group's signal by: the correctness component when the reward has one (as
-    DAPO filters on accuracy: a format bonus or a length penalty must not keep an all-wrong group) -- ``correct``,
-    else a code task's ``all_pass``, else its ``pass_fraction`` -- and otherwise the total reward."""
+def signal_values(scores: Scores, weights: dict[str, float]) -> torch.Tensor:
+    """What dynamic sampling and the pass_rate prompt schedule judge a group by: the first correctness component
+    the run trains on -- ``correct``, else a code task's ``all_pass``, else its ``pass_fraction``, else an agent's
+    ``env``, each only when its weight is > 0 (as DAPO filters on accuracy: a format bonus or a length penalty must
+    not keep an all-wrong group) -- and otherwise the total reward (a component at weight 0 is only logged: with
+    {model: 1, correct: 0} the reward model's score decides, not the verifier's)."""
     for name in CORRECTNESS_REWARDS:
-        if name in scores.components:
+        if weights.get(name, 0.0) > 0 and name in scores.components:
             return scores.components[name]
     return scores.rewards
 
@@ -174,7 +176,7 @@ class BatchCollector:
     def group_signal(self, scores: Scores) -> tuple[list[bool], list[float]]:
         """Per group: whether its correctness (signal_values) varies among the valid rows, and its mean over them."""
         g = self.cfg.rollout.group_size
-        values, invalid = signal_values(scores).view(-1, g), scores.invalid.view(-1, g)
+        values, invalid = signal_values(scores, self.rewards.weights).view(-1, g), scores.invalid.view(-1, g)
         valid = ~invalid & torch.isfinite(values)
         values = torch.where(valid, values, 0.0)
         means = (values.sum(-1) / valid.sum(-1).clamp(min=1)).tolist()

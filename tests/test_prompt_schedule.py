@@ -104,10 +104,11 @@ def test_the_card_states_the_schedule():
 
 
 def scheduled(model_dir: str, out: Path, name: str) -> dict:
-    """A tiny run the random model cannot answer correctly: every group is 0/G on `correct` (weight 0, so the
-    gradient is the earnable newline reward's), so the schedule remembers every prompt as saturated and skips."""
+    """A tiny run the random model cannot answer correctly: every group is 0/G on `correct` (weighted, so the
+    schedule judges by it; always 0, so the gradient is the earnable newline reward's), so the schedule remembers
+    every prompt as saturated and skips."""
     reward = earnable.reward_config()
-    reward["weights"] = {**reward["weights"], "correct": 0.0}
+    reward["weights"] = {**reward["weights"], "correct": 1.0}
     return {
         "model": {"name": model_dir},
         "task": {"name": "arithmetic", "options": {"num_train": 6, "num_test": 4}},

@@ -1,11 +1,12 @@
 """The training-batch collector of agent tasks: each group is G episodes from one initial state (grpolab.agents.episode)
 instead of G single completions, and the reward is the environment's, as the reward component ``env``.
 
-Everything after the rewards is the single-turn collector's (grpolab.batch): advantages, dynamic sampling (which
-judges a group by its total reward, ``env`` not being a correctness component), the gathering over ranks and the
-metrics -- with completion lengths counted in model tokens (the loss mask) and an episode ended by a bound counted
-as truncated. The episode metrics (``agent/*``, grpolab.metrics.agent_metrics) are added for the sampled batch and,
-with dynamic sampling, the kept one.
+Everything after the rewards is the single-turn collector's (grpolab.batch): advantages, dynamic sampling and the
+pass_rate prompt schedule (which judge a group by its ``env`` component, the correctness component of an agent
+task, while its weight is > 0, else by the total reward: grpolab.batch.signal_values), the gathering over ranks
+and the metrics -- with completion lengths counted in model tokens (the loss mask) and an episode ended by a bound
+counted as truncated. The episode metrics (``agent/*``, grpolab.metrics.agent_metrics) are added for the sampled
+batch and, with dynamic sampling, the kept one.
 """
 
 from __future__ import annotations
