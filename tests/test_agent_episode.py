@@ -18,6 +18,7 @@ from grpolab.config import from_dict
 from grpolab.forward import completion_logprobs
 from grpolab.models import load_causal_lm, load_tokenizer
 from grpolab.rollout.base import SamplingParams
+from grpolab.rollout.decode import Decoded
 from grpolab.rollout.hf import eos_ids
 from grpolab.tasks.base import Problem
 from grpolab.update import PolicyUpdater
@@ -330,3 +331,30 @@ def test_exact_resume_mid_run_with_agent_episodes(tiny_model_dir, tmp_path, monk
     wa = load_file(ckpt.latest_checkpoint(tmp_path / "whole") / "model.safetensors")
     wb = load_file(ckpt.latest_checkpoint(tmp_path / "cut") / "model.safetensors")
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+@pytest.mark.parametrize("stop_ids", [[0, 2], [2, 0]])
+def test_the_observation_follows_the_end_of_turn_token_the_model_sampled(model_and_tokenizer, monkeypatch, stop_ids):
+    """A tokenizer with two end ids (SmolLM2's <|endoftext|> = 0 and <|im_end|> = 2, like Qwen2.5's pair): the model
+    ends its turn with <|im_end|>; the episode is then exactly the chat template's rendering of the conversation --
+    the observation does not open with a second <|im_end|>, whatever the order of the stop ids."""
+    model, tok = model_and_tokenizer
+    assert tok.convert_ids_to_tokens([0, 2]) == ["<|endoftext|>", "<|im_end|>"]
+    answer = tok("Four.", add_special_tokens=False)["input_ids"]
+    turn = answer + [2]  # the model's turn, ended by the template's own end-of-turn token
+
+    def scripted(model, ids, mask, *args, **kwargs):
+        n = ids.shape[0]
+        return Decoded(tokens=torch.tensor([turn] * n), mask=torch.ones(n, len(turn), dtype=torch.long),
+                                      logprobs=torch.zeros(n, len(turn)), truncated=torch.zeros(n, dtype=torch.bool))
+
+    monkeypatch.setattr(episode_module, "decode_groups", scripted)
+    out = EpisodeRunner(model, tok, stop_ids).run([problem(max_turns=2, max_turn_tokens=8)], 1, PARAMS, seeds=[0])
+    assert out.results[0].ended_by == "max_turns"
+    conversation = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "Four."},
+                    {"role": "user", "content": OBSERVATION["text"]}]
+    rendered = tok.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True)
+    after_prompt = rendered[rendered.index("q<|im_end|>\n<|im_start|>assistant\n") + len("q<|im_end|>\n<|im_start|>assistant\n"):]
+    ids = out.rollout.completion_ids[0][out.rollout.completion_mask[0].bool()].tolist()
+    assert tok.decode(ids) == after_prompt + "Four.<|im_end|>"
+    assert ids[len(turn)] != 2  # the observation's first token

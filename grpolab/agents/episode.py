@@ -7,7 +7,9 @@ An episode is one token sequence: [prompt | model turn 1 | observation 1 | model
   are, with their sampler logprobs. A model turn ends at a stop token (the chat template's end of turn).
 - **Observation tokens are the chat template's rendering of the new message only**, tokenized once: the text the
   template puts between the model's end-of-turn token and the next generation prompt, e.g. for ChatML
-  ``"\\n<|im_start|>user\\n" + observation + "<|im_end|>\\n<|im_start|>assistant\\n"``.
+  ``"\\n<|im_start|>user\\n" + observation + "<|im_end|>\\n<|im_start|>assistant\\n"``. A turn the model ended
+  with another of its stop ids (e.g. ``<|endoftext|>`` where the template closes turns with ``<|im_end|>``) gets
+  the template's own end-of-turn token at the start of the observation.
 - ``loss_mask`` is 1 on model tokens only; ``completion_mask`` (what the model attends to) is 1 on every token.
   Observation tokens get sampler logprob 0.
 - **Bounds** (grpolab.agents.env.EpisodeLimits): a turn gets at most max_turn_tokens sampled tokens and never more
@@ -116,10 +118,12 @@ class EpisodeRunner:
                                                   add_generation_prompt=True)
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
-    def observation_ids(self, text: str, role: str) -> list[int]:
-        """The tokens the chat template adds for a `role` message after a finished model turn (whose end-of-turn
-        token the model sampled itself), up to and including the next generation prompt; rendered once per text."""
-        key = (text, role)
+    def observation_ids(self, text: str, role: str, ended_with: int | None = None) -> list[int]:
+        """The tokens the chat template adds for a `role` message after a finished model turn, up to and including
+        the next generation prompt; rendered once per (text, role, ended_with). ``ended_with``: the stop token the
+        model sampled to end its turn -- when the template closes the turn with that very token, it is not
+        repeated (with several end ids, e.g. <|im_end|> and <|endoftext|>, only the one sampled is)."""
+        key = (text, role, ended_with)
         if key not in self._observations:
             tok = self.tokenizer
             head = [{"role": "user", "content": "q"}, {"role": "assistant", "content": _SENTINEL}]
@@ -127,7 +131,7 @@ class EpisodeRunner:
             full = tok.apply_chat_template(head + [{"role": role, "content": text}], tokenize=False,
                                            add_generation_prompt=True)
             delta = full[full.index(_SENTINEL) + len(_SENTINEL):]
-            end_of_turn = tok.decode(self.stop_ids[:1]) if self.stop_ids else ""
+            end_of_turn = tok.decode([ended_with]) if ended_with in self.stop_ids else ""
             tail = closed[closed.index(_SENTINEL) + len(_SENTINEL):]
             if end_of_turn and tail.startswith(end_of_turn) and delta.startswith(end_of_turn):
                 delta = delta[len(end_of_turn):]  # the model's own stop token already closed its turn
@@ -212,10 +216,11 @@ class EpisodeRunner:
             if not stopped:
                 self.finish(ep, "max_turn_tokens" if budget == ep.limits.max_turn_tokens else "max_total_tokens")
                 continue
-            self.respond(ep, self.tokenizer.decode(sampled, skip_special_tokens=True))
+            self.respond(ep, self.tokenizer.decode(sampled, skip_special_tokens=True), sampled[-1])
 
-    def respond(self, ep: _Episode, text: str) -> None:
-        """Answer a finished model turn: run its tool call or step the environment, then append the observation."""
+    def respond(self, ep: _Episode, text: str, ended_with: int | None = None) -> None:
+        """Answer a finished model turn (ended by the stop token ``ended_with``): run its tool call or step the
+        environment, then append the observation."""
         ep.result.final_text = text
         call = parse_tool_call(text, frozenset(ep.tool_keys)) if ep.tool_keys else None
         last_turn = ep.result.turns >= ep.limits.max_turns
@@ -248,7 +253,7 @@ class EpisodeRunner:
                 return self.finish(ep, "done")
         if last_turn:
             return self.finish(ep, "max_turns")
-        delta = self.observation_ids(observation, getattr(ep.env, "observation_role", "user"))
+        delta = self.observation_ids(observation, getattr(ep.env, "observation_role", "user"), ended_with)
         if len(ep.tokens) + len(delta) >= ep.limits.max_total_tokens:  # no room for the observation and a token
             return self.finish(ep, "max_total_tokens")
         ep.add(delta, False)
