@@ -120,6 +120,38 @@ def test_scoring_is_identical_batched_and_one_by_one(tiny_model_dir, one_thread)
     assert again == pytest.approx([batched[3], batched[0]], abs=1e-5)
 
 
+def test_jsonl_pairs_without_uid_are_grouped_by_their_normalised_prompt(tmp_path):
+    """Pairs of one prompt are not independent: without a uid they are split (and bootstrapped) as one prompt,
+    whatever their case or spacing, so no held-out pair has a prompt seen in training."""
+    p = tmp_path / "pairs.jsonl"
+    rows = [{"prompt": f"What is {i} + {i}?" if k % 2 else f"  what IS {i} +  {i}?\n", "chosen": f"{2 * i}",
+             "rejected": f"{2 * i + k + 1}"} for i in range(10) for k in range(3)]
+    rows.append({"prompt": "What is 0 + 0?", "chosen": "0", "rejected": "9", "uid": "mine"})  # a given uid is kept
+    p.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    pairs = load_pairs_jsonl(p)
+    assert len({q.uid for q in pairs}) == 11 and pairs[-1].uid == "mine"
+    assert len({q.uid for q in pairs[:3]}) == 1 and pairs[0].uid != pairs[3].uid
+    train, val = split_by_prompt(pairs[:-1], 0.3, seed=0)
+    assert len(val) == 9 and len(train) == 21  # 3 of 10 prompts, all 3 pairs of each
+    seen = {" ".join(q.prompt.lower().split()) for q in train}
+    assert not seen & {" ".join(q.prompt.lower().split()) for q in val}
+
+
+def test_normalisation_skips_non_finite_scores():
+    """One NaN or inf score makes only its own sample invalid; the others are z-scored over the finite ones."""
+    nan, inf = math.nan, math.inf
+    out = normalize_scores([1.0, nan, 3.0, inf], eps=0.0)  # finite ones: mean 2, population std 1
+    assert out[0] == -1.0 and out[2] == 1.0 and math.isnan(out[1]) and out[3] == inf
+
+    class Planted(ModelReward):
+        def raw_scores(self, prompts, completions):
+            return [1.0, nan, 3.0, -inf]
+
+    scored = Planted({"normalize": True}, "cpu", model=object(), tokenizer=object())(["a", "b", "c", "d"], make_task("arithmetic").problems("train")[:4])
+    assert [s.value for s in scored] == [pytest.approx(-1.0, abs=1e-5), None, pytest.approx(1.0, abs=1e-5), None]
+    assert scored[1].error == "the reward model returned nan" and scored[3].error == "the reward model returned -inf"
+
+
 def test_normalisation_is_a_per_batch_z_score(tiny_model_dir, one_thread):
     assert normalize_scores([1.0, 2.0, 3.0]) == pytest.approx([-1.2247, 0.0, 1.2247], abs=1e-4)
     model, tok = _tiny_rm(tiny_model_dir)

@@ -1,8 +1,10 @@
 """Preference pairs for reward-model training: read from JSONL, or built from a task's own samples and its verifier.
 
 JSONL: one object per line with string fields ``prompt`` (the user turn), ``chosen`` and ``rejected`` (two answers
-to it, the first preferred); anything else on the row is ignored. A bad row is a DataError naming the file, the row
-(1-based line number) and the field.
+to it, the first preferred), and optionally ``uid`` (the prompt's problem); anything else on the row is ignored.
+A row without a uid gets ``prompt_uid(prompt)``, a hash of the normalised prompt (lower case, runs of white space
+as one space), so the pairs of one prompt are split and bootstrapped together. A bad row is a DataError naming the
+file, the row (1-based line number) and the field.
 
 From a task: a model samples G completions for each of N training problems (never the held-out split), the task's
 verifier (the ``correct`` reward; ``all_pass`` for code problems) marks each right or wrong, and within every problem
@@ -30,12 +32,21 @@ FIELDS = ("prompt", "chosen", "rejected")
 @dataclass(frozen=True)
 class PreferencePair:
     """One preference: `chosen` is a better answer to `prompt` than `rejected`. `uid` names the prompt's problem
-    (the row of a JSONL file when read from one): pairs of one uid are split together."""
+    (``prompt_uid`` of the prompt for a JSONL row without one): pairs of one uid are split together."""
 
     prompt: str
     chosen: str
     rejected: str
     uid: str = ""
+
+
+def prompt_uid(prompt: str) -> str:
+    """The uid of a prompt's pairs when the data gives none: "prompt-" + sha256 of the normalised prompt[:16].
+
+    >>> prompt_uid("What is 2+2?") == prompt_uid("  what is   2+2?\\n") != prompt_uid("What is 2+3?")
+    True
+    """
+    return "prompt-" + sha256_bytes(normalise_problem_text(prompt).encode())[:16]
 
 
 def load_pairs_jsonl(path: str | Path) -> list[PreferencePair]:
@@ -49,7 +60,9 @@ def load_pairs_jsonl(path: str | Path) -> list[PreferencePair]:
                 raise DataError(f"{p}: row {row}: field '{name}': expected a non-empty string, got {value!r:.60}")
         if obj["chosen"] == obj["rejected"]:
             raise DataError(f"{p}: row {row}: field 'rejected': identical to 'chosen' (a pair needs two answers)")
-        pairs.append(PreferencePair(obj["prompt"], obj["chosen"], obj["rejected"], str(obj.get("uid", f"row-{row}"))))
+        uid = obj.get("uid")
+        uid = str(uid) if uid not in (None, "") else prompt_uid(obj["prompt"])
+        pairs.append(PreferencePair(obj["prompt"], obj["chosen"], obj["rejected"], uid))
     if not pairs:
         raise DataError(f"{p}: no preference pairs (expected JSONL rows with {', '.join(FIELDS)})")
     return pairs

@@ -19,7 +19,8 @@ padded on the left, given position ids that count real tokens only, and scored a
 completion scores the same alone and in any batch (tested, up to float rounding).
 
 ``normalize: true`` z-scores the scores of each batch the trainer scores at once (one call of the reward: a step's
-completions, or one refill round of dynamic sampling): ``(s - mean) / (std + 1e-6)`` with the population std. The
+completions, or one refill round of dynamic sampling): ``(s - mean) / (std + 1e-6)`` with the population std, over
+the finite scores (a NaN or infinite score makes only its own sample invalid). The
 raw score is always logged as ``reward/model/raw`` (a per-step metric), which the release report reads.
 
 The model runs on the run's device (``train.device``), in eval mode, under ``torch.no_grad``, loaded at the first
@@ -124,19 +125,22 @@ def forward_scores(model, input_ids: torch.Tensor, attention_mask: torch.Tensor)
 
 
 def normalize_scores(scores: Sequence[float], eps: float = NORM_EPS) -> list[float]:
-    """Per-batch z-scores: z_i = (s_i - mean(s)) / (std(s) + eps), std the population standard deviation.
+    """Per-batch z-scores: z_i = (s_i - mean(s)) / (std(s) + eps), std the population standard deviation, mean and
+    std over the finite scores only; a non-finite score (its sample invalid) is returned as it is.
 
     >>> normalize_scores([1.0, 3.0], eps=0.0)  # mean 2, population std 1
     [-1.0, 1.0]
     >>> normalize_scores([5.0, 5.0])  # no spread: all 0, never a division by zero
     [0.0, 0.0]
+    >>> normalize_scores([1.0, float("nan"), 3.0], eps=0.0)
+    [-1.0, nan, 1.0]
     """
-    n = len(scores)
-    if n == 0:
-        return []
-    mean = sum(scores) / n
-    std = math.sqrt(sum((s - mean) ** 2 for s in scores) / n)
-    return [(s - mean) / (std + eps) for s in scores]
+    finite = [s for s in scores if math.isfinite(s)]
+    if not finite:
+        return list(scores)
+    mean = sum(finite) / len(finite)
+    std = math.sqrt(sum((s - mean) ** 2 for s in finite) / len(finite))
+    return [(s - mean) / (std + eps) if math.isfinite(s) else s for s in scores]
 
 
 def load_reward_model(path: str, device: str | torch.device = "cpu"):
