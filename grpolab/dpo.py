@@ -13,8 +13,9 @@ second best with the second worst, ..., while the better one's reward is strictl
 preferred over an incorrect one with a correctness reward). A group whose rewards are all equal gives no pair.
 ``held_out_guard`` refuses any sampled problem that is also in the task's held-out split.
 
-**Training**: exactly ``steps`` AdamW steps of ``batch_size`` pairs drawn epoch-wise in a seeded order (the same
-optimizer-step budget as GRPO: train.steps x mu x minibatches), loss = mean over the batch of the per-pair loss;
+**Training**: exactly ``steps`` AdamW steps of ``batch_size`` distinct pairs drawn epoch-wise, each epoch a seeded
+permutation of the pairs (``epoch_batches``) -- the same optimizer-step budget as GRPO: train.steps x mu x
+minibatches --, loss = mean over the batch of the per-pair loss;
 reference log-probabilities are those of the base model, computed once before the first step (the policy starts
 as the base model), so no second model is held in memory. The result is an HF checkpoint with a
 ``baseline_manifest.json`` (method, budget, pairs, training problems for the held-out check, wall time, peak memory).
@@ -146,6 +147,25 @@ def reference_logps(model, rollout: Rollout, kind: PreferenceLoss, precision: st
     return torch.cat(out).double()
 
 
+def epoch_batches(n: int, batch_size: int, steps: int, seed: int) -> list[list[int]]:
+    """`steps` sorted batches of min(batch_size, n) distinct pair ids out of range(n). The ids are drawn from a
+    stream of seeded permutations, one per epoch; a batch that straddles two epochs takes the next epoch's ids in
+    its order, skipping those it already holds, which stay first in line for the next batch -- so every epoch
+    still uses each pair once, and no batch holds a pair twice."""
+    g, size, queue, out = torch.Generator().manual_seed(seed), min(batch_size, n), [], []
+    for _ in range(steps):
+        batch: list[int] = []
+        while len(batch) < size:
+            fresh = [i for i in queue if i not in batch]
+            if not fresh:
+                queue += torch.randperm(n, generator=g).tolist()
+                continue
+            batch.append(fresh[0])
+            queue.remove(fresh[0])
+        out.append(sorted(batch))
+    return out
+
+
 def train_dpo(model, rollout: Rollout, s: DPOSettings, precision: str, betas=(0.9, 0.99)) -> list[dict[str, float]]:
     """Exactly s.steps AdamW steps on seeded epoch-wise batches of pairs; per step: loss, margin, accuracy."""
     n = len(rollout) // 2
@@ -153,15 +173,10 @@ def train_dpo(model, rollout: Rollout, s: DPOSettings, precision: str, betas=(0.
         raise GrpolabError("dpo: no preference pairs (every sampled group had equal rewards); sample more completions")
     ref = reference_logps(model, rollout, PreferenceLoss(s.loss), precision)
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=s.lr, weight_decay=0.0, betas=betas)
-    g, order, log = torch.Generator().manual_seed(s.seed), [], []
+    log = []
     model.train()
-    for _ in range(s.steps):
-        ids: list[int] = []
-        while len(ids) < min(s.batch_size, n):
-            if not order:
-                order = torch.randperm(n, generator=g).tolist()
-            ids.append(order.pop())
-        loss, margin = dpo_loss(model, rollout, sorted(ids), ref, s, precision)
+    for ids in epoch_batches(n, s.batch_size, s.steps, s.seed):
+        loss, margin = dpo_loss(model, rollout, ids, ref, s, precision)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), s.grad_clip or float("inf")).item()

@@ -13,7 +13,8 @@ import torch
 import earnable
 from grpolab.algo.dpo import PairLogps, PreferenceLoss, preference_loss, sequence_logps
 from grpolab.config import from_dict
-from grpolab.dpo import DPOSettings, build_pairs, held_out_guard, run_dpo
+import grpolab.dpo as dpo_module
+from grpolab.dpo import DPOSettings, build_pairs, held_out_guard, run_dpo, train_dpo
 from grpolab.errors import GrpolabError
 from grpolab.tasks import make_task
 
@@ -69,6 +70,30 @@ def test_pairs_stay_inside_one_problem_and_prefer_the_higher_reward():
     assert len(used) == len(set(used))  # each completion in at most one pair
     capped = build_pairs(rewards, invalid, texts, G, pairs_per_problem=1)
     assert len(capped) == len({p.problem for p in pairs}) < len(pairs)  # one pair for each problem that had any
+
+
+@pytest.mark.parametrize("pairs, batch", [(13, 8), (5, 5), (7, 3), (3, 8)])
+def test_dpo_batches_walk_seeded_permutations_and_never_repeat_a_pair(monkeypatch, pairs, batch):
+    """Each epoch is a permutation of the pairs (every pair once, epochs used up in turn), and a batch that
+    straddles two epochs holds no pair twice (13 pairs, batch 8: the boundary batches used to repeat a pair)."""
+    seen: list[list[int]] = []
+    weight = torch.nn.Parameter(torch.zeros(1))
+
+    def loss(model, rollout, ids, ref, s, precision):
+        seen.append(list(ids))
+        return (weight * 0).sum(), torch.zeros(len(ids))
+
+    monkeypatch.setattr(dpo_module, "reference_logps", lambda *a, **k: torch.zeros(pairs, 2))
+    monkeypatch.setattr(dpo_module, "dpo_loss", loss)
+    model = torch.nn.Linear(1, 1)
+    model.weight = weight
+    train_dpo(model, [None] * (2 * pairs), DPOSettings(steps=30, batch_size=batch, seed=1), "fp32")
+    size = min(batch, pairs)
+    assert len(seen) == 30 and all(len(ids) == size == len(set(ids)) for ids in seen)
+    used = torch.zeros(pairs, dtype=torch.long)
+    for ids in seen:  # epochs are used up in turn: after every batch each pair was drawn e or e + 1 times
+        used[ids] += 1
+        assert used.max() - used.min() <= 1, (seen, used)
 
 
 def test_a_held_out_problem_is_refused():
