@@ -48,18 +48,18 @@ _AGG_TEXT = {
 _RATIO = {"gspo": ("s_i = exp(mean_t log r_it)", r"s_i"), "ppo_clip": ("r_it", r"r_{i,t}"), "dual_clip": ("r_it", r"r_{i,t}")}
 
 
-def formula(cfg: Config) -> tuple[str, str]:
-    """(plain text, LaTeX) of the minimised loss."""
-    if cfg.algorithm.estimator == "gae":  # PPO with a critic
-        return ppo_card.formula(cfg)
+def policy_loss(cfg: Config, adv: str = "A_i", adv_tex: str = "A_i") -> tuple[str, str]:
+    """(plain text, LaTeX) of the policy loss as it is optimised -- the run's aggregation, surrogate, IS correction,
+    KL in the loss and entropy bonus -- with the advantage written `adv` / `adv_tex`: GRPO's sequence advantage
+    A_i, or PPO's per-token A_it (grpolab.ppo_card)."""
     a = cfg.algorithm
-    adv, adv_tex = _ADV_TEXT[(a.baseline.value, a.scaling.value)]
     agg, agg_tex = _AGG_TEXT[a.aggregation.value]
     r, r_tex = _RATIO[a.surrogate.value]
-    text = f"L = -{agg.replace('{lmax}', str(cfg.l_max))} [ min({r} A_i, clip({r}, 1-{a.eps_low}, 1+{a.eps_high}) A_i)"
-    tex = rf"\mathcal{{L}} = -{agg_tex}\Big[\min\big({r_tex} A_i,\ \mathrm{{clip}}({r_tex}, 1-{a.eps_low}, 1+{a.eps_high}) A_i\big)"
+    text = f"L = -{agg.replace('{lmax}', str(cfg.l_max))} [ min({r} {adv}, clip({r}, 1-{a.eps_low}, 1+{a.eps_high}) {adv})"
+    tex = (rf"\mathcal{{L}} = -{agg_tex}\Big[\min\big({r_tex} {adv_tex},\ \mathrm{{clip}}({r_tex}, 1-{a.eps_low}, "
+           rf"1+{a.eps_high}) {adv_tex}\big)")
     if a.surrogate == "dual_clip":
-        text += f", capped at {a.dual_clip_c} A_i for A_i < 0"
+        text += f", capped at {a.dual_clip_c} {adv} for {adv} < 0"
         tex += rf"\ \text{{(dual clip }}c={a.dual_clip_c}\text{{)}}"
     if a.is_mode != "none":
         text += f" * w_IS[{a.is_mode}]"
@@ -70,8 +70,18 @@ def formula(cfg: Config) -> tuple[str, str]:
     if a.entropy_coef:
         text += f" + {a.entropy_coef} H_it"
         tex += rf" + {a.entropy_coef} H_{{i,t}}"
-    text += f" ],  A_i = {adv.replace('{eps}', str(a.adv_eps))}"
-    tex += rf"\Big],\quad A_i = {adv_tex}"
+    return text + " ]", tex + r"\Big]"
+
+
+def formula(cfg: Config) -> tuple[str, str]:
+    """(plain text, LaTeX) of the minimised loss."""
+    if cfg.algorithm.estimator == "gae":  # PPO with a critic: the same policy loss, per-token advantages
+        return ppo_card.formula(cfg, *policy_loss(cfg, "A_it", "A_{i,t}"))
+    a = cfg.algorithm
+    adv, adv_tex = _ADV_TEXT[(a.baseline.value, a.scaling.value)]
+    text, tex = policy_loss(cfg)
+    text += f",  A_i = {adv.replace('{eps}', str(a.adv_eps))}"
+    tex += rf",\quad A_i = {adv_tex}"
     if a.beta > 0 and a.kl_placement == "reward":
         text += f",  R_i <- R_i - {a.beta} sum_t KL_{a.kl_estimator.value}"
         tex += rf",\quad R_i \leftarrow R_i - {a.beta}\sum_t \mathrm{{KL}}_{{{a.kl_estimator.value}}}"

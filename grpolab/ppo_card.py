@@ -30,21 +30,18 @@ def _row(match: str, settings: dict[str, Any] | None = None, difference: str = "
     return {"match": match, "settings": settings or {}, **({"difference": difference} if difference else {})}
 
 
-def formula(cfg: Config) -> tuple[str, str]:
-    """(plain text, LaTeX) of PPO's loss: the clipped surrogate with per-token GAE advantages, and the critic's."""
+def formula(cfg: Config, loss: str, loss_tex: str) -> tuple[str, str]:
+    """(plain text, LaTeX) of PPO's loss: `loss` / `loss_tex`, the policy loss as optimised (grpolab.card's
+    ``policy_loss`` with per-token advantages A_it: the run's aggregation and surrogate), the GAE advantages, and
+    the critic's loss."""
     a, c = cfg.algorithm, cfg.critic
     kl_r = a.beta > 0 and a.kl_placement == "reward"
     r_t = (f"r_t = -{a.beta} KL_{a.kl_estimator.value}(t) + R [t = last]" if kl_r else "r_t = R [t = last]")
     r_tex = (rf"r_t = -{a.beta}\,\mathrm{{KL}}_{{{a.kl_estimator.value}}}(t) + R\,[t = T]" if kl_r else r"r_t = R\,[t = T]")
-    kl_loss = a.beta > 0 and a.kl_placement == "loss"
-    text = (f"L = -mean_tokens[ min(r_it A_it, clip(r_it, 1-{a.eps_low}, 1+{a.eps_high}) A_it) ]"
-            + (f" + {a.beta} KL_{a.kl_estimator.value}" if kl_loss else "")
-            + f",  A_t = GAE(gamma={a.gamma}, lambda={a.lam}) of {r_t} with V_t from the critic, end terminal"
+    text = (f"{loss},  A_it = GAE(gamma={a.gamma}, lambda={a.lam}) of {r_t} with V_t from the critic, end terminal"
             + (", whitened over the batch" if a.whiten else "")
             + f";  critic: L_V = mean_tokens 0.5 max((V-G)^2, (V_old + clip(V-V_old, +-{c.value_clip}) - G)^2), G = A + V")
-    tex = (rf"\mathcal{{L}} = -\overline{{\min\big(r_{{i,t}} A_{{i,t}},\ \mathrm{{clip}}(r_{{i,t}}, 1-{a.eps_low}, 1+{a.eps_high}) A_{{i,t}}\big)}}"
-           + (rf" + {a.beta}\,\mathrm{{KL}}" if kl_loss else "")
-           + rf",\quad A_t = \sum_l (\gamma\lambda)^l \delta_{{t+l}},\ \delta_t = r_t + \gamma V_{{t+1}} - V_t,\ {r_tex}"
+    tex = (loss_tex + rf",\quad A_{{i,t}} = \sum_l (\gamma\lambda)^l \delta_{{t+l}},\ \delta_t = r_t + \gamma V_{{t+1}} - V_t,\ {r_tex}"
            + rf",\ \gamma={a.gamma},\ \lambda={a.lam}")
     return text, tex
 

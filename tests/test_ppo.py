@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 import earnable
 from grpolab import checkpoint as ckpt
 from grpolab.baselines import budget_of
-from grpolab.card import objective_card
+from grpolab.card import formula, objective_card
 from grpolab.config import from_dict
 from grpolab.overlap import find_manifest
 from grpolab.ppo import PPOTrainer, trainer_class
@@ -61,6 +61,26 @@ def test_the_card_names_the_peer_settings():
     assert card["choices"]["critic"]["value_clip"] == 0.3
     assert objective_card(from_dict({}))["choices"]["estimator"] == "group"
     assert "critic" not in objective_card(from_dict({}))["choices"] and "GAE" not in objective_card(from_dict({}))["formula"]
+
+
+@pytest.mark.parametrize("algorithm, loss, loss_tex", [
+    ({"surrogate": "gspo", "aggregation": "seq_mean_token_sum_norm", "eps_low": 3e-4, "eps_high": 4e-4},
+     "L = -(1/(B*64)) sum_i sum_t [ min(s_i = exp(mean_t log r_it) A_it, clip(s_i = exp(mean_t log r_it), 1-0.0003, "
+     "1+0.0004) A_it) ]",
+     r"\mathcal{L} = -\frac{1}{B \cdot L_{max}}\sum_i\sum_t\Big[\min\big(s_i A_{i,t},\ \mathrm{clip}(s_i, 1-0.0003, "
+     r"1+0.0004) A_{i,t}\big)\Big]"),
+    ({"surrogate": "dual_clip", "aggregation": "token_mean", "beta": 0.04, "kl_placement": "loss", "entropy_coef": 0.01},
+     "L = -(1/sum_i |o_i|) sum_i sum_t [ min(r_it A_it, clip(r_it, 1-0.2, 1+0.2) A_it), capped at 3.0 A_it for "
+     "A_it < 0 - 0.04 KL_k3(pi_theta || pi_ref) + 0.01 H_it ]",
+     r"\mathcal{L} = -\frac{1}{\sum_i |o_i|}\sum_i\sum_t\Big[\min\big(r_{i,t} A_{i,t},"),
+])
+def test_the_ppo_formula_is_the_loss_that_is_optimised(algorithm, loss, loss_tex):
+    """The card prints the run's own aggregation and surrogate (the policy loss is GRPO's code, with per-token
+    advantages), not a fixed mean over tokens of the token-ratio surrogate."""
+    text, tex = formula(from_dict({"algorithm": {"estimator": "gae", "beta": 0.0, **algorithm}}))
+    assert text.startswith(loss + ",  A_it = GAE(gamma=1.0, lambda=0.95) of r_t"), text
+    assert tex.startswith(loss_tex), tex
+    assert "critic: L_V = mean_tokens 0.5 max((V-G)^2" in text
 
 
 def test_ppo_earns_the_reward_and_a_flipped_sign_unlearns_it(tiny_model_dir, tmp_path, monkeypatch):
