@@ -21,6 +21,7 @@ training-pass levers, which is part of what benchmarks/ppo_vs_grpo.py measures.
 from __future__ import annotations
 
 import math
+from functools import partial
 from typing import Any
 
 import torch
@@ -92,7 +93,8 @@ class Critic:
     def update(self, rollout: Rollout, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor,
                minibatches: list[list[torch.Tensor]]) -> dict[str, float]:
         """train.mu x train.minibatches steps on the clipped value loss; ``minibatches``: for each pass, the rows of
-        each minibatch (the policy's, grpolab.update.minibatch_groups). Returns value/* metrics."""
+        each minibatch (the policy's, grpolab.update.minibatch_groups). Returns value/* metrics of the whole batch
+        (summed over the ranks; value/grad_norm is of the all-reduced gradient)."""
         t = self.cfg.train
         sums = {"loss": 0.0, "clipped": 0.0, "tokens": 0.0, "grad_norm": 0.0, "steps": 0.0}
         for passes in minibatches:
@@ -114,12 +116,17 @@ class Critic:
                 all_reduce_gradients(self.params, self.world)
                 sums["grad_norm"] += self.step()
                 sums["steps"] += 1
-        total = all_reduce_sum(torch.tensor([sums["clipped"], sums["tokens"]], dtype=torch.float64), self.world)
+        # every metric is of the whole batch: each rank's loss is its share of the global token mean (the weights
+        # count every rank's tokens), so the ranks' losses add up to it
+        value_sum = (old_values.double() * mask).sum().item()
+        total = all_reduce_sum(torch.tensor([sums["loss"], sums["clipped"], sums["tokens"], value_sum, mask.sum().item()],
+                                            dtype=torch.float64, device=mask.device), self.world)
         steps = max(sums["steps"], 1)
-        return {"value/loss": sums["loss"] / steps, "value/clip_frac": (total[0] / total[1].clamp(min=1)).item(),
+        return {"value/loss": total[0].item() / steps, "value/clip_frac": (total[1] / total[2].clamp(min=1)).item(),
                 "value/grad_norm": sums["grad_norm"] / steps,
-                "value/explained_var": explained_variance(old_values, returns, mask),
-                "value/mean": (old_values.double() * mask).sum().item() / max(mask.sum().item(), 1)}
+                "value/explained_var": explained_variance(old_values, returns, mask,
+                                                          partial(all_reduce_sum, world=self.world)),
+                "value/mean": (total[3] / total[4].clamp(min=1)).item()}
 
     def step(self) -> float:
         """Clip and step; a non-finite gradient norm skips the step (returns the norm)."""

@@ -69,11 +69,13 @@ class PPOTrainer(Trainer):
         t2 = time.perf_counter()
         if kl is not None:
             penalty = all_reduce_sum(torch.tensor([a.beta * (kl.double() * mask).sum().item(), float(len(rollout))],
-                                                  dtype=torch.float64), self.world)
+                                                  dtype=torch.float64, device=mask.device), self.world)
             metrics["reward/kl_penalty/mean"] = (penalty[0] / penalty[1].clamp(min=1)).item()
         m = mask.double()
-        metrics.update({"ppo/adv_raw_mean": (est.advantages * m).sum().item() / max(m.sum().item(), 1),
-                        "ppo/return_mean": (est.returns * m).sum().item() / max(m.sum().item(), 1),
+        sums = all_reduce_sum(torch.stack([(est.advantages * m).sum(), (est.returns * m).sum(), m.sum()]).double(),
+                              self.world)  # over every rank's tokens
+        metrics.update({"ppo/adv_raw_mean": (sums[0] / sums[2].clamp(min=1)).item(),
+                        "ppo/return_mean": (sums[1] / sums[2].clamp(min=1)).item(),
                         "time/values_s": t1 - t0, "time/critic_update_s": t2 - t1})
         batch.metrics.update(metrics)
         batch.advantages = adv

@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from grpolab.algo.gae import clipped_value_loss, gae, masked_moments, token_rewards, whiten
+from grpolab.algo.gae import clipped_value_loss, explained_variance, gae, masked_moments, token_rewards, whiten
 
 
 def test_gae_equals_a_hand_computed_example():
@@ -92,3 +92,10 @@ def test_clipped_value_loss_equals_hand_values_and_its_gradient():
     out.loss.sum().backward()
     assert v.grad.tolist() == pytest.approx([0.0, -1.9, 0.0, 0.9], abs=1e-12)  # a clipped value gets no gradient
     assert clipped_value_loss(v.detach(), old, ret, 0.0).loss.tolist() == pytest.approx([0.5, 1.805, 0.5, 0.405])
+
+
+def test_explained_variance_equals_hand_values():
+    """G = [2, 4] (Var 1), G - V = [1, 2] (Var 0.25) on the masked tokens: 1 - 0.25 / 1; constant returns: nan."""
+    values, mask = torch.tensor([[1.0, 2.0, 0.0]]), torch.tensor([[1, 1, 0]])
+    assert explained_variance(values, torch.tensor([[2.0, 4.0, 9.0]]), mask) == pytest.approx(0.75, abs=1e-12)
+    assert math.isnan(explained_variance(values, torch.tensor([[3.0, 3.0, 9.0]]), mask))

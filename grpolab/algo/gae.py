@@ -22,6 +22,7 @@ Everything takes tensors and scalars; statistics are computed in float64.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -122,9 +123,14 @@ def clipped_value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: 
     return ValueLossOut(0.5 * torch.maximum(unclipped, clipped), clipped > unclipped)
 
 
-def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> float:
-    """1 - Var_m(G - V) / Var_m(G) over masked tokens (nan when the returns do not vary)."""
-    m = mask.bool()
-    g, v = returns[m].double(), values[m].double()
-    var = g.var(unbiased=False) if g.numel() else torch.tensor(0.0)
-    return float("nan") if var.item() == 0 else (1 - (g - v).var(unbiased=False) / var).item()
+def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor,
+                       reduce: Callable[[torch.Tensor], torch.Tensor] = lambda t: t) -> float:
+    """1 - Var_m(G - V) / Var_m(G) over masked tokens, population variances (nan when the returns do not vary).
+    ``reduce`` sums its float64 statistics over data-parallel ranks (grpolab.distributed.all_reduce_sum), so the
+    variances are those of the whole batch: the means first, then the squared deviations from them."""
+    m, g = mask.double(), returns.double()
+    d = g - values.double()
+    s = reduce(torch.stack([(g * m).sum(), (d * m).sum(), m.sum()]))
+    n = s[2].clamp(min=1.0)
+    c = reduce(torch.stack([((g - s[0] / n) ** 2 * m).sum(), ((d - s[1] / n) ** 2 * m).sum()]))
+    return float("nan") if c[0].item() == 0 else (1 - c[1] / c[0]).item()
