@@ -1,9 +1,10 @@
 """`grpolab score`: audit a training reward on completions of your own, before training on it.
 
 Rules:
-- COMPLETIONS.jsonl has one JSON object per line with the problem's id (``id``, or ``uid``) and the
+- COMPLETIONS.jsonl has one JSON object per line with the problem's id (``id``, ``uid`` or ``task_id``) and the
   ``completion`` text. Ids are the task's uids (``mbpp/601``, ``pyfunc/int.add:7``, ``gsm8k/test/3`` ...), looked
-  up in every split the task has (or only ``--split``).
+  up in every split the task has (or only ``--split``); a task with a ``uid_of`` also takes the ids its data set's
+  own completion files carry (HumanEval's ``HumanEval/0``; MBPP's integer task_id and evalplus's ``Mbpp/601``).
 - The reward is the task's training reward: the weights of ``--reward-weight NAME=W`` (repeatable), else those of
   the run given with ``--reward-from RUN``, else ``pass_fraction`` for a code task and the default reward weights
   of the config for an answer task. Code runs in the sandbox with ``--sandbox-option KEY=VALUE`` limits.
@@ -36,11 +37,8 @@ def _options(items: list[str]) -> dict[str, Any]:
     return dict(parse_option(o) for o in items)
 
 
-def problem_index(task: str, options: dict[str, Any], split: Optional[str]) -> dict[str, Any]:
-    """uid -> Problem over the asked split, or every split the task has."""
-    from ..tasks import make_task
-
-    source = make_task(task, **options)
+def problem_index(source: Any, split: Optional[str]) -> dict[str, Any]:
+    """uid -> Problem over the asked split, or every split the task `source` has."""
     index: dict[str, Any] = {}
     for name in ([split] if split else ALL_SPLITS):
         try:
@@ -53,19 +51,26 @@ def problem_index(task: str, options: dict[str, Any], split: Optional[str]) -> d
     return index
 
 
-def read_rows(path: Path, index: dict[str, Any], task: str) -> list[tuple[str, str, Any]]:
-    """[(id, completion, problem)] in file order; DataError naming file and line for anything wrong."""
+def read_rows(path: Path, index: dict[str, Any], task: str, source: Any) -> list[tuple[Any, str, Any]]:
+    """[(id as the file gives it, completion, problem)] in file order; the id is the first of the fields id, uid,
+    task_id, mapped to a uid by the task's ``uid_of`` where it has one. DataError naming file and line for
+    anything wrong."""
     from ..tasks.jsonl import read_jsonl
 
+    uid_of = getattr(source, "uid_of", None)
+    forms = getattr(source, "id_forms", repr(next(iter(index), "?")))
     out = []
     for lineno, row in read_jsonl(path, "a JSONL file of {\"id\": ..., \"completion\": ...} rows"):
-        uid, completion = row.get("id", row.get("uid")), row.get("completion")
-        if not isinstance(uid, str) or not isinstance(completion, str):
-            raise DataError(f"{path}:{lineno}: expected string fields 'id' and 'completion'")
+        given = next((row[f] for f in ("id", "uid", "task_id") if row.get(f) is not None), None)
+        completion = row.get("completion")
+        if not isinstance(given, (str, int)) or isinstance(given, bool) or not isinstance(completion, str):
+            raise DataError(f"{path}:{lineno}: expected the problem id in a field 'id', 'uid' or 'task_id' (a string "
+                            f"or an integer; ids look like {forms}) and a string field 'completion'")
+        uid = (uid_of(given) if uid_of else None) or given
         if uid not in index:
-            raise DataError(f"{path}:{lineno}: unknown problem id {uid!r} for task {task!r} (ids look like "
-                            f"{next(iter(index), '?')!r})")
-        out.append((uid, completion, index[uid]))
+            raise DataError(f"{path}:{lineno}: unknown problem id {given!r} for task {task!r} (ids look like "
+                            f"{forms})")
+        out.append((given, completion, index[uid]))
     return out
 
 
@@ -106,9 +111,10 @@ def score(
 ) -> None:
     """Score given completions with a task's training reward: per row the reward, its components and the reason."""
     from ..rewards import RewardSet
+    from ..tasks import make_task
 
-    index = problem_index(task, _options(task_option), split)
-    rows = read_rows(completions, index, task)
+    source = make_task(task, **_options(task_option))
+    rows = read_rows(completions, problem_index(source, split), task, source)
     weights = ({k: float(v) for k, v in _options(reward_weight).items()} if reward_weight
                else default_weights([p for _, _, p in rows], reward_from))
     rewards = RewardSet(weights, sandbox=_options(sandbox_option))
@@ -121,7 +127,7 @@ def score(
         table.add_column(col, overflow="fold")
     for r in out:
         comps = ", ".join(f"{k}={'-' if v is None else f'{v:.3f}'}" for k, v in r["components"].items())
-        table.add_row(r["id"], "invalid" if r["reward"] is None else f"{r['reward']:.3f}", comps,
+        table.add_row(str(r["id"]), "invalid" if r["reward"] is None else f"{r['reward']:.3f}", comps,
                       r["error"] or r["reason"] or "-")
     console.print(table)
     summary = totals(out)

@@ -10,12 +10,15 @@ Rules:
   prompt and the dataset's ``test`` itself (trusted: the helpers a test calls are the dataset's, not the
   program's), binds the entry point's name to the program's function (some tests call it by name) and calls
   ``check`` on it: one test case, all or nothing.
-- uid = f"humaneval/{n}" for task_id "HumanEval/n"; answer = prompt + canonical_solution; slice = "all".
+- uid = f"humaneval/{n}" for task_id "HumanEval/n"; answer = prompt + canonical_solution; slice = "all". Where
+  ids come from outside (`grpolab score`), the data set's own "HumanEval/n" -- what evalplus and the bigcode
+  evaluation harness write -- is taken as well (``humaneval_uid``).
 - A row missing a field raises DataError naming the file and line.
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from grpolab.errors import ConfigError, DataError
@@ -24,6 +27,17 @@ from grpolab.tasks.code import code_problem
 from grpolab.tasks.jsonl import load_hub_rows, read_jsonl
 
 FIELDS = ("task_id", "prompt", "canonical_solution", "test", "entry_point")
+
+
+def humaneval_uid(task_id: object) -> str | None:
+    """The uid of a HumanEval problem id as completion files carry it: the data set's "HumanEval/n" or grpolab's
+    "humaneval/n" (any case); None for anything else.
+
+    >>> humaneval_uid("HumanEval/7"), humaneval_uid("humaneval/7"), humaneval_uid(7)
+    ('humaneval/7', 'humaneval/7', None)
+    """
+    match = re.fullmatch(r"humaneval/(\d+)", task_id.strip(), re.IGNORECASE) if isinstance(task_id, str) else None
+    return f"humaneval/{match[1]}" if match else None
 
 
 def humaneval_problem(row: dict, where: str) -> Problem:
@@ -46,6 +60,8 @@ class HumanEvalTask:
     """HumanEval from a local HumanEval.jsonl or the hub (test split only)."""
 
     name = "humaneval"
+    id_forms = "'HumanEval/0' (the data set's task_id) or 'humaneval/0'"
+    uid_of = staticmethod(humaneval_uid)
 
     def __init__(self, path: str | None = None, hub_id: str = "openai/openai_humaneval") -> None:
         for field, value in (("path", path), ("hub_id", hub_id)):

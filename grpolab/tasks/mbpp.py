@@ -9,12 +9,15 @@ Rules:
 - The prompt shows the problem text and the first `show_tests` asserts (they name the function and its call
   form); the reward runs every assert of `test_list` (plus `challenge_test_list` with challenge=true), so
   the asserts past the first `show_tests` are hidden tests. `test_setup_code` runs in the test judge first.
-- uid = f"mbpp/{task_id}"; answer = the reference solution; slice = "all".
+- uid = f"mbpp/{task_id}"; answer = the reference solution; slice = "all". Where ids come from outside
+  (`grpolab score`), MBPP's integer task_id (the data set, the bigcode evaluation harness) and evalplus's
+  "Mbpp/{task_id}" are taken as well (``mbpp_uid``).
 - A row without text, code or a non-empty list of string asserts raises DataError naming the file and line.
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from grpolab.errors import ConfigError, DataError
@@ -23,6 +26,19 @@ from grpolab.tasks.code import code_problem
 from grpolab.tasks.jsonl import check_split, load_hub_rows, read_jsonl
 
 SPLITS = {"prompt": (1, 10), "test": (11, 510), "validation": (511, 600), "train": (601, 974)}
+
+
+def mbpp_uid(task_id: object) -> str | None:
+    """The uid of an MBPP problem id as completion files carry it: the integer task_id, "Mbpp/n" (evalplus),
+    "mbpp/n" (grpolab; any case) or "n"; None for anything else.
+
+    >>> mbpp_uid(601), mbpp_uid("Mbpp/601"), mbpp_uid("mbpp/601"), mbpp_uid(True)
+    ('mbpp/601', 'mbpp/601', 'mbpp/601', None)
+    """
+    if isinstance(task_id, int) and not isinstance(task_id, bool):
+        return f"mbpp/{task_id}"
+    match = re.fullmatch(r"(?:mbpp/)?(\d+)", task_id.strip(), re.IGNORECASE) if isinstance(task_id, str) else None
+    return f"mbpp/{int(match[1])}" if match else None
 
 
 def _check_optional_str(field: str, value: object) -> None:
@@ -63,6 +79,8 @@ class MBPPTask:
     (also run the challenge tests, where a problem has them)."""
 
     name = "mbpp"
+    id_forms = "601 (MBPP's task_id), 'Mbpp/601' (evalplus) or 'mbpp/601'"
+    uid_of = staticmethod(mbpp_uid)
 
     def __init__(self, path: str | None = None, hub_id: str = "google-research-datasets/mbpp", show_tests: int = 1,
                  challenge: bool = False) -> None:
