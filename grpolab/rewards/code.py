@@ -11,6 +11,7 @@ limit, exit); only a failure of the sandbox itself makes a sample invalid.
 
 from __future__ import annotations
 
+import ast
 import math
 import re
 import threading
@@ -18,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from ..sandbox import ExecResult, Job, SandboxLimits, shared_pool
+from ..sandbox.names import global_names
 from ..tasks.base import Problem
 from ..tasks.code import is_code_problem
 
@@ -81,6 +83,29 @@ def build_program(code: str, data: Mapping[str, Any]) -> str:
     return prefix + code
 
 
+def entry_points(problem: Problem) -> tuple[str, ...]:
+    """The program names the problem's tests call, which the tests see even where a builtin has the name: the
+    problem's ``entry_point``, else the top-level functions and classes of its reference solution that the tests
+    read (MBPP names no entry point; its problem 126 calls a function named ``sum``).
+
+    >>> from grpolab.tasks.code import code_problem
+    >>> reference = "def sum(a, b):\\n    return 0\\ndef h():\\n    pass"
+    >>> entry_points(code_problem("t", "q", reference, ["assert sum(1, 2) == 3"]))
+    ('sum',)
+    """
+    data = problem.data
+    if data.get("entry_point"):
+        return (data["entry_point"],)
+    try:
+        tree = ast.parse(problem.answer or "")
+        tests = (data.get("setup") or "", *data["tests"], *(data.get("shown") or ()))
+        reads = set().union(*(global_names(t)[0] for t in tests))
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return ()
+    defined = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
+    return tuple(sorted(defined & reads))
+
+
 def code_job(completion: str, problem: Problem) -> tuple[Job, int, list[int], list[int]]:
     """(job, number of reward tests, indices of shown cases, indices of hidden reward tests) for one completion.
 
@@ -93,7 +118,8 @@ def code_job(completion: str, problem: Problem) -> tuple[Job, int, list[int], li
     cases = tests + [s for s in shown if s not in tests]
     shown_idx = [i for i, c in enumerate(cases) if c in shown]
     hidden_idx = [i for i in range(len(tests)) if cases[i] not in shown]
-    job = Job(build_program(extract_code(completion), data), tuple(cases), data.get("setup") or "", data.get("time_limit_s"))
+    job = Job(build_program(extract_code(completion), data), tuple(cases), data.get("setup") or "", data.get("time_limit_s"),
+              entry_points(problem))
     return job, len(tests), shown_idx, hidden_idx
 
 

@@ -1,161 +1,61 @@
 """The two processes inside the sandbox: the test *judge* and the program *worker* (standard library only).
 
-The runner starts ``python -S -B -c "import harness; harness.main()"`` with this directory first on sys.path, so
-the compiled harness.py and wire.py are loaded from __pycache__ (no compile per program); importing this module
-has no side effects.
+The runner starts ``python -s -S -B -c "import sys; sys.path[:] = [<this directory>, <absolute entries>];
+import harness; harness.main()"`` (no '' or other relative entry on the path, no site, no user site, an
+environment built from scratch), so the compiled harness.py, confine.py and wire.py are loaded from
+__pycache__ (no compile per program); importing this module has no side effects.
 
-- The judge reads frame 1 (limits, identity, the program) from stdin and, as root, mounts private tmpfs
-  directories (working directory, /tmp, /var/tmp, /dev/shm; the interpreter's prefix made readable if a parent
-  directory is closed to others), sets the rlimits, drops to the sandbox uid, makes itself non-dumpable and
-  forks the worker. Only then does it read frame 2 (the tests) -- the worker's memory never held them.
-- The worker closes stdin and every descriptor but its two pipes, refuses network sockets with a seccomp filter,
-  runs the program in a fresh namespace, reports its top-level names, then answers requests (call, attribute,
-  item, list, len, bool, str) until its pipe closes.
-- The judge runs the trusted test code with the program's functions as proxies (wire.Remote), compares the
-  values itself, and writes one result frame -- per test case ``ok`` and a reason -- to the result pipe, which
-  the worker has no descriptor for.
+- The judge reads frame 1 (limits, identity, the program) from stdin and, as root, builds the run's own root
+  (grpolab.sandbox.confine: an allowlist of read-only host directories and one scratch tmpfs), sets the
+  rlimits, drops to the sandbox uid (refusing to go on if the program could write anything on its import
+  path), makes itself non-dumpable, ignores every signal but its own timer's, and forks the worker. Only then
+  does it read frame 2 (the tests and the names they may use) -- the worker's memory never held them.
+- The worker restores the usual signal handling, closes stdin and every descriptor but its two pipes, installs
+  the seccomp filter, runs the program in a fresh namespace, reports the ids of its top-level names (nothing
+  the program says about an object is believed), then answers requests (value, call, attribute, item, list,
+  len, bool, str) until its pipe closes.
+- The judge runs the trusted test code in a namespace of its own: builtins, the standard-library modules the
+  tests read (its own imports, from an allowlist), and only the program names the tests ask for (the problem's
+  entry points and the names no one else defines), each as a value or a proxy (wire.Remote). It compares the
+  values itself and writes one result frame -- per test case ``ok`` and a reason -- to the result pipe, which
+  the worker has no descriptor for. Whatever the program sends is at worst that program's 0 with a reason.
 """
 
 from __future__ import annotations
 
 import builtins
-import ctypes
 import errno
 import operator
 import os
-import resource
 import signal
 import sys
 import time
-import types
 
 try:
+    from .confine import install_seccomp, setup_sandbox
     from .wire import (CPU_LIMIT, Conn, Deadline, OpaqueValue, ProtocolError, Remote, RemoteError, WorkerGone, decode,
-                       encode, read_frame, resolve_global, write_frame)
+                       encode, read_frame, write_frame)
 except ImportError:  # started by the runner as a top-level module
+    from confine import install_seccomp, setup_sandbox  # type: ignore
     from wire import (CPU_LIMIT, Conn, Deadline, OpaqueValue, ProtocolError, Remote, RemoteError,  # type: ignore
-                      WorkerGone, decode, encode, read_frame, resolve_global, write_frame)
+                      WorkerGone, decode, encode, read_frame, write_frame)
 
-MS_NOSUID, MS_NODEV, MS_BIND, MS_MOVE, MS_REC = 2, 4, 4096, 8192, 16384
-PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 4, 38, 22, 2
-# seccomp: (audit arch, socket, io_uring_setup) per machine; every other architecture gets no filter
-SECCOMP_ARCH = {"x86_64": (0xC000003E, 41, 425), "aarch64": (0xC00000B7, 198, 425)}
-# standard-library names the judge does not take from its own library but leaves in the worker (a handle)
-RISKY_MODULES = {"os", "posix", "sys", "subprocess", "signal", "ctypes", "_ctypes", "shutil", "socket", "importlib",
-                 "builtins", "gc", "inspect", "threading", "_thread", "multiprocessing", "resource", "pty", "code",
-                 "io", "_io", "pathlib", "tempfile", "runpy", "pickle", "marshal"}
-RISKY_BUILTINS = {"eval", "exec", "compile", "open", "input", "breakpoint", "globals", "locals", "vars", "getattr",
-                  "setattr", "delattr", "exit", "quit", "help", "memoryview", "print", "super", "object", "type"}
 # an OSError with one of these errnos means the program ran into a limit (file size, open files, processes,
 # disk, memory), not that it is wrong
 LIMIT_ERRNOS = {errno.EFBIG, errno.EMFILE, errno.ENFILE, errno.EAGAIN, errno.ENOSPC, errno.ENOMEM}
+LOAD_REASONS = ("syntax", "error", "limit", "exit")
 OPS = {
-    "call": lambda o, *a, **k: o(*a, **k), "getattr": getattr, "setattr": setattr, "getitem": operator.getitem,
-    "list": list, "len": len, "bool": bool, "str": str, "repr": repr, "eq": operator.eq, "lt": operator.lt,
-    "le": operator.le, "gt": operator.gt, "ge": operator.ge,
+    "value": lambda o: o, "call": lambda o, *a, **k: o(*a, **k), "getattr": getattr, "setattr": setattr,
+    "getitem": operator.getitem, "list": list, "len": len, "bool": bool, "str": str, "repr": repr, "eq": operator.eq,
+    "lt": operator.lt, "le": operator.le, "gt": operator.gt, "ge": operator.ge,
 }
+# the judge ignores every signal it can but its own timer's (the program may send any): SIGKILL and SIGSTOP
+# cannot be ignored, SIGCHLD's default is already to ignore
+JUDGE_SIGNALS = sorted(set(signal.valid_signals()) - {signal.SIGKILL, signal.SIGSTOP, signal.SIGALRM, signal.SIGCHLD})
 
 
-def _libc():
-    return ctypes.CDLL(None, use_errno=True)
-
-
-def _check(ret: int, what: str) -> None:
-    if ret != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"{what}: {os.strerror(err)}")
-
-
-def mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
-    enc = lambda s: None if s is None else s.encode()  # noqa: E731
-    _check(_libc().mount(enc(source), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data)), f"mount {target}")
-
-
-def prctl(option: int, arg: int, *rest: int) -> None:
-    args = [ctypes.c_ulong(a) for a in (arg, *rest, 0, 0, 0)[:4]]
-    _check(_libc().prctl(option, *args), f"prctl {option}")
-
-
-def closed_to_others(path: str) -> str | None:
-    """The top-most directory above `path` (or `path` itself) that others may not enter, else None."""
-    current = "/"
-    for part in [p for p in path.split("/") if p]:
-        current = os.path.join(current, part)
-        if not os.stat(current).st_mode & 0o001:
-            return current
-    return None
-
-
-def expose_prefix(prefix: str) -> None:
-    """Make the interpreter's prefix reachable for the sandbox user: a parent directory closed to others (e.g.
-    /root) is covered by an empty tmpfs in which the path down to the prefix is recreated and the real prefix
-    bind-mounted (mount namespace only; the host is untouched)."""
-    blocked = closed_to_others(prefix)
-    if blocked is None:
-        return
-    stage = "/tmp/.grpolab-prefix"
-    os.mkdir(stage, 0o755)
-    mount(prefix, stage, None, MS_BIND | MS_REC)
-    mount("tmpfs", blocked, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=0755")
-    os.makedirs(prefix, 0o755, exist_ok=True)
-    mount(stage, prefix, None, MS_MOVE)
-    os.rmdir(stage)
-
-
-def private_mounts(cfg: dict) -> None:
-    """A size-limited tmpfs as the working directory (owned by the sandbox user) and over /tmp, /var/tmp,
-    /dev/shm; files written there vanish with the mount namespace."""
-    size, uid = f"size={int(cfg['disk_mb'])}m", cfg.get("uid")
-    owner = f",uid={uid},gid={uid}" if uid is not None else ""
-    mount("tmpfs", cfg["workdir"], "tmpfs", MS_NOSUID | MS_NODEV, f"{size},mode=0700{owner}")
-    os.chdir(cfg["workdir"])
-    for d in ("/tmp", "/var/tmp", "/dev/shm"):
-        if os.path.isdir(d):
-            mount("tmpfs", d, "tmpfs", MS_NOSUID | MS_NODEV, f"{size},mode=1777")
-    os.umask(0o022)
-    expose_prefix(os.path.realpath(sys.base_prefix))
-
-
-def setup_sandbox(cfg: dict) -> None:
-    """Mounts (as root in a mount namespace), rlimits, the drop to the sandbox uid, non-dumpable, no new privileges."""
-    if cfg.get("mounts"):
-        private_mounts(cfg)
-    for name, (soft, hard) in cfg["rlimits"].items():
-        resource.setrlimit(getattr(resource, name), (soft, hard))
-    uid = cfg.get("uid")
-    if uid is not None:
-        os.setgroups([])
-        os.setresgid(uid, uid, uid)
-        os.setresuid(uid, uid, uid)
-    prctl(PR_SET_DUMPABLE, 0)
-    prctl(PR_SET_NO_NEW_PRIVS, 1)
-    os.umask(0o077)
-
-
-def deny_network_sockets() -> bool:
-    """A seccomp filter: socket(2) and io_uring_setup(2) fail with EACCES, as does any syscall of a foreign ABI
-    (x32, i386). False where the machine has no known syscall table."""
-    arch = SECCOMP_ARCH.get(os.uname().machine)
-    if arch is None:
-        return False
-    audit, nr_socket, nr_io_uring = arch
-    allow, deny = 0x7FFF0000, 0x00050000 | 13  # SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO | EACCES
-    ld, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06
-    program = [(ld, 0, 0, 4), (jeq, 1, 0, audit), (ret, 0, 0, deny), (ld, 0, 0, 0), (jge, 0, 1, 0x40000000),
-               (ret, 0, 0, deny), (jeq, 2, 0, nr_socket), (jeq, 1, 0, nr_io_uring), (ret, 0, 0, allow),
-               (ret, 0, 0, deny)]
-
-    class Filter(ctypes.Structure):
-        _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte), ("k", ctypes.c_uint)]
-
-    class Prog(ctypes.Structure):
-        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(Filter))]
-
-    filters = (Filter * len(program))(*[Filter(*insn) for insn in program])
-    prog = Prog(len(program), filters)
-    prctl(PR_SET_NO_NEW_PRIVS, 1)
-    _check(_libc().prctl(PR_SET_SECCOMP, ctypes.c_ulong(SECCOMP_MODE_FILTER), ctypes.byref(prog), 0, 0), "seccomp")
-    return True
+class SandboxFailure(Exception):
+    """The worker could not be set up (no verdict on the program)."""
 
 
 # ----------------------------------------------------------------------------------------------- worker
@@ -182,26 +82,6 @@ def load_reason(exc: BaseException, compiling: bool) -> str:
     if isinstance(exc, MemoryError) or isinstance(exc, OSError) and exc.errno in LIMIT_ERRNOS:
         return "limit"
     return "error"
-
-
-def describe(value: object, handles: list) -> dict:
-    """A top-level name of the program: a plain value ({"v"}), or a handle ({"h"}) with the standard-library
-    object it claims to be ({"std"}), which the judge may take from its own library instead."""
-    try:
-        return {"v": encode(value, None)}
-    except (OpaqueValue, ValueError, RecursionError):
-        pass
-    handles.append(value)
-    out: dict = {"h": len(handles) - 1}
-    if isinstance(value, types.ModuleType):
-        name = getattr(value, "__name__", None)
-        if type(name) is str:
-            out["std"] = {"mod": name}
-    else:
-        mod, qual = getattr(value, "__module__", None), getattr(value, "__qualname__", None)
-        if type(mod) is str and type(qual) is str:
-            out["std"] = {"glob": [mod, qual]}
-    return out
 
 
 def serve(rfd: int, wfd: int, handles: list) -> None:
@@ -234,8 +114,11 @@ def serve(rfd: int, wfd: int, handles: list) -> None:
             return
 
 
-def worker_main(cfg: dict, rfd: int, wfd: int) -> None:
-    """The program's process: nothing but its two pipes open, sockets refused, program loaded, then serve."""
+def worker_main(cfg: dict, rfd: int, wfd: int, handlers: dict) -> None:
+    """The program's process: the usual signal handling back (`handlers`), nothing but its two pipes open, the
+    seccomp filter, the program loaded, the ids of its top-level names reported, then serve."""
+    for sig, handler in handlers.items():
+        signal.signal(sig, handler)
     previous = -1
     for fd in sorted({1, 2, rfd, wfd}) + [4096]:  # close everything else: stdin, the result pipe, the judge's ends
         os.closerange(previous + 1, fd)
@@ -243,7 +126,7 @@ def worker_main(cfg: dict, rfd: int, wfd: int) -> None:
     try:
         os.open(os.devnull, os.O_RDONLY)  # fd 0: input() reads EOF
         if cfg.get("seccomp"):
-            deny_network_sockets()
+            install_seccomp()
     except BaseException as exc:
         write_frame(wfd, {"worker_error": f"{type(exc).__name__}: {_text(exc)}"})
         return
@@ -260,7 +143,11 @@ def worker_main(cfg: dict, rfd: int, wfd: int) -> None:
     except BaseException as exc:
         write_frame(wfd, {"load": {"reason": load_reason(exc, False), "detail": f"{type(exc).__name__}: {_text(exc)}"}})
         return
-    names = {k: describe(v, handles) for k, v in list(namespace.items()) if type(k) is str and not k.startswith("__")}
+    names = {}
+    for key, value in list(namespace.items()):
+        if type(key) is str and not key.startswith("__"):
+            handles.append(value)
+            names[key] = len(handles) - 1
     write_frame(wfd, {"names": names})
     serve(rfd, wfd, handles)
 
@@ -289,106 +176,125 @@ def classify(exc: BaseException) -> tuple[str, str]:
     return "error", f"{type(exc).__name__}: {_text(exc)}"[:300]
 
 
-def bind(desc: object, conn: Conn) -> object:
-    """The judge's binding of one program name: a value, the judge's own standard-library object, or a Remote."""
-    if type(desc) is not dict:
-        raise ProtocolError("malformed name")
-    if "v" in desc:
-        return decode(desc["v"], None)
-    std = desc.get("std")
-    if type(std) is dict:
-        mod = std.get("mod") or (std.get("glob") or [""])[0]
-        name = (std.get("glob") or ["", ""])[1] if "glob" in std else ""
-        top = mod.split(".")[0] if type(mod) is str else ""
-        if top not in RISKY_MODULES and not (top == "builtins" and name in RISKY_BUILTINS):
-            try:
-                return resolve_global(std)
-            except Exception:
-                pass
-    if type(desc.get("h")) is not int:
-        raise ProtocolError("malformed name")
-    return Remote(desc["h"], conn)
+def load_failure(load: object) -> tuple[str, str]:
+    """(reason, detail) of a program that failed before its tests, from the worker's message: only a known
+    reason and a short text are taken from it."""
+    load = load if type(load) is dict else {}
+    reason, detail = load.get("reason"), load.get("detail")
+    return (reason if reason in LOAD_REASONS else "error"), (detail[:300] if type(detail) is str else "")
+
+
+def test_namespace(conn: Conn, ids: object, tests: dict) -> dict:
+    """The namespace the tests run in: builtins, the allowed standard-library modules they read (the judge's
+    own), the program names they may use (``tests["names"]``; each a value or a Remote) and
+    ``__solution__(name)`` for any other program name the tests ask for explicitly. Nothing else of the program."""
+    if type(ids) is not dict or any(type(k) is not str or type(v) is not int for k, v in ids.items()):
+        raise ProtocolError("malformed list of names")
+
+    def solution(name: str) -> object:
+        if name not in ids:
+            raise NameError(f"the program does not define {name!r}")
+        return conn.request("value", ids[name])
+
+    namespace = {"__name__": "__test__", "__builtins__": builtins, "__solution__": solution}
+    for module in tests.get("modules") or ():
+        namespace[module] = __import__(module)
+    for name in tests.get("names") or ():
+        if name in ids:
+            namespace[name] = solution(name)
+    return namespace
+
+
+def run_cases(namespace: dict, setup, codes: list, results: list) -> None:
+    """Run the setup, then each case not yet decided, appending one result per case."""
+    try:
+        exec(setup, namespace)
+    except (Deadline, WorkerGone):
+        raise
+    except BaseException as exc:
+        reason, detail = classify(exc)
+        results.extend([{"ok": False, "reason": reason, "detail": "test setup failed: " + detail}] * len(codes))
+    for code in codes[len(results):]:
+        t0 = time.monotonic()
+        try:
+            exec(code, namespace)
+            results.append({"ok": True, "reason": None, "detail": "", "s": round(time.monotonic() - t0, 4)})
+        except (Deadline, WorkerGone):
+            raise
+        except BaseException as exc:
+            reason, detail = classify(exc)
+            results.append({"ok": False, "reason": reason, "detail": detail, "s": round(time.monotonic() - t0, 4)})
 
 
 def judge(conn: Conn, tests: dict) -> dict:
-    """Run the setup and every case of `tests` against the program behind `conn`; one result per case."""
-    cases = tests["cases"]
-    codes = [compile(c, f"<test {i}>", "exec") for i, c in enumerate(cases)]
+    """Run the setup and every case of `tests` against the program behind `conn`; one result per case. The
+    tests are compiled first (broken tests are the judge's failure); from then on anything the program does or
+    sends decides only its own results."""
+    codes = [compile(c, f"<test {i}>", "exec") for i, c in enumerate(tests["cases"])]
     setup = compile(tests.get("setup") or "", "<test setup>", "exec")
     results: list[dict] = []
     fill = lambda reason, detail: results.extend([{"ok": False, "reason": reason, "detail": detail}] * (len(codes) - len(results)))  # noqa: E731
     try:
         started = conn.reply()
         if type(started) is not dict or not started.get("started"):
-            raise RuntimeError(f"the program's process could not be set up: {started}"[:300])
+            raise SandboxFailure(f"the program's process could not be set up: {started}"[:300])
         first = conn.reply()
-        if type(first) is dict and type(first.get("load")) is dict:
-            load = first["load"]
-            fill(str(load.get("reason", "error")), str(load.get("detail", ""))[:300])
-            return {"cases": results, "load": load}
-        if type(first) is not dict or type(first.get("names")) is not dict:
+        if type(first) is dict and "load" in first:
+            fill(*load_failure(first["load"]))
+            return {"cases": results}
+        if type(first) is not dict or "names" not in first:
             raise ProtocolError("malformed load message")
-        names = {k: bind(v, conn) for k, v in first["names"].items()}
-        handles = {k: v for k, v in names.items() if isinstance(v, Remote)}
-
-        def solution(name: str) -> object:
-            if name not in handles:
-                raise NameError(f"the program does not define {name!r}")
-            return handles[name]
-
-        namespace = {"__name__": "__test__", "__builtins__": builtins, **names, "__solution__": solution}
-        try:
-            exec(setup, namespace)
-        except (Deadline, WorkerGone):
-            raise
-        except BaseException as exc:
-            reason, detail = classify(exc)
-            fill(reason, "test setup failed: " + detail)
-        for code in codes[len(results):]:
-            t0 = time.monotonic()
-            try:
-                exec(code, namespace)
-                results.append({"ok": True, "reason": None, "detail": "", "s": round(time.monotonic() - t0, 4)})
-            except (Deadline, WorkerGone):
-                raise
-            except BaseException as exc:
-                reason, detail = classify(exc)
-                results.append({"ok": False, "reason": reason, "detail": detail, "s": round(time.monotonic() - t0, 4)})
+        run_cases(test_namespace(conn, first["names"], tests), setup, codes, results)
+    except SandboxFailure:
+        raise
     except Deadline:
         fill("timeout", "the wall-clock limit was reached")
     except WorkerGone as gone:
         fill(gone.reason, _text(gone))
     except ProtocolError as exc:
         fill("error", f"malformed message from the program ({_text(exc)})")
+    except Exception as exc:  # e.g. a value that cannot be rebuilt here: still only this program's failure
+        fill("error", f"the program's reply could not be judged ({type(exc).__name__}: {_text(exc)})"[:300])
     return {"cases": results}
 
 
 def _on_alarm(signum, frame):
+    """The judge's timer: Deadline once the deadline has passed; an early SIGALRM (sent by anyone else) re-arms
+    the timer for the time left and is otherwise ignored."""
+    left = DEADLINE[0] - time.monotonic()
+    if left > 0:
+        signal.setitimer(signal.ITIMER_REAL, max(0.001, left))
+        return
     raise Deadline()
 
 
+DEADLINE = [0.0]
+
+
 def run_judge(cfg: dict, start: float) -> dict:
-    """Fork the worker, read the tests, judge; the outcome frame (``judge_error`` when the sandbox itself failed)."""
+    """Ignore signals, fork the worker, read the tests, judge; the outcome frame (``judge_error`` when the sandbox
+    itself failed)."""
     CPU_LIMIT[0] = float(cfg["cpu_s"])
     sys.set_int_max_str_digits(0)
+    handlers = {sig: signal.signal(sig, signal.SIG_IGN) for sig in JUDGE_SIGNALS}
     to_worker, from_worker = os.pipe(), os.pipe()
     pid = os.fork()
     if pid == 0:
         try:
             os.close(to_worker[1])
             os.close(from_worker[0])
-            worker_main(cfg, to_worker[0], from_worker[1])
+            worker_main(cfg, to_worker[0], from_worker[1], handlers)
         finally:
             os._exit(0)
     os.close(to_worker[0])
     os.close(from_worker[1])
     tests = read_frame(0)
     os.close(0)
-    deadline = start + float(cfg["deadline_s"])
+    DEADLINE[0] = start + float(cfg["deadline_s"])
     signal.signal(signal.SIGALRM, _on_alarm)
-    signal.setitimer(signal.ITIMER_REAL, max(0.001, deadline - time.monotonic()))
+    signal.setitimer(signal.ITIMER_REAL, max(0.001, DEADLINE[0] - time.monotonic()))
     try:
-        outcome = judge(Conn(from_worker[0], to_worker[1], pid, deadline), tests)
+        outcome = judge(Conn(from_worker[0], to_worker[1], pid, DEADLINE[0]), tests)
     except Deadline:
         outcome = {"cases": [{"ok": False, "reason": "timeout", "detail": "the wall-clock limit was reached"}] * len(tests["cases"])}
     signal.setitimer(signal.ITIMER_REAL, 0)
@@ -402,7 +308,7 @@ def run_judge(cfg: dict, start: float) -> dict:
 def main() -> None:
     """The judge: read the job, set up the sandbox, report ready, judge, report the outcome."""
     start = time.monotonic()
-    sys.path[:] = [p for p in sys.path if p != os.path.dirname(os.path.abspath(__file__))]
+    sys.path[:] = [p for p in sys.path if p.startswith("/") and p != os.path.dirname(os.path.abspath(__file__))]
     cfg = read_frame(0)
     result_fd = cfg["result_fd"]
     try:

@@ -26,7 +26,9 @@ class SandboxLimits:
     max_procs:      RLIMIT_NPROC: processes of the sandbox user (binds only after the drop to an unprivileged uid).
     max_open_files: RLIMIT_NOFILE.
     max_file_mb:    RLIMIT_FSIZE: the largest file the program may write.
-    disk_mb:        size of the private tmpfs working directory (with a mount namespace).
+    disk_mb:        size of the run's scratch tmpfs (with a mount namespace): the working directory, /tmp, /var/tmp
+                    and /dev/shm share it.
+    max_files:      files and directories the run may create in its scratch tmpfs (its inode limit).
     max_output_kb:  stdout and stderr are each kept up to this size; past 16x this in total the run is killed.
     workers:        programs run at the same time (0 = the number of CPU cores).
     uid:            first sandbox user id when running as root (one id per worker: uid, uid + 1, ...).
@@ -40,6 +42,7 @@ class SandboxLimits:
     max_open_files: int = 64
     max_file_mb: int = 16
     disk_mb: int = 32
+    max_files: int = 2048
     max_output_kb: int = 64
     workers: int = 0
     uid: int = 60000
@@ -67,12 +70,14 @@ class SandboxLimits:
         checks = [("wall_s", self.wall_s > 0), ("cpu_s", self.cpu_s > 0), ("memory_mb", self.memory_mb >= 64),
                   ("max_procs", self.max_procs >= 2), ("max_open_files", self.max_open_files >= 16),
                   ("max_file_mb", self.max_file_mb >= 1), ("disk_mb", self.disk_mb >= 1),
+                  ("max_files", self.max_files >= 16),
                   ("max_output_kb", self.max_output_kb >= 1), ("workers", 0 <= self.workers <= 64),
                   ("uid", 1 <= self.uid <= 2**31 - 65)]
         for name, ok in checks:
             if not ok:
                 bound = {"memory_mb": ">= 64", "max_procs": ">= 2 (the program and its test judge)",
-                         "max_open_files": ">= 16", "workers": "in 0..64", "uid": "in 1..2**31-65"}.get(name, "> 0")
+                         "max_open_files": ">= 16", "max_files": ">= 16", "workers": "in 0..64",
+                         "uid": "in 1..2**31-65"}.get(name, "> 0")
                 raise ConfigError(f"{field_prefix}.{name}: expected {bound}, got {getattr(self, name)!r}")
 
     @property

@@ -16,7 +16,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 from .isolation import Isolation, detect
 from .limits import SandboxLimits
-from .runner import ExecResult, Job, run_job
+from .runner import CaseResult, ExecResult, Job, run_job
 
 
 _taken: dict[int, int] = {}  # base uid -> slots handed out to pools of this process
@@ -45,13 +45,18 @@ class SandboxPool:
         self._executor = ThreadPoolExecutor(self.size, thread_name_prefix="grpolab-sandbox")
 
     def _run(self, job: Job) -> ExecResult:
+        """One job on a free slot. Whatever goes wrong in the runner stays this job's infrastructure error (an
+        invalid sample), never an exception that would take its batch down."""
         slot = self._slots.get()
         try:
             result = run_job(job, self.limits, self.isolation, slot)
-            result.meta["slot"] = slot
-            return result
+        except Exception as exc:
+            result = ExecResult([CaseResult(False, None, "sandbox failure")] * len(job.cases), 0.0,
+                                f"the sandbox failed: {type(exc).__name__}: {exc}"[:500])
         finally:
             self._slots.put(slot)
+        result.meta["slot"] = slot
+        return result
 
     def submit(self, job: Job) -> "Future[ExecResult]":
         return self._executor.submit(self._run, job)

@@ -1,11 +1,13 @@
 """Running one program in the sandbox, from the trainer's side (docs/code.md, "The sandbox").
 
-``run_job`` creates a fresh working directory, starts the judge (grpolab.sandbox.harness) in its own session --
-behind ``unshare`` when the machine allows namespaces -- with an empty environment, writes the program and the
-tests to its stdin, reads stdout and stderr up to a cap and the result pipe, and kills the whole process group
-when the result is in, the wall-clock limit has passed or the output cap is exceeded. Without a PID namespace,
-processes of the sandbox uid that left the group (``setsid``) are found in /proc and killed. The working
-directory is removed afterwards.
+``run_job`` creates a fresh host directory (with a mount namespace, only the mount point of the run's own root;
+the program works in /sandbox there; else its working directory), starts the judge (grpolab.sandbox.harness) in
+its own session -- behind ``unshare`` when the machine allows namespaces -- with an empty environment, writes the
+program, the tests and the names they may use (grpolab.sandbox.names) to its stdin, reads stdout and stderr up to
+a cap and the result pipe, and kills the whole process group when the result is in, the wall-clock limit has
+passed or the output cap is exceeded. Without a PID namespace,
+processes of the sandbox uid that left the group (``setsid``) are found in /proc and killed. The host directory
+is removed afterwards. A malformed result frame is at worst this run's failure, never its batch's.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .limits import SandboxLimits
+from .names import bound_names
 
 if TYPE_CHECKING:
     from .isolation import Isolation
@@ -33,18 +36,22 @@ if TYPE_CHECKING:
 REASONS = ("syntax", "error", "wrong_answer", "timeout", "limit", "exit")
 GRACE_S = 1.0  # the runner's kill comes this long after the judge's own deadline
 MAX_RESULT_BYTES = 8 << 20
+SANDBOX_HOME = "/sandbox"  # the program's working directory inside its own root (with a mount namespace)
 FRAME = struct.Struct(">I")
 
 
 @dataclass(frozen=True)
 class Job:
-    """A program and its tests. `setup` and `cases` are trusted test code, run by the judge with the program's
-    top-level names bound (functions as proxies); ``__solution__(name)`` gives the program's own object `name`."""
+    """A program and its tests. `setup` and `cases` are trusted test code, run by the judge in a namespace of its
+    own (grpolab.sandbox.names): builtins, the allowed standard-library modules they read, the program names in
+    `entry_points` (bound even where a builtin has that name) and those the tests read that nothing else
+    defines (functions as proxies); ``__solution__(name)`` gives the program's own object `name`."""
 
     program: str
     cases: tuple[str, ...]
     setup: str = ""
     wall_s: float | None = None  # a tighter wall-clock (and CPU) limit for this job than the pool's
+    entry_points: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -89,12 +96,12 @@ class ExecResult:
 
 @functools.lru_cache(maxsize=1)
 def compile_harness() -> None:
-    """Write __pycache__ entries for harness.py and wire.py (even under PYTHONDONTWRITEBYTECODE) so that no
+    """Write __pycache__ entries for harness.py, confine.py and wire.py (even under PYTHONDONTWRITEBYTECODE) so that no
     program pays for compiling them; a read-only install just compiles them in each run."""
     import importlib.util
     import py_compile
 
-    for name in ("wire.py", "harness.py"):
+    for name in ("wire.py", "confine.py", "harness.py"):
         source = str(Path(__file__).with_name(name))
         try:
             py_compile.compile(source, cfile=importlib.util.cache_from_source(source), doraise=True)
@@ -103,11 +110,16 @@ def compile_harness() -> None:
 
 
 def harness_command(python: str) -> list[str]:
-    """The judge's command line: the interpreter without site-packages, loading harness.py and wire.py from this
-    directory (compiled, from __pycache__)."""
+    """The judge's command line: the interpreter isolated from anything the program can write, equivalent to
+    ``python -I`` but for the environment (which the runner builds from scratch, PYTHONHASHSEED included): no
+    site, no user site (``-s -S``), no bytecode written (``-B``), and the import path reduced to this directory
+    (for harness.py, confine.py and wire.py, compiled, from __pycache__) and the interpreter's absolute entries
+    -- without the '' that ``-c`` puts first (the working directory, which the program can write)."""
     compile_harness()
-    boot = f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import harness; harness.main()"
-    return [python, "-S", "-B", "-c", boot]
+    here = str(Path(__file__).parent)
+    boot = (f"import sys; sys.path[:] = [{here!r}] + [p for p in sys.path if p.startswith('/')]; "
+            "import harness; harness.main()")
+    return [python, "-s", "-S", "-B", "-c", boot]
 
 
 def frame(obj: object) -> bytes:
@@ -128,16 +140,16 @@ def parse_frames(buf: bytes) -> tuple[list[dict], bytes]:
             break
         try:
             out.append(json.loads(buf[FRAME.size:FRAME.size + size]))
-        except ValueError:
+        except Exception:  # ValueError, RecursionError, MemoryError: never more than this run's problem
             out.append({"malformed": True})
         buf = buf[FRAME.size + size:]
     return out, buf
 
 
-def sandbox_env(workdir: str) -> dict[str, str]:
+def sandbox_env(home: str) -> dict[str, str]:
     """The program's whole environment: nothing inherited, fixed hashing (deterministic set order of strings)."""
     return {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "PYTHONHASHSEED": "0",
-            "HOME": workdir, "TMPDIR": "/tmp"}
+            "HOME": home, "TMPDIR": "/tmp"}
 
 
 class _Streams:
@@ -233,9 +245,10 @@ def _live_pids_of(uid: int) -> list[int]:
 
 def verdict(frames: list[dict], killed: str | None, stderr: str, n_cases: int) -> tuple[list[CaseResult], str | None]:
     """Per-case results and the infrastructure error (if the sandbox, not the program, failed)."""
+    frames = [f for f in frames if type(f) is dict]
     final = next((f for f in frames if "cases" in f or "judge_error" in f), None)
     if final and "cases" in final and isinstance(final["cases"], list) and len(final["cases"]) == n_cases:
-        return [CaseResult(bool(c.get("ok")), c.get("reason"), str(c.get("detail", ""))) for c in final["cases"]], None
+        return [_case(c) for c in final["cases"]], None
     setup = next((f["setup_error"] for f in frames if "setup_error" in f), None)
     if final or setup or not any(f.get("ready") for f in frames):
         why = (final or {}).get("judge_error") or setup or (stderr.strip().splitlines() or ["no output"])[-1]
@@ -246,25 +259,35 @@ def verdict(frames: list[dict], killed: str | None, stderr: str, n_cases: int) -
     return [CaseResult(False, reason, detail)] * n_cases, None
 
 
+def _case(c: object) -> CaseResult:
+    """One case of the judge's verdict; a reason outside REASONS (never sent by the judge) counts as "error"."""
+    c = c if type(c) is dict else {}
+    ok = c.get("ok") is True
+    reason = None if ok else (c.get("reason") if c.get("reason") in REASONS else "error")
+    return CaseResult(ok, reason, str(c.get("detail", ""))[:500])
+
+
 def run_job(job: Job, limits: SandboxLimits, isolation: "Isolation", slot: int = 0) -> ExecResult:
     """Run `job` in the sandbox with `limits`; `slot` picks the sandbox uid (limits.uid + slot) when root."""
     start = time.monotonic()
     if job.wall_s is not None and job.wall_s < limits.wall_s:
         limits = replace(limits, wall_s=job.wall_s, cpu_s=min(limits.cpu_s, job.wall_s))
     uid = limits.uid + slot if isolation.uid_drop else None
-    workdir = tempfile.mkdtemp(prefix="grpolab-sbx-")
+    workdir = tempfile.mkdtemp(prefix="grpolab-sbx-")  # with a mount namespace, only the mount point of the run's root
+    home = SANDBOX_HOME if isolation.mounts else workdir
     result_r, result_w = os.pipe()
     proc, finished = None, False
     try:
         if uid is not None:
             os.chown(workdir, uid, uid)
         cfg = {"result_fd": result_w, "program": job.program, "deadline_s": limits.wall_s, "cpu_s": limits.cpu_s,
-               "rlimits": limits.rlimits(), "uid": uid, "mounts": isolation.mounts, "workdir": workdir,
-               "disk_mb": limits.disk_mb, "seccomp": isolation.seccomp}
-        data = frame(cfg) + frame({"setup": job.setup, "cases": list(job.cases)})
+               "rlimits": limits.rlimits(), "uid": uid, "mounts": isolation.mounts, "workdir": workdir, "home": home,
+               "disk_mb": limits.disk_mb, "max_files": limits.max_files, "seccomp": isolation.seccomp}
+        names, modules = bound_names(job.setup, tuple(job.cases), tuple(job.entry_points))
+        data = frame(cfg) + frame({"setup": job.setup, "cases": list(job.cases), "names": names, "modules": modules})
         cmd = [*isolation.command(), *harness_command(limits.python or sys.executable)]
         proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=workdir,
-                                env=sandbox_env(workdir), pass_fds=(result_w,), start_new_session=True)
+                                env=sandbox_env(home), pass_fds=(result_w,), start_new_session=True)
         os.close(result_w)
         result_w = -1
         streams = _Streams(proc, result_r, data, limits.max_output_kb * 1024)

@@ -4,11 +4,14 @@ length-prefixed JSON frames and the value codec. grpolab.sandbox.harness holds t
 Only values cross the boundary: exact built-in types (int, str, list, dict, ..., plus Counter, OrderedDict,
 defaultdict and deque) travel as JSON; any other object stays in the worker behind an opaque handle (`Remote`)
 that never equals a plain value and cannot be ordered or combined with one. Frames are a 4-byte big-endian length
-and a JSON document.
+and a JSON document. Everything either side needs is imported here, before any program runs: the judge imports
+nothing of its own while it judges. A reply that cannot be read or rebuilt is a ProtocolError, whatever the reason
+(bad JSON, nesting, an integer too large for a float).
 """
 
 from __future__ import annotations
 
+import base64
 import builtins
 import collections
 import json
@@ -17,7 +20,6 @@ import os
 import select
 import signal
 import struct
-import sys
 import time
 
 FRAME = struct.Struct(">I")
@@ -86,9 +88,10 @@ def read_frame(fd: int, deadline: float | None = None) -> object:
     size = FRAME.unpack(read_exact(fd, FRAME.size, deadline))[0]
     if size > MAX_FRAME:
         raise ProtocolError(f"message of {size} bytes exceeds the limit of {MAX_FRAME}")
+    data = read_exact(fd, size, deadline)
     try:
-        return json.loads(read_exact(fd, size, deadline))
-    except (ValueError, RecursionError) as exc:
+        return json.loads(data)
+    except Exception as exc:  # ValueError, RecursionError, MemoryError: a malformed message, whatever the cause
         raise ProtocolError(f"malformed message ({type(exc).__name__})") from None
 
 
@@ -143,8 +146,6 @@ def encode(v: object, handle_of, depth: int = 0) -> object:
     if t is collections.deque:
         return {"deque": [[encode(x, handle_of, d) for x in v], v.maxlen]}
     if t in (bytes, bytearray):
-        import base64
-
         return {"b" if t is bytes else "ba": base64.b64encode(v).decode()}
     if t is complex:
         return {"c": [encode(v.real, None), encode(v.imag, None)]}
@@ -181,8 +182,10 @@ def decode(x: object, resolve, depth: int = 0) -> object:
     (tag, v), = x.items()
     try:
         return _decode_tag(tag, v, resolve, d)
-    except (TypeError, ValueError, KeyError) as exc:
-        raise ProtocolError(f"malformed {tag!r} value ({type(exc).__name__})") from None
+    except ProtocolError:
+        raise
+    except Exception as exc:  # TypeError, OverflowError, RecursionError, ...: the sender's value is malformed
+        raise ProtocolError(f"malformed {str(tag)[:20]!r} value ({type(exc).__name__})") from None
 
 
 def _decode_tag(tag: str, v: object, resolve, d: int) -> object:
@@ -203,8 +206,6 @@ def _decode_tag(tag: str, v: object, resolve, d: int) -> object:
     if tag == "deque" and type(v) is list and len(v) == 2 and type(v[0]) is list:
         return collections.deque([decode(e, resolve, d) for e in v[0]], v[1])
     if tag in ("b", "ba") and type(v) is str:
-        import base64
-
         raw = base64.b64decode(v.encode(), validate=True)
         return raw if tag == "b" else bytearray(raw)
     if tag == "c" and type(v) is list and len(v) == 2:
@@ -234,25 +235,6 @@ def rebuild_set(items: list, kind: type) -> object:
             return candidate
         first = first if first is not None else candidate
     return first
-
-
-def resolve_global(desc: object) -> object:
-    """The judge's own standard-library object a worker name stands for ({"mod": m} or {"glob": [m, qualname]}).
-
-    >>> resolve_global({"glob": ["math", "sqrt"]}) is math.sqrt
-    True
-    """
-    mod, qual = (desc["mod"], "") if "mod" in desc else desc["glob"]
-    if type(mod) is not str or mod.split(".")[0] not in sys.stdlib_module_names or type(qual) is not str:
-        raise ProtocolError("not a standard-library name")
-    import importlib
-
-    obj = importlib.import_module(mod)
-    for part in filter(None, qual.split(".")):
-        if part.startswith("_"):
-            raise ProtocolError("private name")
-        obj = getattr(obj, part)
-    return obj
 
 
 # ----------------------------------------------------------------------------------------------- judge side

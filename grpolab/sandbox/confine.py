@@ -1,0 +1,262 @@
+"""How the judge confines a run, as root inside its fresh namespaces, before it drops to the sandbox uid (standard
+library only; loaded by the judge with harness.py; docs/code.md "The sandbox").
+
+- ``new_root``: the program sees an allowlist of the host, not the host minus a blocklist. The root is a fresh
+  read-only tmpfs holding read-only bind mounts of the system directories (SYSTEM_DIRS), the interpreter's
+  standard library (the third-party package directories next to it covered by empty read-only mounts: ``-S``
+  means the standard library only), a few files of /etc (ETC_FILES), harmless devices (DEVICES), /proc (its
+  /proc/sys read-only) and one scratch tmpfs with a size *and* an inode limit that provides the working
+  directory, /tmp, /var/tmp and /dev/shm. The old root is detached: no home directory, repository, data file
+  or dataset cache of the host exists inside, and nothing of the host is writable.
+- ``setup_sandbox``: that root, the rlimits, the drop to the sandbox uid, no new privileges, non-dumpable, and a
+  check that nothing on the judge's import path is writable by the program.
+- ``install_seccomp``: the worker's syscall filter (``seccomp_program``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import resource
+import sys
+from dataclasses import dataclass
+
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT = 1, 2, 4, 32
+MS_BIND, MS_MOVE, MS_REC, MS_PRIVATE = 4096, 8192, 16384, 1 << 18
+MNT_DETACH = 2
+KEEP_FLAGS = os.ST_NOEXEC | os.ST_NOATIME | os.ST_NODIRATIME | os.ST_RELATIME  # kept when a bind turns read-only
+PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 4, 38, 22, 2
+SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+ETC_FILES = ("ld.so.cache", "localtime", "passwd", "group")
+DEVICES = ("null", "zero", "full", "random", "urandom")
+CLONE_NAMESPACES = 0x7E020000  # CLONE_NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET
+
+
+@dataclass(frozen=True)
+class Arch:
+    """A machine's seccomp audit value and the syscall numbers the sandbox needs."""
+
+    audit: int
+    pivot_root: int
+    clone: int
+    clone3: int
+    denied: tuple[int, ...]  # socket io_uring_setup add_key request_key keyctl shmget semget msgget mq_open unshare setns
+
+
+ARCHES = {"x86_64": Arch(0xC000003E, 155, 56, 435, (41, 425, 248, 249, 250, 29, 64, 68, 240, 272, 308)),
+          "aarch64": Arch(0xC00000B7, 41, 220, 435, (198, 425, 217, 218, 219, 194, 190, 186, 180, 97, 268))}
+
+
+def _libc():
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def _check(ret: int, what: str) -> None:
+    if ret != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+
+
+def mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
+    enc = lambda s: None if s is None else s.encode()  # noqa: E731
+    _check(_libc().mount(enc(source), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data)), f"mount {target}")
+
+
+def prctl(option: int, arg: int, *rest: int) -> None:
+    args = [ctypes.c_ulong(a) for a in (arg, *rest, 0, 0, 0)[:4]]
+    _check(_libc().prctl(option, *args), f"prctl {option}")
+
+
+# ----------------------------------------------------------------------------------------------- the new root
+
+
+def _mount_point(path: str, directory: bool) -> None:
+    if directory:
+        os.makedirs(path, 0o755, exist_ok=True)
+    else:
+        os.makedirs(os.path.dirname(path), 0o755, exist_ok=True)
+        open(path, "a").close()
+
+
+def bind(src: str, dst: str, readonly: bool = True, recursive: bool = False) -> None:
+    """Bind `src` at `dst` (read-only unless told otherwise, keeping the source's noexec / atime flags)."""
+    _mount_point(dst, os.path.isdir(src))
+    mount(src, dst, None, MS_BIND | (MS_REC if recursive else 0))
+    if readonly:
+        flags = os.statvfs(dst).f_flag & KEEP_FLAGS
+        mount(None, dst, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | flags)
+
+
+def stdlib_dirs() -> list[str]:
+    """The existing absolute directories on the judge's import path (the standard library), resolved."""
+    return sorted({os.path.realpath(p) for p in sys.path if p.startswith("/") and os.path.isdir(p)})
+
+
+def package_dirs(libs: list[str]) -> list[str]:
+    """Third-party package directories: every lib/python3*/{site,dist}-packages under /usr, /usr/local and the
+    standard library's parent directory."""
+    parents = {"/usr/lib", "/usr/lib64", "/usr/local/lib", "/usr/local/lib64"} | {os.path.dirname(d) for d in libs}
+    out = []
+    for parent in sorted(parents):
+        try:
+            names = os.listdir(parent)
+        except OSError:
+            continue
+        for name in sorted(n for n in names if n.startswith("python3")):
+            subdirs = (os.path.join(parent, name, s) for s in ("site-packages", "dist-packages"))
+            out += [p for p in subdirs if os.path.isdir(p)]
+    return out
+
+
+def _scratch(root: str, cfg: dict) -> None:
+    """One tmpfs (size disk_mb, max_files inodes) behind the working directory (``cfg["home"]``), /tmp, /var/tmp
+    and /dev/shm."""
+    stage, uid = os.path.join(root, ".scratch"), cfg.get("uid")
+    os.mkdir(stage, 0o700)
+    mount("tmpfs", stage, "tmpfs", MS_NOSUID | MS_NODEV,
+          f"size={int(cfg['disk_mb'])}m,nr_inodes={int(cfg['max_files']) + 5},mode=0755")
+    for name, target in (("tmp", "/tmp"), ("var-tmp", "/var/tmp"), ("shm", "/dev/shm"), ("work", cfg["home"])):
+        os.mkdir(os.path.join(stage, name), 0o700 if name == "work" else 0o1777)
+        os.chmod(os.path.join(stage, name), 0o700 if name == "work" else 0o1777)
+        if name == "work" and uid is not None:
+            os.chown(os.path.join(stage, name), uid, uid)
+        bind(os.path.join(stage, name), root + target, readonly=False)
+    _check(_libc().umount2(stage.encode(), MNT_DETACH), "umount scratch")
+    os.rmdir(stage)
+
+
+def _system(root: str) -> None:
+    """The system directories, the standard library (package directories hidden), /etc files, devices, /proc."""
+    libs = stdlib_dirs()
+    for path in [d for d in SYSTEM_DIRS if os.path.lexists(d)] + libs:
+        if os.path.islink(path):
+            os.makedirs(os.path.dirname(root + path), 0o755, exist_ok=True)
+            os.symlink(os.readlink(path), root + path)
+        elif not os.path.exists(root + path) or not os.path.ismount(root + path):
+            bind(path, root + path)
+    for path in package_dirs(libs):
+        mount("tmpfs", root + path, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV, "size=4k,nr_inodes=2,mode=0755")
+    for name in ETC_FILES:
+        if os.path.isfile(f"/etc/{name}"):
+            bind(os.path.realpath(f"/etc/{name}"), f"{root}/etc/{name}")
+    for name in DEVICES:
+        bind(f"/dev/{name}", f"{root}/dev/{name}", readonly=False)
+    for i, name in enumerate(("stdin", "stdout", "stderr")):
+        os.symlink(f"/proc/self/fd/{i}", f"{root}/dev/{name}")
+    os.symlink("/proc/self/fd", f"{root}/dev/fd")
+    bind("/proc", f"{root}/proc", readonly=False, recursive=True)
+    bind(f"{root}/proc/sys", f"{root}/proc/sys")
+
+
+def new_root(cfg: dict) -> None:
+    """Build the allowlisted root on a tmpfs mounted over ``cfg["workdir"]`` (an empty host directory), switch to
+    it, detach the old root, make the root read-only and enter the working directory ``cfg["home"]``."""
+    root = cfg["workdir"]
+    os.umask(0o022)
+    mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing below propagates to the host
+    mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,nr_inodes=4096,mode=0755")
+    _system(root)
+    _scratch(root, cfg)
+    os.chdir(root)
+    arch = ARCHES.get(os.uname().machine)
+    if arch is not None:
+        _check(_libc().syscall(arch.pivot_root, b".", b"."), "pivot_root")
+        _check(_libc().umount2(b".", MNT_DETACH), "detach the old root")
+    else:  # no syscall table for pivot_root: move the new root over / (the old one stays, unreachable)
+        mount(root, "/", None, MS_MOVE)
+        os.chroot(".")
+    os.chdir("/")
+    mount(None, "/", None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
+    os.chdir(cfg["home"])
+
+
+# ----------------------------------------------------------------------------------------------- the drop
+
+
+def writable_import_paths() -> list[str]:
+    """Entries of sys.path under which this process could create a module (checked on the nearest existing
+    ancestor of each entry)."""
+    out = []
+    for entry in sys.path:
+        probe = entry or "."
+        while not os.path.exists(probe) and probe not in ("/", ""):
+            probe = os.path.dirname(probe)
+        if not entry.startswith("/") or os.access(probe, os.W_OK):
+            out.append(entry)
+    return out
+
+
+def setup_sandbox(cfg: dict) -> None:
+    """The new root (as root in a mount namespace), rlimits, the drop to the sandbox uid, non-dumpable, no new
+    privileges; refused when the program could write a module the judge might import."""
+    if cfg.get("mounts"):
+        new_root(cfg)
+    for name, (soft, hard) in cfg["rlimits"].items():
+        resource.setrlimit(getattr(resource, name), (soft, hard))
+    uid = cfg.get("uid")
+    if uid is not None:
+        os.setgroups([])
+        os.setresgid(uid, uid, uid)
+        os.setresuid(uid, uid, uid)
+        writable = writable_import_paths()
+        if writable:
+            raise PermissionError(f"the sandbox user can write to the judge's import path: {writable}")
+    prctl(PR_SET_DUMPABLE, 0)
+    prctl(PR_SET_NO_NEW_PRIVS, 1)
+    os.umask(0o077)
+
+
+# ----------------------------------------------------------------------------------------------- seccomp
+
+
+def seccomp_program(arch: Arch) -> list[tuple[int, int, int, int]]:
+    """The worker's filter as classic BPF (code, jt, jf, k). Rules, in order:
+
+    - a foreign ABI (another audit arch, or x32's numbers >= 0x40000000): EACCES;
+    - clone3: ENOSYS (the C library then falls back to clone, whose flags a filter can read);
+    - clone with any CLONE_NEW* flag, and every syscall in ``arch.denied`` (network sockets, io_uring, the
+      kernel keyring, SysV IPC and POSIX message queues, unshare, setns): EACCES;
+    - anything else: allowed.
+    """
+    allow, eacces, enosys = 0x7FFF0000, 0x00050000 | 13, 0x00050000 | 38
+    # (op, k, jump if true, jump if false): a jump names a label below, None is the next instruction
+    steps: list = [
+        ("ld", 4, None, None), ("jeq", arch.audit, None, "deny"),
+        ("ld", 0, None, None), ("jge", 0x40000000, "deny", None),
+        ("jeq", arch.clone3, "enosys", None), ("jeq", arch.clone, "clone", None),
+        *[("jeq", nr, "deny", None) for nr in arch.denied],
+        ("ret", allow, None, None),
+        "clone", ("ld", 16, None, None), ("jset", CLONE_NAMESPACES, "deny", None), ("ret", allow, None, None),
+        "deny", ("ret", eacces, None, None),
+        "enosys", ("ret", enosys, None, None),
+    ]
+    codes = {"ld": 0x20, "jeq": 0x15, "jge": 0x35, "jset": 0x45, "ret": 0x06}
+    labels, insns = {}, []
+    for step in steps:
+        if isinstance(step, str):
+            labels[step] = len(insns)
+        else:
+            insns.append(step)
+    jump = lambda i, label: 0 if label is None else labels[label] - i - 1  # noqa: E731
+    return [(codes[op], jump(i, jt), jump(i, jf), k) for i, (op, k, jt, jf) in enumerate(insns)]
+
+
+def install_seccomp() -> bool:
+    """Install ``seccomp_program`` in this process (and its future children); False where the machine has no
+    known syscall table."""
+    arch = ARCHES.get(os.uname().machine)
+    if arch is None:
+        return False
+    program = seccomp_program(arch)
+
+    class Filter(ctypes.Structure):
+        _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte), ("k", ctypes.c_uint)]
+
+    class Prog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(Filter))]
+
+    filters = (Filter * len(program))(*[Filter(*insn) for insn in program])
+    prog = Prog(len(program), filters)
+    prctl(PR_SET_NO_NEW_PRIVS, 1)
+    _check(_libc().prctl(PR_SET_SECCOMP, ctypes.c_ulong(SECCOMP_MODE_FILTER), ctypes.byref(prog), 0, 0), "seccomp")
+    return True
