@@ -124,7 +124,8 @@ def _test_namespace() -> dict[str, Attack]:
         "c3_honest_partial": Attack(HELPERS + "def f(n):\n    return max(range(1, n)) + (n == 4)\n", HELPER_TESTS, score=0.75),
         "c3_entry_point_named_sum": Attack("def sum(xs):\n    return 0\n", ("assert sum([1, 2]) == 3",), entry="sum"),
         "c3_mbpp_style_sum_honest": Attack(
-            "import builtins\ndef sum(a, b):\n    return builtins.sum(d for d in range(1, min(a, b) + 1) if a % d == 0 and b % d == 0)\n", ("assert sum(10, 15) == 6", "assert sum(4, 6) == 3"), score=1.0,
+            "import builtins\ndef sum(a, b):\n"
+            "    return builtins.sum(d for d in range(1, min(a, b) + 1) if a % d == 0 and b % d == 0)\n", ("assert sum(10, 15) == 6", "assert sum(4, 6) == 3"), score=1.0,
             reasons=frozenset({None}), entry="", reference="def sum(a, b):\n    return 0\n"),
         "c3_mbpp_style_class": Attack(
             "class Pair:\n    def __init__(self, a, b):\n        self.a, self.b = a, b\ndef longest(ps):\n"
@@ -168,20 +169,23 @@ def _host_state(targets: list[str]) -> dict[str, Attack]:
                 "    for d in sorted(set(dirs) - mine):\n        try:\n"
                 f"            open(os.path.join(d, '.{TOKEN}'), 'x').close()\n            out.append(d)\n"
                 "        except OSError:\n            pass\n    return out\n")
-    inodes = ("import os\ndef f():\n    made = 0\n    for d in ('.', '/tmp', '/var/tmp', '/dev/shm'):\n        for i in range(3000):\n"
+    inodes = ("import os\ndef f():\n    made = 0\n    for d in ('.', '/tmp', '/var/tmp', '/dev/shm'):\n"
+              "        for i in range(3000):\n"
               "            try:\n                open(os.path.join(d, 'e%d' % i), 'x').close()\n                made += 1\n"
               "            except OSError:\n                break\n    return made\n")
     space = ("import os\ndef f():\n    total = 0\n    for d in ('.', '/tmp', '/var/tmp', '/dev/shm'):\n        try:\n"
              "            with open(os.path.join(d, 'big'), 'wb') as fh:\n                for _ in range(8):\n"
-             "                    fh.write(b'0' * (1 << 20))\n                    fh.flush()\n                    total += 1 << 20\n"
+             "                    fh.write(b'0' * (1 << 20))\n                    fh.flush()\n"
+             "                    total += 1 << 20\n"
              "        except OSError:\n            pass\n    return total\n")
     listen = ("import socket\ndef f():\n    try:\n        s = socket.socket()\n        s.bind(('127.0.0.1', 0))\n"
               "        s.listen(1)\n        globals()['kept'] = s\n        return 'listening'\n    except OSError:\n"
               "        return 'refused'\n")
     userns = ("import ctypes\ndef f():\n    libc = ctypes.CDLL(None, use_errno=True)\n"
               "    return 'refused' if libc.unshare(0x10000000 | 0x20000) != 0 else 'own namespace'\n")
-    threads = ("import subprocess, threading\ndef f(x):\n    out = []\n    t = threading.Thread(target=lambda: out.append(x * x))\n"
-               "    t.start()\n    t.join()\n    echo = subprocess.run(['/bin/echo', str(out[0])], capture_output=True, text=True)\n"
+    threads = ("import subprocess, threading\ndef f(x):\n    out = []\n"
+               "    t = threading.Thread(target=lambda: out.append(x * x))\n    t.start()\n    t.join()\n"
+               "    echo = subprocess.run(['/bin/echo', str(out[0])], capture_output=True, text=True)\n"
                "    return int(echo.stdout)\n")
     return {
         "c7_user_namespace": Attack(userns, ("assert f() == 'refused'",), score=1.0, reasons=frozenset({None})),
@@ -204,7 +208,8 @@ def _data_files(data_dir: str) -> dict[str, Attack]:
     scan = (f"import os\ndef f():\n    seen = 0\n    for root, dirs, files in os.walk({os.path.dirname(data_dir)!r}):\n"
             "        seen += 1\n        if seen > 500:\n            break\n        for name in files:\n"
             "            if name.endswith('.jsonl'):\n                return os.path.join(root, name)\n    return None\n")
-    source = ("def f():\n    try:\n        cmd = open('/proc/1/cmdline', 'rb').read().decode(errors='replace')\n    except OSError:\n"
+    source = ("def f():\n    try:\n        cmd = open('/proc/1/cmdline', 'rb').read().decode(errors='replace')\n"
+              "    except OSError:\n"
               "        return []\n    import os, re\n    return [p for p in re.findall(r\"'(/[^']+)'\", cmd)\n"
               "            if os.path.exists(os.path.join(p, 'harness.py')) or os.path.exists(os.path.join(p, 'runner.py'))]\n")
     return {

@@ -184,7 +184,7 @@ def load_failure(load: object) -> tuple[str, str]:
     return (reason if reason in LOAD_REASONS else "error"), (detail[:300] if type(detail) is str else "")
 
 
-def test_namespace(conn: Conn, ids: object, tests: dict) -> dict:
+def namespace_for_tests(conn: Conn, ids: object, tests: dict) -> dict:
     """The namespace the tests run in: builtins, the allowed standard-library modules they read (the judge's
     own), the program names they may use (``tests["names"]``; each a value or a Remote) and
     ``__solution__(name)`` for any other program name the tests ask for explicitly. Nothing else of the program."""
@@ -244,7 +244,7 @@ def judge(conn: Conn, tests: dict) -> dict:
             return {"cases": results}
         if type(first) is not dict or "names" not in first:
             raise ProtocolError("malformed load message")
-        run_cases(test_namespace(conn, first["names"], tests), setup, codes, results)
+        run_cases(namespace_for_tests(conn, first["names"], tests), setup, codes, results)
     except SandboxFailure:
         raise
     except Deadline:
