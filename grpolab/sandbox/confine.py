@@ -127,13 +127,14 @@ def _scratch(root: str, cfg: dict) -> None:
 
 def _system(root: str) -> None:
     """The system directories, the standard library (package directories hidden), /etc files, devices, /proc."""
-    libs = stdlib_dirs()
+    libs, bound = stdlib_dirs(), []
     for path in [d for d in SYSTEM_DIRS if os.path.lexists(d)] + libs:
         if os.path.islink(path):
             os.makedirs(os.path.dirname(root + path), 0o755, exist_ok=True)
             os.symlink(os.readlink(path), root + path)
-        elif not os.path.exists(root + path) or not os.path.ismount(root + path):
+        elif not any(path == b or path.startswith(b + "/") for b in bound):  # not inside a directory bound already
             bind(path, root + path)
+            bound.append(path)
     for path in package_dirs(libs):
         mount("tmpfs", root + path, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV, "size=4k,nr_inodes=2,mode=0755")
     for name in ETC_FILES:
