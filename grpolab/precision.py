@@ -4,17 +4,21 @@ The rule, applied separately to the update (train.precision: fp32 | bf16 autocas
 of the sampler's weight copy: float32 | bfloat16):
 
 - an explicit setting always wins (source ``explicit``);
+- ``$GRPOLAB_PRECISION`` (``fp32`` or ``bf16``) forces what ``auto`` resolves to, without probing (source ``auto:
+  forced by GRPOLAB_PRECISION``): how the test suite runs every training path in both precisions on any machine;
 - on a CUDA device: bf16 when ``torch.cuda.is_bf16_supported()``, without probing;
-- on a CPU: a short probe times this machine's fp32 and bf16 matrix products at the model's shapes and picks bf16
-  only when its rate is at least ``BF16_MARGIN`` times fp32's.
+- on a CPU: a probe times this machine's fp32 and bf16 matrix products at the model's shapes and picks bf16 when
+  its rate is clearly above fp32's, with a hysteresis band (``choose``).
 
 The probe measures one product per use: the update's ``[tokens x hidden] @ [hidden x intermediate]`` (tokens =
 micro_batch_size x (TYPICAL_PROMPT_TOKENS + max_new_tokens)) and decoding's ``[group_size x hidden] @ [hidden x
 vocab]`` (one new token for each completion of a group), each shrunk to at most ``MAX_PROBE_FLOP``. Its rate is
-GFLOP/s = 2 * m * n * k / seconds / 1e9 for an [m x k] @ [k x n] product, with the best of ``TIMED_REPS`` timed
-repetitions after ``WARMUP_REPS`` warm-up ones (fewer when they would overrun ``PRODUCT_BUDGET_S``). The result
-is cached per machine in ``<cache>/precision.json`` (``$GRPOLAB_CACHE`` or ``~/.cache/grpolab``), keyed by CPU
-model, torch version, thread count and the shapes, so it is measured once. The resolution (a plain dict, see ``resolve``) is stored in the run's manifest under
+GFLOP/s = 2 * m * n * k / seconds / 1e9 for an [m x k] @ [k x n] product. Each dtype's seconds are the median of
+``REPEATS`` samples taken alternately with the other dtype (a drift of the machine hits both), each sample the
+mean of as many back-to-back products as fill ``SAMPLE_S`` (a 3 ms product is timed over ~7 products, never
+once). The result -- the decision, the numbers and when -- is cached per machine in ``<cache>/precision.json``
+(``$GRPOLAB_CACHE`` or ``~/.cache/grpolab``), keyed by CPU model, torch version, thread count and the shapes, so
+it is measured once. The resolution (a plain dict, see ``resolve``) is stored in the run's manifest under
 ``precision`` and in the objective card's choices; a resume passes it back (``recorded``) instead of re-probing.
 """
 
@@ -23,6 +27,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import statistics
 import tempfile
 import time
 from typing import Any, Callable
@@ -32,9 +37,16 @@ import torch
 from .errors import GrpolabError
 
 BF16_MARGIN = 1.15
-"""bf16 is chosen only when its measured rate is >= 1.15 x fp32's: below that the gain is within the noise of a
-short probe on a shared machine, and it would not pay for bf16's rounding (log-ratios of the policy against its
-sampler drift further apart; docs/performance.md)."""
+"""A first decision picks bf16 when its measured rate is >= 1.15 x fp32's: below that the gain would not pay for
+bf16's rounding (log-ratios of the policy against its sampler drift further apart; docs/performance.md)."""
+
+HYSTERESIS = (1.05, 1.25)
+"""A later measurement of the same shapes (the cache entry lost or made by an older probe) changes a recorded
+decision only when it leaves this band around BF16_MARGIN: fp32 -> bf16 at >= 1.25x, bf16 -> fp32 at <= 1.05x.
+Inside it the recorded decision stands, so a speedup that sits near the margin cannot flip between probes."""
+
+FORCE_ENV = "GRPOLAB_PRECISION"
+"""Environment variable forcing what ``auto`` resolves to: ``fp32`` or ``bf16`` (any other value is an error)."""
 
 TYPICAL_PROMPT_TOKENS = 64
 """Prompt length assumed for the update's token count (the real prompts are not tokenized yet when the probe runs;
@@ -45,12 +57,17 @@ MAX_PROBE_FLOP = 1e8
 a product is already close to the sustained one, and a single product stays short (~0.3 s) even where bf16 runs
 30-60x slower than fp32 (CPUs without bf16 units, measured in docs/performance.md)."""
 
-PRODUCT_BUDGET_S = 0.25
-"""Repetitions of one product stop when the next would end past 0.25 s, so the probe (2 uses x 2 dtypes) stays
-around a second. A product too slow for any timed repetition is rated by its last warm-up, which can only
-under-rate it, so a budget cut never tips the choice towards bf16."""
+SAMPLE_S = 0.02
+"""Minimum measuring time of one sample: products are repeated back to back until it is filled."""
 
-WARMUP_REPS, TIMED_REPS = 2, 3
+REPEATS = 5
+"""Samples per dtype and use; the median is the rate."""
+
+DTYPE_BUDGET_S = 1.0
+"""A dtype stops collecting samples (after the first) once its samples of one use took this long: a product that
+runs 50x slower (bf16 without bf16 units) is still measured, without stretching the probe to many seconds."""
+
+WARMUP_REPS = 2
 CACHE_FILE = "precision.json"
 UPDATE = {"fp32": "fp32", "bf16": "bf16"}  # train.precision values per kind
 SAMPLING = {"fp32": "float32", "bf16": "bfloat16"}  # rollout.dtype values per kind
@@ -106,33 +123,44 @@ def gflops(m: int, k: int, n: int, seconds: float) -> float:
     return 2 * m * n * k / seconds / 1e9 if seconds > 0 else 0.0
 
 
-def time_product(m: int, k: int, n: int, dtype: torch.dtype, budget_s: float = PRODUCT_BUDGET_S) -> float:
-    """Seconds of one [m x k] @ [k x n] product in `dtype` on the CPU: the best of TIMED_REPS after WARMUP_REPS,
-    cut short when the next repetition would end past `budget_s` (then the last one done counts, see
-    PRODUCT_BUDGET_S); inf when the dtype's product fails on this machine."""
+def sample_seconds(m: int, k: int, n: int, dtype: torch.dtype, min_s: float = SAMPLE_S) -> float:
+    """Seconds per [m x k] @ [k x n] product in `dtype` on the CPU: products repeated back to back until `min_s`
+    has passed, total time / count (at least one product). inf when the dtype's product fails on this machine."""
     a, b = torch.full((m, k), 0.5, dtype=dtype), torch.full((k, n), 0.25, dtype=dtype)  # no RNG: the run's is untouched
-    timed: list[float] = []
-    start = time.perf_counter()
+    count, start = 0, time.perf_counter()
     try:
-        for i in range(WARMUP_REPS + TIMED_REPS):
-            t0 = time.perf_counter()
+        while True:
             torch.matmul(a, b)
-            last = time.perf_counter() - t0
-            if i >= WARMUP_REPS:
-                timed.append(last)
-            if time.perf_counter() - start + last > budget_s:
-                break
+            count += 1
+            elapsed = time.perf_counter() - start
+            if elapsed >= min_s:
+                return elapsed / count
     except RuntimeError:
         return float("inf")
-    return min(timed) if timed else last
 
 
-def measure(shapes: dict[str, list[int]]) -> dict[str, dict[str, Any]]:
-    """Per use: its shape, fp32 and bf16 GFLOP/s, and bf16's speedup (bf16 rate / fp32 rate)."""
+def time_pair(m: int, k: int, n: int, timer: Callable[..., float] = sample_seconds) -> dict[torch.dtype, float]:
+    """Median seconds per product of fp32 and bf16: WARMUP_REPS untimed samples each, then up to REPEATS samples
+    taken alternately (fp32, bf16, fp32, ...), a dtype stopping early once its samples passed DTYPE_BUDGET_S."""
+    dtypes = (torch.float32, torch.bfloat16)
+    for dtype in dtypes:
+        for _ in range(WARMUP_REPS):
+            if timer(m, k, n, dtype) == float("inf"):
+                break
+    samples: dict[torch.dtype, list[float]] = {d: [] for d in dtypes}
+    for _ in range(REPEATS):
+        for dtype in dtypes:
+            if sum(samples[dtype]) < DTYPE_BUDGET_S:
+                samples[dtype].append(timer(m, k, n, dtype))
+    return {d: statistics.median(v) for d, v in samples.items()}
+
+
+def measure(shapes: dict[str, list[int]], timer: Callable[..., float] = sample_seconds) -> dict[str, dict[str, Any]]:
+    """Per use: its shape, fp32 and bf16 GFLOP/s (median samples, ``time_pair``), and bf16's speedup."""
     out = {}
     for use, (m, k, n) in shapes.items():
-        fp32 = gflops(m, k, n, time_product(m, k, n, torch.float32))
-        bf16 = gflops(m, k, n, time_product(m, k, n, torch.bfloat16))
+        seconds = time_pair(m, k, n, timer)
+        fp32, bf16 = gflops(m, k, n, seconds[torch.float32]), gflops(m, k, n, seconds[torch.bfloat16])
         out[use] = {"shape": [m, k, n], "fp32_gflops": round(fp32, 2), "bf16_gflops": round(bf16, 2),
                     "speedup": round(bf16 / fp32, 3) if fp32 > 0 else 0.0}
     return out
@@ -165,18 +193,36 @@ def _read_cache(path) -> dict[str, Any]:
         return {}
 
 
-def probe(shapes: dict[str, list[int]]) -> dict[str, Any]:
-    """The probe's numbers for these shapes on this machine: from the cache when present (``cached: true``), else
-    measured and written to it (atomically; an unwritable cache only costs a re-measurement next time)."""
+def _recorded_decision(entry: object) -> dict[str, str]:
+    """The decision a cache entry holds: its ``decision``, or for an entry of an older probe (numbers only) what
+    BF16_MARGIN made of its numbers; {} for none."""
+    if not isinstance(entry, dict):
+        return {}
+    if isinstance(entry.get("decision"), dict):
+        return dict(entry["decision"])
+    products = entry.get("products") if isinstance(entry.get("products"), dict) else {}
+    return {use: choose(p.get("speedup", 0.0)) for use, p in products.items() if isinstance(p, dict)}
+
+
+def probe(shapes: dict[str, list[int]], timer: Callable[..., float] = sample_seconds,
+          refresh: bool = False) -> dict[str, Any]:
+    """The probe's decision and numbers for these shapes on this machine: from the cache when it holds a decision
+    (``cached: true``) unless `refresh`, else measured (``measure``), decided (``choose``, with the hysteresis
+    around the decision the cache held, if any) and written to it atomically (an unwritable cache only costs a
+    re-measurement)."""
     from .models import cache_dir  # transformers: imported only when a probe runs
 
     key, path = cache_key(shapes), cache_dir() / CACHE_FILE
-    entries = _read_cache(path)
-    if isinstance(entries.get(key), dict) and "products" in entries[key]:
-        return {"key": key, "cached": True, **entries[key]}
+    old = _read_cache(path).get(key)
+    if not refresh and isinstance(old, dict) and "products" in old and isinstance(old.get("decision"), dict):
+        return {"key": key, "cached": True, **old}
+    previous = _recorded_decision(old)
     t0 = time.perf_counter()
-    entry = {"products": measure(shapes), "measured": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-    entry["probe_s"] = round(time.perf_counter() - t0, 3)
+    products = measure(shapes, timer)
+    decision = {use: choose(p["speedup"], previous.get(use)) for use, p in products.items()}
+    entry = {"products": products, "decision": decision, "measured": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+             "probe_s": round(time.perf_counter() - t0, 3),
+             **({"previous_decision": previous} if previous else {})}
     tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -193,13 +239,33 @@ def probe(shapes: dict[str, list[int]]) -> dict[str, Any]:
 # ----------------------------------------------------------------------------------------------- the rule
 
 
-def choose(fp32_gflops: float, bf16_gflops: float, margin: float = BF16_MARGIN) -> str:
-    """'bf16' when bf16's rate is at least `margin` times fp32's, else 'fp32'.
+def choose(s: float, previous: str | None = None, margin: float = BF16_MARGIN,
+           band: tuple[float, float] = HYSTERESIS) -> str:
+    """'bf16' or 'fp32' from bf16's measured speedup s = bf16 rate / fp32 rate (0 when fp32 has no rate). A first
+    decision (`previous` None): bf16 when s >= margin. Against a previous decision, the hysteresis band (lo, hi):
+    fp32 becomes bf16 only at s >= hi, bf16 becomes fp32 only at s <= lo; inside the band the previous decision
+    stands.
 
-    >>> choose(100, 130), choose(100, 105), choose(0, 0)
+    >>> choose(1.3), choose(1.05), choose(0.0)
     ('bf16', 'fp32', 'fp32')
+    >>> choose(1.2, "bf16"), choose(1.2, "fp32"), choose(1.25, "fp32"), choose(1.04, "bf16")
+    ('bf16', 'fp32', 'bf16', 'fp32')
     """
-    return "bf16" if fp32_gflops > 0 and bf16_gflops >= margin * fp32_gflops else "fp32"
+    if previous == "fp32":
+        return "bf16" if s >= band[1] else "fp32"
+    if previous == "bf16":
+        return "fp32" if s <= band[0] else "bf16"
+    return "bf16" if s >= margin else "fp32"
+
+
+def forced() -> str | None:
+    """'fp32' / 'bf16' forced by ``$GRPOLAB_PRECISION`` (either spelling), None when unset or empty."""
+    value = os.environ.get(FORCE_ENV, "").strip()
+    if not value:
+        return None
+    if _kind(value) is None:
+        raise GrpolabError(f"{FORCE_ENV}: expected fp32 or bf16 (or unset), got {value!r}")
+    return _kind(value)
 
 
 def _kind(setting: str) -> str | None:
@@ -215,7 +281,7 @@ def resolve(update: str, sampling: str, device: torch.device | str, shapes: dict
 
     `recorded` (a resumed run's manifest ``precision``) is returned unchanged when its settings are these; else an
     ``auto`` it resolved keeps its recorded choice. Explicit settings win; on CUDA: bf16 when supported; on a CPU
-    the probe (``run_probe``, default ``probe``) decides with ``choose``."""
+    ``$GRPOLAB_PRECISION`` forces it; else on a CPU the probe (``run_probe``, default ``probe``) decides."""
     setting = {"update": update, "sampling": sampling}
     if recorded and recorded.get("setting") == setting:
         return recorded
@@ -228,7 +294,10 @@ def resolve(update: str, sampling: str, device: torch.device | str, shapes: dict
             probed = recorded.get("probe")  # the numbers that choice was made on
     auto = [u for u, k in kinds.items() if k is None]
     dev = torch.device(device)
-    if auto and dev.type == "cuda":
+    if auto and forced():
+        for use in auto:
+            kinds[use], sources[use] = forced(), f"auto: forced by {FORCE_ENV}={forced()}"
+    elif auto and dev.type == "cuda":
         ok = torch.cuda.is_bf16_supported()
         for use in auto:
             kinds[use] = "bf16" if ok else "fp32"
@@ -236,12 +305,11 @@ def resolve(update: str, sampling: str, device: torch.device | str, shapes: dict
     elif auto and dev.type == "cpu":
         if shapes is None:
             raise ValueError("resolve: the probe needs the model's shapes")
-        probed = {**(run_probe or probe)(shapes), "margin": BF16_MARGIN}
+        probed = {**(run_probe or probe)(shapes), "margin": BF16_MARGIN, "hysteresis": list(HYSTERESIS)}
         for use in auto:
             p = probed["products"][use]
-            kinds[use] = choose(p["fp32_gflops"], p["bf16_gflops"])
-            sources[use] = (f"auto: probe, bf16 {p['speedup']}x fp32 "
-                            f"({'>=' if kinds[use] == 'bf16' else '<'} {BF16_MARGIN}x)")
+            kinds[use] = (probed.get("decision") or {}).get(use) or choose(p["speedup"])
+            sources[use] = f"auto: probe, bf16 {p['speedup']}x fp32 -> {kinds[use]} (docs/performance.md)"
     else:
         for use in auto:
             kinds[use], sources[use] = "fp32", f"auto: no probe for device type {dev.type}"

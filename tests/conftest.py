@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 from pathlib import Path
 
 import pytest
@@ -63,8 +64,13 @@ def one_thread():
 def private_probe_cache(tmp_path_factory):
     """The precision probe's entries for the tests' tiny models go to a cache of this session, not the user's
     (``$GRPOLAB_CACHE/precision.json``); the converted bundled model is still shared with the user's cache
-    (``models/`` is a link to it), so it is converted once per machine, not per session. Subprocesses inherit it."""
+    (``models/`` is a link to it), so it is converted once per machine, not per session. Subprocesses inherit it.
+
+    ``auto`` precision never reads the machine in the tests: ``$GRPOLAB_PRECISION`` forces it, to fp32 unless the
+    run sets it (``make test`` runs the training-path tests again with bf16). tests/test_precision.py tests the
+    probe itself with the variable removed."""
     from grpolab.models import cache_dir
+    from grpolab.precision import FORCE_ENV
 
     shared_models = cache_dir() / "models"
     shared_models.mkdir(parents=True, exist_ok=True)
@@ -72,4 +78,5 @@ def private_probe_cache(tmp_path_factory):
     (private / "models").symlink_to(shared_models.resolve(), target_is_directory=True)
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("GRPOLAB_CACHE", str(private))
+        mp.setenv(FORCE_ENV, os.environ.get(FORCE_ENV) or "fp32")
         yield private

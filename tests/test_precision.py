@@ -5,6 +5,7 @@ choice. No test asserts a timing: the measurement itself is replaced by fakes wh
 from __future__ import annotations
 
 import json
+from typing import Callable
 
 import pytest
 import torch
@@ -19,6 +20,12 @@ from grpolab.runs import resume_run, start_run
 SHAPES = {"update": [56, 32, 64], "sampling": [4, 32, 100]}
 
 pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(autouse=True)
+def probe_not_forced(monkeypatch):
+    """These tests are about the probe: the suite's forced precision (conftest) is removed here."""
+    monkeypatch.delenv(precision.FORCE_ENV, raising=False)
 
 
 def probed(speedup: float, shapes: dict = SHAPES) -> dict:
@@ -111,37 +118,128 @@ def test_auto_is_accepted_and_a_wrong_value_names_the_field():
 # ----------------------------------------------------------------------------------------------- the cache
 
 
+class FakeTimer:
+    """A stand-in for precision.sample_seconds: seconds per product from `seconds(dtype, call_index)`, and a log."""
+
+    def __init__(self, seconds: Callable[[torch.dtype, int], float]):
+        self.seconds, self.calls = seconds, []
+
+    def __call__(self, m, k, n, dtype) -> float:
+        self.calls.append((m, k, n, dtype))
+        return self.seconds(dtype, len(self.calls) - 1)
+
+
+def speed(speedup: float) -> FakeTimer:
+    """fp32 1 ms per product, bf16 1 ms / speedup."""
+    return FakeTimer(lambda dtype, i: 1e-3 if dtype == torch.float32 else 1e-3 / speedup)
+
+
+SAMPLES_PER_PROBE = 2 * 2 * (precision.WARMUP_REPS + precision.REPEATS)  # 2 uses x 2 dtypes
+
+
 def test_the_probe_is_measured_once_per_machine_and_shapes(tmp_path, monkeypatch):
     monkeypatch.setenv("GRPOLAB_CACHE", str(tmp_path))
-    timed = []
-
-    def fake_time(m, k, n, dtype):
-        timed.append((m, k, n, dtype))
-        return 1e-3 if dtype == torch.float32 else 4e-3
-
-    monkeypatch.setattr(precision, "time_product", fake_time)
-    first = precision.probe(SHAPES)
-    assert len(timed) == 4 and first["cached"] is False  # 2 uses x 2 dtypes
+    timer = speed(0.25)
+    first = precision.probe(SHAPES, timer)
+    assert len(timer.calls) == SAMPLES_PER_PROBE and first["cached"] is False
     assert first["products"]["update"] == {"shape": [56, 32, 64], "fp32_gflops": round(2 * 56 * 32 * 64 / 1e-3 / 1e9, 2),
                                            "bf16_gflops": round(2 * 56 * 32 * 64 / 4e-3 / 1e9, 2), "speedup": 0.25}
-    again = precision.probe(SHAPES)
-    assert len(timed) == 4 and again["cached"] is True and again["products"] == first["products"]
-    assert first["key"] in json.loads((tmp_path / precision.CACHE_FILE).read_text())
+    assert first["decision"] == {"update": "fp32", "sampling": "fp32"} and "measured" in first
+    again = precision.probe(SHAPES, timer)
+    assert len(timer.calls) == SAMPLES_PER_PROBE and again["cached"] is True and again["products"] == first["products"]
+    assert json.loads((tmp_path / precision.CACHE_FILE).read_text())[first["key"]]["decision"] == first["decision"]
 
     other = {**SHAPES, "update": [28, 32, 64]}
-    assert precision.probe(other)["cached"] is False and len(timed) == 8  # other shapes: measured
+    assert precision.probe(other, timer)["cached"] is False and len(timer.calls) == 2 * SAMPLES_PER_PROBE
     monkeypatch.setattr(torch, "get_num_threads", lambda: 7)
-    assert precision.probe(SHAPES)["cached"] is False and len(timed) == 12  # other thread count: measured
-    assert precision.probe(SHAPES)["cached"] is True and len(timed) == 12
+    assert precision.probe(SHAPES, timer)["cached"] is False and len(timer.calls) == 3 * SAMPLES_PER_PROBE
+    assert precision.probe(SHAPES, timer)["cached"] is True and len(timer.calls) == 3 * SAMPLES_PER_PROBE
 
 
 def test_an_unreadable_cache_is_measured_again(tmp_path, monkeypatch):
     monkeypatch.setenv("GRPOLAB_CACHE", str(tmp_path))
     (tmp_path / precision.CACHE_FILE).write_text("{not json")
-    calls = []
-    monkeypatch.setattr(precision, "time_product", lambda m, k, n, dtype: calls.append(dtype) or 1e-3)
-    assert precision.probe(SHAPES)["cached"] is False and len(calls) == 4
-    assert precision.probe(SHAPES)["cached"] is True  # and the file is whole again
+    timer = speed(1.0)
+    assert precision.probe(SHAPES, timer)["cached"] is False and len(timer.calls) == SAMPLES_PER_PROBE
+    assert precision.probe(SHAPES, timer)["cached"] is True  # and the file is whole again
+
+
+def test_the_median_of_alternating_samples_ignores_a_stall():
+    """One sample in five stalled 20x (another process took the core): the median is still the true rate, where
+    the mean (or a single 3 ms sample) would have flipped the decision."""
+    def seconds(dtype, i):
+        base = 1e-3 if dtype == torch.float32 else 1e-3 / 1.4
+        return base * (20 if i == 2 * precision.WARMUP_REPS + 3 else 1)  # the 2nd timed bf16 sample stalls
+
+    timer = FakeTimer(seconds)
+    products = precision.measure({"update": [8, 16, 16]}, timer)
+    assert products["update"]["speedup"] == pytest.approx(1.4, rel=1e-2)
+    timed = [d for *_, d in timer.calls[2 * precision.WARMUP_REPS:]]
+    assert timed[:4] == [torch.float32, torch.bfloat16, torch.float32, torch.bfloat16]  # alternating
+
+
+def test_a_slow_dtype_stops_at_its_budget_with_at_least_one_sample():
+    timer = FakeTimer(lambda dtype, i: 1e-3 if dtype == torch.float32 else 0.6)  # bf16 600x slower
+    precision.measure({"update": [8, 16, 16]}, timer)
+    bf16_timed = [c for c in timer.calls[2 * precision.WARMUP_REPS:] if c[3] == torch.bfloat16]
+    assert len(bf16_timed) == 2  # 0.6 s, then 1.2 s >= DTYPE_BUDGET_S: stop
+    assert len([c for c in timer.calls if c[3] == torch.float32]) == precision.WARMUP_REPS + precision.REPEATS
+
+
+@pytest.mark.parametrize("recorded, measured, decision", [
+    ("bf16", 1.10, "bf16"), ("bf16", 1.06, "bf16"), ("bf16", 1.04, "fp32"),  # inside the band the record stands
+    ("fp32", 1.20, "fp32"), ("fp32", 1.24, "fp32"), ("fp32", 1.26, "bf16"),
+])
+def test_a_re_probe_keeps_the_recorded_decision_inside_the_band(tmp_path, monkeypatch, recorded, measured, decision):
+    """An entry of the older probe (numbers only, decided at BF16_MARGIN) is measured again; the new numbers change
+    its decision only outside the hysteresis band."""
+    monkeypatch.setenv("GRPOLAB_CACHE", str(tmp_path))
+    key = precision.cache_key(SHAPES)
+    old_speedup = 1.3 if recorded == "bf16" else 1.0
+    old = {use: {"shape": s, "fp32_gflops": 100.0, "bf16_gflops": 100.0 * old_speedup, "speedup": old_speedup}
+           for use, s in SHAPES.items()}
+    (tmp_path / precision.CACHE_FILE).write_text(json.dumps({key: {"products": old}}))
+    p = precision.probe(SHAPES, speed(measured))
+    assert p["cached"] is False and p["previous_decision"]["update"] == recorded
+    assert p["decision"] == {"update": decision, "sampling": decision}
+
+
+def test_probes_of_a_speedup_at_the_margin_agree(tmp_path, monkeypatch):
+    """The flip the issue saw (one shape measured 1.10x then 0.87x a minute apart, one 3 ms product each): with
+    noisy samples around 1.15x (+-8% each, deterministic pseudo-noise) the first probe decides and every re-probe of the
+    same shapes, whatever its noise, keeps that decision."""
+    monkeypatch.setenv("GRPOLAB_CACHE", str(tmp_path))
+    import random
+
+    decisions, speedups = [], []
+    for trial in range(12):
+        rng = random.Random(trial)
+        timer = FakeTimer(lambda dtype, i: (1e-3 if dtype == torch.float32 else 1e-3 / 1.15) * rng.uniform(0.92, 1.08))
+        p = precision.probe(SHAPES, timer, refresh=bool(trial))  # measured again every time
+        decisions.append(p["decision"]["update"])
+        speedups.append(p["products"]["update"]["speedup"])
+    assert min(speedups) < precision.BF16_MARGIN < max(speedups)  # the numbers alone would have flipped
+    assert len(set(decisions)) == 1, (decisions, speedups)
+
+
+def test_a_sample_repeats_the_product_until_its_minimum_time(monkeypatch):
+    clock = iter(i * 0.003 for i in range(1000))  # every product 3 ms
+    monkeypatch.setattr(precision.time, "perf_counter", lambda: next(clock))
+    assert precision.sample_seconds(4, 4, 4, torch.float32, min_s=0.02) == pytest.approx(0.003)
+
+
+def test_the_forcing_variable_decides_auto_without_a_probe(monkeypatch):
+    def no_probe(shapes):
+        raise AssertionError("probed while forced")
+
+    for value, update, sampling in (("bf16", "bf16", "bfloat16"), ("fp32", "fp32", "float32"), ("bfloat16", "bf16", "bfloat16")):
+        monkeypatch.setenv(precision.FORCE_ENV, value)
+        r = precision.resolve("auto", "auto", "cpu", SHAPES, run_probe=no_probe)
+        assert (r["update"], r["sampling"]) == (update, sampling) and "forced by GRPOLAB_PRECISION" in r["source"]
+        assert precision.resolve("fp32", "float32", "cpu", SHAPES, run_probe=no_probe)["source"] == "explicit"
+    monkeypatch.setenv(precision.FORCE_ENV, "fp16")
+    with pytest.raises(GrpolabError, match="GRPOLAB_PRECISION: expected fp32 or bf16 .*got 'fp16'"):
+        precision.resolve("auto", "auto", "cpu", SHAPES, run_probe=no_probe)
 
 
 def test_the_real_probe_leaves_the_global_rng_alone():
