@@ -17,6 +17,7 @@ class SamplingParams:
     max_new_tokens: int = 64
     greedy: bool = False
     logprobs: bool = True  # record the sampler's logprobs (training); evaluation sampling can skip them
+    stop_rule: str = "none"  # what else ends a completion (rollout/stop.py): "none" | "code_block"
 
 
 @dataclass

@@ -25,6 +25,7 @@ when other rows finish (tested: compaction on and off sample identical tokens).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -94,6 +95,27 @@ def sample_tokens(
     return token, (logp_full - torch.log(mass)).float(), logp_full
 
 
+@dataclass
+class TextStop:
+    """A stop rule on the completion text (rollout/stop.py) for the decode loop: `rule(text)` is True when the
+    completion is finished; it is asked only for rows whose new token is one of `triggers` (token ids whose text
+    holds a character the rule reacts to), with the row's text decoded by `decode`."""
+
+    rule: Callable[[str], bool]
+    triggers: torch.Tensor  # [K] long
+    decode: Callable[[list[int]], str]
+
+    def may_end(self, tok: torch.Tensor) -> torch.Tensor:
+        return torch.isin(tok, self.triggers.to(tok.device))
+
+    def ended(self, tokens: torch.Tensor, rows: torch.Tensor, asked: torch.Tensor, t: int) -> torch.Tensor:
+        """[B] bool: the batch rows in `asked` whose completion (output row rows[b], tokens 0..t) the rule ends."""
+        out = torch.zeros_like(asked)
+        for b in asked.nonzero().flatten().tolist():
+            out[b] = self.rule(self.decode(tokens[int(rows[b]), : t + 1].tolist()))
+        return out
+
+
 def step_logits(model, tok: torch.Tensor, attn: torch.Tensor, pos: torch.Tensor, cache) -> torch.Tensor:
     """Logits [B, V] of one new token per row, the KV cache `cache` growing in place."""
     out = model(input_ids=tok.unsqueeze(-1), attention_mask=attn, position_ids=pos.unsqueeze(-1), use_cache=True,
@@ -125,6 +147,7 @@ def decode_groups(
     generators: list[torch.Generator] | None = None,
     prepack: bool = True,
     preallocate_cache: bool = True,
+    stop_check: "TextStop | None" = None,
 ) -> Decoded:
     """Sample group_size completions for each left-padded prompt row; rows of the result are group-major.
 
@@ -132,7 +155,9 @@ def decode_groups(
     depend only on its generator, not on which other groups share the batch); None draws from the global RNG.
     Every tensor is made on the prompts' device. prepack False: the decode steps multiply by the weights as they
     are, not by copies packed once per call (prepack.py). preallocate_cache False: the KV cache grows by
-    concatenation (transformers' default) instead of in place (cache.py)."""
+    concatenation (transformers' default) instead of in place (cache.py). stop_check: a stop rule on the text
+    (rollout/stop.py), asked after each token that may change its answer; a row it ends is finished like a row that
+    sampled a stop token (not truncated)."""
     n = prompt_ids.shape[0] * group_size
     dev = prompt_ids.device
     positions = (prompt_mask.cumsum(-1) - 1).clamp(min=0)
@@ -164,6 +189,8 @@ def decode_groups(
             if cut:
                 logprobs_full[rows[live], t] = lp_full[live]
             stopped = live & torch.isin(tok, stops)
+            if stop_check is not None:
+                stopped |= stop_check.ended(tokens, rows, live & ~stopped & stop_check.may_end(tok), t)
             lengths[rows[stopped]], ended[rows[stopped]] = t + 1, True
             finished |= stopped
             if bool(finished.all()) or t + 1 == max_new_tokens:

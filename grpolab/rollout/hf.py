@@ -17,7 +17,8 @@ from ..algo.logprobs import token_logprobs
 from ..lora import is_lora
 from ..models import copy_weights_by_name, eval_mode, frozen_copy
 from .base import Rollout, SamplingParams
-from .decode import decode_groups
+from .decode import TextStop, decode_groups
+from .stop import stop_rule
 
 
 def left_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -62,6 +63,22 @@ class HFEngine:
         self.own_copy = own_copy or next(policy.parameters()).dtype != dtype or is_lora(policy)
         self.model = frozen_copy(policy, dtype) if self.own_copy else policy
         self.stop_ids = eos_ids(policy, tokenizer)
+        self._text_stops: dict[str, TextStop | None] = {}
+
+    def text_stop(self, name: str) -> TextStop | None:
+        """The decode loop's form of stop rule `name` (rollout/stop.py): its trigger tokens are found once per
+        engine (every vocabulary entry whose text holds one of the rule's characters)."""
+        if name not in self._text_stops:
+            rule = stop_rule(name)
+            if rule is None:
+                self._text_stops[name] = None
+            else:
+                check, chars = rule
+                pieces = self.tokenizer.convert_ids_to_tokens(list(range(len(self.tokenizer))))
+                triggers = [i for i, p in enumerate(pieces) if p and any(c in p for c in chars)]
+                decode = lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
+                self._text_stops[name] = TextStop(check, torch.tensor(triggers, dtype=torch.long), decode)
+        return self._text_stops[name]
 
     def sync_weights(self, policy: torch.nn.Module) -> None:
         """Copy the policy's parameters into the sampler's copy by name (ValueError naming the first mismatch)."""
@@ -84,13 +101,15 @@ class HFEngine:
                 d = decode_groups(self.model, ids, mask, g, params.max_new_tokens, temperature, self.stop_ids,
                                   self.tokenizer.pad_token_id, greedy=params.greedy, top_k=params.top_k,
                                   top_p=params.top_p, generators=generators, prepack=self.cpu_fast_paths,
-                                  preallocate_cache=self.preallocate_kv_cache)
+                                  preallocate_cache=self.preallocate_kv_cache, stop_check=self.text_stop(params.stop_rule))
             if not want_logp:
                 return self._rollout(ids, mask, g, d.tokens, d.mask, torch.full(d.tokens.shape, float("nan"), device=device), None,
                                      d.truncated)
             return self._rollout(ids, mask, g, d.tokens, d.mask, d.logprobs, d.logprobs_untruncated, d.truncated)
         if seeds is not None:
             raise ValueError("per-group seeds need rollout.decoder: grpolab (transformers' generate has one RNG)")
+        if stop_rule(params.stop_rule) is not None:
+            raise ValueError(f"rollout.stop_rule {params.stop_rule!r} needs rollout.decoder: grpolab")
         return self._generate_hf(ids, mask, g, params, want_logp)
 
     def _generate_hf(self, ids, mask, g: int, params: SamplingParams, want_logp: bool) -> Rollout:
