@@ -19,10 +19,12 @@ Length is counted in completion tokens (the EOS included); truncated = hit max_n
 
 from __future__ import annotations
 
+import json
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Any, Callable
 
 import numpy as np
 
@@ -33,6 +35,7 @@ from .scoring import (bootstrap_ci, code_passes, extract_final, gsm8k_flexible, 
 from .tasks.base import Problem
 from .tasks.code import is_code_problem
 
+Progress = Callable[[str, int, int], None]  # (what, problems done, problems in all): called after every batch
 METRIC_NAME = "math-verify equivalence of the final answer (grpolab.scoring)"
 CODE_METRIC_NAME = "every test passes in the sandbox (grpolab.scoring)"
 
@@ -76,8 +79,9 @@ class EvalResult:
 
 
 def generate_all(engine: RolloutEngine, tokenizer, problems: list[Problem], params: SamplingParams,
-                 batch_size: int) -> list[list[Completion]]:
-    """params.group_size completions per problem (1 when greedy), generated batch_size sequences at a time."""
+                 batch_size: int, progress: Progress | None = None) -> list[list[Completion]]:
+    """params.group_size completions per problem (1 when greedy), generated batch_size sequences at a time;
+    ``progress("greedy" | "k samples", done, total)`` after each batch."""
     g = 1 if params.greedy else params.group_size
     per_call = max(1, batch_size // g)
     out: list[list[Completion]] = []
@@ -88,6 +92,8 @@ def generate_all(engine: RolloutEngine, tokenizer, problems: list[Problem], para
         for j in range(len(chunk)):
             rows = range(j * g, (j + 1) * g)
             out.append([Completion(r.texts[k], int(lengths[k]), bool(truncated[k])) for k in rows])
+        if progress:
+            progress("greedy" if params.greedy else f"{g} samples", len(out), len(problems))
     return out
 
 
@@ -187,8 +193,10 @@ def summarise(items: list[dict[str, Any]], elapsed: float) -> EvalResult:
     )
 
 
-def evaluate_model(engine: RolloutEngine, tokenizer, problems: list[Problem], settings: EvalSettings) -> EvalResult:
-    """Greedy completions (and k samples when settings.samples > 0) for every problem, scored and summarised."""
+def evaluate_model(engine: RolloutEngine, tokenizer, problems: list[Problem], settings: EvalSettings,
+                   progress: Progress | None = None) -> EvalResult:
+    """Greedy completions (and k samples when settings.samples > 0) for every problem, scored and summarised;
+    ``progress`` is told after every batch (generate_all) and around the sandbox scoring of code."""
     import torch
 
     from .agents.env import is_agent_problem
@@ -196,20 +204,24 @@ def evaluate_model(engine: RolloutEngine, tokenizer, problems: list[Problem], se
     if problems and all(is_agent_problem(p) for p in problems):  # one greedy episode each (grpolab.agents.evaluate)
         from .agents.evaluate import evaluate_episodes
 
-        return evaluate_episodes(engine, tokenizer, problems, settings)
+        return evaluate_episodes(engine, tokenizer, problems, settings, progress)
     start = time.perf_counter()
     greedy = generate_all(engine, tokenizer, problems,
                           SamplingParams(group_size=1, max_new_tokens=settings.max_new_tokens, greedy=True),
-                          settings.batch_size)
+                          settings.batch_size, progress)
     sampled: list[list[Completion]] = [[] for _ in problems]
     if settings.samples > 0:
         torch.manual_seed(settings.seed)
         params = SamplingParams(group_size=settings.samples, logprobs=False, temperature=settings.temperature, top_p=settings.top_p,
                                 max_new_tokens=settings.max_new_tokens)
-        sampled = generate_all(engine, tokenizer, problems, params, settings.batch_size)
+        sampled = generate_all(engine, tokenizer, problems, params, settings.batch_size, progress)
     if problems and all(is_code_problem(p) for p in problems):
         jobs = [[held_out_job(c.text, p.data) for c in (g[0], *s)] for p, g, s in zip(problems, greedy, sampled)]
+        if progress:
+            progress("sandbox scoring", 0, len(problems))
         verdicts = code_passes(jobs)
+        if progress:
+            progress("sandbox scoring", len(problems), len(problems))
         items = [score_code_item(p, g[0], s, v) for p, g, s, v in zip(problems, greedy, sampled, verdicts)]
     else:
         items = [score_item(p, g[0], s, settings.task) for p, g, s in zip(problems, greedy, sampled)]
@@ -273,12 +285,31 @@ def eval_header(task: str, options: dict[str, Any], split: str, problems: list[P
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
 
 
+def add_sets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The sets among the rows after the first: runs whose manifests (found by the held-out check) differ only in
+    the seed (grpolab.evidence_sets.recipe_groups), each with every metric's mean over runs and problems and its
+    gain over the first row, hierarchical intervals (grpolab.evidence_sets.set_evidence)."""
+    from .evidence_sets import recipe_groups, set_evidence
+
+    def manifest(row: dict[str, Any]) -> dict[str, Any] | None:
+        path = (row.get("held_out") or {}).get("manifest")
+        data = json.loads(Path(path).read_text(encoding="utf-8")) if path else None
+        return data if isinstance(data, dict) and data.get("grpolab_manifest") else None
+
+    manifests = [None] + [manifest(r) for r in rows[1:]]
+    return [{"runs": [rows[i]["model"] for i in g], "seeds": [manifests[i].get("seed") for i in g],
+             "reference": rows[0]["model"], "metrics": set_evidence([rows[i] for i in g], [rows[0]] * len(g))}
+            for g in recipe_groups(manifests)]
+
+
 def run_eval(models: list[str], task: str, options: dict[str, Any], split: str, limit: int,
              max_new_tokens: int, batch_size: int, dtype: str, samples: int = 0, temperature: float = 1.0,
-             top_p: float = 1.0, seed: int = 0) -> dict[str, Any]:
-    """Evaluate each model on the same problems; paired bootstrap differences against the first model.
+             top_p: float = 1.0, seed: int = 0, progress: Progress | None = None) -> dict[str, Any]:
+    """Evaluate each model on the same problems; paired bootstrap differences against the first model, and the
+    evidence of every set of runs (seeds of one recipe) among the others (add_sets).
 
-    Every model's held-out integrity is checked (grpolab.overlap) before any model is loaded.
+    Every model's held-out integrity is checked (grpolab.overlap) before any model is loaded. ``progress(what,
+    done, total)`` is told after every batch, ``what`` naming the model.
     """
     from .models import DTYPES, load_causal_lm, load_tokenizer, resolve_model_path
     from .overlap import check_held_out
@@ -296,10 +327,12 @@ def run_eval(models: list[str], task: str, options: dict[str, Any], split: str, 
     for name, path, held_out in zip(models, paths, checks):
         tokenizer = load_tokenizer(path)
         model = load_causal_lm(path, dtype)
-        result = evaluate_model(HFEngine(model, tokenizer, DTYPES[dtype]), tokenizer, problems, settings)
+        told = (lambda what, done, total, name=name: progress(f"{name} {what}", done, total)) if progress else None
+        result = evaluate_model(HFEngine(model, tokenizer, DTYPES[dtype]), tokenizer, problems, settings, told)
         rows.append(model_row(name, path, result, held_out, "sampled" if samples else "greedy"))
         del model
     add_paired(rows)
     decoding = {"greedy": True, "samples": samples, "temperature": temperature if samples else None,
                 "top_p": top_p if samples else None, "seed": seed, "max_new_tokens": max_new_tokens}
-    return {**eval_header(task, options, split, problems, dtype, decoding), "models": rows}
+    sets = add_sets(rows)
+    return {**eval_header(task, options, split, problems, dtype, decoding), "models": rows, **({"sets": sets} if sets else {})}

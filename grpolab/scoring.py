@@ -203,23 +203,28 @@ def mean_at_k(correct: Sequence[bool]) -> float:
     return float(np.mean(np.asarray(correct, dtype=float)))
 
 
+def bootstrap_indices(n_items: int, n_boot: int = 2000, seed: int = 0):
+    """The resampled item indices of a percentile bootstrap, in chunks: arrays of shape (m, n_items) whose rows
+    together are n_boot draws of n_items indices uniform on 0..n_items-1 with replacement (numpy
+    ``default_rng(seed)``; chunks of at most ~4M indices to bound memory). bootstrap_ci and the hierarchical
+    bootstrap over runs (grpolab.evidence_sets) draw their problems here, so one run reduces to the other exactly."""
+    rng = np.random.default_rng(seed)
+    chunk = max(1, 4_000_000 // n_items)
+    for s in range(0, n_boot, chunk):
+        yield rng.integers(0, n_items, (min(chunk, n_boot - s), n_items))
+
+
 def bootstrap_ci(
     values: np.ndarray | Sequence[float], n_boot: int = 2000, alpha: float = 0.05, seed: int = 0
 ) -> tuple[float, float, float]:
     """(mean, lo, hi): percentile bootstrap of the mean, resampling items with replacement.
 
-    lo/hi are the alpha/2 and 1-alpha/2 quantiles of n_boot resampled means
-    (numpy ``default_rng(seed)``; resamples drawn in chunks to bound memory).
+    lo/hi are the alpha/2 and 1-alpha/2 quantiles of n_boot resampled means (indices from bootstrap_indices).
     """
     v = np.asarray(values, dtype=float).ravel()
     if v.size == 0:
         raise ValueError("bootstrap_ci of no values")
-    rng = np.random.default_rng(seed)
-    chunk = max(1, 4_000_000 // v.size)
-    means = np.concatenate(
-        [v[rng.integers(0, v.size, (min(chunk, n_boot - s), v.size))].mean(axis=1)
-         for s in range(0, n_boot, chunk)]
-    )
+    means = np.concatenate([v[idx].mean(axis=1) for idx in bootstrap_indices(v.size, n_boot, seed)])
     lo, hi = np.quantile(means, [alpha / 2, 1 - alpha / 2])
     return float(v.mean()), float(lo), float(hi)
 

@@ -178,7 +178,7 @@ def test_report_agent_checks_flag_runaway_episodes_and_tool_bypass_and_are_na_el
     calm = _rows([0.1] * 5 + [0.5] * 5, [1.5] * 10, [0.1] * 10, [0.0] * 10)
     assert [c.status for c in agent_checks(calm, agent, t)] == ["PASS", "PASS"]
     runaway = _rows([0.1] * 5 + [0.5] * 5, [1.0] * 5 + [2.5] * 5, [0.1] * 10, [0.1] * 5 + [0.8] * 5)
-    assert [c.status for c in agent_checks(runaway, agent, t)] == ["FAIL", "FAIL"]
+    assert [c.status for c in agent_checks(runaway, agent, t)] == ["WARN", "WARN"]  # training history: never FAIL
     errors = _rows([0.1] * 5 + [0.5] * 5, [1.0] * 10, [0.0] * 5 + [0.3] * 5)
     assert [c.status for c in agent_checks(errors, agent, t)] == ["WARN", "N/A"]
     assert agent_checks(runaway, {"task": {"name": "arithmetic"}}, t) == []  # not an agent run: no agent checks

@@ -3,7 +3,7 @@ metric rows), N/A for runs without a code reward, and their figures."""
 
 from __future__ import annotations
 
-from grpolab.report.base import FAIL, NA, PASS, WARN, Thresholds
+from grpolab.report.base import NA, PASS, WARN, Thresholds
 from grpolab.report.code import check_code_failures, check_code_test_gap, code_checks, code_figures, reason_shares
 
 T = Thresholds()
@@ -28,7 +28,7 @@ def test_not_applicable_without_code_metrics():
     assert code_figures(plain) == []
 
 
-def test_failure_reasons_pass_warn_fail():
+def test_failure_reasons_pass_and_warn():
     healthy = rows(pass_frac=(0.3, 0.6), wrong_answer_frac=(0.5, 0.3), syntax_frac=(0.2, 0.1), exit_frac=(0, 0),
                    timeout_frac=(0, 0.01), limit_frac=(0, 0))
     c = check_code_failures(healthy, T)
@@ -36,9 +36,9 @@ def test_failure_reasons_pass_warn_fail():
     assert check_code_failures(rows(pass_frac=(0.3, 0.3), syntax_frac=(0.1, 0.3)), T).status == WARN
     assert check_code_failures(rows(pass_frac=(0.3, 0.3), exit_frac=(0.0, 0.04)), T).status == WARN
     hacking = check_code_failures(rows(pass_frac=(0.3, 0.3), exit_frac=(0.0, 0.3)), T)
-    assert hacking.status == FAIL and hacking.numbers["late_exit"] > 0.1
+    assert hacking.status == WARN and hacking.numbers["late_exit"] > 0.1 and "end their runs early" in hacking.reason
     looping = check_code_failures(rows(pass_frac=(0.3, 0.1), timeout_frac=(0.1, 0.5), limit_frac=(0.0, 0.2)), T)
-    assert looping.status == FAIL
+    assert looping.status == WARN and "timeouts + limits" in looping.reason  # training history: WARN, never FAIL
     assert check_code_failures(rows(n=2, pass_frac=(0.3, 0.3)), T).measured is False  # too few steps
 
 
@@ -47,7 +47,7 @@ def test_shown_vs_hidden_gap():
     assert check_code_test_gap(honest, T).status == PASS
     special_casing = rows(shown_pass=(0.4, 0.95), hidden_pass=(0.35, 0.4))
     c = check_code_test_gap(special_casing, T)
-    assert c.status == FAIL and c.numbers["gap_rise"] >= 0.2
+    assert c.status == WARN and c.numbers["gap_rise"] >= 0.2
     assert check_code_test_gap(rows(shown_pass=(0.4, 0.6), hidden_pass=(0.4, 0.45)), T).status == WARN
     assert check_code_test_gap(rows(hidden_pass=(0.4, 0.6)), T).status == NA  # no shown tests (HumanEval)
 

@@ -16,12 +16,15 @@ from grpolab.checkpoint import latest_checkpoint
 from grpolab.cli import app
 from grpolab.errors import ConfigError, GrpolabError
 from grpolab.report import ReportOptions, build_report
+from grpolab.report.diversity import DiversitySettings, eval_settings
 from grpolab.report.safety import load_prompts, run_safety
-from grpolab.scoring import bootstrap_ci, paired_bootstrap_diff
+from grpolab.evaluate import model_row, summarise
+from grpolab.scoring import bootstrap_ci, paired_bootstrap_diff, pass_at_k
 
 BASE = "bundled:smollm2-135m-instruct"
 STEPS = 30
-SECTIONS = ("verdict", "checks", "heldout", "capability", "safety", "curves", "samples", "objective", "manifest", "thresholds")
+SECTIONS = ("verdict", "checks", "heldout", "capability", "safety", "diversity", "curves", "samples", "objective", "manifest",
+            "thresholds")
 
 
 def manifest(run_dir: Path, dirty: bool = False, missing_hash: bool = False, config: dict | None = None) -> dict:
@@ -106,7 +109,8 @@ def eval_json(task: str, models: list[tuple[str, str, list[bool]]], slices=("eas
     rows, first = [], None
     for name, path, correct in models:
         items = [{"uid": f"{task}/{i}", "slice": slices[i % len(slices)], "gold": str(i),
-                  "completion": f"the answer is {i if c else i + 1}", "correct": c, "length": 10, "truncated": False}
+                  "completion": f"the answer is {i if c else i + 1}", "correct": c, "length": 10, "truncated": False,
+                  "scores": {"accuracy": float(c)}}
                  for i, c in enumerate(correct)]
         m, lo, hi = bootstrap_ci(np.array(correct, float))
         per = {}
@@ -114,7 +118,8 @@ def eval_json(task: str, models: list[tuple[str, str, list[bool]]], slices=("eas
             v = np.array([it["correct"] for it in items if it["slice"] == s], float)
             sm, sl, sh = bootstrap_ci(v)
             per[s] = {"accuracy": sm, "ci_low": sl, "ci_high": sh, "n": len(v)}
-        row = {"model": name, "path": path, "accuracy": m, "ci_low": lo, "ci_high": hi, "n": n, "per_slice": per,
+        row = {"model": name, "path": path, "method": "greedy", "accuracy": m, "ci_low": lo, "ci_high": hi, "n": n,
+               "per_slice": per, "metrics": {"accuracy": {"mean": m, "ci_low": lo, "ci_high": hi}},
                "len_mean": 10.0, "truncated_frac": 0.0, "problems_per_s": 5.0, "items": items}
         if first is None:
             first = np.array(correct, float)
@@ -122,8 +127,24 @@ def eval_json(task: str, models: list[tuple[str, str, list[bool]]], slices=("eas
             d, dl, dh = paired_bootstrap_diff(first, np.array(correct, float))
             row["diff_vs_first"] = {"mean": d, "ci_low": dl, "ci_high": dh}
         rows.append(row)
-    return {"task": task, "task_options": {}, "split": "test", "n": n, "data_hash": "x", "decoding": "greedy",
+    return {"task": task, "task_options": {}, "split": "test", "n": n, "data_hash": f"x-{task}", "decoding": "greedy",
             "max_new_tokens": max_new_tokens, "dtype": "bfloat16", "metric": "math-verify", "models": rows}
+
+
+def sampled_json(run: Path, models: list[tuple[str, str, list[int]]], samples: int = 8) -> dict:
+    """A sampled eval JSON as the report's diversity eval writes it (run_eval's shape, its cache key included):
+    models = [(name, path, correct samples per problem)]."""
+    config = json.loads((run / "manifest.json").read_text())["config"]
+    rows = []
+    for name, path, counts in models:
+        items = [{"uid": f"arithmetic/{i}", "slice": "all", "slices": ["all"], "length": 5, "truncated": False,
+                  "samples": [{"correct": j < c} for j in range(samples)],
+                  "scores": {"accuracy": float(c > 0), f"pass@{samples}": pass_at_k(samples, c, samples)}}
+                 for i, c in enumerate(counts)]
+        rows.append(model_row(name, path, summarise(items, 1.0), {"checked": False, "manifest": None}, "sampled"))
+    decoding = {"greedy": True, "samples": samples, "temperature": config["rollout"]["temperature"]}
+    return {"task": "arithmetic", "split": "test", "n": len(models[0][2]), "data_hash": "sampled-set", "decoding": decoding,
+            "models": rows, "diversity": eval_settings(config, DiversitySettings(), "float32", f"step-{STEPS}")}
 
 
 def pattern(p: float, n: int = 80, seed: int = 0) -> list[bool]:
@@ -142,6 +163,9 @@ def make_run(root: Path, name: str, hacked: bool = False, with_safety: bool = Tr
     base = pattern(0.3)
     trained = [False] * 80 if hacked else [b or x for b, x in zip(base, pattern(0.6, seed=1))]
     (run / "eval" / "base_vs_trained.json").write_text(json.dumps(eval_json("arithmetic", [(BASE, BASE, base), (str(run), str(ckpt), trained)])))
+    counts = [int(x) for x in np.random.default_rng(3).integers(0, 9, 64)]
+    trained_counts = [0] * 64 if hacked else [max(c, 1) for c in counts]  # the hacked run lost every right sample
+    (run / "eval" / "diversity.json").write_text(json.dumps(sampled_json(run, [(BASE, BASE, counts), (str(run), str(ckpt), trained_counts)])))
     gsm = pattern(0.2, 50, seed=2)
     (run / "eval" / "capability_gsm8k.json").write_text(json.dumps(eval_json("gsm8k", [(BASE, BASE, gsm), (str(run), str(ckpt), gsm)], ("all",))))
     if with_safety:
@@ -200,8 +224,9 @@ def test_hacked_run_is_not_shipped_and_failures_come_first(hacked):
     statuses = [c.status for c in rep["checks"]]
     assert statuses == sorted(statuses, key={"FAIL": 0, "WARN": 1, "PASS": 2, "N/A": 3}.get)
     failing = {c.name for c in rep["checks"] if c.status == "FAIL"}
-    assert {"reward_vs_heldout", "bonus_vs_correctness", "zero_variance_groups", "truncation_drift",
-            "heldout_improvement"} <= failing
+    assert failing == {"reward_vs_heldout", "heldout_improvement", "pass_at_k_diversity"}  # held-out evidence of harm
+    warned = {c.name for c in rep["checks"] if c.status == "WARN"}  # training health: WARN with its numbers
+    assert {"bonus_vs_correctness", "zero_variance_groups", "truncation_drift"} <= warned
     page = (run / "report.html").read_text()
     assert page.index("badge FAIL") < page.index("badge WARN") < page.index("badge PASS")
     assert "uncommitted changes" in page and "lacks hashes for: model_weights" in page and "MISSING" in page
@@ -226,7 +251,7 @@ def test_demo_configuration_shows_na_checks_and_ships_on_the_rest(tmp_path):
     assert label == "ship" and "N/A in this configuration" in why, why
     page = (run / "report.html").read_text()
     assert '<span class="badge NA">N/A</span>' in page and ".NA{" in page
-    assert "does not count toward the verdict" in page and "14 checks:" in page and "4 N/A" in page
+    assert "does not count toward the verdict" in page and "15 checks:" in page and "4 N/A" in page
     kl = next(c for c in rep["checks"] if c.name == "kl_blowup")
     assert "algorithm.beta = 0" in kl.reason and "train.mu = 1" in kl.reason
     md = (run / "report.md").read_text()
@@ -245,13 +270,17 @@ def test_old_manifest_without_the_fields_declares_nothing_na(tmp_path):
 
 def test_cli_thresholds_skip_safety_and_strict(tmp_path):
     run = make_run(tmp_path, "cli", with_safety=False)
-    res = CliRunner().invoke(app, ["report", str(run), "--skip-safety", "--threshold", "zero_std_fail=0.95", "--baseline", "base"])
+    res = CliRunner().invoke(app, ["report", str(run), "--skip-safety", "--threshold", "zero_std_warn=0.95", "--baseline", "base"])
     assert res.exit_code == 0, res.output
     assert "verdict: not established" in res.output and "safety_regression" in res.output
     page = (run / "report.html").read_text()
-    assert "skipped with --skip-safety" in page and "changed (default 0.9)" in page
+    assert "skipped with --skip-safety" in page and "changed (default 0.5)" in page
     res = CliRunner().invoke(app, ["report", str(run), "--skip-safety", "--threshold", "nope=1"])
     assert isinstance(res.exception, ConfigError)
+    res = CliRunner().invoke(app, ["report", str(run), "--skip-safety", "--threshold", "entropy_ratio_fail=0.1"])
+    assert isinstance(res.exception, ConfigError) and "only WARN" in str(res.exception)
+    res = CliRunner().invoke(app, ["report", str(run), "--skip-safety", "--skip-diversity"])
+    assert res.exit_code == 0 and "pass_at_k_diversity" in res.output and "skipped with --skip-diversity" in res.output
     res = CliRunner().invoke(app, ["report", str(run), "--skip-safety", "--strict"])
     assert res.exit_code == 1
 

@@ -13,6 +13,7 @@ import pytest
 from grpolab.report import checks as C
 from grpolab.report.gates import (DONT_SHIP, NOT_ESTABLISHED, SHIP, check_capability, check_improvement, check_safety,
                                   order_checks, verdict)
+from grpolab.report.safety import summarize
 
 NA = "N/A"  # spelled out: the tests must fail (not error at import) on code that has no such status
 T = C.Thresholds()
@@ -76,17 +77,17 @@ def test_kl_blowup_grades_only_the_applicable_part():
     assert r.status == C.PASS and "reference" in r.reason and NA in r.reason and "beta" in r.reason
     assert "max_kl" not in r.numbers and r.numbers["max_approx_kl_old"] == 0.001
     drift = C.check_kl_blowup(history(policy__kl=0.0, policy__approx_kl_old=0.7), config(beta=0.0, mu=2), T)
-    assert drift.status == C.FAIL
+    assert drift.status == C.WARN and drift.numbers["max_approx_kl_old"] == 0.7
     # one pass, one minibatch: the old-policy part is N/A, the reference part is graded
     spike = history(policy__kl=[0.01] * (N - 1) + [2.5], policy__approx_kl_old=0.9)
     r = C.check_kl_blowup(spike, config(beta=0.04, mu=1, minibatches=1), T)
-    assert r.status == C.FAIL and "old policy" in r.reason and NA in r.reason and "max_approx_kl_old" not in r.numbers
+    assert r.status == C.WARN and "old policy" in r.reason and NA in r.reason and "max_approx_kl_old" not in r.numbers
     calm = C.check_kl_blowup(history(policy__kl=0.01, policy__approx_kl_old=0.9), config(beta=0.04), T)
     assert calm.status == C.PASS  # the 0.9 drift cannot happen with mu = minibatches = 1 and is not graded
     # both parts apply: the worse counts
-    assert C.check_kl_blowup(history(policy__kl=0.01, policy__approx_kl_old=0.9), FULL, T).status == C.FAIL
+    assert C.check_kl_blowup(history(policy__kl=0.01, policy__approx_kl_old=0.9), FULL, T).status == C.WARN
     # mu = 1 but two minibatches: the second optimizer step sees a moved policy, so drift applies
-    assert C.check_kl_blowup(history(policy__approx_kl_old=0.9), config(beta=0.0, mu=1, minibatches=2), T).status == C.FAIL
+    assert C.check_kl_blowup(history(policy__approx_kl_old=0.9), config(beta=0.0, mu=1, minibatches=2), T).status == C.WARN
 
 
 def test_kl_blowup_applicable_part_without_its_metric_is_not_measured():
@@ -105,8 +106,8 @@ def test_clip_blowup_is_na_with_one_pass_and_one_minibatch(surrogate):
 
 def test_clip_blowup_applies_with_several_optimizer_steps():
     rows = history(policy__clip_frac_low=ramp(0, 0.3), policy__clip_frac_high=ramp(0, 0.4))
-    assert C.check_clip_blowup(rows, config(mu=2), T).status == C.FAIL
-    assert C.check_clip_blowup(rows, config(mu=1, minibatches=4), T).status == C.FAIL
+    assert C.check_clip_blowup(rows, config(mu=2), T).status == C.WARN
+    assert C.check_clip_blowup(rows, config(mu=1, minibatches=4), T).status == C.WARN
 
 
 # ---------------------------------------------------------------- N/A: reward hacking checks
@@ -117,7 +118,7 @@ def test_bonus_vs_correctness_is_na_without_a_rewarded_bonus():
     for weights in ({"correct": 1.0, "format": 0.0}, {"correct": 1.0}, {"correct": 1.0, "format": -0.5}):
         r = C.check_format_vs_correct(rows, weights, T)
         assert r.status == NA and "bonus" in r.reason, weights
-    assert C.check_format_vs_correct(rows, {"correct": 1.0, "format": 0.1}, T).status == C.FAIL
+    assert C.check_format_vs_correct(rows, {"correct": 1.0, "format": 0.1}, T).status == C.WARN
 
 
 def test_code_runs_judge_bonuses_and_length_against_the_code_correctness_component():
@@ -130,7 +131,7 @@ def test_code_runs_judge_bonuses_and_length_against_the_code_correctness_compone
     assert C.check_reward_length_corr(rows, code_only, T).status == NA
     flat = [{**r, "reward/pass_fraction/mean": 0.3} for r in rows]  # the bonus grew, passing did not
     farmed = C.check_format_vs_correct(flat, {"pass_fraction": 1.0, "format": 0.2}, T)
-    assert farmed.status == C.FAIL and farmed.numbers["correct_early"] == 0.3
+    assert farmed.status == C.WARN and farmed.numbers["correct_early"] == 0.3 and "farming" in farmed.reason
     both = C.check_format_vs_correct(flat, {"all_pass": 1.0, "pass_fraction": 0.5}, T)
     assert both.status == C.WARN and not both.measured and "reward/all_pass/mean" in both.reason  # all_pass not logged
     length = C.check_reward_length_corr(rows, config(weights={"pass_fraction": 1.0, "format": 0.2}), T)
@@ -180,7 +181,7 @@ def test_missing_config_fields_are_unknown_never_na():
     assert kl.status == C.PASS and "max_kl" in kl.numbers
     # reward weights unknown: every logged component besides correctness is judged as if it were rewarded
     hacked = history(reward__correct__mean=0.3, reward__format__mean=ramp(0.0, 1.0))
-    assert C.check_format_vs_correct(hacked, None, T).status == C.FAIL
+    assert C.check_format_vs_correct(hacked, None, T).status == C.WARN
     assert C.check_format_vs_correct(history(reward__correct__mean=0.3), None, T).status == NA
     # the trainer's penalties (overlong, KL in the reward) are logged as components but are not bonuses
     penalties = history(reward__correct__mean=0.3, reward__overlong__mean=ramp(-1.0, 0.0),
@@ -200,9 +201,14 @@ def test_training_checks_take_the_config_and_mark_the_demo():
 # ---------------------------------------------------------------- the verdict ignores N/A
 
 
+def thirty_prompts(base: int, trained: int) -> dict:
+    """The safety summary of 30 prompts: the base complies with the first `base`, the trained model the first `trained`."""
+    prompts = [{"id": str(i), "category": "x", "prompt": "p"} for i in range(30)]
+    return summarize(prompts, ["Sure."] * base + ["I cannot."] * (30 - base), ["Sure."] * trained + ["I cannot."] * (30 - trained))
+
+
 def passing_gates() -> list:
-    safety = {"n": 30, "base": {"complied": 1, "compliance_rate": 1 / 30}, "trained": {"complied": 1, "compliance_rate": 1 / 30},
-              "newly_complied": 0}
+    safety = thirty_prompts(1, 1)
     cap = {"task": "gsm8k", "n": 50, "base": {"accuracy": 0.3}, "trained": {"accuracy": 0.3}, "diff": ci(0.0, 0.05)}
     return [check_improvement({"diff": ci(0.2, 0.05)}, T), check_safety(safety, T), check_capability([cap], T)]
 
@@ -214,15 +220,18 @@ def test_demo_verdict_is_computed_from_the_applicable_checks():
     # an N/A check is neither a pass nor "not measured": it is ignored, whatever its fields say
     ghost = C.CheckResult("kl_blowup", "dynamics", NA, "cannot fail here", measured=False)
     assert verdict(passing_gates() + [ghost])[0] == SHIP
-    # the remaining checks still decide
-    failing = C.check_entropy_collapse(history(policy__entropy=ramp(1.0, 0.01)), T)
+    # a collapsed entropy is a WARN with its numbers: it does not block a model that is better held out
+    collapsed = C.check_entropy_collapse(history(policy__entropy=ramp(1.0, 0.01)), T)
+    assert collapsed.status == C.WARN and verdict(checks + [collapsed])[0] == SHIP
+    # the remaining checks still decide: held-out evidence of harm
+    failing = check_improvement({"diff": ci(-0.1, 0.05)}, T)
     assert verdict(checks + [failing])[0] == DONT_SHIP
     assert verdict([ghost, check_improvement({"diff": ci(0.02, 0.05)}, T)])[0] == NOT_ESTABLISHED
 
 
 def test_order_puts_na_last():
     checks = C.training_checks(demo_history(), DEMO, {"diff": ci(0.2, 0.05)}, T)
-    checks.append(C.check_entropy_collapse(history(policy__entropy=ramp(1.0, 0.01)), T))
+    checks.append(check_improvement({"diff": ci(-0.1, 0.05)}, T))
     statuses = [c.status for c in order_checks(checks)]
     assert statuses[0] == C.FAIL and statuses[-4:] == [NA] * 4 and NA not in statuses[:-4]
 
@@ -286,9 +295,8 @@ def test_every_training_pass_reason_states_its_threshold():
 
 
 def test_safety_pass_with_a_tolerated_increase_does_not_claim_no_increase():
-    safety = {"n": 30, "base": {"complied": 1, "compliance_rate": 1 / 30},
-              "trained": {"complied": 2, "compliance_rate": 2 / 30}, "newly_complied": 1}
-    loose = T.replace({"safety_warn_increase": 0.05, "safety_fail_increase": 0.1})
+    safety = thirty_prompts(1, 2)
+    loose = T.replace({"safety_increase": 0.1})
     r = check_safety(safety, loose)
     assert r.status == C.PASS and "does not comply more often" not in r.reason and "tolerated" in r.reason
 
@@ -313,9 +321,9 @@ def test_checks_read_the_sampled_batch_not_the_kept_one():
     cfg = config(weights={"correct": 1.0, "format": 0.1}, dynamic_sampling=True)
     rows = dynamic_history()
     trunc = C.check_truncation_drift(rows, T)
-    assert trunc.status == C.FAIL and trunc.numbers["late"] > 0.6
-    assert C.check_format_vs_correct(rows, cfg["reward"]["weights"], T).status == C.FAIL
-    assert C.check_learning_signal(rows, T).status == C.FAIL
+    assert trunc.status == C.WARN and trunc.numbers["late"] > 0.6
+    assert C.check_format_vs_correct(rows, cfg["reward"]["weights"], T).status == C.WARN
+    assert C.check_learning_signal(rows, T).status == C.WARN
     assert C.check_reward_vs_heldout(rows, {"diff": ci(-0.05, 0.03)}, T).status == C.FAIL
 
 

@@ -89,6 +89,33 @@ def test_gsm8k_strict_and_flexible():
     assert not gsm8k_flexible("no number", "3") and not gsm8k_flexible("3", "three")
 
 
+@pytest.mark.parametrize("n", [1, 2, 5, 8, 10])
+def test_pass_at_k_equals_brute_force_enumeration(n):
+    """pass@k = the share of the C(n, k) ways to pick k of the n samples that contain at least one correct one,
+    counted by enumerating every subset (for the diversity check: k = 8 of n = 8 samples is 'any correct')."""
+    import itertools
+
+    for c in range(n + 1):
+        correct = [True] * c + [False] * (n - c)
+        for k in range(1, n + 1):
+            subsets = list(itertools.combinations(range(n), k))
+            brute = sum(any(correct[i] for i in s) for s in subsets) / len(subsets)
+            assert pass_at_k(n, c, k) == pytest.approx(brute, abs=1e-12), (n, c, k)
+    assert pass_at_k(8, 1, 8) == 1.0 and pass_at_k(8, 0, 8) == 0.0
+
+
+def test_bootstrap_ci_draws_its_problems_from_bootstrap_indices():
+    from grpolab.scoring import bootstrap_indices
+
+    v = np.random.default_rng(0).random(30)
+    idx = np.concatenate(list(bootstrap_indices(30, 500, seed=4)))
+    assert idx.shape == (500, 30) and idx.min() >= 0 and idx.max() <= 29
+    means = v[idx].mean(axis=1)
+    assert bootstrap_ci(v, n_boot=500, seed=4) == pytest.approx((v.mean(), *np.quantile(means, [0.025, 0.975])))
+    big = list(bootstrap_indices(500_000, 20, seed=0))  # chunks bound memory: 8 draws of 500k indices per chunk
+    assert [c.shape for c in big] == [(8, 500_000), (8, 500_000), (4, 500_000)]
+
+
 def test_pass_at_k():
     assert pass_at_k(5, 2, 1) == pytest.approx(0.4)
     assert pass_at_k(5, 2, 2) == pytest.approx(0.7)

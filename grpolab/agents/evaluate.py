@@ -31,8 +31,9 @@ def episode_item(problem: Problem, result: EpisodeResult, transcript: str) -> di
             "length": result.model_tokens, "truncated": result.ended_by in BOUNDS, "scores": scores}
 
 
-def evaluate_episodes(engine, tokenizer, problems: list[Problem], settings) -> Any:
-    """EvalResult (grpolab.evaluate) of one greedy episode per problem, settings.batch_size episodes at a time."""
+def evaluate_episodes(engine, tokenizer, problems: list[Problem], settings, progress=None) -> Any:
+    """EvalResult (grpolab.evaluate) of one greedy episode per problem, settings.batch_size episodes at a time;
+    ``progress("episodes", done, total)`` after each batch (grpolab.evaluate.Progress)."""
     from ..evaluate import summarise
 
     if settings.samples > 0:
@@ -44,4 +45,6 @@ def evaluate_episodes(engine, tokenizer, problems: list[Problem], settings) -> A
         chunk = problems[i : i + settings.batch_size]
         episodes = runner.run(chunk, 1, params)
         items += [episode_item(p, r, t) for p, r, t in zip(chunk, episodes.results, episodes.rollout.texts)]
+        if progress:
+            progress("episodes", len(items), len(problems))
     return summarise(items, time.perf_counter() - start)

@@ -7,24 +7,58 @@
 - Rows are grouped by evaluation set (``data_hash``); only rows on the same set are put side by side. The same
   (model path, method, samples, set) seen twice is shown once. The reference of each set is the first row, or
   the first whose label contains ``--baseline``; differences are paired bootstraps on the problems both have.
-- Runs whose manifests differ only in ``config.train.seed`` (grpolab.manifest.diff_manifests), evaluated on the
-  same set with the same method, form a seed group: mean, sample std (ddof 1), min and max of every metric.
+- Runs whose manifests differ only in ``config.train.seed`` (and the git state; grpolab.evidence_sets.recipe_groups),
+  evaluated on the same set with the same method, form a seed group: mean, sample std (ddof 1), min and max of every
+  metric, and -- when every run kept its per-problem records -- the mean over runs and problems with the
+  hierarchical interval and the gain over each run's base (grpolab.evidence_sets.set_evidence).
+- ``--set NAME=SRC,SRC,...`` (repeatable) names the sets: each source's trained row (in a run directory, the row of
+  that run; in an eval JSON, its last row) is a member. Every set after the first is compared with the first: the
+  difference of means with the hierarchical interval (runs resampled within each set, problems jointly).
 """
 
 from __future__ import annotations
 
 import json
+import time
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import numpy as np
 import typer
+from rich.console import Console
 from rich.table import Table
 
 from .app import app, baseline_app, console
 from ..errors import GrpolabError
 
-SEED_KEYS = {"config.train.seed"}
+WIDE = 250  # columns for a table printed to a file or a pipe (rich would squeeze it into 80)
+
+
+def show(table: Table) -> None:
+    """Print a table: as wide as the terminal, or up to WIDE columns in a log (not folded into 80)."""
+    if console.is_terminal:
+        console.print(table)
+    else:
+        Console(file=console.file, width=WIDE, no_color=True).print(table)
+
+
+@contextmanager
+def eval_progress():
+    """A Progress (grpolab.evaluate) for a long evaluation: a status line on a terminal; one plain line per batch,
+    flushed, in a file or a pipe, so a log is never silent for minutes."""
+    start = time.perf_counter()
+    text = lambda what, done, total: f"eval {what}: {done}/{total} problems, {time.perf_counter() - start:.0f}s"  # noqa: E731
+    if console.is_terminal:
+        with console.status("eval: loading") as status:
+            yield lambda what, done, total: status.update(text(what, done, total))
+        return
+
+    def line(what: str, done: int, total: int) -> None:
+        console.print(text(what, done, total), highlight=False, soft_wrap=True)
+        console.file.flush()
+
+    yield line
 
 
 def _options(task_option: list[str]) -> dict[str, Any]:
@@ -58,7 +92,7 @@ def print_eval(result: dict[str, Any]) -> None:
         table.add_row(r["model"], _ci(r["metrics"]["accuracy"]), _ci(diff) if diff else "-",
                       *[f"{r['metrics'][m]['mean']:.3f}" if m in r["metrics"] else "-" for m in extra],
                       f"{r['len_mean']:.1f}", f"{r['truncated_frac']:.2f}", f"{r['problems_per_s']:.2f}")
-    console.print(table)
+    show(table)
     console.print(f"evaluation set hash {result['data_hash'][:16]}")
     for r in result["models"]:
         h = r["held_out"]
@@ -74,7 +108,28 @@ def print_eval(result: dict[str, Any]) -> None:
         for s in slices:
             cells = [_ci(r["per_slice"][s]["metrics"]["accuracy"]) if s in r["per_slice"] else "-" for r in result["models"]]
             st.add_row(s, str(result["models"][0]["per_slice"].get(s, {}).get("n", "-")), *cells)
-        console.print(st)
+        show(st)
+    for group in result.get("sets", []):
+        show_set(f"set of {len(group['runs'])} runs, seeds {group['seeds']}: gain over {group['reference']}", group)
+
+
+def _span(d: dict[str, Any], sign: str = "") -> str:
+    return f"{d['mean']:{sign}.3f} [{d['ci_low']:{sign}.3f}, {d['ci_high']:{sign}.3f}]"
+
+
+def show_set(title: str, group: dict[str, Any]) -> None:
+    """One set of runs: per metric, the mean over runs and problems and the gain over the reference, each with its
+    hierarchical 95% interval, and the between-run spread of the gain (or of the value without a reference)."""
+    t = Table(title=title + "  (95% CI over runs and problems)")
+    for col in ("metric", "mean [95% CI]", "gain [95% CI]", "per run", "std", "min", "max"):
+        t.add_column(col)
+    for m, v in group["metrics"].items():
+        g = v.get("gain") or v["value"]
+        s = g["spread"]
+        t.add_row(m, _span(v["value"]), _span(v["gain"], "+") if "gain" in v else "-",
+                  ", ".join(f"{x:+.3f}" if "gain" in v else f"{x:.3f}" for x in g["per_run"]),
+                  "-" if s["std"] is None else f"{s['std']:.3f}", f"{s['min']:+.3f}", f"{s['max']:+.3f}")
+    show(t)
 
 
 @app.command("eval")
@@ -93,11 +148,13 @@ def eval_(
     dtype: Annotated[str, typer.Option(help="float32 or bfloat16 (bf16 pays only on CPUs with bf16 matrix units, and GPUs)")] = "float32",
     out: Annotated[Optional[Path], typer.Option(help="write the JSON result here")] = None,
 ) -> None:
-    """Held-out accuracy (math-verify) with 95% bootstrap intervals and paired differences, for one or more models."""
+    """Held-out accuracy (math-verify) with 95% bootstrap intervals and paired differences, for one or more models;
+    several run directories of one recipe (seeds) also give the set's mean gain over runs and problems."""
     from ..evaluate import run_eval
 
-    result = run_eval(models, task, _options(task_option), split, limit, max_new_tokens, batch_size, dtype,
-                      samples=samples, temperature=temperature, top_p=top_p, seed=seed)
+    with eval_progress() as progress:
+        result = run_eval(models, task, _options(task_option), split, limit, max_new_tokens, batch_size, dtype,
+                          samples=samples, temperature=temperature, top_p=top_p, seed=seed, progress=progress)
     print_eval(result)
     _write(out, result)
 
@@ -197,12 +254,13 @@ def _entries_from_json(file: Path) -> list[dict[str, Any]]:
     if "models" not in data or "data_hash" not in data:
         raise GrpolabError(f"{file}: not an evaluation JSON (expected 'models' and 'data_hash')")
     out = []
-    for row in data["models"]:
+    for i, row in enumerate(data["models"]):
         found = find_manifest(row["model"], row.get("path"))
         out.append({**row, "label": _label(row, found[0] if found else None), "source": str(file),
                     "data_hash": data["data_hash"], "task": data["task"], "split": data["split"],
                     "samples": data.get("decoding", {}).get("samples", 0) if isinstance(data.get("decoding"), dict) else 0,
-                    "manifest": found[1] if found else None})
+                    "manifest": found[1] if found else None, "last": i == len(data["models"]) - 1,
+                    "reference_row": data["models"][0] if i else None})  # the base it was evaluated beside
     return out
 
 
@@ -210,6 +268,9 @@ def _entries_from_run(run: Path) -> list[dict[str, Any]]:
     from ..manifest import read_manifest
 
     files = sorted((run / "eval").glob("*.json")) if (run / "eval").is_dir() else []
+    from ..report.safety import CACHE_NAME as SAFETY_CACHE
+
+    files = [f for f in files if f.name != SAFETY_CACHE]  # the report's cache of the safety probe holds no eval rows
     if files:
         return [e for f in files for e in _entries_from_json(f)]
     manifest = read_manifest(run)
@@ -248,31 +309,75 @@ def load_entries(sources: list[Path]) -> list[dict[str, Any]]:
 
 
 def seed_groups(entries: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
-    """Groups (size >= 2) of runs on the same set and method whose manifests differ only in config.train.seed."""
-    from ..manifest import diff_manifests
+    """Groups (size >= 2) of runs on the same set and method that are seeds of one recipe
+    (grpolab.evidence_sets.recipe_groups: manifests differ only in config.train.seed and the git state)."""
+    from ..evidence_sets import recipe_groups
 
-    groups: list[list[dict[str, Any]]] = []
-    for e in (e for e in entries if e.get("manifest")):
-        for g in groups:
-            h = g[0]
-            if (h["data_hash"], h.get("method"), h["samples"]) == (e["data_hash"], e.get("method"), e["samples"]) \
-                    and {k for k, _, _ in diff_manifests(h["manifest"], e["manifest"])} <= SEED_KEYS:
-                g.append(e)
-                break
-        else:
-            groups.append([e])
-    return [g for g in groups if len(g) >= 2]
+    by_set: dict[tuple, list[dict[str, Any]]] = {}
+    for e in entries:
+        if e.get("manifest"):
+            by_set.setdefault((e["data_hash"], e.get("method"), e["samples"]), []).append(e)
+    return [[rows[i] for i in g] for rows in by_set.values() for g in recipe_groups([e["manifest"] for e in rows])]
 
 
 def seed_summary(group: list[dict[str, Any]]) -> dict[str, Any]:
-    """mean, std (ddof 1), min, max across the group's runs of every metric they all have."""
+    """mean, std (ddof 1), min, max across the group's runs of every metric they all have, and ``evidence``: the
+    hierarchical intervals over runs and problems (grpolab.evidence_sets.set_evidence; {} without per-problem records)."""
+    from ..evidence_sets import set_evidence, spread
+
     names = [m for m in group[0]["metrics"] if all(m in e["metrics"] for e in group)]
-    out: dict[str, Any] = {"runs": [e["label"] for e in group], "n_seeds": len(group),
-                           "seeds": [e["manifest"]["config"]["train"]["seed"] for e in group], "metrics": {}}
-    for m in names:
-        v = np.array([e["metrics"][m]["mean"] for e in group], dtype=float)
-        out["metrics"][m] = {"mean": float(v.mean()), "std": float(v.std(ddof=1)), "min": float(v.min()), "max": float(v.max())}
+    return {"runs": [e["label"] for e in group], "n_seeds": len(group),
+            "seeds": [e["manifest"]["config"]["train"]["seed"] for e in group],
+            "metrics": {m: spread([e["metrics"][m]["mean"] for e in group]) for m in names},
+            "evidence": set_evidence(group, [e.get("reference_row") for e in group])}
+
+
+def set_members(src: Path) -> list[dict[str, Any]]:
+    """The rows a source contributes to a named set: a run directory's own rows (path inside it), an eval JSON's last
+    row (the trained model, as in grpolab report)."""
+    from ..report.evidence import path_inside
+
+    if src.is_dir() and (src / "manifest.json").is_file():
+        rows = [e for e in _entries_from_run(src) if path_inside(e.get("path"), src) or path_inside(e.get("model"), src)]
+    else:
+        rows = [e for e in load_entries([src]) if e["last"]]
+    if not rows:
+        raise GrpolabError(f"--set: {src} has no evaluated row of its own (run grpolab eval BASE {src} --out {src}/eval/NAME.json)")
+    return rows
+
+
+def parse_sets(specs: list[str]) -> dict[str, list[Path]]:
+    """['a=runs/a0,runs/a1', 'b=runs/b0'] -> {'a': [runs/a0, runs/a1], 'b': [runs/b0]}."""
+    out: dict[str, list[Path]] = {}
+    for spec in specs:
+        name, sep, srcs = spec.partition("=")
+        paths = [Path(p) for p in srcs.split(",") if p]
+        if not sep or not name or not paths or name in out:
+            raise GrpolabError(f"--set {spec!r}: expected a new NAME=SOURCE,SOURCE,... (run directories or eval JSONs)")
+        out[name] = paths
     return out
+
+
+def named_sets(sets: dict[str, list[Path]]) -> dict[str, Any]:
+    """Each named set's evidence per evaluation set every member has, and every set after the first against the first
+    (difference of means, hierarchical interval: grpolab.evidence_sets.set_contrast)."""
+    from ..evidence_sets import set_contrast, set_evidence
+
+    members = {name: [e for src in srcs for e in set_members(src)] for name, srcs in sets.items()}
+    runs = {name: len(srcs) for name, srcs in sets.items()}
+
+    def on(name: str, h: tuple) -> list[dict[str, Any]]:
+        rows = [e for e in members[name] if (e["data_hash"], e.get("method"), e["samples"]) == h]
+        return rows if len(rows) == runs[name] else []  # every run of the set, once
+
+    hashes = list(dict.fromkeys((e["data_hash"], e.get("method"), e["samples"]) for rows in members.values() for e in rows))
+    evidence = [{"name": n, "runs": [e["label"] for e in members[n]], "eval_sets": [
+        {"data_hash": h[0], "method": h[1], "task": on(n, h)[0]["task"], "metrics": set_evidence(on(n, h), [e["reference_row"] for e in on(n, h)])}
+        for h in hashes if on(n, h)]} for n in sets]
+    first, *rest = list(sets)
+    diffs = [{"a": first, "b": n, "data_hash": h[0], "method": h[1], "task": on(n, h)[0]["task"], "metrics": set_contrast(on(first, h), on(n, h))}
+             for n in rest for h in hashes if on(first, h) and on(n, h)]
+    return {"sets": evidence, "set_differences": diffs}
 
 
 def compare_entries(entries: list[dict[str, Any]], baseline: str = "") -> dict[str, Any]:
@@ -298,14 +403,22 @@ def compare_entries(entries: list[dict[str, Any]], baseline: str = "") -> dict[s
 
 @app.command("compare")
 def compare(
-    sources: Annotated[list[Path], typer.Argument(help="run directories and/or evaluation JSON files")],
+    sources: Annotated[Optional[list[Path]], typer.Argument(help="run directories and/or evaluation JSON files")] = None,
     baseline: Annotated[str, typer.Option(help="reference row: the first whose label contains this")] = "",
+    set_: Annotated[list[str], typer.Option("--set", help="a set of runs: NAME=SOURCE,SOURCE,...; repeatable; every "
+                                            "set is compared with the first")] = [],
     out: Annotated[Optional[Path], typer.Option(help="write the comparison JSON here")] = None,
 ) -> None:
-    """Runs and baselines side by side on the same held-out problems; mean and spread across seeds."""
+    """Runs and baselines side by side on the same held-out problems; mean and spread across seeds; sets of runs
+    (two recipes over several seeds each) compared by the difference of means over runs and problems."""
     from ..baselines import budget_cells
 
-    result = compare_entries(load_entries(sources), baseline)
+    named = parse_sets(set_)
+    if not sources and not named:
+        raise GrpolabError("compare: give run directories or eval JSONs, or --set NAME=SOURCE,... (twice for two recipes)")
+    result = compare_entries(load_entries(list(sources or []) + [p for ps in named.values() for p in ps]), baseline)
+    if named:
+        result.update(named_sets(named))
     for s in result["eval_sets"]:
         names = list(dict.fromkeys(m for r in s["rows"] for m, v in r["metrics"].items() if m != "accuracy" and "ci_low" in v))
         t = Table(title=f"{s['task']} / {s['split']}  set {s['data_hash'][:10]}  (reference: {s['reference']})")
@@ -317,12 +430,33 @@ def compare(
             t.add_row(r["label"], str(r["method"]), str(r["n"]), _ci(r["metrics"]["accuracy"]), _ci(d) if d else "-",
                       *[f"{r['metrics'][m]['mean']:.3f}" if m in r["metrics"] else "-" for m in names],
                       f"{r['len_mean']:.1f}", f"{r['truncated_frac']:.2f}", *budget_cells(r.get("budget")))
-        console.print(t)
+        show(t)
     for g in result["seed_groups"]:
-        t = Table(title=f"across {g['n_seeds']} seeds {g['seeds']}: {', '.join(g['runs'])}")
+        title = f"across {g['n_seeds']} seeds {g['seeds']}: {', '.join(g['runs'])}"
+        if g["evidence"]:
+            show_set(title, {"metrics": g["evidence"]})
+            continue
+        t = Table(title=title + " (no per-problem records: spread only)")
         for col in ("metric", "mean", "std", "min", "max"):
             t.add_column(col)
         for m, v in g["metrics"].items():
-            t.add_row(m, f"{v['mean']:.3f}", f"{v['std']:.3f}", f"{v['min']:.3f}", f"{v['max']:.3f}")
-        console.print(t)
+            t.add_row(m, f"{v['mean']:.3f}", "-" if v["std"] is None else f"{v['std']:.3f}", f"{v['min']:.3f}", f"{v['max']:.3f}")
+        show(t)
+    print_named_sets(result)
     _write(out, result)
+
+
+def print_named_sets(result: dict[str, Any]) -> None:
+    """The --set evidence: each set's table, then every difference of means (B - A) with its interval."""
+    for s in result.get("sets", []):
+        for e in s["eval_sets"]:
+            show_set(f"set {s['name']} ({len(s['runs'])} runs) on {e['task']} set {e['data_hash'][:10]}", e)
+    for d in result.get("set_differences", []):
+        t = Table(title=f"{d['b']} - {d['a']} on {d['task']} set {d['data_hash'][:10]}  (difference of means over runs; "
+                        "95% CI over runs and problems)")
+        for col in ("metric", f"{d['a']} mean", f"{d['b']} mean", "difference [95% CI]", "runs", "problems"):
+            t.add_column(col)
+        for m, v in d["metrics"].items():
+            t.add_row(m, f"{v['a']['mean']:.3f}", f"{v['b']['mean']:.3f}", _span(v, "+"), f"{v['a']['runs']} vs {v['b']['runs']}",
+                      str(v["n"]))
+        show(t)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 
@@ -13,7 +13,8 @@ from .app import app, console
 
 @app.command()
 def report(
-    run_dir: Annotated[Path, typer.Argument(help="run directory (manifest.json, metrics.jsonl, eval/*.json)")],
+    run_dirs: Annotated[list[Path], typer.Argument(
+        help="run directory (manifest.json, metrics.jsonl, eval/*.json); several: the seeds of one recipe, judged as a set")],
     baseline: Annotated[list[str], typer.Option("--baseline", help="'base', an eval JSON, or another run directory; repeatable")] = [],
     threshold: Annotated[list[str], typer.Option("--threshold", help="override a check threshold: NAME=VALUE; repeatable")] = [],
     skip_safety: Annotated[bool, typer.Option(
@@ -24,21 +25,29 @@ def report(
     capability_option: Annotated[list[str], typer.Option(
         "--capability-option", help="task option KEY=VALUE, e.g. path=data/gsm8k")] = [],
     capability_max_new_tokens: int = 256,
+    skip_diversity: Annotated[bool, typer.Option(
+        "--skip-diversity", help="do not sample held-out pass@k of base and trained model (the check is then N/A)")] = False,
+    diversity_n: Annotated[int, typer.Option(help="held-out problems for the pass@k diversity check")] = 64,
+    diversity_samples: Annotated[int, typer.Option(help="samples per problem at the training temperature (n >= k = 8)")] = 8,
+    out: Annotated[Optional[Path], typer.Option(help="directory for the report of a set of runs (default RUNS/<name>-set)")] = None,
     dtype: Annotated[str, typer.Option(help="float32 or bfloat16, for the models this command runs")] = "float32",
     strict: Annotated[bool, typer.Option("--strict", help="exit 1 unless the verdict is 'ship' (for CI)")] = False,
 ) -> None:
-    """Release gate: checks (reward hacking, learning signal, drift, regressions, uncertainty) -> report.html + report.md."""
+    """Release gate: checks (reward hacking, learning signal, drift, regressions, diversity, uncertainty) -> report.html +
+    report.md. Several run directories (seeds of one recipe): every interval over runs and problems, one verdict."""
     from ..config import parse_option
     from ..report import ReportOptions, build_report
     from ..report.checks import parse_thresholds
+    from ..report.diversity import DiversitySettings
 
     opts = ReportOptions(
         baselines=list(baseline), thresholds=parse_thresholds(threshold), skip_safety=skip_safety,
         safety_max_new_tokens=safety_max_new_tokens, dtype=dtype, capability_task=capability_task or None,
         capability_n=capability_n, capability_options=dict(parse_option(o) for o in capability_option),
-        capability_max_new_tokens=capability_max_new_tokens,
+        capability_max_new_tokens=capability_max_new_tokens, skip_diversity=skip_diversity,
+        diversity=DiversitySettings(n_problems=diversity_n, samples=diversity_samples), out=out,
     )
-    result = build_report(run_dir, opts, log=lambda s: console.print(f"[dim]{s}[/]"))
+    result = build_report(run_dirs, opts, log=lambda s: console.print(f"[dim]{s}[/]"))
     colour = {"PASS": "green", "WARN": "yellow", "FAIL": "red", "N/A": "dim"}
     for c in result["checks"]:
         console.print(f"[{colour[c.status]}]{c.status:4}[/] {c.name:22} {c.reason}", highlight=False, soft_wrap=True)

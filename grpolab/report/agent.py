@@ -6,18 +6,20 @@
   (``agent/success_without_tool_frac``, logged only for environments that require tools).
 
 Both are N/A for runs that are not agent runs, and ``agent_tool_bypass`` for environments that require no tool.
+Both read training-history numbers without an interval, so they WARN at most (docs/report.md, "FAIL and WARN"): the
+held-out episodes (heldout_improvement) judge whether the policy got worse.
 """
 
 from __future__ import annotations
 
 from typing import Any, Sequence
 
-from .base import CheckResult, Thresholds, early_late, grade, not_applicable, r4, too_few, values
+from .base import SEVERITY, CheckResult, Thresholds, early_late, grade, not_applicable, r4, too_few, values
 
 GROUP = "agent"
-TURNS_RATIO_WARN, TURNS_RATIO_FAIL = 1.5, 2.0  # late / early turns per episode
-TOOL_ERRORS_WARN, TOOL_ERRORS_FAIL = 0.25, 0.5  # late - early tool errors per episode
-BYPASS_WARN, BYPASS_FAIL = 0.2, 0.5  # late share of successes without a tool call
+TURNS_RATIO_WARN = 1.5  # late / early turns per episode
+TOOL_ERRORS_WARN = 0.25  # late - early tool errors per episode
+BYPASS_WARN = 0.2  # late share of successes without a tool call
 
 
 def is_agent_run(config: dict[str, Any] | None) -> bool:
@@ -25,9 +27,8 @@ def is_agent_run(config: dict[str, Any] | None) -> bool:
 
 
 def check_agent_runaway(rows: Sequence[dict[str, Any]], t: Thresholds) -> CheckResult:
-    """Rule: when agent/success_frac rises (late > early), the worse of: turns per episode late / early
-    (WARN >= 1.5, FAIL >= 2.0) and tool errors per episode late - early (WARN >= 0.25, FAIL >= 0.5). PASS when
-    success does not rise or neither grows that much."""
+    """Rule: when agent/success_frac rises (late > early), WARN when turns per episode late / early >= 1.5 or tool
+    errors per episode late - early >= 0.25. PASS when success does not rise or neither grows that much."""
     name = "agent_runaway"
     success, turns, errors = (values(rows, f"agent/{k}") for k in ("success_frac", "turns_mean", "tool_errors_mean"))
     if min(len(success), len(turns)) < t.min_points:
@@ -39,17 +40,15 @@ def check_agent_runaway(rows: Sequence[dict[str, Any]], t: Thresholds) -> CheckR
                "tool_errors_early": r4(e0), "tool_errors_late": r4(e1)}
     if s1 <= s0:
         return CheckResult(name, GROUP, "PASS", f"success did not rise ({s0:.3f} -> {s1:.3f})", numbers)
-    by_turns = grade(ratio, TURNS_RATIO_WARN, TURNS_RATIO_FAIL)
-    by_errors = grade(e1 - e0, TOOL_ERRORS_WARN, TOOL_ERRORS_FAIL)
-    status = max((by_turns, by_errors), key=("PASS", "WARN", "FAIL").index)
+    status = max(grade(ratio, TURNS_RATIO_WARN), grade(e1 - e0, TOOL_ERRORS_WARN), key=SEVERITY.get)
     return CheckResult(name, GROUP, status, f"success {s0:.3f} -> {s1:.3f} while turns/episode {u0:.2f} -> {u1:.2f} "
-                       f"(x{ratio:.2f}; WARN >= x{TURNS_RATIO_WARN}, FAIL >= x{TURNS_RATIO_FAIL}) and tool errors/episode "
-                       f"{e0:.2f} -> {e1:.2f} (WARN >= +{TOOL_ERRORS_WARN}, FAIL >= +{TOOL_ERRORS_FAIL})", numbers)
+                       f"(x{ratio:.2f}; WARN >= x{TURNS_RATIO_WARN}) and tool errors/episode "
+                       f"{e0:.2f} -> {e1:.2f} (WARN >= +{TOOL_ERRORS_WARN})", numbers)
 
 
 def check_agent_tool_bypass(rows: Sequence[dict[str, Any]], t: Thresholds) -> CheckResult:
     """Rule: late mean of agent/success_without_tool_frac (successes with no tool call, in environments that require
-    one): WARN >= 0.2, FAIL >= 0.5. N/A when the environment requires no tool (the metric is never logged)."""
+    one): WARN >= 0.2. N/A when the environment requires no tool (the metric is never logged)."""
     name = "agent_tool_bypass"
     vals = values(rows, "agent/success_without_tool_frac")
     logged = any("agent/success_without_tool_frac" in r for r in rows)
@@ -58,9 +57,8 @@ def check_agent_tool_bypass(rows: Sequence[dict[str, Any]], t: Thresholds) -> Ch
     if not vals:
         return CheckResult(name, GROUP, "PASS", "no successful episode yet, so none without a tool", {})
     late = early_late(vals, t.window_frac)[1]
-    status = grade(late, BYPASS_WARN, BYPASS_FAIL)
-    return CheckResult(name, GROUP, status, f"late share of successes reached without the required tool {late:.3f} "
-                       f"(WARN >= {BYPASS_WARN}, FAIL >= {BYPASS_FAIL})", {"late": r4(late)})
+    return CheckResult(name, GROUP, grade(late, BYPASS_WARN), f"late share of successes reached without the required "
+                       f"tool {late:.3f} (WARN >= {BYPASS_WARN})", {"late": r4(late)})
 
 
 def agent_checks(rows: Sequence[dict[str, Any]], config: dict[str, Any] | None, t: Thresholds) -> list[CheckResult]:

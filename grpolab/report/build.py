@@ -6,17 +6,20 @@ import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from ..checkpoint import latest_checkpoint
 from ..errors import GrpolabError
 from ..manifest import write_json_atomic
 from .agent import agent_checks
+from .base import SEVERITY
 from .checks import CheckResult, Thresholds, training_checks
 from .code import code_checks, code_figures
 from .evidence import (RunEvidence, baseline_comparisons, best_worst, capability_comparisons, change_counts,
                        changed_answers, heldout_comparison, load_evals, load_run)
-from .gates import check_capability, check_improvement, check_reproducibility, check_safety, order_checks, verdict
+from .diversity import DiversitySettings, run_diversity
+from .gates import (check_capability, check_diversity, check_improvement, check_reproducibility, check_safety,
+                    order_checks, verdict)
 from .reward_model import defer_reward_vs_heldout, reward_model_checks, rm_evidence
 
 
@@ -35,6 +38,9 @@ class ReportOptions:
     capability_split: str = "test"
     capability_max_new_tokens: int = 256
     batch_size: int = 16
+    skip_diversity: bool = False
+    diversity: DiversitySettings = field(default_factory=DiversitySettings)
+    out: Path | None = None  # where the report of a set of runs is written (default: set_report_dir)
 
 
 def base_model_name(manifest: dict[str, Any]) -> str:
@@ -117,44 +123,122 @@ def capability_figures(capability: list[dict[str, Any]]) -> list[tuple[str, str]
     return figs
 
 
-def all_checks(ev: RunEvidence, heldout, capability, safety, t: Thresholds) -> list[CheckResult]:
-    checks = training_checks(ev.metrics, ev.config, heldout, t) + code_checks(ev.metrics, ev.config, t)
-    checks = defer_reward_vs_heldout(checks, ev.config)  # unchanged without a learned reward (report/reward_model.py)
-    checks += reward_model_checks(ev.metrics, ev.samples, ev.config, heldout, t)  # none without a learned reward
-    checks += agent_checks(ev.metrics, ev.config, t)  # none for runs that are not agent runs (report/agent.py)
-    checks += [check_improvement(heldout, t), check_capability(capability, t), check_safety(safety, t),
-               check_reproducibility(ev.manifest)]
-    return order_checks(checks)
+def diversity_evidence(ev: RunEvidence, opts: ReportOptions, log: Callable[[str], None]) -> tuple[dict[str, Any] | None, str]:
+    """(pass@k evidence or None, why it is missing): report/diversity.py, unless --skip-diversity."""
+    if opts.skip_diversity:
+        return None, "skipped with --skip-diversity"
+    try:
+        return run_diversity(ev.run_dir, ev.config, base_model_name(ev.manifest), opts.diversity, opts.dtype, log)
+    except GrpolabError as e:
+        return None, str(e)
 
 
-def build_report(run_dir: Path, opts: ReportOptions | None = None, log: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
-    """Write RUN_DIR/report.html and RUN_DIR/report.md; return the report data (verdict, checks, paths)."""
-    from .plots import training_figures
-    from .render import render_html, render_markdown
-
-    opts = opts or ReportOptions()
-    ev = load_run(Path(run_dir))
+def run_evidence(ev: RunEvidence, opts: ReportOptions, log: Callable[[str], None]) -> dict[str, Any]:
+    """Every held-out measurement of one run: held-out comparison, capability, safety and diversity (running the
+    evaluations that were asked for and are not cached yet)."""
     if opts.capability_task:
         run_capability(ev, opts, log)
         ev.evals = load_evals(ev.run_dir)
-    heldout = heldout_comparison(ev)
-    baselines = baseline_comparisons(ev, heldout, opts.baselines)
-    capability = capability_comparisons(ev)
     safety, safety_note = safety_evidence(ev, opts, log)
-    checks = all_checks(ev, heldout, capability, safety, opts.thresholds)
-    best, worst = best_worst(ev.samples)
+    diversity, diversity_note = diversity_evidence(ev, opts, log)
+    return {"heldout": heldout_comparison(ev), "capability": capability_comparisons(ev), "safety": safety,
+            "safety_note": safety_note, "diversity": diversity, "diversity_note": diversity_note}
+
+
+def all_checks(metrics: list[dict[str, Any]], samples: list[dict[str, Any]], config: dict[str, Any],
+               manifests: list[dict[str, Any]], e: dict[str, Any], t: Thresholds) -> list[CheckResult]:
+    """Every check, on one run's evidence or a set's (`e`: run_evidence's keys; `manifests`: each run's)."""
+    heldout = e["heldout"]
+    checks = training_checks(metrics, config, heldout, t) + code_checks(metrics, config, t)
+    checks = defer_reward_vs_heldout(checks, config)  # unchanged without a learned reward (report/reward_model.py)
+    checks += reward_model_checks(metrics, samples, config, heldout, t)  # none without a learned reward
+    checks += agent_checks(metrics, config, t)  # none for runs that are not agent runs (report/agent.py)
+    checks += [check_improvement(heldout, t), check_capability(e["capability"], t),
+               check_diversity(e["diversity"], e["diversity_note"], t), check_safety(e["safety"], t),
+               max((check_reproducibility(m) for m in manifests), key=lambda c: SEVERITY[c.status])]
+    return order_checks(checks)
+
+
+def build_report(run_dir: Path | Sequence[Path], opts: ReportOptions | None = None,
+                 log: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
+    """Write report.html and report.md of one run (into RUN_DIR) or of a set of runs (several seeds of one recipe;
+    into opts.out, default set_report_dir); return the report data (verdict, checks, paths)."""
+    opts = opts or ReportOptions()
+    dirs = [Path(run_dir)] if isinstance(run_dir, (str, Path)) else [Path(d) for d in run_dir]
+    if len(dirs) > 1:
+        return build_set_report(dirs, opts, log)
+    ev = load_run(dirs[0])
+    e = run_evidence(ev, opts, log)
+    heldout = e["heldout"]
+    baselines = baseline_comparisons(ev, heldout, opts.baselines)
     base_row, trained_row = (heldout or {}).get("base_row"), (heldout or {}).get("trained_row")
-    report = {
-        "run_dir": str(ev.run_dir), "run_name": ev.run_dir.resolve().name, "generated": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "train_task": ev.train_task, "manifest": ev.manifest, "checks": checks, "verdict": verdict(checks),
-        "heldout": heldout, "baselines": baselines, "capability": capability, "safety": safety, "safety_note": safety_note,
-        "figures": training_figures(ev.metrics) + code_figures(ev.metrics), "comparison_figures": comparison_figures(heldout, baselines),
-        "capability_figures": capability_figures(capability),
-        "reward_model": rm_evidence(ev.metrics, ev.samples, ev.config, ev.manifest),  # None without a learned reward
-        "best": best, "worst": worst, "changed": changed_answers(base_row, trained_row),
-        "change_counts": change_counts(base_row, trained_row), "thresholds": opts.thresholds,
-    }
-    html_path, md_path = ev.run_dir / "report.html", ev.run_dir / "report.md"
+    report = {**e, "run_dir": str(ev.run_dir), "run_name": ev.run_dir.resolve().name, "train_task": ev.train_task,
+              "manifest": ev.manifest, "baselines": baselines,
+              "checks": all_checks(ev.metrics, ev.samples, ev.config, [ev.manifest], e, opts.thresholds),
+              "comparison_figures": comparison_figures(heldout, baselines),
+              "changed": changed_answers(base_row, trained_row), "change_counts": change_counts(base_row, trained_row)}
+    return write_report(report, ev.metrics, ev.samples, ev.config, ev.run_dir, opts)
+
+
+def set_report_dir(dirs: Sequence[Path]) -> Path:
+    """Where a set's report goes by default: beside the runs, named after what their names share, + "-set"
+    (runs/quickstart-seed0, runs/quickstart-seed1 -> runs/quickstart-set).
+
+    >>> set_report_dir([Path("runs/qs-seed0"), Path("runs/qs-seed1")]).as_posix()
+    'runs/qs-set'
+    """
+    import os
+    import re
+
+    stem = re.sub(r"[-_]?seed$", "", os.path.commonprefix([d.name for d in dirs]).rstrip("-_")).rstrip("-_")
+    return dirs[0].parent / f"{stem or dirs[0].name}-set"
+
+
+def build_set_report(dirs: Sequence[Path], opts: ReportOptions, log: Callable[[str], None]) -> dict[str, Any]:
+    """The report of a set of runs (report/sets.py): every check on the set's evidence."""
+    from .sets import check_recipe, mean_rows, set_capability, set_diversity, set_heldout, set_safety
+
+    if opts.baselines:
+        raise GrpolabError("--baseline: applies to the report of one run; compare sets of runs with grpolab compare --set")
+    evs = [load_run(d) for d in dirs]
+    labels = [ev.run_dir.name for ev in evs]
+    check_recipe(labels, [ev.manifest for ev in evs])
+    per_run = []
+    for ev in evs:
+        log(f"{ev.run_dir.name}:")
+        per_run.append(run_evidence(ev, opts, log))
+    notes = lambda key: "; ".join(dict.fromkeys(p[key] for p in per_run if p[key]))  # noqa: E731
+    e = {"heldout": set_heldout([p["heldout"] for p in per_run], labels),
+         "capability": set_capability([p["capability"] for p in per_run], labels),
+         "safety": set_safety([p["safety"] for p in per_run], labels), "safety_note": notes("safety_note"),
+         "diversity": set_diversity([p["diversity"] for p in per_run], labels), "diversity_note": notes("diversity_note")}
+    metrics, samples = mean_rows([ev.metrics for ev in evs]), [s for ev in evs for s in ev.samples]
+    out = Path(opts.out) if opts.out else set_report_dir(dirs)
+    out.mkdir(parents=True, exist_ok=True)
+    first = evs[0]
+    report = {**e, "run_dir": str(out), "run_name": f"{out.name} ({len(evs)} runs: {', '.join(labels)})",
+              "train_task": first.train_task, "manifest": first.manifest, "baselines": [],
+              "checks": all_checks(metrics, samples, first.config, [ev.manifest for ev in evs], e, opts.thresholds),
+              "comparison_figures": comparison_figures(e["heldout"], []), "changed": [], "change_counts": {},
+              "set": {"runs": labels, "dirs": [str(d) for d in dirs], "seeds": [ev.manifest.get("seed") for ev in evs],
+                      "per_run": [{"label": label, **p} for label, p in zip(labels, per_run)]}}
+    return write_report(report, metrics, samples, first.config, out, opts)
+
+
+def write_report(report: dict[str, Any], metrics: list[dict[str, Any]], samples: list[dict[str, Any]],
+                 config: dict[str, Any], out: Path, opts: ReportOptions) -> dict[str, Any]:
+    """Add the verdict, figures and samples to `report`, write OUT/report.html and OUT/report.md."""
+    from .plots import training_figures
+    from .render import render_html, render_markdown
+
+    best, worst = best_worst(samples)
+    report.update({
+        "generated": time.strftime("%Y-%m-%d %H:%M:%S"), "verdict": verdict(report["checks"]),
+        "figures": training_figures(metrics) + code_figures(metrics), "capability_figures": capability_figures(report["capability"]),
+        "reward_model": rm_evidence(metrics, samples, config, report["manifest"]),  # None without a learned reward
+        "best": best, "worst": worst, "thresholds": opts.thresholds,
+    })
+    html_path, md_path = out / "report.html", out / "report.md"
     _write(html_path, render_html(report))
     _write(md_path, render_markdown(report))
     report["paths"] = {"html": html_path, "md": md_path}

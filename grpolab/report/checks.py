@@ -2,7 +2,10 @@
 
 Every check returns a :class:`CheckResult`: PASS / WARN / FAIL, or N/A when it cannot fail in the run's
 configuration (the reason says which setting makes it so; N/A never counts toward the verdict), with the
-numbers it looked at and a one-line reason. A PASS reason states the condition that held, with its bound.
+numbers it looked at and a one-line reason. FAIL is reserved for evidence that the model is worse, unsafe, or
+that the evidence is invalid, read from an interval; the checks of this module read the training history, whose
+numbers have no interval, so they WARN at most (reward_vs_heldout, which compares with the held-out interval,
+can FAIL). A PASS reason states the condition that held, with its bound.
 Rows are the objects of ``metrics.jsonl`` (``{"step": N, "reward/mean": ..., ...}``, non-finite values as None).
 The run's resolved config (``manifest["config"]``) is passed explicitly; a field missing from an older
 manifest is unknown, and nothing is declared N/A on a guess.
@@ -40,41 +43,43 @@ ONE_STEP = ("train.mu = 1 and train.minibatches = 1: the only optimizer step of 
             "sampled it (pi_theta = pi_old)")
 
 
-def _above(value: float, warn: float, fail: float, fmt: str = "{:g}") -> str:
-    """The bound `value` met under grade(value, warn, fail) (inclusive above), e.g. '>= 0.25' or '< 0.1'.
+def _bound(value: float, warn: float, above: bool = True, fmt: str = "{:g}") -> str:
+    """The bound `value` met under grade(value, warn, above), e.g. '>= 0.5' or '< 0.5' (above), '< x0.5' (below).
 
-    >>> _above(0.3, 0.1, 0.25), _above(0.05, 0.1, 0.25)
-    ('>= 0.25', '< 0.1')
+    >>> _bound(0.6, 0.5), _bound(0.4, 0.5), _bound(0.4, 0.5, above=False)
+    ('>= 0.5', '< 0.5', '< 0.5')
     """
-    return f">= {fmt.format(fail)}" if value >= fail else f">= {fmt.format(warn)}" if value >= warn else f"< {fmt.format(warn)}"
+    w = fmt.format(warn)
+    if above:
+        return f">= {w}" if value >= warn else f"< {w}"
+    return f"< {w}" if value < warn else f">= {w}"
 
 
-def _over(value: float, warn: float, fail: float, unit: str = "") -> tuple[str, str]:
-    """(status, bound) for 'FAIL above fail, WARN above warn' (strict), e.g. ('PASS', '<= 0.1')."""
-    if value > fail:
-        return FAIL, f"> {fail:g}{unit}"
-    if value > warn:
-        return WARN, f"> {warn:g}{unit}"
-    return PASS, f"<= {warn:g}{unit}"
+def _over(value: float, warn: float, unit: str = "") -> tuple[str, str]:
+    """(status, bound) for 'WARN above warn' (strict), e.g. ('PASS', '<= 0.1')."""
+    return (WARN, f"> {warn:g}{unit}") if value > warn else (PASS, f"<= {warn:g}{unit}")
 
 
 # ---------------------------------------------------------------- learning signal and dynamics
+#
+# Training-health checks: a number from the training history, with no interval, that predicts trouble but is no
+# measurement of harm. Each only WARNs with its numbers (docs/report.md, "FAIL and WARN"); the harm they predict
+# is measured on held-out problems (heldout_improvement, pass_at_k_diversity, capability_regression).
 
 
 def check_learning_signal(rows: Sequence[dict[str, Any]], t: Thresholds) -> CheckResult:
     """Learning signal: share of zero-variance groups (they carry no gradient), overall and per slice.
 
     Rule: late mean of groups/frac_zero_std (the sampled batch: with dynamic sampling the kept batch has almost
-    none by construction): FAIL at or above `zero_std_fail` (default 0.9), WARN at or above `zero_std_warn`
-    (default 0.5). Each groups/frac_zero_std/<slice> is graded the same way but can only WARN (a solved easy
-    slice legitimately stops carrying signal).
+    none by construction): WARN at or above `zero_std_warn` (default 0.5); each groups/frac_zero_std/<slice> the
+    same way. Training health: never FAIL.
     """
     name, group = "zero_variance_groups", "learning signal"
     overall = values(rows, "groups/frac_zero_std")
     if not overall:
         return not_measured(name, group, "no groups/frac_zero_std in metrics")
     late = early_late(overall, t.window_frac)[1]
-    status = grade(late, t.zero_std_warn, t.zero_std_fail)
+    status = grade(late, t.zero_std_warn)
     numbers: dict[str, Any] = {"late": r4(late), "mean": r4(sum(overall) / len(overall))}
     slice_keys = sorted({k for r in rows for k in r if k.startswith("groups/frac_zero_std/")})
     flagged = []
@@ -84,12 +89,11 @@ def check_learning_signal(rows: Sequence[dict[str, Any]], t: Thresholds) -> Chec
             continue
         s_late = early_late(vals, t.window_frac)[1]
         numbers[f"late/{key.rsplit('/', 1)[1]}"] = r4(s_late)
-        if grade(s_late, t.zero_std_warn, t.zero_std_fail) != PASS:
+        if grade(s_late, t.zero_std_warn) != PASS:
             flagged.append(f"{key.rsplit('/', 1)[1]} {s_late:.2f}")
-            status = max(status, WARN, key=SEVERITY.get)
-    reason = f"late share of zero-variance groups {late:.2f} ({_above(late, t.zero_std_warn, t.zero_std_fail)})"
-    reason += {FAIL: ": almost no group carries a learning signal", WARN: ": most groups carry no signal",
-               PASS: ""}[grade(late, t.zero_std_warn, t.zero_std_fail)]
+            status = WARN
+    reason = f"late share of zero-variance groups {late:.2f} ({_bound(late, t.zero_std_warn)})"
+    reason += ": most groups carry no learning signal" if late >= t.zero_std_warn else ""
     if flagged:
         reason += f"; slices without signal (>= {t.zero_std_warn:g}): {', '.join(flagged)}"
     return CheckResult(name, group, status, reason, numbers)
@@ -106,84 +110,83 @@ def _ratio_check(rows, key: str, name: str, group: str, t: Thresholds) -> tuple[
 def check_length_drift(rows: Sequence[dict[str, Any]], t: Thresholds) -> CheckResult:
     """Length drift: late / early mean completion length (tokens) of the sampled batch.
 
-    Rule: growth g = late/early: FAIL above `length_ratio_fail` (default 3.0), WARN above `length_ratio_warn`
-    (default 1.5). Shrinking is what concise answers look like, so it only WARNs when early/late exceeds
-    `length_ratio_fail` (a collapse to very short answers: read the samples).
+    Rule: growth g = late/early: WARN above `length_ratio_warn` (default 1.5). Shrinking is what concise answers
+    look like, so it only WARNs when early/late exceeds `length_shrink_warn` (default 3.0: a collapse to very
+    short answers, read the samples). Training health: never FAIL.
     """
     name, group = "length_drift", "dynamics"
     bad, e, l = _ratio_check(rows, "completion/len_mean", name, group, t)
     if bad:
         return bad
     growth = l / e if e > 0 else (1.0 if l == 0 else math.inf)
-    status, bound = _over(growth, t.length_ratio_warn, t.length_ratio_fail)
+    numbers = {"early": r4(e), "late": r4(l), "growth": r4(growth)}
+    if growth > 0 and 1 / growth > t.length_shrink_warn:
+        return CheckResult(name, group, WARN, f"mean completion length {e:.1f}->{l:.1f} tokens (x{growth:.2f} < "
+                           f"x{1 / t.length_shrink_warn:.2f}): collapsed to much shorter answers, read the samples", numbers)
+    status, bound = _over(growth, t.length_ratio_warn)
     bound = bound.replace("> ", "> x").replace("<= ", "<= x")
     if growth < 1:
-        bound = f">= x{1 / t.length_ratio_fail:.2f}: shorter answers, not collapsed"
-    reason = f"mean completion length {e:.1f}->{l:.1f} tokens (x{growth:.2f} {bound})"
-    if growth > 0 and 1 / growth > t.length_ratio_fail:
-        status = WARN
-        reason = (f"mean completion length {e:.1f}->{l:.1f} tokens (x{growth:.2f} < x{1 / t.length_ratio_fail:.2f}): "
-                  "collapsed to much shorter answers, read the samples")
-    return CheckResult(name, group, status, reason, {"early": r4(e), "late": r4(l), "growth": r4(growth)})
+        bound = f">= x{1 / t.length_shrink_warn:.2f}: shorter answers, not collapsed"
+    return CheckResult(name, group, status, f"mean completion length {e:.1f}->{l:.1f} tokens (x{growth:.2f} {bound})",
+                       numbers)
 
 
 def check_truncation_drift(rows: Sequence[dict[str, Any]], t: Thresholds) -> CheckResult:
     """Truncation: completions of the sampled batch hitting max_new_tokens (answer cut off, reward computed on
     a fragment).
 
-    Rule: FAIL when late - early truncated share >= `trunc_rise_fail` (0.25) or late >= `trunc_level_fail`
-    (0.5); WARN when the rise >= `trunc_rise_warn` (0.1) or late >= `trunc_level_warn` (0.2).
+    Rule: WARN when late - early truncated share >= `trunc_rise_warn` (0.1) or late >= `trunc_level_warn` (0.2).
+    Training health: never FAIL (the held-out evaluation's own truncation share is in the held-out table).
     """
     name, group = "truncation_drift", "dynamics"
     bad, e, l = _ratio_check(rows, "completion/truncated_frac", name, group, t)
     if bad:
         return bad
-    status = max(grade(l - e, t.trunc_rise_warn, t.trunc_rise_fail), grade(l, t.trunc_level_warn, t.trunc_level_fail),
-                 key=SEVERITY.get)
-    reason = (f"truncated share {e:.2f}->{l:.2f} (rise {l - e:+.2f} {_above(l - e, t.trunc_rise_warn, t.trunc_rise_fail)}, "
-              f"late {l:.2f} {_above(l, t.trunc_level_warn, t.trunc_level_fail)})")
+    status = max(grade(l - e, t.trunc_rise_warn), grade(l, t.trunc_level_warn), key=SEVERITY.get)
+    reason = (f"truncated share {e:.2f}->{l:.2f} (rise {l - e:+.2f} {_bound(l - e, t.trunc_rise_warn)}, "
+              f"late {l:.2f} {_bound(l, t.trunc_level_warn)})")
     return CheckResult(name, group, status, reason, {"early": r4(e), "late": r4(l)})
 
 
 def check_entropy_collapse(rows: Sequence[dict[str, Any]], t: Thresholds) -> CheckResult:
     """Entropy collapse: the policy stops exploring.
 
-    Rule: FAIL when late entropy < `entropy_floor` (0.02 nats/token) or late/early < `entropy_ratio_fail`
-    (0.2); WARN when late/early < `entropy_ratio_warn` (0.5).
+    Rule: WARN when late/early < `entropy_ratio_warn` (0.5) or late entropy < `entropy_floor` (0.02 nats/token).
+    Training health: never FAIL. The harm a collapse predicts -- fewer distinct right answers when sampling -- is
+    measured by pass_at_k_diversity (held-out pass@k, base vs trained).
     """
     name, group = "entropy_collapse", "dynamics"
     bad, e, l = _ratio_check(rows, "policy/entropy", name, group, t)
     if bad:
         return bad
     ratio = l / e if e > 0 else 1.0
-    by_ratio = grade(ratio, t.entropy_ratio_warn, t.entropy_ratio_fail, above=False)
-    status = FAIL if l < t.entropy_floor else by_ratio
-    ratio_bound = {FAIL: f"< x{t.entropy_ratio_fail:g}", WARN: f"< x{t.entropy_ratio_warn:g}",
-                   PASS: f">= x{t.entropy_ratio_warn:g}"}[by_ratio]
-    floor_bound = f"< {t.entropy_floor:g}" if l < t.entropy_floor else f">= {t.entropy_floor:g}"
-    return CheckResult(name, group, status, f"entropy {e:.3f}->{l:.3f} nats/token (x{ratio:.2f} {ratio_bound}, late "
-                       f"{floor_bound})", {"early": r4(e), "late": r4(l), "ratio": r4(ratio)})
+    status = max(grade(ratio, t.entropy_ratio_warn, above=False), grade(l, t.entropy_floor, above=False),
+                 key=SEVERITY.get)
+    reason = (f"entropy {e:.3f}->{l:.3f} nats/token (x{ratio:.2f} {_bound(ratio, t.entropy_ratio_warn, above=False, fmt='x{:g}')}, "
+              f"late {_bound(l, t.entropy_floor, above=False)})")
+    if status == WARN:
+        reason += "; its harm, if any, shows in pass_at_k_diversity"
+    return CheckResult(name, group, status, reason, {"early": r4(e), "late": r4(l), "ratio": r4(ratio)})
 
 
 def check_kl_blowup(rows: Sequence[dict[str, Any]], config: dict[str, Any] | None, t: Thresholds) -> CheckResult:
     """KL blow-up: the policy runs away from the reference, or moves too far within one update.
 
-    Rule: max policy/kl: FAIL above `kl_fail` (1.0), WARN above `kl_warn` (0.1); max policy/approx_kl_old:
-    FAIL above `kl_old_fail` (0.5), WARN above `kl_old_warn` (0.05). The worse of the graded parts counts.
+    Rule: WARN when max policy/kl > `kl_warn` (0.1) or max policy/approx_kl_old > `kl_old_warn` (0.05).
     The reference part is N/A when algorithm.beta == 0 (no reference model); the old-policy part is N/A when
     train.mu == 1 and train.minibatches == 1 (pi_theta == pi_old at the only optimizer step). Both N/A: the
-    check is N/A. An applicable part without its metric: WARN "not measured".
+    check is N/A. An applicable part without its metric: WARN "not measured". Training health: never FAIL.
     """
     name, group = "kl_blowup", "dynamics"
-    parts = [("KL to reference", "policy/kl", t.kl_warn, t.kl_fail, "max_kl",
+    parts = [("KL to reference", "policy/kl", t.kl_warn, "max_kl",
               no_reference_model(config) and "no reference model (algorithm.beta = 0)"),
-             ("KL to old policy", "policy/approx_kl_old", t.kl_old_warn, t.kl_old_fail, "max_approx_kl_old",
+             ("KL to old policy", "policy/approx_kl_old", t.kl_old_warn, "max_approx_kl_old",
               single_step_on_policy(config) and ONE_STEP)]
     na = [f"{label} N/A: {why}" for label, *_, why in parts if why]
     if len(na) == len(parts):
         return not_applicable(name, group, f"no reference model (algorithm.beta = 0), and {ONE_STEP}")
     status, said, numbers, missing = PASS, [], {}, []
-    for label, key, warn, fail, number, why in parts:
+    for label, key, warn, number, why in parts:
         if why:
             continue
         vals = values(rows, key)
@@ -191,23 +194,22 @@ def check_kl_blowup(rows: Sequence[dict[str, Any]], config: dict[str, Any] | Non
             missing.append(key)
             continue
         top = max(vals)
-        s, bound = _over(top, warn, fail)
+        s, bound = _over(top, warn)
         status = max(status, s, key=SEVERITY.get)
         numbers[number] = r4(top)
         said.append(f"max {label} {top:.4f} nats/token ({bound})")
     if missing:
         said.insert(0, f"not measured: no {' or '.join(missing)}")
-        return CheckResult(name, group, max(status, WARN, key=SEVERITY.get), "; ".join(said + na), numbers,
-                           measured=False)
+        return CheckResult(name, group, WARN, "; ".join(said + na), numbers, measured=False)
     return CheckResult(name, group, status, "; ".join(said + na), numbers)
 
 
 def check_clip_blowup(rows: Sequence[dict[str, Any]], config: dict[str, Any] | None, t: Thresholds) -> CheckResult:
     """Clip-fraction blow-up: most tokens hit the trust region, the update is fighting the clip.
 
-    Rule: c = max over steps of clip_frac_low + clip_frac_high; FAIL above `clip_fail` (0.5), WARN above
-    `clip_warn` (0.2). N/A when train.mu == 1 and train.minibatches == 1: the ratio pi_theta / pi_old is 1
-    by construction (token and sequence ratios alike), so nothing is clipped.
+    Rule: c = max over steps of clip_frac_low + clip_frac_high; WARN above `clip_warn` (0.2). N/A when train.mu == 1
+    and train.minibatches == 1: the ratio pi_theta / pi_old is 1 by construction (token and sequence ratios
+    alike), so nothing is clipped. Training health: never FAIL.
     """
     name, group = "clip_blowup", "dynamics"
     if single_step_on_policy(config):
@@ -217,15 +219,15 @@ def check_clip_blowup(rows: Sequence[dict[str, Any]], config: dict[str, Any] | N
     if not lo:
         return not_measured(name, group, "no policy/clip_frac_low/high")
     c = max(a + b for a, b in zip(lo, hi))
-    status, bound = _over(c, t.clip_warn, t.clip_fail)
+    status, bound = _over(c, t.clip_warn)
     return CheckResult(name, group, status, f"max clipped token share {c:.3f} ({bound})", {"max_clip_frac": r4(c)})
 
 
 def check_sampler_mismatch(rows: Sequence[dict[str, Any]], t: Thresholds) -> CheckResult:
     """Sampler mismatch: sampler and trainer disagree on the sampled tokens' logprobs.
 
-    Rule: late mean of sampler/logp_diff_mean: FAIL above `logp_diff_fail` (0.5 nats/token), WARN above
-    `logp_diff_warn` (0.1).
+    Rule: late mean of sampler/logp_diff_mean: WARN above `logp_diff_warn` (0.1 nats/token). Training health:
+    never FAIL.
     """
     name, group = "sampler_mismatch", "dynamics"
     vals = values(rows, "sampler/logp_diff_mean")
@@ -233,7 +235,7 @@ def check_sampler_mismatch(rows: Sequence[dict[str, Any]], t: Thresholds) -> Che
         return not_measured(name, group, "no sampler/logp_diff_mean")
     late = early_late(vals, t.window_frac)[1]
     mx = max(values(rows, "sampler/logp_diff_max"), default=math.nan)
-    status, bound = _over(late, t.logp_diff_warn, t.logp_diff_fail)
+    status, bound = _over(late, t.logp_diff_warn)
     return CheckResult(name, group, status, f"late mean |logp sampler - logp trainer| {late:.4f} nats/token "
                        f"({bound}; max token {mx:.3f})", {"late_mean": r4(late), "max": r4(mx)})
 

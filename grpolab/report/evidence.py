@@ -117,7 +117,8 @@ def compare(a: dict[str, Any], b: dict[str, Any], b_is_later_row_of_same_eval: b
 # ---------------------------------------------------------------- which rows
 
 
-def _inside(path: str | None, run_dir: Path) -> bool:
+def path_inside(path: str | None, run_dir: Path) -> bool:
+    """Whether `path` is RUN_DIR or lies inside it (False for None or an unreadable path)."""
     if not path:
         return False
     try:
@@ -130,14 +131,15 @@ def _inside(path: str | None, run_dir: Path) -> bool:
 def trained_index(data: dict[str, Any], run_dir: Path) -> int:
     """Row of the trained model: the one whose model/path lies inside RUN_DIR, else the last row."""
     for i, m in enumerate(data["models"]):
-        if i and (_inside(m.get("path"), run_dir) or _inside(m.get("model"), run_dir)):
+        if i and (path_inside(m.get("path"), run_dir) or path_inside(m.get("model"), run_dir)):
             return i
     return len(data["models"]) - 1
 
 
 def primary_eval(ev: RunEvidence) -> tuple[str, dict[str, Any]] | None:
     """The held-out eval on the training task with at least two models (base_vs_trained.json preferred)."""
-    same = [(n, d) for n, d in ev.evals if d["task"] == ev.train_task and not d.get("capability") and len(d["models"]) >= 2]
+    same = [(n, d) for n, d in ev.evals if d["task"] == ev.train_task and not d.get("capability")
+            and not d.get("diversity") and len(d["models"]) >= 2]
     same.sort(key=lambda nd: (nd[0] != PRIMARY_EVAL, nd[0]))
     return same[0] if same else None
 
@@ -210,16 +212,16 @@ def baseline_comparisons(ev: RunEvidence, heldout: dict[str, Any] | None, baseli
 
 def capability_comparisons(ev: RunEvidence) -> list[dict[str, Any]]:
     """Evals in RUN_DIR/eval/ on a task other than the training task (or marked `capability` by the report): trained
-    vs base there."""
+    vs base there (rows kept as ``base_row`` / ``trained_row`` for the evidence of a set of runs)."""
     out = []
     for name, data in ev.evals:
-        if (data["task"] == ev.train_task and not data.get("capability")) or len(data["models"]) < 2:
+        if (data["task"] == ev.train_task and not data.get("capability")) or len(data["models"]) < 2 or data.get("diversity"):
             continue
         ti = trained_index(data, ev.run_dir)
         base, trained = data["models"][0], data["models"][ti]
         cmp = compare(base, trained, b_is_later_row_of_same_eval=True)
         out.append({"task": data["task"], "source": f"eval/{name}", "n": data.get("n"), "base": summary(base),
-                    "trained": summary(trained), **cmp})
+                    "trained": summary(trained), **cmp, "base_row": base, "trained_row": trained})
     return out
 
 

@@ -159,9 +159,9 @@ def section_regressions(r: dict[str, Any]) -> str:
         out.append(f'<p class="warn">Not measured: {esc(r.get("safety_note") or "skipped")}.</p>')
     else:
         out.append(f'<p>{s["n"]} plainly harmful requests shipped with grpolab (grpolab/data/safety_prompts.jsonl), '
-                   f'greedy, {s["max_new_tokens"]} new tokens. Compliance: base {s["base"]["compliance_rate"]:.2f} '
-                   f'({s["base"]["complied"]}/{s["n"]}), trained {s["trained"]["compliance_rate"]:.2f} '
-                   f'({s["trained"]["complied"]}/{s["n"]}); newly complied {s["newly_complied"]}, newly refused '
+                   f'greedy, {s["max_new_tokens"]} new tokens. Compliance: base {s["base"]["compliance_rate"]:.2f}, '
+                   f'trained {s["trained"]["compliance_rate"]:.2f}, trained - base {esc(diff(s["increase"]))} (paired '
+                   f'over the prompts); newly complied {s["newly_complied"]}, newly refused '
                    f'{s["newly_refused"]}.</p><p class="note">Refusal is judged by a crude {esc(s["heuristic"])}. '
                    'It is a regression probe between two models, not a safety evaluation.</p>')
         flips = [it for it in s["items"] if it["base_refused"] != it["trained_refused"]]
@@ -171,6 +171,56 @@ def section_regressions(r: dict[str, Any]) -> str:
             head = ["id", "prompt", "base", "trained", "trained answer"]
             out.append("<h3>Prompts whose outcome changed</h3>" + table(head, rows, raw=True))
     return "".join(out) + "</section>"
+
+
+def diversity_text(d: dict[str, Any] | None, note: str) -> str:
+    """One line on the pass@k evidence (plain text; escaped by the HTML caller)."""
+    if not d:
+        return f"Not measured: {note or 'skipped'}."
+    span = lambda x: f"{x['mean']:.3f} [{x['ci_low']:.3f}, {x['ci_high']:.3f}]"  # noqa: E731
+    return (f"pass@{d['k']} on {d['n']} held-out problems, {d['samples']} samples each at the training temperature "
+            f"T={d['temperature']:g} (unbiased estimator): base {span(d['base'])}, trained {span(d['trained'])}, "
+            f"trained - base {diff(d['diff'])}. Source: {d['source']}.")
+
+
+def section_diversity(r: dict[str, Any]) -> str:
+    cls = "" if r.get("diversity") else ' class="warn"'
+    return (f'<section id="diversity"><h2>Diversity (held-out pass@k)</h2><p{cls}>{esc(diversity_text(r.get("diversity"), r.get("diversity_note", "")))}</p>'
+            '<p class="note">An entropy collapse predicts that the trained model finds fewer distinct right answers when it '
+            'samples; this measures it. Paired bootstrap over problems (over runs and problems for a set of runs).</p></section>')
+
+
+def set_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    """(run, held-out gain, pass@k gain, capability gains) of every run of a set."""
+    rows = []
+    for p in r["set"]["per_run"]:
+        h, d = p.get("heldout"), p.get("diversity")
+        caps = "; ".join(f"{c['task']} {diff(c['diff'])}" for c in p.get("capability") or []) or "—"
+        rows.append((p["label"], diff(h["diff"]) if h else "—", diff(d["diff"]) if d else "—", caps))
+    return rows
+
+
+def spread_text(d: dict[str, Any] | None) -> str:
+    if not d or "spread" not in d:
+        return ""
+    s = d["spread"]
+    std = "—" if s["std"] is None else f"{s['std']:.3f}"
+    return f"between runs: mean {s['mean']:+.3f}, std {std}, min {s['min']:+.3f}, max {s['max']:+.3f}"
+
+
+def section_set(r: dict[str, Any]) -> str:
+    """The runs of a set and each one's own gains ("" for the report of one run)."""
+    if not r.get("set"):
+        return ""
+    h = r.get("heldout")
+    lead = (f"Held-out gain over the set: {diff(h['diff'])}, {spread_text(h['diff'])}." if h else
+            "No held-out comparison with per-problem records in every run.")
+    return ('<section id="set"><h2>Runs of this set</h2>'
+            f'<p>{esc(lead)}</p><p class="note">Every interval of this report is a hierarchical bootstrap: runs resampled, '
+            'then one common draw of problems (grpolab/evidence_sets.py). The checks judge the set, not one run; the '
+            'training curves are the mean over runs.</p>'
+            + table(["run", "held-out gain [95% CI]", "pass@k gain [95% CI]", "capability gain [95% CI]"], set_rows(r))
+            + "</section>")
 
 
 def section_curves(r: dict[str, Any]) -> str:
@@ -253,7 +303,8 @@ def render_html(r: dict[str, Any]) -> str:
     body = "".join([
         f"<h1>{esc(title)}</h1><p class='note'>Generated {esc(r['generated'])} from {esc(r['run_dir'])}. "
         f"Training task: {esc(r['train_task'])}; model {esc((m.get('config') or {}).get('model', {}).get('name', '—'))}.</p>",
-        section_verdict(r), section_heldout(r), section_regressions(r), section_curves(r), section_samples(r),
+        section_verdict(r), section_set(r), section_heldout(r), section_regressions(r), section_diversity(r),
+        section_curves(r), section_samples(r),
         rm_html_section(r),
         section_objective(m), section_manifest(m), section_thresholds(r["thresholds"]),
     ])
@@ -279,9 +330,15 @@ def render_markdown(r: dict[str, Any]) -> str:
         lines += [f"| slice {s} | {acc(v['trained'])} | {diff(v['diff'])} (trained - base) |" for s, v in h.get("per_slice", {}).items()]
     else:
         lines.append("No held-out evaluation found.")
-    lines += ["", "## Capability and safety", ""]
+    if r.get("set"):
+        lines += ["", "## Runs of this set", "", f"Held-out gain over the set: {diff(h['diff'])}, {spread_text(h['diff'])}."
+                  if h else "No held-out comparison with per-problem records in every run.", "",
+                  "| run | held-out gain [95% CI] | pass@k gain [95% CI] | capability gain [95% CI] |", "|---|---|---|---|"]
+        lines += [f"| {' | '.join(row)} |" for row in set_rows(r)]
+    lines += ["", "## Capability, diversity and safety", ""]
     lines += [f"- capability, {c['task']}: base {acc(c['base'])}, trained {acc(c['trained'])}, difference {diff(c['diff'])}"
               for c in r["capability"]] or ["- capability: not measured"]
+    lines.append(f"- diversity: {diversity_text(r.get('diversity'), r.get('diversity_note', ''))}")
     s = r["safety"]
     lines.append(f"- safety: compliance with {s['n']} harmful requests, base {s['base']['compliance_rate']:.2f}, trained "
                  f"{s['trained']['compliance_rate']:.2f} (keyword refusal heuristic)" if s else

@@ -80,8 +80,9 @@ def check_rm_vs_heldout(rows: Sequence[dict[str, Any]], config: dict[str, Any] |
     Rule: S = the per-step reward-model score (rm_key), from the step of the first held-out comparison when it
     starts during training. "Rose": the 95% interval of late - early S (rise_interval) lies above 0. With the
     held-out gain d (trained - base, or last - first periodic eval) and its interval: PASS when d's ci_low > 0;
-    FAIL when d's estimate <= `rm_heldout_min` (default 0): the score the policy optimised went up, the accuracy it
-    was meant to stand for did not; otherwise WARN "not established". S did not rise: N/A (no reward-model gain to
+    FAIL when d's ci_high <= `rm_heldout_min` (default 0): the score the policy optimised went up, and the interval
+    rules out that the accuracy it was meant to stand for did; otherwise WARN "not established" (the interval,
+    not the estimate, decides: an estimate within noise of 0 cannot flip the verdict). S did not rise: N/A (no reward-model gain to
     compare). No held-out measurement: WARN "not measured". No positive `model` weight: N/A.
     """
     name = "rm_score_vs_heldout"
@@ -109,8 +110,8 @@ def check_rm_vs_heldout(rows: Sequence[dict[str, Any]], config: dict[str, Any] |
     span = f"held-out accuracy {d['mean']:+.3f} [{d['ci_low']:+.3f}, {d['ci_high']:+.3f}]"
     if d["ci_low"] > 0:
         return CheckResult(name, GROUP, PASS, f"{rose} and so did {span} (low end > 0)", numbers)
-    if d["mean"] <= t.rm_heldout_min:
-        return CheckResult(name, GROUP, FAIL, f"{rose} while {span} did not rise (estimate <= {t.rm_heldout_min:g}): "
+    if d["ci_high"] <= t.rm_heldout_min:
+        return CheckResult(name, GROUP, FAIL, f"{rose} while {span} did not rise (high end <= {t.rm_heldout_min:g}): "
                            "the policy is exploiting the reward model", numbers)
     return CheckResult(name, GROUP, WARN, f"{rose}; held-out gain not established ({span})", numbers)
 
@@ -146,9 +147,10 @@ def check_rm_vs_verifier(samples: Sequence[dict[str, Any]], config: dict[str, An
     """Reward-model hacking on the training samples: the score follows length more than the verifier.
 
     Rule, over the samples with a reward-model score and a verdict (scored_samples): a = |corr(score, length in
-    characters)|, b = corr(score, right) (signed; 0 when either side is constant). FAIL when a >= `length_corr_min`
-    (0.5) and a - max(b, 0) >= `length_corr_margin` (0.2); otherwise PASS with both numbers. Fewer than 8 such
-    samples: WARN "too few". No positive `model` weight: N/A.
+    characters)|, b = corr(score, right) (signed; 0 when either side is constant). WARN when a >= `length_corr_min`
+    (0.5) and a - max(b, 0) >= `length_corr_margin` (0.2); otherwise PASS with both numbers. A correlation over
+    training samples without an interval: never FAIL (rm_score_vs_heldout measures the harm on held-out problems).
+    Fewer than 8 such samples: WARN "too few". No positive `model` weight: N/A.
     """
     name = "rm_score_vs_verifier"
     if not rm_weighted(config):
@@ -162,7 +164,7 @@ def check_rm_vs_verifier(samples: Sequence[dict[str, Any]], config: dict[str, An
     numbers = {"samples": len(pool), "corr_rm_length": r4(a), "corr_rm_correct": r4(b),
                "right_share": r4(sum(s["right"] for s in pool) / len(pool))}
     if a >= t.length_corr_min and a - max(b, 0.0) >= t.length_corr_margin:
-        return CheckResult(name, GROUP, FAIL, f"the reward model follows completion length (|r|={a:.2f} >= "
+        return CheckResult(name, GROUP, WARN, f"the reward model follows completion length (|r|={a:.2f} >= "
                            f"{t.length_corr_min:g}) more than the verifier (r={b:.2f}), by >= {t.length_corr_margin:g}",
                            numbers)
     return CheckResult(name, GROUP, PASS, f"reward model vs length |r|={a:.2f}, vs the verifier r={b:.2f}: length does "
