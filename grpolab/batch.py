@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .algo.advantages import Advantages, compute_advantages, zero_signal_groups
+from .card import stop_rule
 from .config import Config
 from .distributed import World, gather_objects, gather_rows, group_seed, owned_groups
 from .metrics import completion_metrics, group_metrics, reward_metrics
@@ -128,7 +129,7 @@ class BatchCollector:
         self.world = world
         r = cfg.rollout
         self.params = SamplingParams(group_size=r.group_size, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
-                                     max_new_tokens=r.max_new_tokens)
+                                     max_new_tokens=r.max_new_tokens, stop_rule=stop_rule(cfg))
         self._prompt_cache: dict[str, list[int]] = {}
         self.timing = {"rollout": 0.0, "reward": 0.0}
 

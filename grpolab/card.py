@@ -355,7 +355,7 @@ def objective_card(cfg: Config, precision: dict[str, Any] | None = None) -> dict
             "entropy_coef": a.entropy_coef, "mask_truncated": a.mask_truncated, "overlong_buffer": a.overlong_buffer,
             "overlong_penalty": a.overlong_penalty, "dynamic_sampling": a.dynamic_sampling,
             "max_extra_rounds": a.max_extra_rounds, "mu": cfg.train.mu, "minibatches": cfg.train.minibatches,
-            "group_size": cfg.rollout.group_size, "zero_variance_groups": "A = 0 exactly (max - min <= 1e-9)",
+            "group_size": cfg.rollout.group_size, "stop_rule": stop_rule(cfg), "zero_variance_groups": "A = 0 exactly (max - min <= 1e-9)",
             "lora": ({"rank": cfg.model.lora.rank, "alpha": cfg.model.lora.alpha, "dropout": cfg.model.lora.dropout,
                       "target_modules": cfg.model.lora.target_modules} if cfg.model.lora.rank else "off"),
             "strategy": cfg.train.strategy,
@@ -370,6 +370,14 @@ def objective_card(cfg: Config, precision: dict[str, Any] | None = None) -> dict
         **code_extraction(cfg),
         **reward_model_card(cfg),  # the learned reward's model: hashes, template, normalisation (rewards/model.py)
     }
+
+
+def stop_rule(cfg: Config) -> str:
+    """rollout.stop_rule resolved: ``auto`` is code_block when the run weights a code reward (it reads the first
+    Python block, so nothing after that block is sampled), else none."""
+    if cfg.rollout.stop_rule != "auto":
+        return cfg.rollout.stop_rule
+    return "code_block" if code_extraction(cfg) else "none"
 
 
 def code_extraction(cfg: Config) -> dict[str, str]:

@@ -78,6 +78,9 @@ class RolloutConfig:
     top_p: float = 1.0
     top_k: int = 0  # 0 = off
     max_new_tokens: int = 64
+    # what else ends a completion (rollout/stop.py): code_block = the closing fence of its first Python block (what a
+    # code reward reads); auto = code_block when a code reward (all_pass / pass_fraction) is weighted, else none
+    stop_rule: Literal["auto", "none", "code_block"] = "auto"
     # the sampler's own weight copy, synced after each update; auto = measured at start (grpolab/precision.py)
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     # grpolab decoder on a CPU in float32: weights packed once per decode call for oneDNN (rollout/prepack.py; the
@@ -145,6 +148,9 @@ class TrainConfig:
     fused_adamw: bool = True  # torch's fused AdamW kernel (same update as foreach, one pass over the weights)
     pack_completions: bool = True  # with share_prompt: completions packed end to end, not padded (SDPA models)
     seed: int = 0
+    # same config + seed on the same machine kind, threads and versions => the same bytes (grpolab/reproducibility.py:
+    # deterministic algorithms; on CPU the training passes' attention through SDPA's math backend)
+    deterministic: bool = True
     save_every: int = 0  # checkpoint every N steps (0 = off) ...
     save_every_minutes: float = 10.0  # ... and/or after this many minutes since the last one (0 = off); always at the end
     keep_last: int = 2

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from . import manifest as mf
+from . import reproducibility
 from .card import objective_card
 from .config import Config, from_dict, parse_override, set_path, to_dict
 from .distributed import barrier, gather_objects, init_world, resolve_device
@@ -81,6 +82,7 @@ def build_manifest(cfg: Config, model_path: str, tokenizer, train: list[Problem]
         "versions": mf.versions(),
         "git": mf.git_state(),
         "seed": cfg.train.seed,
+        "reproducibility": reproducibility.record(cfg.train.deterministic, resolve_device(cfg.train.device)),
         "world_size": world_size,
         "machine": mf.machine(),
     }

@@ -22,6 +22,7 @@ from typing import Any, Callable
 import torch
 
 from . import checkpoint as ckpt
+from . import reproducibility
 from .algo.kl import KLPlacement, token_kl
 from .agents.collect import collector_class
 from .batch import Batch, BatchCollector
@@ -37,6 +38,7 @@ from .lora import apply_lora, load_weights, make_reference, trainable_parameters
 from .models import DTYPES, load_causal_lm, load_tokenizer, resolve_model_path
 from .attention import use_fp32_attention
 from .precision import model_dims, probe_shapes, resolve
+from .reproducibility import training_attention
 from .prompt_sampler import PromptSampler
 from .rewards import RewardSet
 from .rollout.hf import HFEngine
@@ -136,6 +138,7 @@ class Trainer:
         self.device = resolve_device(cfg.train.device)
         self.world = world or init_world(self.device)
         seed_everything(cfg.train.seed)
+        reproducibility.enable(cfg.train.deterministic)
         self.rewards = RewardSet(cfg.reward.weights, cfg.reward.functions, cfg.reward.time_limit_s,  # before any model
                                  cfg.reward.sandbox, callables=rewards, model=cfg.reward.model, device=self.device)
         self.train_problems, self.eval_problems, self.data_summary = problems or load_problems(cfg)
@@ -213,11 +216,12 @@ class Trainer:
     def update_step(self, batch: Batch, t0: float) -> tuple[dict[str, float], list[dict[str, Any]]]:
         """Update the policy on a collected batch and return (metrics, samples) of the completed step."""
         t1 = time.perf_counter()
-        ref, old = self.kl_in_reward(batch)
         rollout, scores, t = batch.rollout, batch.scores, self.cfg.train
         skipped = self.updater.skipped_steps
-        update_metrics = self.updater.update(rollout, batch.advantages, ~scores.invalid, ref_logp=ref, old_logp=old,
-                                             positions=batch.positions, num_groups=batch.num_groups, step=self.step)
+        with training_attention(t.deterministic, self.device):  # PPO's critic update runs in kl_in_reward
+            ref, old = self.kl_in_reward(batch)
+            update_metrics = self.updater.update(rollout, batch.advantages, ~scores.invalid, ref_logp=ref, old_logp=old,
+                                                 positions=batch.positions, num_groups=batch.num_groups, step=self.step)
         self.skipped_in_step = self.updater.skipped_steps - skipped
         self.step += 1
         align_schedule(self.scheduler, self.step * t.mu * t.minibatches)

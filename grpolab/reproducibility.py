@@ -1,0 +1,56 @@
+"""Bitwise reproducibility (``train.deterministic``, docs/robustness.md): the same config and seed on the same
+machine kind, thread count and versions give the same samples, metrics and weights, in fp32 and bf16, in one
+process and under torchrun.
+
+What it takes, beyond seeding every RNG (grpolab.checkpoint.seed_everything) and each group's own sampling stream:
+
+- ``torch.use_deterministic_algorithms(True, warn_only=True)``: torch's deterministic kernel wherever it has one;
+  an op without one warns instead of stopping the run.
+- **Attention in the training passes through SDPA's math backend on a CPU.** PyTorch's CPU flash-attention
+  backward (chosen by default for a masked float32 SDPA, e.g. packing's block-causal mask, and inside bf16's
+  ``sdpa_fp32``) returned different key gradients for the same inputs in one process (measured on the quickstart:
+  gradient norm 1.930695 vs 1.930619 on two identical updates; one layer's k_proj of 30). The math backend
+  (matrix products and a softmax) gave the same bytes every time, at about the same speed at the quickstart's
+  lengths (docs/robustness.md); its memory grows with the square of the packed length. Decoding and no-grad passes
+  keep the default backend: their forward is deterministic.
+- Reductions grpolab owns (group statistics, metrics, the KL penalty) run in a fixed order in float64.
+
+What it does not cover, and the manifest says so (``reproducibility``): another thread count, CPU kind or library
+version (other kernels, other rounding); CUDA kernels without a deterministic version (torch warns: the run is
+then recorded as not verified).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Iterator
+
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+
+def enable(deterministic: bool) -> None:
+    """Switch torch's deterministic algorithms on (warn only) for a deterministic run; leave them as they are else."""
+    if deterministic:
+        torch.use_deterministic_algorithms(True, warn_only=True)
+
+
+@contextlib.contextmanager
+def training_attention(deterministic: bool, device: torch.device) -> Iterator[None]:
+    """Around a training pass: SDPA's math backend on a CPU when the run is deterministic (see the module text)."""
+    if deterministic and device.type == "cpu":
+        with sdpa_kernel(SDPBackend.MATH):
+            yield
+    else:
+        yield
+
+
+def record(deterministic: bool, device: torch.device) -> dict[str, Any]:
+    """The manifest's ``reproducibility`` entry: whether a rerun is expected to give the same bytes, and under what."""
+    if not deterministic:
+        return {"bitwise": False, "why": "train.deterministic is false (CPU flash-attention backward and any "
+                                         "kernel torch has no deterministic version of may differ between runs)"}
+    where = ("CPU: deterministic algorithms on, training attention through SDPA's math backend" if device.type == "cpu"
+             else f"{device.type}: deterministic algorithms on (warn only); not verified on this device type")
+    return {"bitwise": device.type == "cpu", "threads": torch.get_num_threads(), "how": where,
+            "holds_for": "the same config, seed, machine kind, thread count and package versions"}
