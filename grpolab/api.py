@@ -305,18 +305,26 @@ def compare(sources: str | Path | Sequence[str | Path], baseline: str = "", out:
 def release_report(run_dir: str | Path, baselines: Sequence[str] = (), thresholds: Mapping[str, float] | None = None,
            skip_safety: bool = False, safety_max_new_tokens: int = 64, capability_task: str | None = None,
            capability_n: int = 50, capability_options: Mapping[str, Any] | None = None,
-           capability_max_new_tokens: int = 256, dtype: str = "float32",
+           capability_max_new_tokens: int = 256, dtype: str = "float32", skip_diversity: bool = False,
+           diversity_n: int | None = None, diversity_samples: int | None = None,
            log: Callable[[str], None] | None = None) -> Report:
     """The release report of a run, as `grpolab report` (same defaults): writes report.html and report.md into the
-    run directory and returns the verdict, the checks and the paths. ``thresholds``: {name: value} overrides."""
+    run directory and returns the verdict, the checks and the paths. ``thresholds``: {name: value} overrides.
+    ``skip_diversity`` / ``diversity_n`` / ``diversity_samples``: the pass@k diversity check's switch, problems and
+    samples per problem (grpolab.report.diversity; defaults as the CLI's)."""
+    import dataclasses
+
     from .report import ReportOptions, build_report
     from .report.base import Thresholds
+    from .report.diversity import DiversitySettings
 
     opts = ReportOptions(baselines=list(baselines), thresholds=Thresholds().replace(dict(thresholds or {})),
                          skip_safety=skip_safety, safety_max_new_tokens=safety_max_new_tokens, dtype=dtype,
                          capability_task=capability_task or None, capability_n=capability_n,
                          capability_options=dict(capability_options or {}),
-                         capability_max_new_tokens=capability_max_new_tokens)
+                         capability_max_new_tokens=capability_max_new_tokens, skip_diversity=skip_diversity,
+                         diversity=dataclasses.replace(DiversitySettings(), **{k: v for k, v in (
+                             ("n", diversity_n), ("samples", diversity_samples)) if v is not None}))
     data = build_report(Path(run_dir), opts, log=log or (lambda s: None))
     label, why = data["verdict"]
     return Report(verdict=label, reason=why, checks=list(data["checks"]), paths=dict(data["paths"]), data=data)

@@ -193,6 +193,13 @@ def summarise(items: list[dict[str, Any]], elapsed: float) -> EvalResult:
     )
 
 
+def stop_rule_for(problems: list[Problem]) -> str:
+    """The stop rule held-out answers are decoded with (rollout/stop.py): code_block for code problems -- their
+    program is the first Python block, and nothing after it is generated, for the base model as for the trained
+    one -- else none. (Training with a code reward stops the same way: rollout.stop_rule auto.)"""
+    return "code_block" if problems and all(is_code_problem(p) for p in problems) else "none"
+
+
 def evaluate_model(engine: RolloutEngine, tokenizer, problems: list[Problem], settings: EvalSettings,
                    progress: Progress | None = None) -> EvalResult:
     """Greedy completions (and k samples when settings.samples > 0) for every problem, scored and summarised;
@@ -206,17 +213,18 @@ def evaluate_model(engine: RolloutEngine, tokenizer, problems: list[Problem], se
 
         return evaluate_episodes(engine, tokenizer, problems, settings, progress)
     start = time.perf_counter()
+    stop = stop_rule_for(problems)
     greedy = generate_all(engine, tokenizer, problems,
-                          SamplingParams(group_size=1, max_new_tokens=settings.max_new_tokens, greedy=True),
+                          SamplingParams(group_size=1, max_new_tokens=settings.max_new_tokens, greedy=True, stop_rule=stop),
                           settings.batch_size, progress)
     sampled: list[list[Completion]] = [[] for _ in problems]
     if settings.samples > 0:
         torch.manual_seed(settings.seed)
         params = SamplingParams(group_size=settings.samples, logprobs=False, temperature=settings.temperature, top_p=settings.top_p,
-                                max_new_tokens=settings.max_new_tokens)
+                                max_new_tokens=settings.max_new_tokens, stop_rule=stop)
         sampled = generate_all(engine, tokenizer, problems, params, settings.batch_size, progress)
     if problems and all(is_code_problem(p) for p in problems):
-        jobs = [[held_out_job(c.text, p.data) for c in (g[0], *s)] for p, g, s in zip(problems, greedy, sampled)]
+        jobs = [[held_out_job(c.text, p) for c in (g[0], *s)] for p, g, s in zip(problems, greedy, sampled)]
         if progress:
             progress("sandbox scoring", 0, len(problems))
         verdicts = code_passes(jobs)

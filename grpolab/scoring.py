@@ -17,6 +17,9 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from .tasks.base import Problem
+from .tasks.code import entry_points
+
 _BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
 _SPAN = re.compile(
     r"\$\$(?P<a>.+?)\$\$|\\\[(?P<b>.+?)\\\]|(?<!\\)\$(?P<c>[^$\n]+?)(?<!\\)\$|\\\((?P<d>.+?)\\\)",
@@ -265,17 +268,19 @@ def program_text(completion: str) -> str:
     return completion
 
 
-def held_out_job(completion: str, data) -> "Job":
-    """The sandbox job judging one completion against all of a problem's tests (hidden and shown)."""
+def held_out_job(completion: str, problem: Problem) -> "Job":
+    """The sandbox job judging one completion against all of a problem's tests (hidden and shown); the names the
+    tests call are bound to the program's even where a builtin has the name (grpolab.tasks.code.entry_points)."""
     from .sandbox import Job
 
+    data = problem.data
     code = program_text(completion)
     prefix, entry = data.get("prefix") or "", data.get("entry_point") or ""
     if prefix:
         defines = bool(entry) and re.search(r"(?m)^\s*def\s+" + re.escape(entry) + r"\s*\(", code) is not None
         code = prefix + ("\n\n" + code if defines else code)
     cases = tuple(dict.fromkeys([*data["tests"], *(data.get("shown") or ())]))
-    return Job(code, cases, data.get("setup") or "", data.get("time_limit_s"))
+    return Job(code, cases, data.get("setup") or "", data.get("time_limit_s"), entry_points(problem))
 
 
 def code_passes(jobs_per_item: Sequence[Sequence["Job"]], limits=None) -> list[list[tuple[bool, str | None]]]:

@@ -253,8 +253,10 @@ def test_evaluate_compare_and_report_match_the_command(tiny_model_dir, api_run, 
     comparison = grpolab.compare([got.path])
     assert [r["model"] for r in comparison.data["eval_sets"][0]["rows"]] == list(got.accuracy)
 
-    report = grpolab.release_report(api_run.run_dir, skip_safety=True)
+    report = grpolab.release_report(api_run.run_dir, skip_safety=True, skip_diversity=True)
     assert isinstance(report.verdict, str) and report.verdict == report.data["verdict"][0]
+    diversity = next(c for c in report.checks if c.name == "pass_at_k_diversity")
+    assert diversity.status == "N/A" and "skip" in diversity.reason.lower()
     assert report.paths["html"].is_file() and report.paths["md"].is_file()
     assert {c.name for c in report.checks} and report.reason
 

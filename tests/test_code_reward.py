@@ -76,7 +76,7 @@ def test_code_rewards_and_answer_rewards_do_not_mix():
 def test_held_out_scoring_is_its_own_path():
     problem = make_task("pyfunc").problems("test")[0]
     name = problem.data["entry_point"]
-    job = held_out_job("```python\ndef %s(*a):\n    return None\n```" % name, problem.data)
+    job = held_out_job("```python\ndef %s(*a):\n    return None\n```" % name, problem)
     assert set(job.cases) == set(problem.data["tests"]) | set(problem.data["shown"])
     [[(ok, reason)]] = code_passes([[job]])
     assert not ok and reason == "wrong_answer"
@@ -158,3 +158,16 @@ def test_eval_of_a_code_task_end_to_end(tiny_model_dir, one_thread):
     assert result.accuracy == 0.0 and {"accuracy", "pass@1", "pass@2", "mean@2"} <= set(result.metrics)
     assert all(item["reason"] in ("syntax", "error", "wrong_answer") for item in result.items)
     assert all(len(item["samples"]) == 2 and "maj@2" not in item["scores"] for item in result.items)
+
+
+def test_held_out_scoring_binds_a_solution_named_like_a_builtin():
+    """MBPP 126's function is named `sum` and MBPP names no entry point: held-out scoring binds the program's `sum`
+    for the tests (the reference solution passes, a wrong one fails), as the training reward does."""
+    from grpolab.tasks.code import code_problem
+
+    reference = "def sum(a, b):\n    return sum_of(a) + b\ndef sum_of(a):\n    return a * 2"
+    problem = code_problem("mbpp/126-like", "q", reference, ["assert sum(1, 2) == 4", "assert sum(3, 0) == 6"])
+    wrong = "```python\ndef sum(a, b):\n    return a + b\n```"
+    [[(ok_ref, _)], [(ok_wrong, reason)]] = code_passes([[held_out_job(_py(reference), problem)],
+                                                         [held_out_job(wrong, problem)]])
+    assert ok_ref and not ok_wrong and reason == "wrong_answer"

@@ -19,9 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from ..sandbox import ExecResult, Job, SandboxLimits, shared_pool
-from ..sandbox.names import global_names
 from ..tasks.base import Problem
-from ..tasks.code import is_code_problem
+from ..tasks.code import entry_points, is_code_problem
 
 EXTRACTION_RULE = ("the first fenced code block tagged python, py, python3 or untagged (other languages' blocks are "
                    "skipped), up to its closing fence or the end of the completion; without such a block, the whole "
@@ -81,29 +80,6 @@ def build_program(code: str, data: Mapping[str, Any]) -> str:
     if entry and re.search(rf"^\s*def\s+{re.escape(entry)}\s*\(", code, re.MULTILINE):
         return prefix + "\n\n" + code
     return prefix + code
-
-
-def entry_points(problem: Problem) -> tuple[str, ...]:
-    """The program names the problem's tests call, which the tests see even where a builtin has the name: the
-    problem's ``entry_point``, else the top-level functions and classes of its reference solution that the tests
-    read (MBPP names no entry point; its problem 126 calls a function named ``sum``).
-
-    >>> from grpolab.tasks.code import code_problem
-    >>> reference = "def sum(a, b):\\n    return 0\\ndef h():\\n    pass"
-    >>> entry_points(code_problem("t", "q", reference, ["assert sum(1, 2) == 3"]))
-    ('sum',)
-    """
-    data = problem.data
-    if data.get("entry_point"):
-        return (data["entry_point"],)
-    try:
-        tree = ast.parse(problem.answer or "")
-        tests = (data.get("setup") or "", *data["tests"], *(data.get("shown") or ()))
-        reads = set().union(*(global_names(t)[0] for t in tests))
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return ()
-    defined = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
-    return tuple(sorted(defined & reads))
 
 
 def code_job(completion: str, problem: Problem) -> tuple[Job, int, list[int], list[int]]:

@@ -22,8 +22,10 @@ A code problem's ``data`` (JSON-serialisable, so it is part of the run's data ha
 
 from __future__ import annotations
 
+import ast
 from typing import Any, Sequence
 
+from grpolab.sandbox.names import global_names
 from grpolab.tasks.base import Problem
 
 CODE_INSTRUCTION = "Answer with the complete Python function in one ```python code block."
@@ -41,3 +43,26 @@ def code_problem(uid: str, question: str, reference: str, tests: Sequence[str], 
 def is_code_problem(problem: Problem) -> bool:
     """True for a problem whose reward runs its tests (``data["kind"] == "code"``)."""
     return hasattr(problem.data, "get") and problem.data.get("kind") == "code"
+
+
+def entry_points(problem: Problem) -> tuple[str, ...]:
+    """The program names the problem's tests call, which the tests see even where a builtin has the name: the
+    problem's ``entry_point``, else the top-level functions and classes of its reference solution that the tests
+    read (MBPP names no entry point; its problem 126 calls a function named ``sum``).
+
+    >>> from grpolab.tasks.code import code_problem
+    >>> reference = "def sum(a, b):\\n    return 0\\ndef h():\\n    pass"
+    >>> entry_points(code_problem("t", "q", reference, ["assert sum(1, 2) == 3"]))
+    ('sum',)
+    """
+    data = problem.data
+    if data.get("entry_point"):
+        return (data["entry_point"],)
+    try:
+        tree = ast.parse(problem.answer or "")
+        tests = (data.get("setup") or "", *data["tests"], *(data.get("shown") or ()))
+        reads = set().union(*(global_names(t)[0] for t in tests))
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return ()
+    defined = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
+    return tuple(sorted(defined & reads))
