@@ -329,10 +329,22 @@ def resolve_update(setting: str, model: torch.nn.Module, batch_size: int, new_to
     return resolve(setting, "fp32", next(model.parameters()).device, shapes)
 
 
+RANK_INVARIANCE = {
+    "float32": "yes: 1 and N processes sample the same tokens (tests/test_distributed.py; docs/scaling.md)",
+    "bfloat16": "no: bf16 rounding depends on each rank's decode batch shape, so 1 and N processes sample different "
+                "tokens once it flips one (measured; docs/scaling.md); set rollout.dtype: float32 for that promise",
+}
+"""Whether the samples of 1 and N data-parallel processes agree, by the sampler's dtype (what the card shows)."""
+
+
 def card_entry(resolution: dict[str, Any]) -> dict[str, str]:
-    """What the objective card shows of a resolution: the choices and their source."""
+    """What the objective card shows of a resolution: the choices, their source, and whether samples are the same
+    whatever the number of processes (RANK_INVARIANCE)."""
     attention = {"attention": resolution["attention"]} if "attention" in resolution else {}  # grpolab/attention.py
-    return {"update": resolution["update"], "sampling": resolution["sampling"], "source": resolution["source"], **attention}
+    ranks = {"rank_invariant_samples": RANK_INVARIANCE[resolution["sampling"]]} \
+        if resolution["sampling"] in RANK_INVARIANCE else {}
+    return {"update": resolution["update"], "sampling": resolution["sampling"], "source": resolution["source"],
+            **attention, **ranks}
 
 
 def unresolved(update: str, sampling: str) -> dict[str, Any]:

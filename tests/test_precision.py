@@ -282,7 +282,8 @@ def test_a_run_records_setting_resolution_and_probe_numbers(tiny_model_dir, tmp_
     assert p["probe"]["products"]["sampling"]["shape"] == [4, 32, vocab]
     assert p["probe"]["products"]["sampling"]["fp32_gflops"] == 100.0
     card = manifest["objective"]["choices"]["precision"]
-    assert card == {"update": "fp32", "sampling": "float32", "source": p["source"]} and "0.5x" in card["source"]
+    assert card == {"update": "fp32", "sampling": "float32", "source": p["source"],
+                    "rank_invariant_samples": precision.RANK_INVARIANCE["float32"]} and "0.5x" in card["source"]
     assert manifest["config"]["train"]["precision"] == "auto" and manifest["config"]["rollout"]["dtype"] == "auto"
     assert json.loads((tmp_path / "auto" / "manifest.json").read_text())["precision"] == p
     assert trainer.cfg.train.precision == "fp32" and sampler_dtype(trainer) == torch.float32
@@ -291,6 +292,7 @@ def test_a_run_records_setting_resolution_and_probe_numbers(tiny_model_dir, tmp_
     trainer, manifest = start_run(from_dict(tiny(tiny_model_dir, tmp_path, "fast-bf16")))
     assert trainer.cfg.train.precision == "bf16" and trainer.updater.cfg.train.precision == "bf16"
     assert sampler_dtype(trainer) == torch.bfloat16 and manifest["precision"]["sampling"] == "bfloat16"
+    assert manifest["objective"]["choices"]["precision"]["rank_invariant_samples"].startswith("no: bf16 rounding")
 
 
 def test_an_explicit_run_is_recorded_as_explicit(tiny_model_dir, tmp_path, monkeypatch):
@@ -299,7 +301,8 @@ def test_an_explicit_run_is_recorded_as_explicit(tiny_model_dir, tmp_path, monke
     raw["rollout"]["dtype"] = "float32"
     trainer, manifest = start_run(from_dict(raw))
     assert fake.calls == 0 and manifest["precision"]["source"] == "explicit" and "probe" not in manifest["precision"]
-    assert manifest["objective"]["choices"]["precision"] == {"update": "fp32", "sampling": "float32", "source": "explicit"}
+    assert manifest["objective"]["choices"]["precision"] == {"update": "fp32", "sampling": "float32", "source": "explicit",
+                                                            "rank_invariant_samples": precision.RANK_INVARIANCE["float32"]}
     assert sampler_dtype(trainer) == torch.float32
 
 
