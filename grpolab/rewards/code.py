@@ -18,6 +18,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
+from ..rollout.stop import PYTHON_FENCES, fenced_blocks
 from ..sandbox import ExecResult, Job, SandboxLimits, shared_pool
 from ..tasks.base import Problem
 from ..tasks.code import entry_points, is_code_problem
@@ -25,7 +26,6 @@ from ..tasks.code import entry_points, is_code_problem
 EXTRACTION_RULE = ("the first fenced code block tagged python, py, python3 or untagged (other languages' blocks are "
                    "skipped), up to its closing fence or the end of the completion; without such a block, the whole "
                    "completion")
-PYTHON_FENCES = ("", "python", "py", "python3")
 
 
 @dataclass(frozen=True)
@@ -52,16 +52,9 @@ def extract_code(completion: str) -> str:
     'def g(): return 2'
     """
     lines = completion.split("\n")
-    i = 0
-    while i < len(lines):
-        stripped = lines[i].strip()
-        if stripped.startswith("```"):
-            info = stripped[3:].strip().split(" ")[0].lower()
-            end = next((j for j in range(i + 1, len(lines)) if lines[j].strip().startswith("```")), len(lines))
-            if info in PYTHON_FENCES:
-                return "\n".join(lines[i + 1:end])
-            i = end
-        i += 1
+    for info, start, end in fenced_blocks(completion):
+        if info in PYTHON_FENCES:
+            return "\n".join(lines[start + 1:end])
     return completion
 
 
