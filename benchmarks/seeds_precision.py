@@ -5,9 +5,10 @@ held-out problems, compared as two sets of runs (docs/performance.md, "bf16 agai
 
 For each precision P in (fp32, bf16) and seed s: `grpolab train configs/quickstart.yaml` with train.precision and
 rollout.dtype forced to P (runs/seeds/<P>-seed<s>; a run already finished is kept), then one `grpolab eval` of the
-base model and every run, greedy, on the demo's 266 held-out problems (`<out>/eval.json`), then `grpolab compare`
-of the two sets (difference of mean held-out accuracy, bootstrapped over runs and problems). `--mixed` adds the
-two crossed recipes (sample in one precision, train in the other) to say which half costs, if one does.
+base model and every run, greedy, on the demo's 266 held-out problems (`<out>/eval.json`, copied into each run's
+eval/), then `grpolab compare` of the two sets (difference of mean held-out accuracy, bootstrapped over runs and
+problems). `--mixed` adds the two crossed recipes (sample in one precision, train in the other) to say which half
+costs, if one does.
 Each command is printed before it runs; the machine and thread count go into `<out>/machine.json`.
 """
 
@@ -17,6 +18,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -65,6 +67,9 @@ def main() -> None:
     sets = {name: [train(out, f"{name}-seed{s}", *recipes[name], s) for s in seeds] for name in recipes}
     runs = [str(r) for rs in sets.values() for r in rs]
     run([GRPOLAB, "eval", "bundled:smollm2-135m-instruct", *runs, *EVAL_TASK, "--out", str(out / "eval.json")])
+    for r in runs:  # each run directory holds the evaluation (compare --set reads a run's own row from its eval/)
+        (Path(r) / "eval").mkdir(exist_ok=True)
+        shutil.copyfile(out / "eval.json", Path(r) / "eval" / "seeds_precision.json")
     compare = [GRPOLAB, "compare", str(out / "eval.json")]
     for name, rs in sets.items():
         compare += ["--set", f"{name}={','.join(map(str, rs))}"]
