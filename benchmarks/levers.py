@@ -13,6 +13,8 @@ alternating, --repeats times each, median seconds:
                    padded completions)  vs  share_prompt + pack_completions (the default)
   attention (bf16) the bf16 policy update with attention in bf16 (SDPA)  vs  in float32 (sdpa_fp32, grpolab/attention.py)
   optimizer step   AdamW foreach  vs  fused, on the policy's parameters with fixed gradients
+  determinism      the policy update with CPU flash attention (default SDPA)  vs  the math backend that
+                   train.deterministic uses (--only-deterministic: this row alone)
 
 Generation samples differ between decoders (different random streams), so the generation rows also report
 seconds per generated token. Everything else runs on identical inputs.
@@ -110,6 +112,26 @@ def bench_attention(trainer, repeats: int) -> dict[str, float]:
     return {k: statistics.median(v) for k, v in times.items()}
 
 
+def bench_deterministic(trainer, repeats: int) -> dict[str, float]:
+    """The policy update with the default SDPA backend (CPU flash attention: its backward does not repeat) and with
+    the math backend train.deterministic uses (grpolab/reproducibility.py), same batch, alternating."""
+    import torch
+
+    from grpolab.reproducibility import training_attention
+
+    torch.manual_seed(0)
+    batch = trainer.collect()
+    updater = trainer.updater
+    times: dict[str, list[float]] = {"flash (default SDPA)": [], "math (deterministic)": []}
+    for r in range(repeats + 1):
+        for name in times:
+            with training_attention(name.startswith("math"), trainer.device):
+                t = timed(lambda: updater.update(batch.rollout, batch.advantages, ~batch.scores.invalid))
+            if r:
+                times[name].append(t)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
 def bench_optimizer(trainer, repeats: int) -> dict[str, float]:
     import torch
 
@@ -131,9 +153,16 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--precision", choices=["fp32", "bf16"], default="bf16")
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--only-deterministic", action="store_true", help="time only the deterministic-attention row")
     args = p.parse_args(argv)
     trainer = make_trainer(args)
     print(f"levers, precision {args.precision}, median of {args.repeats} (after one warm-up round)")
+    det = bench_deterministic(trainer, args.repeats)
+    print("\n  policy update, training attention  s   ratio to flash")
+    for name, s in det.items():
+        print(f"  {name:28s} {s:8.2f}   {s / det['flash (default SDPA)']:8.2f}")
+    if args.only_deterministic:
+        return 0
     gen = bench_generation(trainer, args.repeats)
     print("\n  generation (32 completions)       s      ms/token   ratio to plain")
     for name, label in (("hf", "transformers generate"), ("grpolab", "grpolab decode loop")):
