@@ -93,3 +93,14 @@ def test_the_engine_finds_the_trigger_tokens_and_refuses_the_hf_decoder(tiny_mod
     hf = HFEngine(engine.model, tok, torch.float32, decoder="hf")
     with pytest.raises(ValueError, match="stop_rule 'code_block' needs rollout.decoder: grpolab"):
         hf.generate([[1, 2]], SamplingParams(group_size=1, max_new_tokens=2, stop_rule="code_block"))
+
+
+def test_auto_stops_at_the_code_block_exactly_when_a_code_reward_reads_it():
+    from grpolab.card import objective_card, stop_rule as resolved
+    from grpolab.config import from_dict
+
+    code = from_dict({"task": {"name": "pyfunc"}, "reward": {"weights": {"all_pass": 1.0}}})
+    assert resolved(code) == "code_block" and objective_card(code)["choices"]["stop_rule"] == "code_block"
+    assert resolved(from_dict({"reward": {"weights": {"correct": 1.0}}})) == "none"
+    off = from_dict({"task": {"name": "pyfunc"}, "reward": {"weights": {"pass_fraction": 1.0}}, "rollout": {"stop_rule": "none"}})
+    assert resolved(off) == "none"
