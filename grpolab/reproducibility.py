@@ -10,8 +10,9 @@ What it takes, beyond seeding every RNG (grpolab.checkpoint.seed_everything) and
   backward (chosen by default for a masked float32 SDPA, e.g. packing's block-causal mask, and inside bf16's
   ``sdpa_fp32``) returned different key gradients for the same inputs in one process (measured on the quickstart:
   gradient norm 1.930695 vs 1.930619 on two identical updates; one layer's k_proj of 30). The math backend
-  (matrix products and a softmax) gave the same bytes every time, at about the same speed at the quickstart's
-  lengths (docs/robustness.md); its memory grows with the square of the packed length. Decoding and no-grad passes
+  (matrix products and a softmax) gave the same bytes every time, at the same speed at the quickstart's lengths
+  (0.99x bf16, 1.01x fp32: benchmarks/levers.py, docs/robustness.md); its memory grows with the square of the
+  packed length. Decoding and no-grad passes
   keep the default backend: their forward is deterministic.
 - Reductions grpolab owns (group statistics, metrics, the KL penalty) run in a fixed order in float64.
 
