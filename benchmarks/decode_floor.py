@@ -124,7 +124,7 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
-    from grpolab.models import load_causal_lm, resolve_model_path
+    from grpolab.models.load import load_causal_lm, resolve_model_path
 
     dtype = DTYPES[args.dtype]
     model = load_causal_lm(resolve_model_path(args.model), args.dtype).eval()

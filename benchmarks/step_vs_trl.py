@@ -174,8 +174,8 @@ def grpolab_raw_config(args, model_path: str, out_dir: str) -> dict:
 def ordered_problems(args, model_path: str, out_dir: str):
     """The training problems in the order grpolab's prompt sampler takes them (TRL gets this list, unshuffled)."""
     from grpolab.config import from_dict
-    from grpolab.prompt_sampler import PromptSampler
-    from grpolab.trainer import load_problems
+    from grpolab.train.prompt_sampler import PromptSampler
+    from grpolab.train.trainer import load_problems
 
     cfg = from_dict(grpolab_raw_config(args, model_path, out_dir))
     train, _, _ = load_problems(cfg)
@@ -214,8 +214,8 @@ def step_record(instr: Instrument, wall: float, prompt_lens: list[int], completi
 def run_ours(args, model_path: str) -> dict[str, Any]:
     import torch
 
-    import grpolab.batch as B
-    import grpolab.trainer as T
+    import grpolab.train.batch as B
+    import grpolab.train.trainer as T
     from grpolab.config import from_dict
 
     out_dir = tempfile.mkdtemp(prefix="grpolab-bench-ours-")
@@ -283,8 +283,8 @@ def run_trl(args, model_path: str) -> dict[str, Any]:
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from grpolab.models import load_tokenizer
-    from grpolab.prompting import prompt_ids as grpolab_prompt_ids
+    from grpolab.models.load import load_tokenizer
+    from grpolab.tasks.prompting import prompt_ids as grpolab_prompt_ids
     from grpolab.rewards import score_completion
     from grpolab.tasks import render_prompt
 
@@ -725,7 +725,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from transformers import AutoConfig
 
-    from grpolab.models import resolve_model_path
+    from grpolab.models.load import resolve_model_path
 
     needs_trl = "trl" in args.sides and not args.scaling or args.scaling and args.scaling_trl
     if needs_trl and importlib.util.find_spec("trl") is None:

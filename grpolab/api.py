@@ -8,7 +8,7 @@ return result objects and print nothing (docs/api.md).
     grpolab.release_report(result.run_dir, skip_safety=True).verdict
 
 Each entry point runs the command's own code: ``train`` builds the run with grpolab.runs.start_run (resume_run with
-``resume=``) and trains with Trainer.fit, as `grpolab train` does; ``evaluate_models`` is grpolab.evaluate.run_eval (`grpolab
+``resume=``) and trains with Trainer.fit, as `grpolab train` does; ``evaluate_models`` is grpolab.evaluation.heldout.run_eval (`grpolab
 eval`); ``compare`` is the comparison of `grpolab compare`; ``release_report`` is grpolab.report.build_report (`grpolab
 report`). The same config and seed therefore give the same metrics.jsonl either way.
 
@@ -56,7 +56,7 @@ class TrainResult:
 
     def history(self) -> list[dict[str, Any]]:
         """Every line of the run's metrics.jsonl."""
-        from .metrics import read_jsonl
+        from .train.metrics import read_jsonl
 
         return read_jsonl(self.run_dir / "metrics.jsonl")
 
@@ -184,7 +184,7 @@ def in_memory_problems(cfg: "Config", problems: Any, eval_problems: Any = None,
     eval.num_problems, and any that shares a question with a training problem is a DataError naming it."""
     from .errors import ConfigError, DataError
     from .manifest import problem_hashes
-    from .overlap import overlapping
+    from .evaluation.overlap import overlapping
 
     source: dict[str, Any] = {"kind": IN_MEMORY_TASK}
     task = _dataset_task(problems, fields) if _is_dataset(problems) else None
@@ -228,7 +228,7 @@ def train(config: Any = None, *, rewards: Mapping[str, Callable[..., Any]] | Non
     and ``problems`` it was started with. Everything the run is given is checked before any model is loaded; errors
     are GrpolabError subclasses with one-line messages.
     """
-    from .checkpoint import latest_checkpoint
+    from .models.checkpoint import latest_checkpoint
     from .config import TaskConfig
     from .errors import ConfigError
     from .runs import start_run
@@ -284,7 +284,7 @@ def evaluate_models(models: str | Sequence[str], task: str = "arithmetic", optio
     """Held-out accuracy of one or more models (hub id, path, run directory or bundled: alias) on a task's split, as
     `grpolab eval` (same defaults): bootstrap intervals, paired differences against the first model, the held-out
     check of every model's recorded training set. ``out``: also write the JSON there."""
-    from .evaluate import run_eval
+    from .evaluation.heldout import run_eval
 
     names = [models] if isinstance(models, (str, Path)) else list(models)
     data = run_eval([str(m) for m in names], task, dict(options or {}), split, limit, max_new_tokens, batch_size, dtype,

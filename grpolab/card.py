@@ -16,9 +16,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from . import ppo_card
+from .baselines import ppo_card
 from .config import Config
-from .precision import card_entry, unresolved
+from .train.precision import card_entry, unresolved
 from .rewards.model import reward_model_card
 
 PEER_VERSIONS = {"trl": "1.16.0", "verl": "0.9.1", "openrlhf": "0.11.2"}
@@ -51,7 +51,7 @@ _RATIO = {"gspo": ("s_i = exp(mean_t log r_it)", r"s_i"), "ppo_clip": ("r_it", r
 def policy_loss(cfg: Config, adv: str = "A_i", adv_tex: str = "A_i") -> tuple[str, str]:
     """(plain text, LaTeX) of the policy loss as it is optimised -- the run's aggregation, surrogate, IS correction,
     KL in the loss and entropy bonus -- with the advantage written `adv` / `adv_tex`: GRPO's sequence advantage
-    A_i, or PPO's per-token A_it (grpolab.ppo_card)."""
+    A_i, or PPO's per-token A_it (grpolab.baselines.ppo_card)."""
     a = cfg.algorithm
     agg, agg_tex = _AGG_TEXT[a.aggregation.value]
     r, r_tex = _RATIO[a.surrogate.value]
@@ -316,7 +316,7 @@ _INTERFACE = {
 def equivalents(cfg: Config) -> dict[str, dict[str, Any]]:
     """Per peer: the version checked against, the interface, and one row per axis (see ``_row``)."""
     rows = {axis: fn(cfg) for axis, fn in AXES.items()}
-    if cfg.algorithm.estimator == "gae":  # PPO with a critic: its advantage and KL rows (grpolab/ppo_card.py)
+    if cfg.algorithm.estimator == "gae":  # PPO with a critic: its advantage and KL rows (grpolab/baselines/ppo_card.py)
         rows = ppo_card.equivalents(cfg, rows)
     out = {}
     for peer, version in PEER_VERSIONS.items():
@@ -339,7 +339,7 @@ def peer_settings(peer_equivalents: dict[str, Any]) -> dict[str, Any]:
 
 def objective_card(cfg: Config, precision: dict[str, Any] | None = None) -> dict[str, Any]:
     """The card stored in the manifest: preset, formula (text and LaTeX), every choice, and the peer equivalents.
-    ``precision``: the trainer's resolution of train.precision / rollout.dtype (grpolab.precision.resolve); without
+    ``precision``: the trainer's resolution of train.precision / rollout.dtype (grpolab.train.precision.resolve); without
     it the card shows the settings as they are ("auto" left open)."""
     text, tex = formula(cfg)
     a = cfg.algorithm

@@ -30,7 +30,7 @@ from .presets import PRESETS
 
 @dataclass(frozen=True)
 class LoraConfig:
-    """LoRA adapters through peft (grpolab/lora.py): W' = W + (alpha / rank) B A on every targeted module."""
+    """LoRA adapters through peft (grpolab/models/lora.py): W' = W + (alpha / rank) B A on every targeted module."""
 
     rank: int = 0  # r; 0 = off (full fine-tuning)
     alpha: float = 16.0  # scaling = alpha / rank
@@ -81,7 +81,7 @@ class RolloutConfig:
     # what else ends a completion (rollout/stop.py): code_block = the closing fence of its first Python block (what a
     # code reward reads); auto = code_block when a code reward (all_pass / pass_fraction) is weighted, else none
     stop_rule: Literal["auto", "none", "code_block"] = "auto"
-    # the sampler's own weight copy, synced after each update; auto = measured at start (grpolab/precision.py)
+    # the sampler's own weight copy, synced after each update; auto = measured at start (grpolab/train/precision.py)
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     # grpolab decoder on a CPU in float32: weights packed once per decode call for oneDNN (rollout/prepack.py; the
     # same sums in another order); false = every product re-packs its weight, as the model runs outside decoding
@@ -117,7 +117,7 @@ class AlgorithmConfig:
     overlong_penalty: float = 1.0  # ... and its maximum penalty
     dynamic_sampling: bool = False  # DAPO: drop zero-variance groups and refill
     max_extra_rounds: int = 0  # refill budget (extra generation rounds per step)
-    # advantage estimator: group-relative (GRPO family) or gae = PPO with a learned critic (grpolab/ppo.py)
+    # advantage estimator: group-relative (GRPO family) or gae = PPO with a learned critic (grpolab/baselines/ppo.py)
     estimator: Literal["group", "gae"] = "group"
     gamma: float = 1.0  # gae: discount
     lam: float = 0.95  # gae: lambda
@@ -139,16 +139,16 @@ class TrainConfig:
     schedule: Literal["constant", "cosine"] = "constant"
     min_lr_ratio: float = 0.0
     grad_clip: float = 1.0
-    # bf16 = bfloat16 autocast over fp32 master weights; auto = measured at start (grpolab/precision.py)
+    # bf16 = bfloat16 autocast over fp32 master weights; auto = measured at start (grpolab/train/precision.py)
     precision: Literal["auto", "fp32", "bf16"] = "auto"
-    attention_fp32: bool = True  # with bf16 on CPU: attention in float32 (its bf16 backward is slow; grpolab/attention.py)
+    attention_fp32: bool = True  # with bf16 on CPU: attention in float32 (its bf16 backward is slow; grpolab/train/attention.py)
     device: str = "auto"  # auto (cuda when available) | cpu | cuda | cuda:N; under torchrun on CUDA: cuda:LOCAL_RANK
-    strategy: Literal["ddp", "fsdp2"] = "ddp"  # data parallel: replicated weights, or sharded (grpolab/sharding.py)
+    strategy: Literal["ddp", "fsdp2"] = "ddp"  # data parallel: replicated weights, or sharded (grpolab/train/sharding.py)
     share_prompt: bool = True  # training passes run each prompt once per micro-batch, not once per completion
     fused_adamw: bool = True  # torch's fused AdamW kernel (same update as foreach, one pass over the weights)
     pack_completions: bool = True  # with share_prompt: completions packed end to end, not padded (SDPA models)
     seed: int = 0
-    # same config + seed on the same machine kind, threads and versions => the same bytes (grpolab/reproducibility.py:
+    # same config + seed on the same machine kind, threads and versions => the same bytes (grpolab/train/reproducibility.py:
     # deterministic algorithms; on CPU the training passes' attention through SDPA's math backend)
     deterministic: bool = True
     save_every: int = 0  # checkpoint every N steps (0 = off) ...
@@ -156,7 +156,7 @@ class TrainConfig:
     keep_last: int = 2
     samples_per_step: int = 4
     max_nonfinite_steps: int = 3  # stop after this many consecutive steps with a NaN/Inf loss or gradient
-    # prompt order (grpolab/prompt_sampler.py): shuffle = each prompt once per epoch; pass_rate = prompts whose last
+    # prompt order (grpolab/train/prompt_sampler.py): shuffle = each prompt once per epoch; pass_rate = prompts whose last
     # group was solved G/G or 0/G are skipped except with probability prompt_floor (and after ceil(1/floor) skips)
     prompt_schedule: Literal["shuffle", "pass_rate"] = "shuffle"
     prompt_floor: float = 0.25
@@ -164,7 +164,7 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class CriticConfig:
-    """The value model of algorithm.estimator = gae (grpolab/critic.py); trained for train.mu x train.minibatches
+    """The value model of algorithm.estimator = gae (grpolab/baselines/critic.py); trained for train.mu x train.minibatches
     steps per batch, like the policy."""
 
     share_backbone: bool = False  # False: value head on a copy of the policy's backbone; True: on the policy's own

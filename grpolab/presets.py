@@ -30,7 +30,7 @@ _COMMON: dict[str, Any] = {
     "overlong_penalty": 1.0,
     "dynamic_sampling": False,
     "max_extra_rounds": 0,
-    "estimator": "group",  # group-relative advantages; gae = PPO with a critic (grpolab/ppo.py), no preset of its own
+    "estimator": "group",  # group-relative advantages; gae = PPO with a critic (grpolab/baselines/ppo.py), no preset of its own
     "gamma": 1.0,
     "lam": 0.95,
     "whiten": True,

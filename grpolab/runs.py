@@ -18,17 +18,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from . import manifest as mf
-from . import reproducibility
+from .train import reproducibility
 from .card import objective_card
 from .config import Config, from_dict, parse_override, set_path, to_dict
-from .distributed import barrier, gather_objects, init_world, resolve_device
+from .train.distributed import barrier, gather_objects, init_world, resolve_device
 from .errors import GrpolabError
 from .rewards.model import reward_model_hashes, reward_model_manifest
 from .rewards.user import source_hashes
 from .tasks.base import Problem
 
 if TYPE_CHECKING:
-    from .trainer import Trainer
+    from .train.trainer import Trainer
 
 
 def plan_run_dir(cfg: Config) -> Path:
@@ -50,7 +50,7 @@ def build_manifest(cfg: Config, model_path: str, tokenizer, train: list[Problem]
     (``callable_hashes``; their names are listed under ``python_rewards``). A data summary with a ``source`` (the hf
     task, in-memory data sets) puts its ``fingerprint`` into ``hashes.dataset_fingerprint`` and the whole source
     into ``data.source``. ``precision``: the trainer's resolution of train.precision / rollout.dtype
-    (grpolab.precision.resolve: setting, choice, source, probe numbers), stored under ``precision`` and shown in
+    (grpolab.train.precision.resolve: setting, choice, source, probe numbers), stored under ``precision`` and shown in
     the objective card; a resume passes it back to the trainer."""
     hashes = mf.hash_model_dir(model_path)
     reward_hashes = {**source_hashes(cfg.reward.functions), **(callable_hashes or {})}
@@ -102,7 +102,7 @@ def start_run(cfg: Config, rewards: dict[str, Any] | None = None,
     written), then create the directory and write its manifest. Over several ranks, rank 0 names and writes the
     directory (its name, with a timestamp, is the one every rank uses). ``rewards`` and ``problems``: Python
     callables and in-memory problems (grpolab.api, Trainer)."""
-    from .ppo import trainer_class  # the GRPO Trainer, or PPO's for algorithm.estimator = gae
+    from .baselines.ppo import trainer_class  # the GRPO Trainer, or PPO's for algorithm.estimator = gae
 
     world = init_world(resolve_device(cfg.train.device))
     run_dir = gather_objects(plan_run_dir(cfg) if world.main else None, world)[0]
@@ -154,7 +154,7 @@ def resume_run(run_dir: Path, overrides: list[str] | dict[str, Any], allow_chang
     """Rebuild the trainer of RUN_DIR, check it against the manifest, restore the newest complete checkpoint
     (step 0 when there is none) and record the resume. Returns (trainer, checkpoint resumed from). A run started
     with Python rewards or in-memory problems (grpolab.api) is resumed with the same ``rewards`` / ``problems``."""
-    from .ppo import trainer_class  # the GRPO Trainer, or PPO's for algorithm.estimator = gae
+    from .baselines.ppo import trainer_class  # the GRPO Trainer, or PPO's for algorithm.estimator = gae
 
     run_dir = Path(run_dir)
     cfg, recorded = resume_config(run_dir, overrides)

@@ -69,8 +69,8 @@ def private_probe_cache(tmp_path_factory):
     ``auto`` precision never reads the machine in the tests: ``$GRPOLAB_PRECISION`` forces it, to fp32 unless the
     run sets it (``make test`` runs the training-path tests again with bf16). tests/test_precision.py tests the
     probe itself with the variable removed."""
-    from grpolab.models import cache_dir
-    from grpolab.precision import FORCE_ENV
+    from grpolab.models.load import cache_dir
+    from grpolab.train.precision import FORCE_ENV
 
     shared_models = cache_dir() / "models"
     shared_models.mkdir(parents=True, exist_ok=True)

@@ -52,7 +52,7 @@ def fresh_reward(trainer, num_problems: int = 4, samples: int = 16, seed: int = 
     state is restored afterwards, so measuring does not change the run."""
     import torch
 
-    from grpolab.checkpoint import rng_state, set_rng_state
+    from grpolab.models.checkpoint import rng_state, set_rng_state
     from grpolab.rollout.base import SamplingParams
 
     r = trainer.cfg.rollout

@@ -15,13 +15,13 @@ from grpolab.agents.env import AgentEnv, EpisodeLimits
 from grpolab.agents.episode import EpisodeRunner
 from grpolab.agents.tools import Tool, calculate
 from grpolab.config import from_dict
-from grpolab.forward import completion_logprobs
-from grpolab.models import load_causal_lm, load_tokenizer
+from grpolab.train.forward import completion_logprobs
+from grpolab.models.load import load_causal_lm, load_tokenizer
 from grpolab.rollout.base import SamplingParams
 from grpolab.rollout.decode import Decoded
 from grpolab.rollout.hf import eos_ids
 from grpolab.tasks.base import Problem
-from grpolab.update import PolicyUpdater
+from grpolab.train.update import PolicyUpdater
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -296,7 +296,7 @@ def test_exact_resume_mid_run_with_agent_episodes(tiny_model_dir, tmp_path, monk
 
     from safetensors.torch import load_file
 
-    from grpolab import checkpoint as ckpt
+    from grpolab.models import checkpoint as ckpt
     from grpolab.config import from_dict as build
     from grpolab.runs import resume_run, start_run
 

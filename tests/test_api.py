@@ -181,7 +181,7 @@ def no_model(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("a model was loaded before the bad input was reported")
 
-    monkeypatch.setattr("grpolab.trainer.resolve_model_path", refuse)
+    monkeypatch.setattr("grpolab.train.trainer.resolve_model_path", refuse)
 
 
 def text_reward(completion, problem):
@@ -262,8 +262,8 @@ def test_evaluate_compare_and_report_match_the_command(tiny_model_dir, api_run, 
 
 
 def test_api_names_do_not_shadow_the_modules():
-    import grpolab.evaluate as evaluation
+    import grpolab.evaluation.heldout as evaluation
 
-    assert grpolab.evaluate is evaluation and not callable(grpolab.evaluate)  # the module, as before
+    assert grpolab.evaluation.heldout is evaluation and not callable(grpolab.evaluation.heldout)  # the module, as before
     assert "models" in inspect.signature(grpolab.evaluate_models).parameters
     assert grpolab.load_config(None, ["train.steps=7"]).train.steps == 7

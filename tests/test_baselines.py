@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpolab import baselines
-from grpolab.baselines import (BASELINE_MANIFEST, SFTSettings, best_of_n_eval, gold_solutions, gold_target,
+from grpolab.baselines import sft_bon as baselines
+from grpolab.baselines.sft_bon import (BASELINE_MANIFEST, SFTSettings, best_of_n_eval, gold_solutions, gold_target,
                                rft_examples, run_sft, select_best)
 from grpolab.errors import GrpolabError
-from grpolab.evaluate import run_eval
+from grpolab.evaluation.heldout import run_eval
 from grpolab.rewards import REWARD_FUNCTIONS, RewardSpec
 from grpolab.tasks.base import Problem
 

@@ -13,10 +13,10 @@ import pytest
 from typer.testing import CliRunner
 
 from grpolab.cli import app
-from grpolab.evaluate import score_code_item, Completion
+from grpolab.evaluation.heldout import score_code_item, Completion
 from grpolab.rewards import RewardSet, result_metrics, reward_card
 from grpolab.rewards.code import EXTRACTION_RULE, build_program, extract_code
-from grpolab.scoring import code_passes, held_out_job, program_text
+from grpolab.evaluation.scoring import code_passes, held_out_job, program_text
 from grpolab.tasks import make_task
 from grpolab.tasks.code import code_problem
 
@@ -143,12 +143,12 @@ def test_score_cli_math_and_errors(tmp_path):
 
 
 def test_eval_of_a_code_task_end_to_end(tiny_model_dir, one_thread):
-    """grpolab.evaluate on pyfunc with the tiny random model: greedy and sampled completions are judged in the
+    """grpolab.evaluation.heldout on pyfunc with the tiny random model: greedy and sampled completions are judged in the
     sandbox, pass@k and mean@k come with intervals, each record keeps the failure reason."""
     import torch
 
-    from grpolab.evaluate import EvalSettings, evaluate_model
-    from grpolab.models import load_causal_lm, load_tokenizer
+    from grpolab.evaluation.heldout import EvalSettings, evaluate_model
+    from grpolab.models.load import load_causal_lm, load_tokenizer
     from grpolab.rollout.hf import HFEngine
 
     tok, model = load_tokenizer(tiny_model_dir), load_causal_lm(tiny_model_dir, "float32")

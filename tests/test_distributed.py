@@ -1,4 +1,4 @@
-"""Data parallelism (grpolab.distributed): 2 gloo ranks under torchrun run the same experiment as 1 process --
+"""Data parallelism (grpolab.train.distributed): 2 gloo ranks under torchrun run the same experiment as 1 process --
 the same sampled token ids, the same final weights -- for every aggregation mode, batch-std scaling, KL in the loss
 and in the reward, and dynamic sampling with different kept-group counts per rank; a kill -9 of a 2-rank run and
 a resume give bitwise the same run as an uninterrupted one."""
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
-from grpolab import checkpoint as ckpt
+from grpolab.models import checkpoint as ckpt
 
 HERE = Path(__file__).resolve().parent
 WORKER = HERE / "distributed" / "worker.py"

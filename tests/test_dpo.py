@@ -13,8 +13,8 @@ import torch
 import earnable
 from grpolab.algo.dpo import PairLogps, PreferenceLoss, preference_loss, sequence_logps
 from grpolab.config import from_dict
-import grpolab.dpo as dpo_module
-from grpolab.dpo import DPOSettings, build_pairs, held_out_guard, run_dpo, train_dpo
+import grpolab.baselines.dpo as dpo_module
+from grpolab.baselines.dpo import DPOSettings, build_pairs, held_out_guard, run_dpo, train_dpo
 from grpolab.errors import GrpolabError
 from grpolab.tasks import make_task
 
@@ -105,8 +105,8 @@ def test_a_held_out_problem_is_refused():
 
 
 def newline_reward_of(model_dir, cfg, n=16) -> float:
-    from grpolab.models import load_causal_lm, load_tokenizer
-    from grpolab.prompting import prompt_ids
+    from grpolab.models.load import load_causal_lm, load_tokenizer
+    from grpolab.tasks.prompting import prompt_ids
     from grpolab.rollout.base import SamplingParams
     from grpolab.rollout.hf import HFEngine
 

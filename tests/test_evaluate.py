@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 import torch
 
-from grpolab import evaluate, overlap
+from grpolab.evaluation import heldout as evaluate, overlap
 from grpolab.cli.evaluate import compare_entries, load_entries, seed_groups
 from grpolab.errors import GrpolabError
-from grpolab.evaluate import Completion, generate_all, pass_ks, run_eval, score_item, summarise
+from grpolab.evaluation.heldout import Completion, generate_all, pass_ks, run_eval, score_item, summarise
 from grpolab.manifest import data_hash, problem_hashes
 from grpolab.rollout.base import Rollout, SamplingParams
 from grpolab.tasks import make_task

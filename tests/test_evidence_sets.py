@@ -1,4 +1,4 @@
-"""Evidence over a set of runs (grpolab.evidence_sets): the hierarchical bootstrap on hand-computed cases, its two
+"""Evidence over a set of runs (grpolab.evaluation.sets): the hierarchical bootstrap on hand-computed cases, its two
 limits (identical runs and one run: the ordinary paired bootstrap, exactly), its exact distribution on a tiny case,
 and which runs form a set."""
 
@@ -10,9 +10,9 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from grpolab.evidence_sets import (aligned, paired_gains, recipe_groups, replicates, set_contrast, set_difference,
+from grpolab.evaluation.sets import (aligned, paired_gains, recipe_groups, replicates, set_contrast, set_difference,
                                    set_evidence, set_mean, spread)
-from grpolab.scoring import bootstrap_ci, paired_bootstrap_diff
+from grpolab.evaluation.scoring import bootstrap_ci, paired_bootstrap_diff
 
 
 def test_identical_runs_reduce_to_the_ordinary_paired_bootstrap_exactly():

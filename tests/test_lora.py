@@ -1,4 +1,4 @@
-"""LoRA (model.lora, grpolab/lora.py): the reference is the policy with its adapters disabled and equals the base
+"""LoRA (model.lora, grpolab/models/lora.py): the reference is the policy with its adapters disabled and equals the base
 model exactly; the sampler holds the merged weights without the policy being merged; a LoRA run's checkpoint (the
 adapter) resumes exactly; the merged export is a plain transformers model with the same logprobs."""
 
@@ -13,15 +13,15 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
-from grpolab import checkpoint as ckpt
+from grpolab.models import checkpoint as ckpt
 from grpolab import cli
 from grpolab.config import from_dict
 from grpolab.errors import ConfigError, GrpolabError
-from grpolab.forward import completion_logprobs
-from grpolab.lora import AdapterOff, apply_lora, is_lora, load_adapter_model, save_model
-from grpolab.models import load_causal_lm, resolve_model_path
+from grpolab.train.forward import completion_logprobs
+from grpolab.models.lora import AdapterOff, apply_lora, is_lora, load_adapter_model, save_model
+from grpolab.models.load import load_causal_lm, resolve_model_path
 from grpolab.runs import resume_run, start_run
-from grpolab.trainer import Trainer
+from grpolab.train.trainer import Trainer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 VOLATILE = ("time/", "throughput/", "memory/")

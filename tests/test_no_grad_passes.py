@@ -7,9 +7,9 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from grpolab.config import from_dict
-from grpolab.forward import completion_logprobs
+from grpolab.train.forward import completion_logprobs
 from grpolab.rollout.base import Rollout
-from grpolab.update import PolicyUpdater
+from grpolab.train.update import PolicyUpdater
 
 
 def dropout_llama() -> LlamaForCausalLM:

@@ -1,4 +1,4 @@
-"""PPO with a critic (grpolab/ppo.py, grpolab/critic.py) on the tiny random model: it earns the newline reward of
+"""PPO with a critic (grpolab/baselines/ppo.py, grpolab/baselines/critic.py) on the tiny random model: it earns the newline reward of
 tests/earnable.py within a few steps (and a flipped advantage sign unlearns it), the critic learns the returns,
 the card names the peers' settings, and a resume from a checkpoint restores the value model and its optimizer
 exactly (the resumed run's metrics, weights and value weights equal an uninterrupted run's)."""
@@ -13,14 +13,14 @@ import torch
 from safetensors.torch import load_file
 
 import earnable
-from grpolab import checkpoint as ckpt
-from grpolab.baselines import budget_of
+from grpolab.models import checkpoint as ckpt
+from grpolab.baselines.sft_bon import budget_of
 from grpolab.card import formula, objective_card
 from grpolab.config import from_dict
-from grpolab.overlap import find_manifest
-from grpolab.ppo import PPOTrainer, trainer_class
+from grpolab.evaluation.overlap import find_manifest
+from grpolab.baselines.ppo import PPOTrainer, trainer_class
 from grpolab.runs import resume_run, start_run
-from grpolab.trainer import Trainer
+from grpolab.train.trainer import Trainer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 VOLATILE = ("time/", "throughput/", "memory/")
@@ -98,7 +98,7 @@ def test_ppo_earns_the_reward_and_a_flipped_sign_unlearns_it(tiny_model_dir, tmp
     assert (b["completions_sampled"], b["optimizer_steps"]) == (6 * 4 * 4, 6)
     assert b["wall_s"] == pytest.approx(sum(r["time/step_s"] for r in lines)) and b["peak_memory_mb"] > 0
 
-    import grpolab.ppo as ppo_module
+    import grpolab.baselines.ppo as ppo_module
     real = ppo_module.whiten
     monkeypatch.setattr(ppo_module, "whiten", lambda x, m, s=None: -real(x, m, s))
     down, _ = start_run(from_dict(ppo_config(tiny_model_dir, tmp_path, "down", steps=3)))

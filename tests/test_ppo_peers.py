@@ -1,4 +1,4 @@
-"""The PPO card (grpolab/ppo_card.py) checked by the peers' own code, as tests/test_card_peers.py does for GRPO
+"""The PPO card (grpolab/baselines/ppo_card.py) checked by the peers' own code, as tests/test_card_peers.py does for GRPO
 (run under the peers' venv: `.venv-peers/bin/python -m pytest tests/test_ppo_peers.py`; skips where a peer is
 missing): verl composes the card's overrides and its GAE gives grpolab's returns, and grpolab's advantages once
 whitened with verl's sample variance; OpenRLHF's parser takes the card's flags and its GAE gives grpolab's

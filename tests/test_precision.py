@@ -1,4 +1,4 @@
-"""Precision by measurement (grpolab/precision.py): the rule on given numbers, the per-machine cache, what a run
+"""Precision by measurement (grpolab/train/precision.py): the rule on given numbers, the per-machine cache, what a run
 records (manifest and objective card: setting, resolution, probe numbers) and that a resume keeps its recorded
 choice. No test asserts a timing: the measurement itself is replaced by fakes wherever a result is checked."""
 
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import earnable
-from grpolab import precision
+from grpolab.train import precision
 from grpolab.card import objective_card
 from grpolab.config import from_dict
 from grpolab.errors import ConfigError, GrpolabError

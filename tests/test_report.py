@@ -12,14 +12,14 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from grpolab.checkpoint import latest_checkpoint
+from grpolab.models.checkpoint import latest_checkpoint
 from grpolab.cli import app
 from grpolab.errors import ConfigError, GrpolabError
 from grpolab.report import ReportOptions, build_report
 from grpolab.report.diversity import DiversitySettings, eval_settings
 from grpolab.report.safety import load_prompts, run_safety
-from grpolab.evaluate import model_row, summarise
-from grpolab.scoring import bootstrap_ci, paired_bootstrap_diff, pass_at_k
+from grpolab.evaluation.heldout import model_row, summarise
+from grpolab.evaluation.scoring import bootstrap_ci, paired_bootstrap_diff, pass_at_k
 
 BASE = "bundled:smollm2-135m-instruct"
 STEPS = 30
@@ -312,7 +312,7 @@ def test_capability_task_runs_eval_for_base_and_trained(tmp_path, monkeypatch):
         result = eval_json(task, [(models[0], models[0], pattern(0.5, 20)), (models[1], models[1], [False] * 20)], ("all",), max_new_tokens)
         return {**result, "task_options": options}
 
-    monkeypatch.setattr("grpolab.evaluate.run_eval", fake_run_eval)
+    monkeypatch.setattr("grpolab.evaluation.heldout.run_eval", fake_run_eval)
     opts = ReportOptions(capability_task="gsm8k", capability_n=20, capability_options={"path": "/data/gsm8k"})
     rep = build_report(run, opts)
     assert calls == [([BASE, str(run)], "gsm8k", {"path": "/data/gsm8k"}, 20)]
@@ -336,7 +336,7 @@ def test_capability_on_the_training_generator_with_other_options(tmp_path, monke
                           ("all",), max_new_tokens)
         return {**worse, "task_options": options}
 
-    monkeypatch.setattr("grpolab.evaluate.run_eval", fake_run_eval)
+    monkeypatch.setattr("grpolab.evaluation.heldout.run_eval", fake_run_eval)
     (run / "eval" / "base_vs_trained.json").rename(run / "eval" / "zz_base_vs_trained.json")  # sorts after capability_
     rep = build_report(run, ReportOptions(capability_task="arithmetic", capability_options={"operators": "*"},
                                           skip_safety=True))

@@ -81,7 +81,7 @@ def test_run_diversity_samples_at_the_training_temperature_and_caches(tmp_path, 
         return sampled([(models[0], models[0], [[True] + [False] * 7] * n), (models[1], models[1], [[False] * 8] * n)],
                        temperature)
 
-    monkeypatch.setattr("grpolab.evaluate.run_eval", fake_run_eval)
+    monkeypatch.setattr("grpolab.evaluation.heldout.run_eval", fake_run_eval)
     run = checkpointed(tmp_path, 10)
     d, note = run_diversity(run, CONFIG, "base", DiversitySettings(), "float32", lambda s: None)
     assert note == "" and calls == [(["base", str(run)], "arithmetic", {"max_operand": 20}, "test", 64, 48, 8, 0.8, 1.0)]

@@ -15,8 +15,8 @@ from typer.testing import CliRunner
 
 from grpolab.cli import app
 from grpolab.errors import GrpolabError
-from grpolab.evaluate import add_sets
-from grpolab.evidence_sets import set_mean
+from grpolab.evaluation.heldout import add_sets
+from grpolab.evaluation.sets import set_mean
 from grpolab.report import ReportOptions, build_report
 from grpolab.report.build import set_report_dir
 

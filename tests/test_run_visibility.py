@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from grpolab import checkpoint as ckpt
+from grpolab.models import checkpoint as ckpt
 from grpolab.cli.train import step_line
 from grpolab.config import TrainConfig, from_dict
-from grpolab.trainer import Trainer
+from grpolab.train.trainer import Trainer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}

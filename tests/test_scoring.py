@@ -3,7 +3,7 @@ import threading
 import numpy as np
 import pytest
 
-from grpolab.scoring import (
+from grpolab.evaluation.scoring import (
     bootstrap_ci,
     extract_final,
     gsm8k_flexible,
@@ -105,7 +105,7 @@ def test_pass_at_k_equals_brute_force_enumeration(n):
 
 
 def test_bootstrap_ci_draws_its_problems_from_bootstrap_indices():
-    from grpolab.scoring import bootstrap_indices
+    from grpolab.evaluation.scoring import bootstrap_indices
 
     v = np.random.default_rng(0).random(30)
     idx = np.concatenate(list(bootstrap_indices(30, 500, seed=4)))

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from grpolab.config import load_config
-from grpolab.trainer import Trainer
+from grpolab.train.trainer import Trainer
 
 pytestmark = pytest.mark.slow
 

@@ -79,7 +79,7 @@ def test_the_decode_loop_ends_rows_where_the_rule_says_and_nothing_else_changes(
 
 
 def test_the_engine_finds_the_trigger_tokens_and_refuses_the_hf_decoder(tiny_model_dir):
-    from grpolab.models import load_causal_lm, load_tokenizer
+    from grpolab.models.load import load_causal_lm, load_tokenizer
     from grpolab.rollout.base import SamplingParams
     from grpolab.rollout.hf import HFEngine
 

@@ -11,10 +11,10 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import earnable
-from grpolab.checkpoint import latest_checkpoint
+from grpolab.models.checkpoint import latest_checkpoint
 from grpolab.config import from_dict
 from grpolab.runs import build_manifest
-from grpolab.trainer import Trainer
+from grpolab.train.trainer import Trainer
 
 REQUIRED_METRICS = [
     "reward/mean", "reward/std", "reward/correct/mean", "reward/format/mean", "reward/invalid_frac",

@@ -26,10 +26,10 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
-import grpolab.update as update_module
+import grpolab.train.update as update_module
 from grpolab.config import from_dict
 from grpolab.rollout.base import Rollout
-from grpolab.update import PolicyUpdater
+from grpolab.train.update import PolicyUpdater
 
 VOCAB, TEMPERATURE, MAX_NEW = 50, 0.7, 8
 PROMPT_LENS, COMPLETION_LENS, G = [5, 3, 6, 2], [4, 1, 6, 2, 6, 3, 5, 5, 2, 7, 3, 1], 3
@@ -268,7 +268,7 @@ def test_update_equals_the_reference_for_the_other_surrogates(surrogate):
 
 @pytest.mark.parametrize("aggregation", ["token_mean", "seq_mean_token_mean"])
 def test_update_with_per_token_advantages_equals_the_reference(aggregation):
-    """[N, Lc] advantages A_it (PPO's GAE, grpolab.ppo): each token its own advantage, of both signs within a row."""
+    """[N, Lc] advantages A_it (PPO's GAE, grpolab.baselines.ppo): each token its own advantage, of both signs within a row."""
     base, reference, rollout = make_case()
     g = torch.Generator().manual_seed(5)
     adv = torch.randn(rollout.completion_ids.shape, generator=g, dtype=torch.float64) * rollout.completion_mask

@@ -9,6 +9,6 @@
 - ``collect``: the training-batch collector that runs episodes instead of single completions;
 - ``evaluate``: held-out episode success with intervals, turns, tool calls and tool errors per episode.
 
-This package's __init__ imports nothing, so grpolab.rewards and grpolab.evaluate can import its small modules
+This package's __init__ imports nothing, so grpolab.rewards and grpolab.evaluation.heldout can import its small modules
 without a cycle.
 """

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..models import eval_mode
+from ..models.load import eval_mode
 from ..rewards import call_with_time_limit
 from ..rollout.base import Rollout, SamplingParams
 from ..rollout.decode import decode_groups

@@ -1,12 +1,12 @@
 """`grpolab baseline ppo|dpo CONFIG`: PPO with a critic and DPO on the same problems and budget as a GRPO run.
 
 Both read a GRPO config (a YAML file, or with ``--match-run RUN`` the config recorded in RUN's manifest) and keep its
-model, task, reward, sampling and step budget (grpolab.baselines.budget_statement prints it):
+model, task, reward, sampling and step budget (grpolab.baselines.sft_bon.budget_statement prints it):
 
-- ppo: the same config with ``algorithm.estimator=gae`` and ``algorithm.kl_placement=reward`` (grpolab.ppo): a run
+- ppo: the same config with ``algorithm.estimator=gae`` and ``algorithm.kl_placement=reward`` (grpolab.baselines.ppo): a run
   directory like GRPO's, as many sampled completions and optimizer steps;
 - dpo: as many sampled completions as the GRPO run (train.steps x prompts_per_step x group_size) from the base model
-  on training problems, paired by the training reward, then train.steps x mu x minibatches DPO steps (grpolab.dpo).
+  on training problems, paired by the training reward, then train.steps x mu x minibatches DPO steps (grpolab.baselines.dpo).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def ppo(
     set_: Annotated[list[str], typer.Option("--set", help="override a field, e.g. --set critic.lr=2e-5")] = [],
 ) -> None:
     """PPO with a learned critic (GAE, value clipping, per-token KL in the reward) on the GRPO run's budget."""
-    from ..baselines import budget_statement
+    from ..baselines.sft_bon import budget_statement
     from ..runs import start_run
 
     _show_warnings()
@@ -80,8 +80,8 @@ def dpo(
     pairs_per_problem: Annotated[int, typer.Option(help="at most this many pairs per problem (0 = all)")] = 0,
 ) -> None:
     """DPO on pairs of the base model's own samples (training problems, ranked by the training reward)."""
-    from ..baselines import budget_statement, grpo_budget
-    from ..dpo import DPOSettings, run_dpo
+    from ..baselines.sft_bon import budget_statement, grpo_budget
+    from ..baselines.dpo import DPOSettings, run_dpo
 
     _show_warnings()
     if loss not in ("sigmoid", "ipo"):

@@ -7,10 +7,10 @@
 - Rows are grouped by evaluation set (``data_hash``); only rows on the same set are put side by side. The same
   (model path, method, samples, set) seen twice is shown once. The reference of each set is the first row, or
   the first whose label contains ``--baseline``; differences are paired bootstraps on the problems both have.
-- Runs whose manifests differ only in ``config.train.seed`` (and the git state; grpolab.evidence_sets.recipe_groups),
+- Runs whose manifests differ only in ``config.train.seed`` (and the git state; grpolab.evaluation.sets.recipe_groups),
   evaluated on the same set with the same method, form a seed group: mean, sample std (ddof 1), min and max of every
   metric, and -- when every run kept its per-problem records -- the mean over runs and problems with the
-  hierarchical interval and the gain over each run's base (grpolab.evidence_sets.set_evidence).
+  hierarchical interval and the gain over each run's base (grpolab.evaluation.sets.set_evidence).
 - ``--set NAME=SRC,SRC,...`` (repeatable) names the sets: each source's trained row (in a run directory, the row of
   that run; in an eval JSON, its last row) is a member. Every set after the first is compared with the first: the
   difference of means with the hierarchical interval (runs resampled within each set, problems jointly).
@@ -45,7 +45,7 @@ def show(table: Table) -> None:
 
 @contextmanager
 def eval_progress():
-    """A Progress (grpolab.evaluate) for a long evaluation: a status line on a terminal; one plain line per batch,
+    """A Progress (grpolab.evaluation.heldout) for a long evaluation: a status line on a terminal; one plain line per batch,
     flushed, in a file or a pipe, so a log is never silent for minutes."""
     start = time.perf_counter()
     text = lambda what, done, total: f"eval {what}: {done}/{total} problems, {time.perf_counter() - start:.0f}s"  # noqa: E731
@@ -72,7 +72,7 @@ def _ci(m: dict[str, float]) -> str:
 
 
 def _write(out: Optional[Path], data: dict[str, Any]) -> None:
-    from ..api import write_result  # the file grpolab.evaluate / grpolab.compare write with out=
+    from ..api import write_result  # the file grpolab.evaluation.heldout / grpolab.compare write with out=
 
     if write_result(out, data):
         console.print(f"wrote {out}")
@@ -150,7 +150,7 @@ def eval_(
 ) -> None:
     """Held-out accuracy (math-verify) with 95% bootstrap intervals and paired differences, for one or more models;
     several run directories of one recipe (seeds) also give the set's mean gain over runs and problems."""
-    from ..evaluate import run_eval
+    from ..evaluation.heldout import run_eval
 
     with eval_progress() as progress:
         result = run_eval(models, task, _options(task_option), split, limit, max_new_tokens, batch_size, dtype,
@@ -174,12 +174,12 @@ def best_of_n(
     out: Annotated[Optional[Path], typer.Option(help="write the JSON result here")] = None,
 ) -> None:
     """Sample n, keep the answer the training reward ranks highest, score it with math-verify."""
-    from ..baselines import best_of_n_eval
+    from ..baselines.sft_bon import best_of_n_eval
     from ..config import RewardConfig
-    from ..evaluate import eval_header, load_eval_problems, model_row
+    from ..evaluation.heldout import eval_header, load_eval_problems, model_row
     from ..manifest import read_manifest
-    from ..models import DTYPES, load_causal_lm, load_tokenizer, resolve_model_path
-    from ..overlap import check_held_out
+    from ..models.load import DTYPES, load_causal_lm, load_tokenizer, resolve_model_path
+    from ..evaluation.overlap import check_held_out
     from ..rollout.hf import HFEngine
 
     weights = dict(RewardConfig().weights)
@@ -217,7 +217,7 @@ def sft(
     rft_samples: int = 4, rft_temperature: float = 1.0, max_new_tokens: int = 64,
 ) -> None:
     """Fine-tune the base model on gold solutions or on its own correct samples (RFT), same step budget as GRPO."""
-    from ..baselines import SFTSettings, run_sft
+    from ..baselines.sft_bon import SFTSettings, run_sft
     from ..manifest import read_manifest
 
     run_cfg = read_manifest(match_run)["config"] if match_run else None
@@ -248,7 +248,7 @@ def _label(row: dict[str, Any], manifest_file: Optional[Path]) -> str:
 
 
 def _entries_from_json(file: Path) -> list[dict[str, Any]]:
-    from ..overlap import find_manifest
+    from ..evaluation.overlap import find_manifest
 
     data = json.loads(file.read_text(encoding="utf-8"))
     if "models" not in data or "data_hash" not in data:
@@ -310,8 +310,8 @@ def load_entries(sources: list[Path]) -> list[dict[str, Any]]:
 
 def seed_groups(entries: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
     """Groups (size >= 2) of runs on the same set and method that are seeds of one recipe
-    (grpolab.evidence_sets.recipe_groups: manifests differ only in config.train.seed and the git state)."""
-    from ..evidence_sets import recipe_groups
+    (grpolab.evaluation.sets.recipe_groups: manifests differ only in config.train.seed and the git state)."""
+    from ..evaluation.sets import recipe_groups
 
     by_set: dict[tuple, list[dict[str, Any]]] = {}
     for e in entries:
@@ -322,8 +322,8 @@ def seed_groups(entries: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
 
 def seed_summary(group: list[dict[str, Any]]) -> dict[str, Any]:
     """mean, std (ddof 1), min, max across the group's runs of every metric they all have, and ``evidence``: the
-    hierarchical intervals over runs and problems (grpolab.evidence_sets.set_evidence; {} without per-problem records)."""
-    from ..evidence_sets import set_evidence, spread
+    hierarchical intervals over runs and problems (grpolab.evaluation.sets.set_evidence; {} without per-problem records)."""
+    from ..evaluation.sets import set_evidence, spread
 
     names = [m for m in group[0]["metrics"] if all(m in e["metrics"] for e in group)]
     return {"runs": [e["label"] for e in group], "n_seeds": len(group),
@@ -360,8 +360,8 @@ def parse_sets(specs: list[str]) -> dict[str, list[Path]]:
 
 def named_sets(sets: dict[str, list[Path]]) -> dict[str, Any]:
     """Each named set's evidence per evaluation set every member has, and every set after the first against the first
-    (difference of means, hierarchical interval: grpolab.evidence_sets.set_contrast)."""
-    from ..evidence_sets import set_contrast, set_evidence
+    (difference of means, hierarchical interval: grpolab.evaluation.sets.set_contrast)."""
+    from ..evaluation.sets import set_contrast, set_evidence
 
     members = {name: [e for src in srcs for e in set_members(src)] for name, srcs in sets.items()}
     runs = {name: len(srcs) for name, srcs in sets.items()}
@@ -382,8 +382,8 @@ def named_sets(sets: dict[str, list[Path]]) -> dict[str, Any]:
 
 def compare_entries(entries: list[dict[str, Any]], baseline: str = "") -> dict[str, Any]:
     """Side-by-side rows per evaluation set, with paired differences against each set's reference."""
-    from ..baselines import entry_budget
-    from ..evaluate import paired_diffs
+    from ..baselines.sft_bon import entry_budget
+    from ..evaluation.heldout import paired_diffs
 
     sets: dict[str, list[dict[str, Any]]] = {}
     for e in entries:
@@ -411,7 +411,7 @@ def compare(
 ) -> None:
     """Runs and baselines side by side on the same held-out problems; mean and spread across seeds; sets of runs
     (two recipes over several seeds each) compared by the difference of means over runs and problems."""
-    from ..baselines import budget_cells
+    from ..baselines.sft_bon import budget_cells
 
     named = parse_sets(set_)
     if not sources and not named:
@@ -422,7 +422,7 @@ def compare(
     for s in result["eval_sets"]:
         names = list(dict.fromkeys(m for r in s["rows"] for m, v in r["metrics"].items() if m != "accuracy" and "ci_low" in v))
         t = Table(title=f"{s['task']} / {s['split']}  set {s['data_hash'][:10]}  (reference: {s['reference']})")
-        budget = ("wall", "peak mem", "completions", "opt steps")  # grpolab.baselines.entry_budget
+        budget = ("wall", "peak mem", "completions", "opt steps")  # grpolab.baselines.sft_bon.entry_budget
         for col in ("run / model", "method", "n", "accuracy [95% CI]", "Δ vs ref [95% CI]", *names, "len", "trunc", *budget):
             t.add_column(col, overflow="fold")
         for r in s["rows"]:

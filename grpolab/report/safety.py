@@ -61,7 +61,7 @@ def prompts_hash(prompts: Sequence[dict[str, str]]) -> str:
 
 def generate_greedy(model_name: str, prompts: list[str], max_new_tokens: int, dtype: str) -> list[str]:
     """Greedy answers of one model (hub id, path, run directory or bundled: alias) to user-turn prompts."""
-    from ..models import DTYPES, load_causal_lm, load_tokenizer, resolve_model_path
+    from ..models.load import DTYPES, load_causal_lm, load_tokenizer, resolve_model_path
     from ..rollout.base import SamplingParams
     from ..rollout.hf import HFEngine
 
@@ -78,13 +78,13 @@ def generate_greedy(model_name: str, prompts: list[str], max_new_tokens: int, dt
 def summarize(prompts: Sequence[dict[str, str]], base: Sequence[str], trained: Sequence[str]) -> dict[str, Any]:
     """Compliance rates of base and trained completions (same prompt order), the prompts that flipped, and
     ``increase``: trained - base compliance, paired over the prompts (d_i = complied_i(trained) - complied_i(base))
-    with its 95% bootstrap interval (grpolab.scoring.paired_bootstrap_diff).
+    with its 95% bootstrap interval (grpolab.evaluation.scoring.paired_bootstrap_diff).
 
     >>> s = summarize([{"id": "a", "category": "x", "prompt": "p"}] * 2, ["I cannot.", "I cannot."], ["I cannot.", "Sure."])
     >>> s["base"]["compliance_rate"], s["trained"]["compliance_rate"], s["newly_complied"], s["increase"]["mean"]
     (0.0, 0.5, 1, 0.5)
     """
-    from ..scoring import paired_bootstrap_diff
+    from ..evaluation.scoring import paired_bootstrap_diff
 
     items = []
     for p, b, t in zip(prompts, base, trained):

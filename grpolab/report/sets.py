@@ -1,5 +1,5 @@
 """The evidence of a set of runs (several seeds of one recipe) for the release report: every held-out comparison
-of the runs combined by the hierarchical bootstrap of grpolab.evidence_sets (runs, then one common draw of
+of the runs combined by the hierarchical bootstrap of grpolab.evaluation.sets (runs, then one common draw of
 problems), so that a check FAILs on the set's evidence, not on one run's luck.
 
 - held-out gain, capability (per untrained task every run has), diversity (pass@k) and safety (compliance per
@@ -17,10 +17,10 @@ from collections import defaultdict
 from typing import Any, Sequence
 
 from ..errors import GrpolabError
-from ..evidence_sets import aligned, paired_gains, recipe_differences, row_scores, set_mean
+from ..evaluation.sets import aligned, paired_gains, recipe_differences, row_scores, set_mean
 
 def check_recipe(names: Sequence[str], manifests: Sequence[dict[str, Any]]) -> None:
-    """Refuse runs that are not seeds of one recipe (grpolab.evidence_sets.recipe_differences), naming what differs."""
+    """Refuse runs that are not seeds of one recipe (grpolab.evaluation.sets.recipe_differences), naming what differs."""
     for name, m in zip(names[1:], manifests[1:]):
         diffs = recipe_differences(manifests[0], m)
         if diffs:

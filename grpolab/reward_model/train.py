@@ -30,7 +30,7 @@ import torch
 
 from .. import manifest as mf
 from ..errors import ConfigError, GrpolabError
-from ..metrics import JsonlSink
+from ..train.metrics import JsonlSink
 from ..rewards.model import RM_KIND, RM_SUBDIR, encode, forward_scores, rm_text
 from .loss import bradley_terry_loss, pair_accuracy_interval, pair_outcomes
 from .pairs import (PreferencePair, check_disjoint, load_pairs_jsonl, pairs_hash, split_by_prompt, task_pairs,
@@ -89,7 +89,7 @@ def load_rm_backbone(backbone: str, s: RMSettings, device: torch.device):
     (peft task SEQ_CLS: the head itself is trained in full)."""
     from transformers import AutoModelForSequenceClassification
 
-    from ..models import load_tokenizer, resolve_model_path
+    from ..models.load import load_tokenizer, resolve_model_path
 
     path = resolve_model_path(backbone)
     tokenizer = load_tokenizer(path)
@@ -170,7 +170,7 @@ def fit(model, tokenizer, pairs: Sequence[PreferencePair], s: RMSettings, device
 
 def save_rm(model, tokenizer, directory: Path) -> None:
     """The reward model as a plain Hugging Face model (LoRA merged into its weights) with its tokenizer."""
-    from ..lora import is_lora
+    from ..models.lora import is_lora
 
     plain = model.merge_and_unload() if is_lora(model) else model
     plain.save_pretrained(directory)
@@ -191,8 +191,8 @@ def plan_rm_dir(s: RMSettings) -> Path:
 def sample_with(model_name: str, s: RMSettings, device: torch.device) -> Callable[[list], list[list[str]]]:
     """generate(problems) -> s.samples_per_problem completions each, sampled by `model_name` (temperature
     s.temperature, s.max_new_tokens new tokens) with the seed s.seed."""
-    from ..evaluate import generate_all
-    from ..models import load_causal_lm, load_tokenizer, resolve_model_path
+    from ..evaluation.heldout import generate_all
+    from ..models.load import load_causal_lm, load_tokenizer, resolve_model_path
     from ..rollout.base import SamplingParams
     from ..rollout.hf import HFEngine
 
@@ -234,7 +234,7 @@ def train_reward_model(s: RMSettings, generate: Callable | None = None,
                        on_log: Callable[[str], None] = lambda text: None) -> dict[str, Any]:
     """The whole command: pairs -> split -> train -> evaluate -> save; returns the manifest (with ``run_dir``).
     ``generate`` replaces the sampler for task pairs (tests)."""
-    from ..distributed import resolve_device
+    from ..train.distributed import resolve_device
 
     s.check()
     device = resolve_device(s.device)

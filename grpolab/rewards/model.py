@@ -75,7 +75,7 @@ def resolve_rm_path(path: str) -> str:
                               "config.json); the run did not complete")
         return str(model_dir)
     if path.startswith("bundled:"):
-        from ..models import resolve_model_path
+        from ..models.load import resolve_model_path
 
         return resolve_model_path(path)
     p = Path(path)

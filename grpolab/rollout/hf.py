@@ -14,8 +14,8 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ..algo.logprobs import token_logprobs
-from ..lora import is_lora
-from ..models import copy_weights_by_name, eval_mode, frozen_copy
+from ..models.lora import is_lora
+from ..models.load import copy_weights_by_name, eval_mode, frozen_copy
 from .base import Rollout, SamplingParams
 from .decode import TextStop, decode_groups
 from .stop import stop_rule
@@ -58,7 +58,7 @@ class HFEngine:
             raise ValueError(f"rollout.decoder: expected 'grpolab' or 'hf', got {decoder!r}")
         self.decoder, self.cpu_fast_paths, self.preallocate_kv_cache = decoder, cpu_fast_paths, preallocate_kv_cache
         self.tokenizer = tokenizer
-        # a LoRA policy always gets a plain copy holding the merged weights W + (alpha / r) B A (grpolab/lora.py)
+        # a LoRA policy always gets a plain copy holding the merged weights W + (alpha / r) B A (grpolab/models/lora.py)
         # (and so does a policy about to be sharded: own_copy=True, train.strategy fsdp2)
         self.own_copy = own_copy or next(policy.parameters()).dtype != dtype or is_lora(policy)
         self.model = frozen_copy(policy, dtype) if self.own_copy else policy

@@ -1,6 +1,6 @@
 """A PPO worker for tests/test_ppo_distributed.py: `python ppo_worker.py SPEC.json` as one process, or under
 `torchrun --nproc-per-node 2`. SPEC: {"config": a run config, "out": the run directory}. It trains with the
-trainer of the config (grpolab.ppo.trainer_class); rank 0 writes the run directory, metrics.jsonl included."""
+trainer of the config (grpolab.baselines.ppo.trainer_class); rank 0 writes the run directory, metrics.jsonl included."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from pathlib import Path
 import torch
 
 from grpolab.config import from_dict
-from grpolab.distributed import init_world
-from grpolab.ppo import trainer_class
+from grpolab.train.distributed import init_world
+from grpolab.baselines.ppo import trainer_class
 
 
 def main() -> None:

@@ -12,8 +12,8 @@ from pathlib import Path
 import torch
 
 from grpolab.config import from_dict
-from grpolab.distributed import init_world
-from grpolab.trainer import Trainer
+from grpolab.train.distributed import init_world
+from grpolab.train.trainer import Trainer
 
 
 def run(name: str, raw: dict, out: Path, world) -> None:

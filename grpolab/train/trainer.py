@@ -1,12 +1,12 @@
 """The GRPO loop. One step reads like the data flow of docs/design.md section 2:
 
-    collect (problems -> G completions each -> rewards -> advantages; grpolab.batch)
+    collect (problems -> G completions each -> rewards -> advantages; grpolab.train.batch)
       -> [KL penalty folded into the reward]
-      -> update (mu x minibatches x micro-batches; grpolab.update) -> sync the sampler's weights
+      -> update (mu x minibatches x micro-batches; grpolab.train.update) -> sync the sampler's weights
       -> metrics -> [periodic held-out eval] -> log -> [checkpoint]
 
-Checkpoint contents and exact resume: grpolab.checkpoint and `state_dict` / `load` below. Ctrl-C and SIGTERM:
-grpolab.faults.
+Checkpoint contents and exact resume: grpolab.models.checkpoint and `state_dict` / `load` below. Ctrl-C and SIGTERM:
+grpolab.train.faults.
 """
 
 from __future__ import annotations
@@ -21,29 +21,29 @@ from typing import Any, Callable
 
 import torch
 
-from . import checkpoint as ckpt
+from ..models import checkpoint as ckpt
 from . import reproducibility
-from .algo.kl import KLPlacement, token_kl
-from .agents.collect import collector_class
+from ..algo.kl import KLPlacement, token_kl
+from ..agents.collect import collector_class
 from .batch import Batch, BatchCollector
-from .checkpoint import rng_state, seed_everything, set_rng_state
-from .config import Config
+from ..models.checkpoint import rng_state, seed_everything, set_rng_state
+from ..config import Config
 from .sharding import Strategy, check_shardable, full_model_state, full_optimizer_state, load_full_state, shard
 from .distributed import World, all_reduce_max, all_reduce_sum, barrier, gather_objects, init_world, resolve_device
-from .errors import DataError, GrpolabError
-from .evaluate import EvalResult, greedy_eval
+from ..errors import DataError, GrpolabError
+from ..evaluation.heldout import EvalResult, greedy_eval
 from .faults import InterruptGuard, NonFiniteTracker, TrainingInterrupted
 from .metrics import JsonlSink, peak_rss_mb, truncate_log
-from .lora import apply_lora, load_weights, make_reference, trainable_parameters
-from .models import DTYPES, load_causal_lm, load_tokenizer, resolve_model_path
+from ..models.lora import apply_lora, load_weights, make_reference, trainable_parameters
+from ..models.load import DTYPES, load_causal_lm, load_tokenizer, resolve_model_path
 from .attention import use_fp32_attention
 from .precision import model_dims, probe_shapes, resolve
 from .reproducibility import training_attention
 from .prompt_sampler import PromptSampler
-from .rewards import RewardSet
-from .rollout.hf import HFEngine
-from .tasks import make_task
-from .tasks.base import Problem
+from ..rewards import RewardSet
+from ..rollout.hf import HFEngine
+from ..tasks import make_task
+from ..tasks.base import Problem
 from .update import PolicyUpdater
 
 log = logging.getLogger("grpolab")
@@ -179,7 +179,7 @@ class Trainer:
         self.last_eval: EvalResult | None = None
 
     def resolve_precision(self, recorded: dict[str, Any] | None) -> dict[str, Any]:
-        """train.precision / rollout.dtype resolved by grpolab.precision (explicit wins; auto: CUDA support or the
+        """train.precision / rollout.dtype resolved by grpolab.train.precision (explicit wins; auto: CUDA support or the
         CPU probe at this model's shapes; a resume's recorded resolution); rank 0 decides for every rank."""
         c = self.cfg
         shapes = probe_shapes(*model_dims(self.policy), c.train.micro_batch_size, c.rollout.max_new_tokens,
@@ -271,7 +271,7 @@ class Trainer:
     def fit(self, on_step: Callable[[int, dict[str, float]], None] | None = None) -> dict[str, float]:
         """Run to train.steps, logging every step, evaluating every eval.every_steps, checkpointing.
 
-        Ctrl-C: see grpolab.faults (raises TrainingInterrupted after writing a checkpoint). Non-finite steps are
+        Ctrl-C: see grpolab.train.faults (raises TrainingInterrupted after writing a checkpoint). Non-finite steps are
         skipped and stop the run after train.max_nonfinite_steps in a row (GrpolabError)."""
         metrics: dict[str, float] = {}
         sinks = {name: JsonlSink(self.run_dir / name) if self.world.main else NullSink() for name in LOGS}

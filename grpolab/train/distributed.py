@@ -133,7 +133,7 @@ def resolve_device(setting: str) -> torch.device:
     if setting == "cuda":
         setting = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
     if setting.startswith("cuda"):
-        from .errors import ConfigError
+        from ..errors import ConfigError
 
         if not torch.cuda.is_available():
             raise ConfigError(f"train.device: {setting} asked for, but torch sees no CUDA device (torch "

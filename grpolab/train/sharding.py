@@ -1,7 +1,7 @@
 """train.strategy: how the policy's weights, gradients and optimizer state live on the data-parallel ranks.
 
 - ``ddp``: every rank holds all weights; gradients are summed over the ranks after each minibatch
-  (grpolab.distributed.all_reduce_gradients) -- the default, and the only strategy of a single process.
+  (grpolab.train.distributed.all_reduce_gradients) -- the default, and the only strategy of a single process.
 - ``fsdp2``: ``torch.distributed.fsdp.fully_shard`` on every decoder layer and on the root; each rank keeps 1/W of
   the weights, gradients and AdamW state, and FSDP gathers a layer's weights for its forward/backward and
   reduce-scatters its gradients. FSDP averages gradients over the ranks; the aggregation weights are already those
@@ -33,7 +33,7 @@ class Strategy(StrEnum):
 
 def check_shardable(cfg, world, policy: torch.nn.Module) -> None:
     """fsdp2 needs several processes (torchrun) and a plain (non-LoRA) policy; one line naming the field otherwise."""
-    from .errors import ConfigError
+    from ..errors import ConfigError
 
     if not world.distributed:
         raise ConfigError("train.strategy: fsdp2 shards over data-parallel processes; launch with torchrun "

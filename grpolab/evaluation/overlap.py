@@ -5,7 +5,7 @@ Rules:
   case and whitespace do not make a training problem "new".
 - The training set of a model is read from the ``train_problem_hashes`` of the first of these files found in
   the model's directory or up to two levels above it (a checkpoint lives in ``<run>/checkpoints/step-N``):
-  ``manifest.json`` (a GRPO run) or ``baseline_manifest.json`` (an SFT/RFT baseline, grpolab.baselines).
+  ``manifest.json`` (a GRPO run) or ``baseline_manifest.json`` (an SFT/RFT baseline, grpolab.baselines.sft_bon).
   The model name as given (e.g. a run directory) is searched before its resolved checkpoint path.
 - A model with no such file (a hub id, the base model) has no recorded training set: nothing to check,
   and the result says so (``checked: false``) rather than claiming it is held out.
@@ -18,9 +18,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .errors import GrpolabError
-from .manifest import normalise_problem_text, sha256_bytes
-from .tasks.base import Problem
+from ..errors import GrpolabError
+from ..manifest import normalise_problem_text, sha256_bytes
+from ..tasks.base import Problem
 
 MANIFEST_NAMES = ("manifest.json", "baseline_manifest.json")
 

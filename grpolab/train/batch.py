@@ -11,7 +11,7 @@ Two batches exist in a step with dynamic sampling, and both are logged:
   which biases every statistic of the kept batch; its metrics carry a `kept/` prefix.
 
 Without dynamic sampling the two are the same batch and only the standard names are logged. Over several ranks
-(grpolab.distributed) each rank samples and trains its own groups, and every statistic here is over all of them.
+(grpolab.train.distributed) each rank samples and trains its own groups, and every statistic here is over all of them.
 """
 
 from __future__ import annotations
@@ -22,17 +22,17 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .algo.advantages import Advantages, compute_advantages, zero_signal_groups
-from .card import stop_rule
-from .config import Config
+from ..algo.advantages import Advantages, compute_advantages, zero_signal_groups
+from ..card import stop_rule
+from ..config import Config
 from .distributed import World, gather_objects, gather_rows, group_seed, owned_groups
 from .metrics import completion_metrics, group_metrics, reward_metrics
 from .prompt_sampler import PromptSampler
-from .prompting import prompt_ids
-from .rewards import CORRECTNESS_REWARDS, RewardResult, RewardSet, result_metrics
-from .rewards.overlong import soft_overlong_penalty
-from .rollout.base import Rollout, RolloutEngine, SamplingParams, concat_rollouts
-from .tasks.base import Problem
+from ..tasks.prompting import prompt_ids
+from ..rewards import CORRECTNESS_REWARDS, RewardResult, RewardSet, result_metrics
+from ..rewards.overlong import soft_overlong_penalty
+from ..rollout.base import Rollout, RolloutEngine, SamplingParams, concat_rollouts
+from ..tasks.base import Problem
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """The policy update of one rollout batch: mu passes x minibatches (one optimizer step each) x micro-batches.
 
-Over several data-parallel ranks (grpolab.distributed) each rank holds its own groups of every minibatch: the
+Over several data-parallel ranks (grpolab.train.distributed) each rank holds its own groups of every minibatch: the
 aggregation counts and loss sums are all-reduced, the gradients summed over the ranks before each optimizer step,
 and a non-finite loss on any rank skips the step on all of them.
 
@@ -17,17 +17,17 @@ from collections import defaultdict
 
 import torch
 
-from .algo.aggregation import batch_counts, token_weights
-from .algo.importance import ISParams, is_weights, mismatch_stats
-from .algo.kl import KLPlacement
-from .algo.loss import ObjectiveParams, objective
-from .algo.surrogate import ClipParams, per_token
-from .config import Config
+from ..algo.aggregation import batch_counts, token_weights
+from ..algo.importance import ISParams, is_weights, mismatch_stats
+from ..algo.kl import KLPlacement
+from ..algo.loss import ObjectiveParams, objective
+from ..algo.surrogate import ClipParams, per_token
+from ..config import Config
 from .distributed import World, all_reduce_gradients, all_reduce_max, all_reduce_sum, gather_objects, group_seed
 from .forward import completion_logprobs
-from .lora import runnable
-from .models import eval_mode
-from .rollout.base import Rollout
+from ..models.lora import runnable
+from ..models.load import eval_mode
+from ..rollout.base import Rollout
 from .sharding import loss_scale
 
 
@@ -56,7 +56,7 @@ class PolicyUpdater:
     def logprobs_no_grad(self, model, rollout: Rollout, precision: str) -> torch.Tensor:
         """[N, Lc] logprobs of every completion token under `model` (micro-batched, no graph), in eval mode (no
         dropout: pi_old and the reference are deterministic); each module's mode is restored afterwards. A LoRA
-        reference (grpolab.lora.AdapterOff) runs the policy with its adapters disabled."""
+        reference (grpolab.models.lora.AdapterOff) runs the policy with its adapters disabled."""
         out = torch.zeros(rollout.completion_ids.shape, dtype=torch.float32, device=rollout.completion_ids.device)
         chunks = list(torch.arange(len(rollout)).split(self.cfg.train.micro_batch_size))
         with runnable(model) as net, eval_mode(net):
@@ -99,7 +99,7 @@ class PolicyUpdater:
                ref_logp: torch.Tensor | None = None, old_logp: torch.Tensor | None = None,
                positions: list[int] | None = None, num_groups: int | None = None, step: int = 0) -> dict[str, float]:
         """One rollout batch's update; ref/old logprobs are computed here unless the caller already has them.
-        advantages: [N] per sequence (GRPO: broadcast over its tokens) or [N, Lc] per token (PPO: grpolab.ppo).
+        advantages: [N] per sequence (GRPO: broadcast over its tokens) or [N, Lc] per token (PPO: grpolab.baselines.ppo).
 
         positions / num_groups: where this rank's groups stand among the batch's groups over all ranks (default:
         this rank holds the whole batch). Minibatches are drawn over the global groups, so every rank takes the
@@ -121,7 +121,7 @@ class PolicyUpdater:
                 mb = torch.tensor([where[pos] * g + k for pos in chunk if pos in where for k in range(g)], dtype=torch.long)
                 finite = self.minibatch(inputs, mb, sums, mismatch if it == 0 else None)
                 bad = all_reduce_max(torch.tensor([0.0 if finite else 1.0]), self.world)
-                if not self.sharded:  # fsdp2 reduce-scatters the gradients itself (grpolab.sharding)
+                if not self.sharded:  # fsdp2 reduce-scatters the gradients itself (grpolab.train.sharding)
                     all_reduce_gradients([q for q in self.policy.parameters() if q.requires_grad], self.world)
                 sums["grad_norm"] += self.optimizer_step(bool(bad.item() == 0))
                 sums["optimizer_steps"] += 1

@@ -17,8 +17,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from .tasks.base import Problem
-from .tasks.code import entry_points
+from ..tasks.base import Problem
+from ..tasks.code import entry_points
 
 _BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
 _SPAN = re.compile(
@@ -210,7 +210,7 @@ def bootstrap_indices(n_items: int, n_boot: int = 2000, seed: int = 0):
     """The resampled item indices of a percentile bootstrap, in chunks: arrays of shape (m, n_items) whose rows
     together are n_boot draws of n_items indices uniform on 0..n_items-1 with replacement (numpy
     ``default_rng(seed)``; chunks of at most ~4M indices to bound memory). bootstrap_ci and the hierarchical
-    bootstrap over runs (grpolab.evidence_sets) draw their problems here, so one run reduces to the other exactly."""
+    bootstrap over runs (grpolab.evaluation.sets) draw their problems here, so one run reduces to the other exactly."""
     rng = np.random.default_rng(seed)
     chunk = max(1, 4_000_000 // n_items)
     for s in range(0, n_boot, chunk):
@@ -271,7 +271,7 @@ def program_text(completion: str) -> str:
 def held_out_job(completion: str, problem: Problem) -> "Job":
     """The sandbox job judging one completion against all of a problem's tests (hidden and shown); the names the
     tests call are bound to the program's even where a builtin has the name (grpolab.tasks.code.entry_points)."""
-    from .sandbox import Job
+    from ..sandbox import Job
 
     data = problem.data
     code = program_text(completion)
@@ -286,7 +286,7 @@ def held_out_job(completion: str, problem: Problem) -> "Job":
 def code_passes(jobs_per_item: Sequence[Sequence["Job"]], limits=None) -> list[list[tuple[bool, str | None]]]:
     """(all tests passed, first failure reason) for every job, run in parallel on the shared sandbox pool; a
     sandbox failure counts as not passed (reason "sandbox")."""
-    from .sandbox import SandboxLimits, shared_pool
+    from ..sandbox import SandboxLimits, shared_pool
 
     pool = shared_pool(limits or SandboxLimits())
     futures = [[pool.submit(job) for job in jobs] for jobs in jobs_per_item]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from transformers import PreTrainedTokenizerBase
 
-from .tasks import render_prompt
-from .tasks.base import Problem
+from . import render_prompt
+from .base import Problem
 
 
 def prompt_ids(tokenizer: PreTrainedTokenizerBase, problem: Problem) -> list[int]:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .config import Config
+from ..config import Config
 
 EXACT, NEAREST, NONE = "exact", "nearest", "none"
 _VERL_KL = {"k1": "kl", "k2": "mse", "k3": "low_var_kl"}

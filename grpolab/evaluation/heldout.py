@@ -1,9 +1,9 @@
 """Held-out evaluation: decoding on problems the model never trained on, scored by math-verify -- or, for code
-tasks, by running all of the problem's tests in the sandbox -- in grpolab.scoring, which shares no scoring code
+tasks, by running all of the problem's tests in the sandbox -- in grpolab.evaluation.scoring, which shares no scoring code
 with the training reward, with bootstrap intervals.
 
 Per problem i (one "item"), every metric is a number s_i; a model's metric is mean_i s_i with a 95% percentile
-bootstrap interval over problems (grpolab.scoring.bootstrap_ci), and two models are compared on the same
+bootstrap interval over problems (grpolab.evaluation.scoring.bootstrap_ci), and two models are compared on the same
 problems by the paired bootstrap of d_i = s_i(model) - s_i(first model). Metrics:
 
 - ``accuracy``: greedy completion correct (math-verify equivalence of its final answer with gold; for code: every
@@ -28,16 +28,16 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .prompting import prompt_ids
-from .rollout.base import RolloutEngine, SamplingParams
+from ..tasks.prompting import prompt_ids
+from ..rollout.base import RolloutEngine, SamplingParams
 from .scoring import (bootstrap_ci, code_passes, extract_final, gsm8k_flexible, gsm8k_strict, held_out_job, is_correct,
                       maj_at_k, mean_at_k, paired_bootstrap_diff, pass_at_k, program_text)
-from .tasks.base import Problem
-from .tasks.code import is_code_problem
+from ..tasks.base import Problem
+from ..tasks.code import is_code_problem
 
 Progress = Callable[[str, int, int], None]  # (what, problems done, problems in all): called after every batch
-METRIC_NAME = "math-verify equivalence of the final answer (grpolab.scoring)"
-CODE_METRIC_NAME = "every test passes in the sandbox (grpolab.scoring)"
+METRIC_NAME = "math-verify equivalence of the final answer (grpolab.evaluation.scoring)"
+CODE_METRIC_NAME = "every test passes in the sandbox (grpolab.evaluation.scoring)"
 
 
 @dataclass(frozen=True)
@@ -145,7 +145,7 @@ def score_item(problem: Problem, greedy: Completion, samples: list[Completion], 
 def score_code_item(problem: Problem, greedy: Completion, samples: list[Completion],
                     verdicts: list[tuple[bool, str | None]]) -> dict[str, Any]:
     """One evaluation record of a code problem; ``verdicts`` (passed, reason) for the greedy completion and then
-    each sample (grpolab.scoring.code_passes)."""
+    each sample (grpolab.evaluation.scoring.code_passes)."""
     (ok, reason), rest = verdicts[0], verdicts[1:]
     item: dict[str, Any] = {
         "uid": problem.uid, "slice": problem.slice, "slices": slice_labels(problem), "gold": problem.answer,
@@ -206,10 +206,10 @@ def evaluate_model(engine: RolloutEngine, tokenizer, problems: list[Problem], se
     ``progress`` is told after every batch (generate_all) and around the sandbox scoring of code."""
     import torch
 
-    from .agents.env import is_agent_problem
+    from ..agents.env import is_agent_problem
 
-    if problems and all(is_agent_problem(p) for p in problems):  # one greedy episode each (grpolab.agents.evaluate)
-        from .agents.evaluate import evaluate_episodes
+    if problems and all(is_agent_problem(p) for p in problems):  # one greedy episode each (grpolab.evaluation.episodes)
+        from .episodes import evaluate_episodes
 
         return evaluate_episodes(engine, tokenizer, problems, settings, progress)
     start = time.perf_counter()
@@ -262,7 +262,7 @@ def paired_diffs(first: list[dict[str, Any]], other: list[dict[str, Any]]) -> di
 
 
 def load_eval_problems(task: str, options: dict[str, Any], split: str, limit: int) -> list[Problem]:
-    from .tasks import make_task
+    from ..tasks import make_task
 
     problems = make_task(task, **options).problems(split)
     return problems[:limit] if limit else problems
@@ -284,7 +284,7 @@ def add_paired(rows: list[dict[str, Any]]) -> None:
 def eval_header(task: str, options: dict[str, Any], split: str, problems: list[Problem], dtype: str,
                 decoding: dict[str, Any]) -> dict[str, Any]:
     """The part of an evaluation JSON that identifies the evaluation set and the decoding."""
-    from .manifest import data_hash, versions
+    from ..manifest import data_hash, versions
 
     code = bool(problems) and all(is_code_problem(p) for p in problems)
     return {"grpolab_eval": 1, "task": task, "task_options": options, "split": split, "n": len(problems),
@@ -295,9 +295,9 @@ def eval_header(task: str, options: dict[str, Any], split: str, problems: list[P
 
 def add_sets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The sets among the rows after the first: runs whose manifests (found by the held-out check) differ only in
-    the seed (grpolab.evidence_sets.recipe_groups), each with every metric's mean over runs and problems and its
-    gain over the first row, hierarchical intervals (grpolab.evidence_sets.set_evidence)."""
-    from .evidence_sets import recipe_groups, set_evidence
+    the seed (grpolab.evaluation.sets.recipe_groups), each with every metric's mean over runs and problems and its
+    gain over the first row, hierarchical intervals (grpolab.evaluation.sets.set_evidence)."""
+    from .sets import recipe_groups, set_evidence
 
     def manifest(row: dict[str, Any]) -> dict[str, Any] | None:
         path = (row.get("held_out") or {}).get("manifest")
@@ -316,16 +316,16 @@ def run_eval(models: list[str], task: str, options: dict[str, Any], split: str, 
     """Evaluate each model on the same problems; paired bootstrap differences against the first model, and the
     evidence of every set of runs (seeds of one recipe) among the others (add_sets).
 
-    Every model's held-out integrity is checked (grpolab.overlap) before any model is loaded. ``progress(what,
+    Every model's held-out integrity is checked (grpolab.evaluation.overlap) before any model is loaded. ``progress(what,
     done, total)`` is told after every batch, ``what`` naming the model.
     """
-    from .models import DTYPES, load_causal_lm, load_tokenizer, resolve_model_path
+    from ..models.load import DTYPES, load_causal_lm, load_tokenizer, resolve_model_path
     from .overlap import check_held_out
-    from .rollout.hf import HFEngine
+    from ..rollout.hf import HFEngine
 
     problems = load_eval_problems(task, options, split, limit)
     if not problems:
-        from .errors import GrpolabError
+        from ..errors import GrpolabError
 
         raise GrpolabError(f"task {task!r} has no problems in split {split!r}")
     paths = [resolve_model_path(name) for name in models]

@@ -14,8 +14,8 @@ i*_1..i*_P uniformly with replacement, common to every drawn run because every r
 
 The interval is [q_{alpha/2}, q_{1-alpha/2}] of theta*_1..theta*_B. It widens with the spread between runs (the
 run stage) and with the number of problems (the problem stage). Two limits pin it down: when every run is the same
-(x_{r,i} = x_i), or R = 1, theta*_b = (1/P) sum_j x_{i*_j}, exactly grpolab.scoring.bootstrap_ci of x -- the
-ordinary paired bootstrap, same problem draws (grpolab.scoring.bootstrap_indices); when P = 1 only runs vary.
+(x_{r,i} = x_i), or R = 1, theta*_b = (1/P) sum_j x_{i*_j}, exactly grpolab.evaluation.scoring.bootstrap_ci of x -- the
+ordinary paired bootstrap, same problem draws (grpolab.evaluation.scoring.bootstrap_indices); when P = 1 only runs vary.
 
 Two sets A and B of runs on the same problems (two recipes): the difference of means theta(B) - theta(A), with
 runs resampled within each set independently and one common problem draw per replicate:
@@ -187,7 +187,7 @@ SEED_KEYS = ("config.train.seed",)
 
 def recipe_differences(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[tuple[str, Any, Any]]:
     """What makes two runs different recipes: grpolab.manifest.diff_manifests without the seed and the git state."""
-    from .manifest import diff_manifests
+    from ..manifest import diff_manifests
 
     return [(k, x, y) for k, x, y in diff_manifests(dict(a), dict(b)) if k not in SEED_KEYS and not k.startswith("git.")]
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from .tasks.base import Problem
+from ..tasks.base import Problem
 
 SCHEDULES = ("shuffle", "pass_rate")
 

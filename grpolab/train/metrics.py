@@ -69,7 +69,7 @@ def agent_metrics(results: list[Any]) -> dict[str, float]:
     - ``agent/success_without_tool_frac``: among successful episodes of environments that require a tool, the share
       that made no tool call (NaN when there is none): a reward reached without the required tool use.
     """
-    from .agents.episode import ENDINGS
+    from ..agents.episode import ENDINGS
 
     n = len(results)
     if not n:

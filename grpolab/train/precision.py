@@ -34,7 +34,7 @@ from typing import Any, Callable
 
 import torch
 
-from .errors import GrpolabError
+from ..errors import GrpolabError
 
 BF16_MARGIN = 1.15
 """A first decision picks bf16 when its measured rate is >= 1.15 x fp32's: below that the gain would not pay for
@@ -210,7 +210,7 @@ def probe(shapes: dict[str, list[int]], timer: Callable[..., float] = sample_sec
     (``cached: true``) unless `refresh`, else measured (``measure``), decided (``choose``, with the hysteresis
     around the decision the cache held, if any) and written to it atomically (an unwritable cache only costs a
     re-measurement)."""
-    from .models import cache_dir  # transformers: imported only when a probe runs
+    from ..models.load import cache_dir  # transformers: imported only when a probe runs
 
     key, path = cache_key(shapes), cache_dir() / CACHE_FILE
     old = _read_cache(path).get(key)
@@ -340,7 +340,7 @@ RANK_INVARIANCE = {
 def card_entry(resolution: dict[str, Any]) -> dict[str, str]:
     """What the objective card shows of a resolution: the choices, their source, and whether samples are the same
     whatever the number of processes (RANK_INVARIANCE)."""
-    attention = {"attention": resolution["attention"]} if "attention" in resolution else {}  # grpolab/attention.py
+    attention = {"attention": resolution["attention"]} if "attention" in resolution else {}  # grpolab/train/attention.py
     ranks = {"rank_invariant_samples": RANK_INVARIANCE[resolution["sampling"]]} \
         if resolution["sampling"] in RANK_INVARIANCE else {}
     return {"update": resolution["update"], "sampling": resolution["sampling"], "source": resolution["source"],

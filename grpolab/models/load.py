@@ -21,7 +21,7 @@ import torch
 from torch.distributed.tensor import DTensor
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from .errors import GrpolabError
+from ..errors import GrpolabError
 from .lora import MergedWeights, is_adapter_dir, is_lora
 
 BUNDLED: dict[str, tuple[str, str]] = {
@@ -103,7 +103,7 @@ def load_tokenizer(path: str) -> PreTrainedTokenizerBase:
 
 def load_causal_lm(path: str, dtype: str = "float32") -> PreTrainedModel:
     """A plain causal LM from a model directory or hub id; a LoRA checkpoint (adapter directory) is loaded onto its
-    base model and merged (grpolab.lora.load_merged)."""
+    base model and merged (grpolab.models.lora.load_merged)."""
     if is_adapter_dir(path):
         from .lora import load_merged
 
@@ -153,7 +153,7 @@ def _materialise_from(meta_model: torch.nn.Module, source: torch.nn.Module) -> N
 
 def _named_tensors(model: torch.nn.Module) -> Mapping[str, torch.Tensor]:
     """Every parameter and buffer by name, tied names included; a LoRA (peft) model's by the plain model's names,
-    adapted weights merged (grpolab.lora.MergedWeights)."""
+    adapted weights merged (grpolab.models.lora.MergedWeights)."""
     if is_lora(model):
         return MergedWeights(model, buffers=True)
     return dict(model.named_parameters(remove_duplicate=False)) | dict(model.named_buffers(remove_duplicate=False))
@@ -175,7 +175,7 @@ def copy_weights_by_name(dst: torch.nn.Module, src: torch.nn.Module) -> None:
 
     A parameter tied under several names in dst is written once, and src must tie the same names (else the copy
     could not hold both values). Different name sets raise ValueError naming the first mismatch. A LoRA (peft) src
-    gives its merged weights W + (alpha / r) B A under the plain names (grpolab.lora.MergedWeights); nothing is
+    gives its merged weights W + (alpha / r) B A under the plain names (grpolab.models.lora.MergedWeights); nothing is
     merged into src itself.
     """
     d = dict(dst.named_parameters(remove_duplicate=False))

@@ -15,9 +15,9 @@ epoch-wise in a seeded shuffled order), i.e. the same optimizer-step budget as a
 - mode ``rft`` (rejection-sampling FT): sample ``rft_samples`` completions per train problem from the base
   model, keep the distinct ones with training-reward component ``correct`` >= 1, fine-tune on those.
 The result is an HF checkpoint directory with a ``baseline_manifest.json`` that records the training problems,
-so ``grpolab eval`` refuses evaluation sets that overlap them (grpolab.overlap).
+so ``grpolab eval`` refuses evaluation sets that overlap them (grpolab.evaluation.overlap).
 
-DPO (grpolab.dpo) and PPO with a critic (grpolab.ppo) are the other baselines (`grpolab baseline dpo|ppo`).
+DPO (grpolab.baselines.dpo) and PPO with a critic (grpolab.baselines.ppo) are the other baselines (`grpolab baseline dpo|ppo`).
 
 **Budget.** Every baseline states what it spent in *sampled completions* and *optimizer steps* (``budget_of``), beside
 its wall time and peak memory, so `grpolab compare` and the release report can put them in one table:
@@ -42,13 +42,13 @@ from typing import Any
 
 import torch
 
-from .errors import GrpolabError
-from .evaluate import Completion, EvalResult, generate_all, summarise
-from .prompting import prompt_ids
-from .rewards import score_completion
-from .rollout.base import RolloutEngine, SamplingParams
-from .scoring import is_correct
-from .tasks.base import Problem
+from ..errors import GrpolabError
+from ..evaluation.heldout import Completion, EvalResult, generate_all, summarise
+from ..tasks.prompting import prompt_ids
+from ..rewards import score_completion
+from ..rollout.base import RolloutEngine, SamplingParams
+from ..evaluation.scoring import is_correct
+from ..tasks.base import Problem
 
 BASELINE_MANIFEST = "baseline_manifest.json"
 
@@ -120,7 +120,7 @@ def budget_of(manifest_file: Path | None, manifest: dict[str, Any] | None, metho
 def entry_budget(entry: dict[str, Any]) -> dict[str, Any]:
     """The budget of one row of `grpolab compare` (an evaluated model): from the run or baseline manifest found
     beside the model, or, for best-of-n, from the evaluation itself (n samples per problem, its time)."""
-    from .overlap import find_manifest
+    from ..evaluation.overlap import find_manifest
 
     if entry.get("method") == "best_of_n":
         rate = entry.get("problems_per_s") or float("nan")
@@ -228,7 +228,7 @@ def gold_solutions(task: str, options: dict[str, Any], split: str) -> dict[str, 
     """uid -> worked solution text where the task's source has one (GSM8K), else {}."""
     if task != "gsm8k":
         return {}
-    from .tasks import make_task
+    from ..tasks import make_task
 
     _, rows = make_task(task, **options)._rows(split)  # uid index = row index, as GSM8KTask assigns it
     return {f"gsm8k/{split}/{i}": row["answer"] for i, (_, row) in enumerate(rows) if isinstance(row.get("answer"), str)}
@@ -272,7 +272,7 @@ def collate(encoded: list[tuple[list[int], list[int]]], pad_id: int) -> dict[str
 
 def sft_loss(model, batch: dict[str, torch.Tensor], precision: str = "fp32") -> torch.Tensor:
     """Token-mean cross-entropy of the target tokens (HF shifts labels inside the model)."""
-    from .forward import autocast
+    from ..train.forward import autocast
 
     with autocast(precision, batch["input_ids"].device):
         return model(**batch).loss.float()
@@ -322,12 +322,12 @@ def train_sft(model, tokenizer, examples: list[tuple[Problem, str]], s: SFTSetti
 def run_sft(model_name: str, task: str, options: dict[str, Any], s: SFTSettings, out_dir: Path,
             limit: int = 0, split: str = "train") -> dict[str, Any]:
     """Build the SFT/RFT data, fine-tune, write an HF checkpoint + baseline_manifest.json to out_dir."""
-    from .evaluate import load_eval_problems
-    from .manifest import data_hash, problem_hashes, versions, write_json_atomic
-    from .metrics import peak_rss_mb
-    from .models import load_causal_lm, load_tokenizer, resolve_model_path
-    from .precision import resolve_update
-    from .rollout.hf import HFEngine
+    from ..evaluation.heldout import load_eval_problems
+    from ..manifest import data_hash, problem_hashes, versions, write_json_atomic
+    from ..train.metrics import peak_rss_mb
+    from ..models.load import load_causal_lm, load_tokenizer, resolve_model_path
+    from ..train.precision import resolve_update
+    from ..rollout.hf import HFEngine
 
     out_dir = Path(out_dir)
     if out_dir.exists() and any(out_dir.iterdir()):

@@ -7,7 +7,7 @@ Every file is fsync'ed before the rename, so a crash, a kill -9 or a full disk w
 `.tmp-step-N-*` directory, which `checkpoints()` ignores and `remove_partial()` deletes; the previous complete
 checkpoint stays loadable. Only after the new one is in place are older ones pruned to the newest `keep_last`.
 
-trainer_state.pt holds what an exact resume needs besides the weights (grpolab.trainer.Trainer.state_dict):
+trainer_state.pt holds what an exact resume needs besides the weights (grpolab.train.trainer.Trainer.state_dict):
 step, optimizer, LR scheduler, every RNG (python, numpy, torch), prompt cursor, fault counters and the byte
 length of metrics.jsonl / samples.jsonl at save time.
 """
@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .errors import GrpolabError
+from ..errors import GrpolabError
 from .lora import save_model
 
 STATE_FILE = "trainer_state.pt"
@@ -92,7 +92,7 @@ def save_checkpoint(run_dir: Path, step: int, model, tokenizer, state: dict[str,
     try:
         os.chmod(tmp, 0o755)  # mkdtemp makes it private; a checkpoint is as readable as the rest of the run
         if weights is None:
-            save_model(model, tmp)  # a LoRA policy saves its adapter only (grpolab.lora)
+            save_model(model, tmp)  # a LoRA policy saves its adapter only (grpolab.models.lora)
         else:
             save_full_weights(model, weights, tmp)
         tokenizer.save_pretrained(tmp)

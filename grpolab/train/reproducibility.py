@@ -2,7 +2,7 @@
 machine kind, thread count and versions give the same samples, metrics and weights, in fp32 and bf16, in one
 process and under torchrun.
 
-What it takes, beyond seeding every RNG (grpolab.checkpoint.seed_everything) and each group's own sampling stream:
+What it takes, beyond seeding every RNG (grpolab.models.checkpoint.seed_everything) and each group's own sampling stream:
 
 - ``torch.use_deterministic_algorithms(True, warn_only=True)``: torch's deterministic kernel wherever it has one;
   an op without one warns instead of stopping the run.

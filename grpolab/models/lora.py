@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from .errors import ConfigError, GrpolabError
+from ..errors import ConfigError, GrpolabError
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -128,7 +128,7 @@ def make_reference(policy, dtype: torch.dtype):
     """The reference policy: AdapterOff(policy) under LoRA, else an eval-mode copy in `dtype` (models.frozen_copy)."""
     if is_lora(policy):
         return AdapterOff(policy)
-    from .models import frozen_copy
+    from .load import frozen_copy
 
     return frozen_copy(policy, dtype)
 
@@ -224,7 +224,7 @@ def load_weights(model, ckpt: Path, dtype: str) -> None:
     if not is_lora(model):
         if is_adapter_dir(ckpt):
             raise GrpolabError(f"{ckpt} holds a LoRA adapter but this run has model.lora.rank = 0")
-        from .models import load_causal_lm
+        from .load import load_causal_lm
 
         model.load_state_dict(load_causal_lm(str(ckpt), dtype).state_dict())
         return
@@ -256,7 +256,7 @@ def load_adapter_model(path: Path):
     way model.name is (bundled alias, run directory, local path or hub id)."""
     import peft
 
-    from .models import load_causal_lm, resolve_model_path
+    from .load import load_causal_lm, resolve_model_path
 
     base = load_causal_lm(resolve_model_path(adapter_base(path)), "float32")
     with warnings.catch_warnings():
@@ -266,7 +266,7 @@ def load_adapter_model(path: Path):
 
 def load_merged(path: Path, dtype: str = "float32"):
     """A LoRA checkpoint as a plain transformers model: W + (alpha / r) B A merged in float32, then cast."""
-    from .models import DTYPES
+    from .load import DTYPES
 
     return load_adapter_model(path).merge_and_unload().to(DTYPES[dtype])
 
@@ -278,7 +278,7 @@ def export_model(source: str, out: Path, merge: bool, dtype: str | None = None) 
     A LoRA checkpoint becomes a plain Hugging Face model with --merge, else a copy of the adapter (peft format,
     loadable with PeftModel.from_pretrained on its base); a full model is written as it is (nothing to merge).
     dtype: float32 (default) | bfloat16 for the written weights (not for an unmerged adapter, copied as trained)."""
-    from .models import DTYPES, load_causal_lm, load_tokenizer, resolve_model_path
+    from .load import DTYPES, load_causal_lm, load_tokenizer, resolve_model_path
 
     if dtype is not None and dtype not in DTYPES:
         raise GrpolabError(f"--dtype: expected one of {', '.join(DTYPES)}, got {dtype!r}")
