@@ -11,7 +11,7 @@ alternating, --repeats times each, median seconds:
   training passes  one fixed rollout batch, reference pass + policy update (forward, backward, optimizer):
                    share_prompt=false (plain padded rows)  vs  share_prompt (prompt cache repeated G times,
                    padded completions)  vs  share_prompt + pack_completions (the default)
-  attention (bf16) the bf16 policy update with attention in bf16 (SDPA)  vs  in float32 (sdpa_fp32, grpolab/train/attention.py)
+  attention (bf16) the bf16 policy update with attention in bf16 (SDPA)  vs  in float32 (sdpa_fp32, grpolab/training/attention.py)
   optimizer step   AdamW foreach  vs  fused, on the policy's parameters with fixed gradients
   determinism      the policy update with CPU flash attention (default SDPA)  vs  the math backend that
                    train.deterministic uses (--only-deterministic: this row alone)
@@ -44,7 +44,7 @@ def timed(fn) -> float:
 def make_trainer(args):
     from grpolab.config import from_dict
     from grpolab.models.load import resolve_model_path
-    from grpolab.train.trainer import Trainer
+    from grpolab.training.trainer import Trainer
 
     bench_args = step_vs_trl.parse_args(["--precision", args.precision, "--only", "ours"])
     out = Path(tempfile.mkdtemp(prefix="grpolab-levers-"))
@@ -96,7 +96,7 @@ def bench_training(trainer, repeats: int) -> dict[str, float]:
 
 
 def bench_attention(trainer, repeats: int) -> dict[str, float]:
-    """The bf16 update with attention in bf16 (plain SDPA) and in float32 (grpolab/train/attention.py), same batch."""
+    """The bf16 update with attention in bf16 (plain SDPA) and in float32 (grpolab/training/attention.py), same batch."""
     import torch
 
     torch.manual_seed(0)
@@ -114,10 +114,10 @@ def bench_attention(trainer, repeats: int) -> dict[str, float]:
 
 def bench_deterministic(trainer, repeats: int) -> dict[str, float]:
     """The policy update with the default SDPA backend (CPU flash attention: its backward does not repeat) and with
-    the math backend train.deterministic uses (grpolab/train/reproducibility.py), same batch, alternating."""
+    the math backend train.deterministic uses (grpolab/training/reproducibility.py), same batch, alternating."""
     import torch
 
-    from grpolab.train.reproducibility import training_attention
+    from grpolab.training.reproducibility import training_attention
 
     torch.manual_seed(0)
     batch = trainer.collect()
@@ -173,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, s in train.items():
         print(f"  {name:28s} {s:8.2f}   {s / train['plain']:8.2f}")
     if args.precision == "bf16":
-        from grpolab.train.attention import register
+        from grpolab.training.attention import register
 
         register()
         att = bench_attention(trainer, args.repeats)

@@ -34,8 +34,8 @@ ROOT = Path(__file__).resolve().parent.parent
 def worker(args: argparse.Namespace) -> None:
     sys.path.insert(0, str(ROOT))
     from grpolab.config import load_config
-    from grpolab.train.metrics import peak_rss_mb
-    from grpolab.train.trainer import Trainer
+    from grpolab.training.metrics import peak_rss_mb
+    from grpolab.training.trainer import Trainer
 
     overrides = ["eval.every_steps=0", "train.steps=2", *args.set]
     if args.worker == "lora":

@@ -5,7 +5,7 @@
     python benchmarks/ppo_vs_grpo.py --beta 0.04 --json-out ppo_vs_grpo.json
 
 The second seed's argument for GRPO is that it drops PPO's value model and so saves memory and compute. Both sides
-here are grpolab's one code path (grpolab.train.trainer.Trainer and grpolab.baselines.ppo.PPOTrainer, its subclass): the same
+here are grpolab's one code path (grpolab.training.trainer.Trainer and grpolab.baselines.ppo.PPOTrainer, its subclass): the same
 model (bundled SmolLM2-135M-Instruct unless --model), the same task (the quickstart's: two-term +/- with operands up
 to 20), the same prompts in the same order (the prompt sampler is seeded by train.seed), G, max_new_tokens,
 prompts per step, micro-batch size, precision, learning rate, beta and the same AdamW; they differ only in what PPO
@@ -97,7 +97,7 @@ def wrap_update(updater, times: dict[str, float]) -> None:
 def worker(args) -> dict[str, Any]:
     import torch
 
-    import grpolab.train.batch as B
+    import grpolab.training.batch as B
     from grpolab.config import from_dict
     from grpolab.baselines.ppo import trainer_class
 

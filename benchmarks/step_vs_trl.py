@@ -174,8 +174,8 @@ def grpolab_raw_config(args, model_path: str, out_dir: str) -> dict:
 def ordered_problems(args, model_path: str, out_dir: str):
     """The training problems in the order grpolab's prompt sampler takes them (TRL gets this list, unshuffled)."""
     from grpolab.config import from_dict
-    from grpolab.train.prompt_sampler import PromptSampler
-    from grpolab.train.trainer import load_problems
+    from grpolab.training.prompt_sampler import PromptSampler
+    from grpolab.training.trainer import load_problems
 
     cfg = from_dict(grpolab_raw_config(args, model_path, out_dir))
     train, _, _ = load_problems(cfg)
@@ -214,8 +214,8 @@ def step_record(instr: Instrument, wall: float, prompt_lens: list[int], completi
 def run_ours(args, model_path: str) -> dict[str, Any]:
     import torch
 
-    import grpolab.train.batch as B
-    import grpolab.train.trainer as T
+    import grpolab.training.batch as B
+    import grpolab.training.trainer as T
     from grpolab.config import from_dict
 
     out_dir = tempfile.mkdtemp(prefix="grpolab-bench-ours-")

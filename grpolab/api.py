@@ -56,7 +56,7 @@ class TrainResult:
 
     def history(self) -> list[dict[str, Any]]:
         """Every line of the run's metrics.jsonl."""
-        from .train.metrics import read_jsonl
+        from .training.metrics import read_jsonl
 
         return read_jsonl(self.run_dir / "metrics.jsonl")
 

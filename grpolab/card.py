@@ -18,7 +18,7 @@ from typing import Any
 
 from .baselines import ppo_card
 from .config import Config
-from .train.precision import card_entry, unresolved
+from .training.precision import card_entry, unresolved
 from .rewards.model import reward_model_card
 
 PEER_VERSIONS = {"trl": "1.16.0", "verl": "0.9.1", "openrlhf": "0.11.2"}
@@ -339,7 +339,7 @@ def peer_settings(peer_equivalents: dict[str, Any]) -> dict[str, Any]:
 
 def objective_card(cfg: Config, precision: dict[str, Any] | None = None) -> dict[str, Any]:
     """The card stored in the manifest: preset, formula (text and LaTeX), every choice, and the peer equivalents.
-    ``precision``: the trainer's resolution of train.precision / rollout.dtype (grpolab.train.precision.resolve); without
+    ``precision``: the trainer's resolution of train.precision / rollout.dtype (grpolab.training.precision.resolve); without
     it the card shows the settings as they are ("auto" left open)."""
     text, tex = formula(cfg)
     a = cfg.algorithm

@@ -81,7 +81,7 @@ class RolloutConfig:
     # what else ends a completion (rollout/stop.py): code_block = the closing fence of its first Python block (what a
     # code reward reads); auto = code_block when a code reward (all_pass / pass_fraction) is weighted, else none
     stop_rule: Literal["auto", "none", "code_block"] = "auto"
-    # the sampler's own weight copy, synced after each update; auto = measured at start (grpolab/train/precision.py)
+    # the sampler's own weight copy, synced after each update; auto = measured at start (grpolab/training/precision.py)
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     # grpolab decoder on a CPU in float32: weights packed once per decode call for oneDNN (rollout/prepack.py; the
     # same sums in another order); false = every product re-packs its weight, as the model runs outside decoding
@@ -139,16 +139,16 @@ class TrainConfig:
     schedule: Literal["constant", "cosine"] = "constant"
     min_lr_ratio: float = 0.0
     grad_clip: float = 1.0
-    # bf16 = bfloat16 autocast over fp32 master weights; auto = measured at start (grpolab/train/precision.py)
+    # bf16 = bfloat16 autocast over fp32 master weights; auto = measured at start (grpolab/training/precision.py)
     precision: Literal["auto", "fp32", "bf16"] = "auto"
-    attention_fp32: bool = True  # with bf16 on CPU: attention in float32 (its bf16 backward is slow; grpolab/train/attention.py)
+    attention_fp32: bool = True  # with bf16 on CPU: attention in float32 (its bf16 backward is slow; grpolab/training/attention.py)
     device: str = "auto"  # auto (cuda when available) | cpu | cuda | cuda:N; under torchrun on CUDA: cuda:LOCAL_RANK
-    strategy: Literal["ddp", "fsdp2"] = "ddp"  # data parallel: replicated weights, or sharded (grpolab/train/sharding.py)
+    strategy: Literal["ddp", "fsdp2"] = "ddp"  # data parallel: replicated weights, or sharded (grpolab/training/sharding.py)
     share_prompt: bool = True  # training passes run each prompt once per micro-batch, not once per completion
     fused_adamw: bool = True  # torch's fused AdamW kernel (same update as foreach, one pass over the weights)
     pack_completions: bool = True  # with share_prompt: completions packed end to end, not padded (SDPA models)
     seed: int = 0
-    # same config + seed on the same machine kind, threads and versions => the same bytes (grpolab/train/reproducibility.py:
+    # same config + seed on the same machine kind, threads and versions => the same bytes (grpolab/training/reproducibility.py:
     # deterministic algorithms; on CPU the training passes' attention through SDPA's math backend)
     deterministic: bool = True
     save_every: int = 0  # checkpoint every N steps (0 = off) ...
@@ -156,7 +156,7 @@ class TrainConfig:
     keep_last: int = 2
     samples_per_step: int = 4
     max_nonfinite_steps: int = 3  # stop after this many consecutive steps with a NaN/Inf loss or gradient
-    # prompt order (grpolab/train/prompt_sampler.py): shuffle = each prompt once per epoch; pass_rate = prompts whose last
+    # prompt order (grpolab/training/prompt_sampler.py): shuffle = each prompt once per epoch; pass_rate = prompts whose last
     # group was solved G/G or 0/G are skipped except with probability prompt_floor (and after ceil(1/floor) skips)
     prompt_schedule: Literal["shuffle", "pass_rate"] = "shuffle"
     prompt_floor: float = 0.25

@@ -18,17 +18,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from . import manifest as mf
-from .train import reproducibility
+from .training import reproducibility
 from .card import objective_card
 from .config import Config, from_dict, parse_override, set_path, to_dict
-from .train.distributed import barrier, gather_objects, init_world, resolve_device
+from .training.distributed import barrier, gather_objects, init_world, resolve_device
 from .errors import GrpolabError
 from .rewards.model import reward_model_hashes, reward_model_manifest
 from .rewards.user import source_hashes
 from .tasks.base import Problem
 
 if TYPE_CHECKING:
-    from .train.trainer import Trainer
+    from .training.trainer import Trainer
 
 
 def plan_run_dir(cfg: Config) -> Path:
@@ -50,7 +50,7 @@ def build_manifest(cfg: Config, model_path: str, tokenizer, train: list[Problem]
     (``callable_hashes``; their names are listed under ``python_rewards``). A data summary with a ``source`` (the hf
     task, in-memory data sets) puts its ``fingerprint`` into ``hashes.dataset_fingerprint`` and the whole source
     into ``data.source``. ``precision``: the trainer's resolution of train.precision / rollout.dtype
-    (grpolab.train.precision.resolve: setting, choice, source, probe numbers), stored under ``precision`` and shown in
+    (grpolab.training.precision.resolve: setting, choice, source, probe numbers), stored under ``precision`` and shown in
     the objective card; a resume passes it back to the trainer."""
     hashes = mf.hash_model_dir(model_path)
     reward_hashes = {**source_hashes(cfg.reward.functions), **(callable_hashes or {})}

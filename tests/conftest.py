@@ -70,7 +70,7 @@ def private_probe_cache(tmp_path_factory):
     run sets it (``make test`` runs the training-path tests again with bf16). tests/test_precision.py tests the
     probe itself with the variable removed."""
     from grpolab.models.load import cache_dir
-    from grpolab.train.precision import FORCE_ENV
+    from grpolab.training.precision import FORCE_ENV
 
     shared_models = cache_dir() / "models"
     shared_models.mkdir(parents=True, exist_ok=True)

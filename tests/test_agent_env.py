@@ -14,7 +14,7 @@ from grpolab.agents.episode import EpisodeResult
 from grpolab.agents.guess import GuessEnv, make_problems as guess_problems
 from grpolab.agents.tools import WORKER, Tool, ToolError, ToolFailure, calculate, parse_tool_call, register_tool
 from grpolab.errors import ConfigError
-from grpolab.train.metrics import agent_metrics
+from grpolab.training.metrics import agent_metrics
 from grpolab.rollout.base import Rollout, concat_rollouts
 from grpolab.tasks import make_task
 

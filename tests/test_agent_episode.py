@@ -15,13 +15,13 @@ from grpolab.agents.env import AgentEnv, EpisodeLimits
 from grpolab.agents.episode import EpisodeRunner
 from grpolab.agents.tools import Tool, calculate
 from grpolab.config import from_dict
-from grpolab.train.forward import completion_logprobs
+from grpolab.training.forward import completion_logprobs
 from grpolab.models.load import load_causal_lm, load_tokenizer
 from grpolab.rollout.base import SamplingParams
 from grpolab.rollout.decode import Decoded
 from grpolab.rollout.hf import eos_ids
 from grpolab.tasks.base import Problem
-from grpolab.train.update import PolicyUpdater
+from grpolab.training.update import PolicyUpdater
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -181,7 +181,7 @@ def no_model(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("a model was loaded before the bad input was reported")
 
-    monkeypatch.setattr("grpolab.train.trainer.resolve_model_path", refuse)
+    monkeypatch.setattr("grpolab.training.trainer.resolve_model_path", refuse)
 
 
 def text_reward(completion, problem):

@@ -1,4 +1,4 @@
-"""Attention in float32 inside bf16 autocast (grpolab/train/attention.py): it is float32 SDPA on the bf16-rounded inputs,
+"""Attention in float32 inside bf16 autocast (grpolab/training/attention.py): it is float32 SDPA on the bf16-rounded inputs,
 the trainer switches only its training policy to it and only for bf16 on CPU, and packing still applies."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from grpolab.train.attention import NAME, sdpa_fp32_forward, use_fp32_attention
+from grpolab.training.attention import NAME, sdpa_fp32_forward, use_fp32_attention
 from grpolab.config import from_dict
-from grpolab.train.forward import packing_supported
-from grpolab.train.trainer import Trainer
+from grpolab.training.forward import packing_supported
+from grpolab.training.trainer import Trainer
 
 
 def reference_attention(q, k, v, mask, scale):

@@ -17,7 +17,7 @@ from torch.utils._pytree import tree_leaves
 
 import earnable
 from grpolab.config import from_dict
-from grpolab.train.trainer import Trainer
+from grpolab.training.trainer import Trainer
 
 COPIES = {"aten._to_copy.default", "aten.copy_.default", "aten._local_scalar_dense.default", "aten.lift_fresh.default"}
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from grpolab.config import load_config
-from grpolab.train.distributed import resolve_device
+from grpolab.training.distributed import resolve_device
 from grpolab.errors import ConfigError
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"

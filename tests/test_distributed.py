@@ -1,4 +1,4 @@
-"""Data parallelism (grpolab.train.distributed): 2 gloo ranks under torchrun run the same experiment as 1 process --
+"""Data parallelism (grpolab.training.distributed): 2 gloo ranks under torchrun run the same experiment as 1 process --
 the same sampled token ids, the same final weights -- for every aggregation mode, batch-std scaling, KL in the loss
 and in the reward, and dynamic sampling with different kept-group counts per rank; a kill -9 of a 2-rank run and
 a resume give bitwise the same run as an uninterrupted one."""

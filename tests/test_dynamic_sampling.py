@@ -1,7 +1,7 @@
 """Trainer-level reward handling: dynamic sampling, zero-variance accounting, invalid rewards, overlong shaping and
 KL-in-reward, on a tiny random Llama (max_new_tokens 4, G 2-4).
 
-Rewards are controlled exactly by replacing `grpolab.train.batch.score_rollout` with a scripted scorer: each call (one
+Rewards are controlled exactly by replacing `grpolab.training.batch.score_rollout` with a scripted scorer: each call (one
 generation round) returns the next [P, G] block of the script.
 """
 
@@ -12,15 +12,15 @@ import math
 import pytest
 import torch
 
-import grpolab.train.batch as batch_mod
+import grpolab.training.batch as batch_mod
 from grpolab.algo.advantages import compute_advantages
 from grpolab.config import from_dict
-from grpolab.train.forward import completion_logprobs
+from grpolab.training.forward import completion_logprobs
 from grpolab.rewards.overlong import soft_overlong_penalty
 from grpolab.rollout.base import Rollout
-from grpolab.train.batch import Scores, score_rollout
+from grpolab.training.batch import Scores, score_rollout
 from grpolab.rewards import RewardResult, RewardSet
-from grpolab.train.trainer import Trainer
+from grpolab.training.trainer import Trainer
 
 NAN = math.nan
 

@@ -19,8 +19,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, Llama
 from transformers.generation.logits_process import TopKLogitsWarper, TopPLogitsWarper
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
-from grpolab.train.forward import completion_logprobs
-from grpolab.train.packing import block_causal_mask, first_fit_decreasing, pack_completions
+from grpolab.training.forward import completion_logprobs
+from grpolab.training.packing import block_causal_mask, first_fit_decreasing, pack_completions
 from grpolab.rollout.base import Rollout, SamplingParams
 from grpolab.rollout.decode import decode_groups, sample_tokens, truncate_logits
 from grpolab.rollout.hf import HFEngine, eos_ids
@@ -105,7 +105,7 @@ def test_policy_update_is_the_same_with_every_lever(float64_rmsnorm, micro_batch
     import copy
 
     from grpolab.config import from_dict
-    from grpolab.train.update import PolicyUpdater
+    from grpolab.training.update import PolicyUpdater
 
     rollout = make_rollout([5, 3], [4, 1, 6, 2, 6, 3], 3)
     advantages = torch.tensor([1.0, -0.5, -0.2, 0.7, -1.2, 0.9], dtype=torch.float64)

@@ -17,7 +17,7 @@ from grpolab.models import checkpoint as ckpt
 from grpolab.config import from_dict
 from grpolab.errors import GrpolabError
 from grpolab.rewards import REWARD_FUNCTIONS, RewardSpec, call_with_time_limit, score_completion
-from grpolab.train.trainer import Trainer
+from grpolab.training.trainer import Trainer
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -105,7 +105,7 @@ def test_score_completion_reports_a_timeout_as_invalid(monkeypatch):
 def test_nonfinite_losses_skip_the_update_and_stop_after_k_in_a_row(tiny_model_dir, tmp_path, monkeypatch):
     """Steps 1, 3 and 4 have a NaN loss (K = 2): step 1 is skipped (weights untouched), step 2 trains, step 4 is
     the second in a row and stops the run; the last good checkpoint (step 2) is intact."""
-    import grpolab.train.update as update
+    import grpolab.training.update as update
 
     nan_steps, real = {1, 3, 4}, update.objective
     cfg = from_dict(tiny(tiny_model_dir, tmp_path, steps=8, save_every=1, max_nonfinite_steps=2))

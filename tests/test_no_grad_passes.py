@@ -7,9 +7,9 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from grpolab.config import from_dict
-from grpolab.train.forward import completion_logprobs
+from grpolab.training.forward import completion_logprobs
 from grpolab.rollout.base import Rollout
-from grpolab.train.update import PolicyUpdater
+from grpolab.training.update import PolicyUpdater
 
 
 def dropout_llama() -> LlamaForCausalLM:

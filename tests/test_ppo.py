@@ -20,7 +20,7 @@ from grpolab.config import from_dict
 from grpolab.evaluation.overlap import find_manifest
 from grpolab.baselines.ppo import PPOTrainer, trainer_class
 from grpolab.runs import resume_run, start_run
-from grpolab.train.trainer import Trainer
+from grpolab.training.trainer import Trainer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 VOLATILE = ("time/", "throughput/", "memory/")

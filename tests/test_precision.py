@@ -1,4 +1,4 @@
-"""Precision by measurement (grpolab/train/precision.py): the rule on given numbers, the per-machine cache, what a run
+"""Precision by measurement (grpolab/training/precision.py): the rule on given numbers, the per-machine cache, what a run
 records (manifest and objective card: setting, resolution, probe numbers) and that a resume keeps its recorded
 choice. No test asserts a timing: the measurement itself is replaced by fakes wherever a result is checked."""
 

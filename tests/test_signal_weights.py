@@ -1,4 +1,4 @@
-"""Which values dynamic sampling and the pass_rate schedule judge a group by (grpolab.train.batch.signal_values): the
+"""Which values dynamic sampling and the pass_rate schedule judge a group by (grpolab.training.batch.signal_values): the
 first *positively weighted* correctness component, else the total reward -- never a component the run does not
 train on (weight 0)."""
 
@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from grpolab.train.batch import BatchCollector, Scores, signal_values
+from grpolab.training.batch import BatchCollector, Scores, signal_values
 from grpolab.config import from_dict
 from grpolab.rewards import RewardResult
 

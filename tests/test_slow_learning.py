@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from grpolab.config import load_config
-from grpolab.train.trainer import Trainer
+from grpolab.training.trainer import Trainer
 
 pytestmark = pytest.mark.slow
 

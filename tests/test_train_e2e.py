@@ -14,7 +14,7 @@ import earnable
 from grpolab.models.checkpoint import latest_checkpoint
 from grpolab.config import from_dict
 from grpolab.runs import build_manifest
-from grpolab.train.trainer import Trainer
+from grpolab.training.trainer import Trainer
 
 REQUIRED_METRICS = [
     "reward/mean", "reward/std", "reward/correct/mean", "reward/format/mean", "reward/invalid_frac",

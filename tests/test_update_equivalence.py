@@ -26,10 +26,10 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
-import grpolab.train.update as update_module
+import grpolab.training.update as update_module
 from grpolab.config import from_dict
 from grpolab.rollout.base import Rollout
-from grpolab.train.update import PolicyUpdater
+from grpolab.training.update import PolicyUpdater
 
 VOCAB, TEMPERATURE, MAX_NEW = 50, 0.7, 8
 PROMPT_LENS, COMPLETION_LENS, G = [5, 3, 6, 2], [4, 1, 6, 2, 6, 3, 5, 5, 2, 7, 3, 1], 3

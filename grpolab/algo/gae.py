@@ -126,7 +126,7 @@ def clipped_value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: 
 def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor,
                        reduce: Callable[[torch.Tensor], torch.Tensor] = lambda t: t) -> float:
     """1 - Var_m(G - V) / Var_m(G) over masked tokens, population variances (nan when the returns do not vary).
-    ``reduce`` sums its float64 statistics over data-parallel ranks (grpolab.train.distributed.all_reduce_sum), so the
+    ``reduce`` sums its float64 statistics over data-parallel ranks (grpolab.training.distributed.all_reduce_sum), so the
     variances are those of the whole batch: the means first, then the squared deviations from them."""
     m, g = mask.double(), returns.double()
     d = g - values.double()

@@ -29,8 +29,8 @@ import torch
 from ..algo.aggregation import Aggregation, batch_counts, token_weights
 from ..algo.gae import clipped_value_loss, explained_variance
 from ..config import Config
-from ..train.distributed import World, all_reduce_gradients, all_reduce_sum
-from ..train.forward import _trim, autocast
+from ..training.distributed import World, all_reduce_gradients, all_reduce_sum
+from ..training.forward import _trim, autocast
 from ..models.load import eval_mode, load_causal_lm
 from ..rollout.base import Rollout
 
@@ -93,7 +93,7 @@ class Critic:
     def update(self, rollout: Rollout, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor,
                minibatches: list[list[torch.Tensor]]) -> dict[str, float]:
         """train.mu x train.minibatches steps on the clipped value loss; ``minibatches``: for each pass, the rows of
-        each minibatch (the policy's, grpolab.train.update.minibatch_groups). Returns value/* metrics of the whole batch
+        each minibatch (the policy's, grpolab.training.update.minibatch_groups). Returns value/* metrics of the whole batch
         (summed over the ranks; value/grad_norm is of the all-reduced gradient)."""
         t = self.cfg.train
         sums = {"loss": 0.0, "clipped": 0.0, "tokens": 0.0, "grad_norm": 0.0, "steps": 0.0}

@@ -1,7 +1,7 @@
 """DPO beside GRPO: preference pairs from the base model's own samples on the training problems, then DPO (or IPO)
 with the base model as the reference (grpolab.algo.dpo for the losses).
 
-**Sampling** is the GRPO run's own collection code (grpolab.train.batch.BatchCollector with the run's config): rounds of
+**Sampling** is the GRPO run's own collection code (grpolab.training.batch.BatchCollector with the run's config): rounds of
 train.prompts_per_step training problems x rollout.group_size completions from the base model, scored by the
 *training* reward (the run's reward weights), drawn from the run's prompt sampler with the run's seed. The budget
 is a number of sampled completions -- by default the GRPO run's train.steps x prompts_per_step x group_size -- so
@@ -108,7 +108,7 @@ def pair_rollout(rollout: Rollout, pairs: list[Pair], pad_id: int) -> Rollout:
 
 def pair_token_logps(model, rollout: Rollout, pair_ids: list[int], precision: str, grad: bool) -> torch.Tensor:
     """[2 b, Lc] token logprobs (T = 1) of the chosen/rejected rows of pairs `pair_ids`, prompts run once per pair."""
-    from ..train.forward import completion_logprobs
+    from ..training.forward import completion_logprobs
 
     rows = torch.tensor([2 * i + k for i in pair_ids for k in (0, 1)], dtype=torch.long)
     with torch.set_grad_enabled(grad):
@@ -207,17 +207,17 @@ def sample_pairs(cfg, collector, s: DPOSettings) -> tuple[Rollout, list[Problem]
 def run_dpo(cfg, s: DPOSettings, out_dir: Path) -> dict[str, Any]:
     """Sample, pair, train, write an HF checkpoint + baseline_manifest.json to out_dir (module docstring)."""
     from .sft_bon import BASELINE_MANIFEST
-    from ..train.batch import BatchCollector
+    from ..training.batch import BatchCollector
     from ..config import to_dict
     from ..manifest import data_hash, problem_hashes, versions, write_json_atomic
-    from ..train.metrics import peak_rss_mb
+    from ..training.metrics import peak_rss_mb
     from ..models.load import DTYPES, load_causal_lm, load_tokenizer, resolve_model_path
-    from ..train.precision import resolve_update
-    from ..train.prompt_sampler import PromptSampler
+    from ..training.precision import resolve_update
+    from ..training.prompt_sampler import PromptSampler
     from ..rewards import RewardSet
     from ..rollout.hf import HFEngine
     from ..tasks import make_task
-    from ..train.trainer import load_problems
+    from ..training.trainer import load_problems
 
     out_dir = Path(out_dir)
     if out_dir.exists() and any(out_dir.iterdir()):

@@ -1,14 +1,14 @@
 """PPO with a learned critic (algorithm.estimator = gae) on GRPO's code path: the same rollouts, rewards, reference,
-policy update (grpolab.train.update, with per-token advantages), checkpoints and resume.
+policy update (grpolab.training.update, with per-token advantages), checkpoints and resume.
 
 One step (docs/design.md section 2, with the advantage step replaced):
 
-    collect (grpolab.train.batch: problems -> completions -> rewards; its group advantages are not used)
+    collect (grpolab.training.batch: problems -> completions -> rewards; its group advantages are not used)
       -> old logprobs, reference logprobs (beta > 0), values V_t (critic, no grad)
       -> token rewards r_t = -beta kl_t (+ R at the last model token)        [KL in the reward: kl_placement reward]
       -> GAE(gamma, lambda) -> A_t, returns G_t -> [whiten A over the batch]  (grpolab.algo.gae)
       -> critic update: mu x minibatches steps of the clipped value loss      (grpolab.baselines.critic)
-      -> policy update: the clipped surrogate with A_t per token              (grpolab.train.update)
+      -> policy update: the clipped surrogate with A_t per token              (grpolab.training.update)
 
 ``PPOTrainer`` is a ``Trainer`` whose ``kl_in_reward`` hook computes all of this: everything else -- logging,
 evaluation, checkpoints, Ctrl-C, exact resume -- is the Trainer's, and the checkpoint's trainer state carries the
@@ -29,13 +29,13 @@ import torch
 from ..models import checkpoint as ckpt
 from ..algo.gae import gae, masked_moments, token_rewards, whiten
 from ..algo.kl import KLPlacement, token_kl
-from ..train.batch import Batch
+from ..training.batch import Batch
 from ..config import Config
 from .critic import Critic
-from ..train.distributed import all_reduce_sum
+from ..training.distributed import all_reduce_sum
 from ..errors import ConfigError
-from ..train.trainer import Trainer
-from ..train.update import minibatch_groups
+from ..training.trainer import Trainer
+from ..training.update import minibatch_groups
 
 
 def trainer_class(cfg: Config) -> type[Trainer]:

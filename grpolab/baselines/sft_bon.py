@@ -272,7 +272,7 @@ def collate(encoded: list[tuple[list[int], list[int]]], pad_id: int) -> dict[str
 
 def sft_loss(model, batch: dict[str, torch.Tensor], precision: str = "fp32") -> torch.Tensor:
     """Token-mean cross-entropy of the target tokens (HF shifts labels inside the model)."""
-    from ..train.forward import autocast
+    from ..training.forward import autocast
 
     with autocast(precision, batch["input_ids"].device):
         return model(**batch).loss.float()
@@ -324,9 +324,9 @@ def run_sft(model_name: str, task: str, options: dict[str, Any], s: SFTSettings,
     """Build the SFT/RFT data, fine-tune, write an HF checkpoint + baseline_manifest.json to out_dir."""
     from ..evaluation.heldout import load_eval_problems
     from ..manifest import data_hash, problem_hashes, versions, write_json_atomic
-    from ..train.metrics import peak_rss_mb
+    from ..training.metrics import peak_rss_mb
     from ..models.load import load_causal_lm, load_tokenizer, resolve_model_path
-    from ..train.precision import resolve_update
+    from ..training.precision import resolve_update
     from ..rollout.hf import HFEngine
 
     out_dir = Path(out_dir)

@@ -9,7 +9,7 @@ import sys
 import click
 
 from ..errors import GrpolabError
-from ..train.faults import TrainingInterrupted
+from ..training.faults import TrainingInterrupted
 from . import train, evaluate, baseline, report, export, manifest, score, rm  # noqa: F401, I001  (register the verbs on `app`, in help order)
 from .app import app, console, err_console
 

@@ -7,7 +7,7 @@ Every file is fsync'ed before the rename, so a crash, a kill -9 or a full disk w
 `.tmp-step-N-*` directory, which `checkpoints()` ignores and `remove_partial()` deletes; the previous complete
 checkpoint stays loadable. Only after the new one is in place are older ones pruned to the newest `keep_last`.
 
-trainer_state.pt holds what an exact resume needs besides the weights (grpolab.train.trainer.Trainer.state_dict):
+trainer_state.pt holds what an exact resume needs besides the weights (grpolab.training.trainer.Trainer.state_dict):
 step, optimizer, LR scheduler, every RNG (python, numpy, torch), prompt cursor, fault counters and the byte
 length of metrics.jsonl / samples.jsonl at save time.
 """

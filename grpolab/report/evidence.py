@@ -16,7 +16,7 @@ from typing import Any
 
 from ..errors import GrpolabError
 from ..manifest import read_manifest
-from ..train.metrics import read_jsonl
+from ..training.metrics import read_jsonl
 
 PRIMARY_EVAL = "base_vs_trained.json"
 

@@ -30,7 +30,7 @@ import torch
 
 from .. import manifest as mf
 from ..errors import ConfigError, GrpolabError
-from ..train.metrics import JsonlSink
+from ..training.metrics import JsonlSink
 from ..rewards.model import RM_KIND, RM_SUBDIR, encode, forward_scores, rm_text
 from .loss import bradley_terry_loss, pair_accuracy_interval, pair_outcomes
 from .pairs import (PreferencePair, check_disjoint, load_pairs_jsonl, pairs_hash, split_by_prompt, task_pairs,
@@ -234,7 +234,7 @@ def train_reward_model(s: RMSettings, generate: Callable | None = None,
                        on_log: Callable[[str], None] = lambda text: None) -> dict[str, Any]:
     """The whole command: pairs -> split -> train -> evaluate -> save; returns the manifest (with ``run_dir``).
     ``generate`` replaces the sampler for task pairs (tests)."""
-    from ..train.distributed import resolve_device
+    from ..training.distributed import resolve_device
 
     s.check()
     device = resolve_device(s.device)

@@ -138,7 +138,7 @@ REWARD_FUNCTIONS: dict[str, RewardSpec] = {
 }
 CODE_REWARDS = ("pass_fraction", "all_pass")
 # The component that says whether a completion is right, in order of preference: dynamic sampling judges a group's
-# signal by it (grpolab.train.batch) and the report's hacking checks compare bonuses and length against it. `env` is an
+# signal by it (grpolab.training.batch) and the report's hacking checks compare bonuses and length against it. `env` is an
 # agent environment's verdict on the episode's end state, the one component an agent task allows.
 CORRECTNESS_REWARDS = ("correct", "all_pass", "pass_fraction", "env")
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from grpolab.config import from_dict
-from grpolab.train.distributed import init_world
+from grpolab.training.distributed import init_world
 from grpolab.baselines.ppo import trainer_class
 
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import torch
 
 from grpolab.config import from_dict
-from grpolab.train.distributed import init_world
-from grpolab.train.trainer import Trainer
+from grpolab.training.distributed import init_world
+from grpolab.training.trainer import Trainer
 
 
 def run(name: str, raw: dict, out: Path, world) -> None:

@@ -1,6 +1,6 @@
 """The policy update of one rollout batch: mu passes x minibatches (one optimizer step each) x micro-batches.
 
-Over several data-parallel ranks (grpolab.train.distributed) each rank holds its own groups of every minibatch: the
+Over several data-parallel ranks (grpolab.training.distributed) each rank holds its own groups of every minibatch: the
 aggregation counts and loss sums are all-reduced, the gradients summed over the ranks before each optimizer step,
 and a non-finite loss on any rank skips the step on all of them.
 
@@ -121,7 +121,7 @@ class PolicyUpdater:
                 mb = torch.tensor([where[pos] * g + k for pos in chunk if pos in where for k in range(g)], dtype=torch.long)
                 finite = self.minibatch(inputs, mb, sums, mismatch if it == 0 else None)
                 bad = all_reduce_max(torch.tensor([0.0 if finite else 1.0]), self.world)
-                if not self.sharded:  # fsdp2 reduce-scatters the gradients itself (grpolab.train.sharding)
+                if not self.sharded:  # fsdp2 reduce-scatters the gradients itself (grpolab.training.sharding)
                     all_reduce_gradients([q for q in self.policy.parameters() if q.requires_grad], self.world)
                 sums["grad_norm"] += self.optimizer_step(bool(bad.item() == 0))
                 sums["optimizer_steps"] += 1

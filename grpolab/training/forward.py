@@ -10,7 +10,7 @@ its key/value cache (the gradient of every completion flows back into the one pr
 gradient, (G-1)/G less prompt compute.
 
 Packed completions (`pack`, with SDPA attention; the default): the group's completions are laid end to end,
-several to a row where they fit (grpolab/train/packing.py), under a block-causal mask (each token sees the group's
+several to a row where they fit (grpolab/training/packing.py), under a block-causal mask (each token sees the group's
 prompt and the earlier tokens of its own completion) with position ids restarted at the prompt length for every
 completion. Same function again, with only the unfilled ends of rows as padding. Without `pack` the prompt's cache is repeated
 G times and the completions run padded side by side.

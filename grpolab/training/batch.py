@@ -11,7 +11,7 @@ Two batches exist in a step with dynamic sampling, and both are logged:
   which biases every statistic of the kept batch; its metrics carry a `kept/` prefix.
 
 Without dynamic sampling the two are the same batch and only the standard names are logged. Over several ranks
-(grpolab.train.distributed) each rank samples and trains its own groups, and every statistic here is over all of them.
+(grpolab.training.distributed) each rank samples and trains its own groups, and every statistic here is over all of them.
 """
 
 from __future__ import annotations

@@ -1,12 +1,12 @@
 """The GRPO loop. One step reads like the data flow of docs/design.md section 2:
 
-    collect (problems -> G completions each -> rewards -> advantages; grpolab.train.batch)
+    collect (problems -> G completions each -> rewards -> advantages; grpolab.training.batch)
       -> [KL penalty folded into the reward]
-      -> update (mu x minibatches x micro-batches; grpolab.train.update) -> sync the sampler's weights
+      -> update (mu x minibatches x micro-batches; grpolab.training.update) -> sync the sampler's weights
       -> metrics -> [periodic held-out eval] -> log -> [checkpoint]
 
 Checkpoint contents and exact resume: grpolab.models.checkpoint and `state_dict` / `load` below. Ctrl-C and SIGTERM:
-grpolab.train.faults.
+grpolab.training.faults.
 """
 
 from __future__ import annotations
@@ -179,7 +179,7 @@ class Trainer:
         self.last_eval: EvalResult | None = None
 
     def resolve_precision(self, recorded: dict[str, Any] | None) -> dict[str, Any]:
-        """train.precision / rollout.dtype resolved by grpolab.train.precision (explicit wins; auto: CUDA support or the
+        """train.precision / rollout.dtype resolved by grpolab.training.precision (explicit wins; auto: CUDA support or the
         CPU probe at this model's shapes; a resume's recorded resolution); rank 0 decides for every rank."""
         c = self.cfg
         shapes = probe_shapes(*model_dims(self.policy), c.train.micro_batch_size, c.rollout.max_new_tokens,
@@ -271,7 +271,7 @@ class Trainer:
     def fit(self, on_step: Callable[[int, dict[str, float]], None] | None = None) -> dict[str, float]:
         """Run to train.steps, logging every step, evaluating every eval.every_steps, checkpointing.
 
-        Ctrl-C: see grpolab.train.faults (raises TrainingInterrupted after writing a checkpoint). Non-finite steps are
+        Ctrl-C: see grpolab.training.faults (raises TrainingInterrupted after writing a checkpoint). Non-finite steps are
         skipped and stop the run after train.max_nonfinite_steps in a row (GrpolabError)."""
         metrics: dict[str, float] = {}
         sinks = {name: JsonlSink(self.run_dir / name) if self.world.main else NullSink() for name in LOGS}

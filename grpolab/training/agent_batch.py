@@ -1,11 +1,11 @@
 """The training-batch collector of agent tasks: each group is G episodes from one initial state (grpolab.agents.episode)
 instead of G single completions, and the reward is the environment's, as the reward component ``env``.
 
-Everything after the rewards is the single-turn collector's (grpolab.train.batch): advantages, dynamic sampling and the
+Everything after the rewards is the single-turn collector's (grpolab.training.batch): advantages, dynamic sampling and the
 pass_rate prompt schedule (which judge a group by its ``env`` component, the correctness component of an agent
-task, while its weight is > 0, else by the total reward: grpolab.train.batch.signal_values), the gathering over ranks
+task, while its weight is > 0, else by the total reward: grpolab.training.batch.signal_values), the gathering over ranks
 and the metrics -- with completion lengths counted in model tokens (the loss mask) and an episode ended by a bound
-counted as truncated. The episode metrics (``agent/*``, grpolab.train.metrics.agent_metrics) are added for the sampled
+counted as truncated. The episode metrics (``agent/*``, grpolab.training.metrics.agent_metrics) are added for the sampled
 batch and, with dynamic sampling, the kept one.
 """
 
@@ -17,9 +17,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ..train.batch import Batch, BatchCollector, Round, Scores
+from ..training.batch import Batch, BatchCollector, Round, Scores
 from ..errors import ConfigError
-from ..train.metrics import agent_metrics
+from ..training.metrics import agent_metrics
 from ..rewards import RewardResult
 from ..rollout.base import Rollout
 from ..tasks.base import Problem

@@ -340,7 +340,7 @@ RANK_INVARIANCE = {
 def card_entry(resolution: dict[str, Any]) -> dict[str, str]:
     """What the objective card shows of a resolution: the choices, their source, and whether samples are the same
     whatever the number of processes (RANK_INVARIANCE)."""
-    attention = {"attention": resolution["attention"]} if "attention" in resolution else {}  # grpolab/train/attention.py
+    attention = {"attention": resolution["attention"]} if "attention" in resolution else {}  # grpolab/training/attention.py
     ranks = {"rank_invariant_samples": RANK_INVARIANCE[resolution["sampling"]]} \
         if resolution["sampling"] in RANK_INVARIANCE else {}
     return {"update": resolution["update"], "sampling": resolution["sampling"], "source": resolution["source"],

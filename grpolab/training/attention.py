@@ -9,7 +9,7 @@ matrix products pay (AMX or AVX-512-BF16) the attention backward can eat the gai
 i.e. exactly what float32 SDPA gives on the bf16-rounded inputs; every other product stays in bf16. It is the
 standard SDPA in every other respect (masks, grouped-query heads, causal flag), registered with transformers'
 ``AttentionInterface`` (and SDPA's mask builder) under its own name. grpolab switches a policy to it when the
-update runs in bf16 autocast on CPU (grpolab.train.trainer; ``train.attention_fp32``).
+update runs in bf16 autocast on CPU (grpolab.training.trainer; ``train.attention_fp32``).
 """
 
 from __future__ import annotations

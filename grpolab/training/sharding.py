@@ -1,7 +1,7 @@
 """train.strategy: how the policy's weights, gradients and optimizer state live on the data-parallel ranks.
 
 - ``ddp``: every rank holds all weights; gradients are summed over the ranks after each minibatch
-  (grpolab.train.distributed.all_reduce_gradients) -- the default, and the only strategy of a single process.
+  (grpolab.training.distributed.all_reduce_gradients) -- the default, and the only strategy of a single process.
 - ``fsdp2``: ``torch.distributed.fsdp.fully_shard`` on every decoder layer and on the root; each rank keeps 1/W of
   the weights, gradients and AdamW state, and FSDP gathers a layer's weights for its forward/backward and
   reduce-scatters its gradients. FSDP averages gradients over the ranks; the aggregation weights are already those

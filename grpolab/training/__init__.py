@@ -1,0 +1,14 @@
+"""The GRPO training loop and everything only it uses (docs/design.md §3).
+
+- ``trainer``: the loop, top to bottom (sample a batch, score, advantages, policy update, log, checkpoint, eval);
+- ``batch``: collecting a batch of groups (dynamic sampling, reward scoring, advantages); ``agent_batch``: the same
+  for multi-turn agent episodes; ``prompt_sampler``: the order prompts are drawn in (and its schedules);
+- ``update``: the policy update (micro-batches, the loss of grpolab.algo, gradient steps); ``forward``: the logprob
+  passes (shared prompt, packed completions); ``packing``, ``attention``: their building blocks;
+- ``precision``: fp32 / bf16 (the probe, GRPOLAB_PRECISION); ``reproducibility``: deterministic kernels;
+- ``distributed``, ``sharding``: torchrun ranks (DDP / FSDP2); ``faults``: interrupts and non-finite steps;
+- ``metrics``: metrics.jsonl / samples.jsonl and the metric names.
+
+May import: algo, config, errors, tasks, models, rollout, rewards, agents, evaluation (periodic held-out eval).
+Never imported by: evaluation, rewards, rollout, models, tasks (layering contract in pyproject.toml).
+"""
