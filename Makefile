@@ -30,6 +30,7 @@ TRAINING_PATH_TESTS := tests/test_train_e2e.py tests/test_dynamic_sampling.py te
 	tests/test_prompt_schedule.py tests/test_ppo.py tests/test_attention_fp32.py tests/test_faults.py \
 	tests/test_no_grad_passes.py
 test: $(STAMP)
+	$(VENV)/bin/lint-imports --no-cache
 	GRPOLAB_PRECISION=fp32 $(PY) -m pytest -m "not slow"
 	GRPOLAB_PRECISION=bf16 $(PY) -m pytest -m "not slow" $(TRAINING_PATH_TESTS)
 

@@ -28,10 +28,11 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+
+from .evaluation.result import write_result
 
 if TYPE_CHECKING:
     from .config import Config
@@ -91,16 +92,6 @@ class Report:
     checks: list[Any]
     paths: dict[str, Path]
     data: dict[str, Any] = field(repr=False)
-
-
-def write_result(path: str | Path | None, data: Mapping[str, Any]) -> Path | None:
-    """Write an evaluation or comparison JSON to `path` (folders created); None when no path is given."""
-    if path is None:
-        return None
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=2) + "\n")
-    return path
 
 
 # ------------------------------------------------------------------------------------------------ config
@@ -295,7 +286,7 @@ def evaluate_models(models: str | Sequence[str], task: str = "arithmetic", optio
 def compare(sources: str | Path | Sequence[str | Path], baseline: str = "", out: str | Path | None = None) -> Comparison:
     """Runs and evaluation JSONs side by side per evaluation set, with paired differences and seed groups, as
     `grpolab compare`. ``baseline``: the reference row is the first whose label contains it."""
-    from .cli.evaluate import compare_entries, load_entries
+    from .report.compare import compare_entries, load_entries
 
     paths = [Path(sources)] if isinstance(sources, (str, Path)) else [Path(s) for s in sources]
     data = compare_entries(load_entries(paths), baseline)
@@ -330,5 +321,5 @@ def release_report(run_dir: str | Path, baselines: Sequence[str] = (), threshold
     return Report(verdict=label, reason=why, checks=list(data["checks"]), paths=dict(data["paths"]), data=data)
 
 
-__all__ = ["Comparison", "EvalReport", "Report", "TrainResult", "compare", "evaluate", "in_memory_problems",
-           "load_config", "report", "train", "write_result"]
+__all__ = ["Comparison", "EvalReport", "Report", "TrainResult", "compare", "evaluate_models", "in_memory_problems",
+           "load_config", "release_report", "train", "write_result"]

@@ -19,6 +19,7 @@ from typing import Any
 from .baselines import ppo_card
 from .config import Config
 from .training.precision import card_entry, unresolved
+from .rewards import stop_rule
 from .rewards.model import reward_model_card
 
 PEER_VERSIONS = {"trl": "1.16.0", "verl": "0.9.1", "openrlhf": "0.11.2"}
@@ -370,14 +371,6 @@ def objective_card(cfg: Config, precision: dict[str, Any] | None = None) -> dict
         **code_extraction(cfg),
         **reward_model_card(cfg),  # the learned reward's model: hashes, template, normalisation (rewards/model.py)
     }
-
-
-def stop_rule(cfg: Config) -> str:
-    """rollout.stop_rule resolved: ``auto`` is code_block when the run weights a code reward (it reads the first
-    Python block, so nothing after that block is sampled), else none."""
-    if cfg.rollout.stop_rule != "auto":
-        return cfg.rollout.stop_rule
-    return "code_block" if code_extraction(cfg) else "none"
 
 
 def code_extraction(cfg: Config) -> dict[str, str]:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from .errors import GrpolabError
-from .tasks.base import Problem
+from .tasks.base import Problem, normalise_problem_text
 
 MODEL_FILES = ("*.safetensors", "*.bin")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt")
@@ -42,10 +42,6 @@ def hash_model_dir(path: str) -> dict[str, str | None]:
     weights = [p for pattern in MODEL_FILES for p in d.glob(pattern)]
     tok = [d / n for n in TOKENIZER_FILES if (d / n).is_file()]
     return {"weights": hash_files(weights) if weights else None, "tokenizer": hash_files(tok) if tok else None}
-
-
-def normalise_problem_text(text: str) -> str:
-    return " ".join(text.lower().split())
 
 
 def problem_hashes(problems: Iterable[Problem]) -> list[str]:

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from grpolab.evaluation import heldout as evaluate, overlap
-from grpolab.cli.evaluate import compare_entries, load_entries, seed_groups
+from grpolab.report.compare import compare_entries, load_entries, seed_groups
 from grpolab.errors import GrpolabError
 from grpolab.evaluation.heldout import Completion, generate_all, pass_ks, run_eval, score_item, summarise
 from grpolab.manifest import data_hash, problem_hashes

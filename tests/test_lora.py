@@ -17,11 +17,12 @@ from grpolab.models import checkpoint as ckpt
 from grpolab import cli
 from grpolab.config import from_dict
 from grpolab.errors import ConfigError, GrpolabError
-from grpolab.train.forward import completion_logprobs
-from grpolab.models.lora import AdapterOff, apply_lora, is_lora, load_adapter_model, save_model
+from grpolab.training.forward import completion_logprobs
+from grpolab.models.load import load_adapter_model
+from grpolab.models.lora import AdapterOff, apply_lora, is_lora, save_model
 from grpolab.models.load import load_causal_lm, resolve_model_path
 from grpolab.runs import resume_run, start_run
-from grpolab.train.trainer import Trainer
+from grpolab.training.trainer import Trainer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 VOLATILE = ("time/", "throughput/", "memory/")

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import earnable
-from grpolab.train import precision
+from grpolab.training import precision
 from grpolab.card import objective_card
 from grpolab.config import from_dict
 from grpolab.errors import ConfigError, GrpolabError

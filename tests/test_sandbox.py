@@ -10,7 +10,7 @@ from dataclasses import replace
 
 import pytest
 
-from grpolab.errors import ConfigError, GrpolabError
+from grpolab.sandbox.errors import SandboxConfigError, SandboxError
 from grpolab.sandbox import Job, SandboxLimits, detect, run_job, shared_pool
 from grpolab.sandbox.harness import classify, load_reason
 from grpolab.sandbox.isolation import candidates
@@ -101,11 +101,11 @@ def test_limits_options():
     limits = SandboxLimits.from_options({"wall_s": "2.5", "max_procs": 4})
     assert limits.wall_s == 2.5 and limits.max_procs == 4
     assert limits.rlimits()["RLIMIT_NPROC"] == (4, 4)
-    with pytest.raises(ConfigError, match=r"reward\.sandbox\.wal_s: unknown"):
+    with pytest.raises(SandboxConfigError, match=r"reward\.sandbox\.wal_s: unknown"):
         SandboxLimits.from_options({"wal_s": 1})
-    with pytest.raises(ConfigError, match=r"reward\.sandbox\.memory_mb: expected >= 64"):
+    with pytest.raises(SandboxConfigError, match=r"reward\.sandbox\.memory_mb: expected >= 64"):
         SandboxLimits.from_options({"memory_mb": 1})
-    with pytest.raises(ConfigError, match=r"reward\.sandbox\.max_procs: expected an integer"):
+    with pytest.raises(SandboxConfigError, match=r"reward\.sandbox\.max_procs: expected an integer"):
         SandboxLimits.from_options({"max_procs": 2.5})
     assert SandboxLimits(workers=3).pool_size == 3 and SandboxLimits().pool_size >= 1
 
@@ -118,7 +118,7 @@ def test_candidates_order():
 
 
 def test_bad_interpreter_is_one_clear_error():
-    with pytest.raises(GrpolabError, match="sandbox: no setup could run a program"):
+    with pytest.raises(SandboxError, match="sandbox: no setup could run a program"):
         detect(replace(LIMITS, python="/nonexistent/python3"))
 
 

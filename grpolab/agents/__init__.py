@@ -6,9 +6,13 @@
 - ``calc``, ``guess``: the built-in environments;
 - ``episode``: the token-in / token-out episode runner (one token sequence per episode, ``loss_mask`` on the model's
   tokens only);
-- ``collect``: the training-batch collector that runs episodes instead of single completions;
-- ``evaluate``: held-out episode success with intervals, turns, tool calls and tool errors per episode.
+The training-batch collector that runs episodes is grpolab.training.agent_batch; held-out episode success is
+grpolab.evaluation.episodes.
 
-This package's __init__ imports nothing, so grpolab.rewards and grpolab.evaluation.heldout can import its small modules
-without a cycle.
+Importing the package registers the built-in environments (``calc``, ``guess``: ``env.register_environment``) and
+the ``agent`` task (``grpolab.tasks.register_task``); the base class never imports its subclasses.
+
+May import: grpolab.errors, tasks, rewards, rollout, models. Imported by: training, evaluation, cli.
 """
+
+from . import calc, env, guess  # noqa: F401 -- each registers itself

@@ -24,7 +24,7 @@ import random
 
 from ..rewards.math import correctness_reward
 from ..tasks.base import PROMPT_INSTRUCTION, Problem
-from .env import AgentEnv
+from .env import AgentEnv, register_environment
 from .tools import CALCULATOR
 
 # (level, text, answer) -- a, b, c drawn per template; level 0 = small numbers (difficulty 1)
@@ -85,6 +85,7 @@ def make_problems(split: str, n: int, seed: int, difficulty: int) -> list[Proble
     return out
 
 
+@register_environment("calc")
 class CalcEnv(AgentEnv):
     tools = [CALCULATOR]
     observation_role = "user"

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError
+from ..tasks import register_task
 from .tools import Tool
 
 if TYPE_CHECKING:  # grpolab.tasks imports this module (its `agent` task): no import of grpolab.tasks at load time
@@ -70,11 +71,22 @@ class EpisodeLimits:
         return cls(**data)
 
 
-def builtin_envs() -> dict[str, type]:
-    from .calc import CalcEnv
-    from .guess import GuessEnv
+ENVIRONMENTS: dict[str, type] = {}  # built-in environments by name; each registers itself (register_environment)
 
-    return {"calc": CalcEnv, "guess": GuessEnv}
+
+def register_environment(name: str):
+    """Class decorator: make an AgentEnv subclass the built-in environment `name` (task.env: NAME). The built-ins
+    (calc, guess) register when grpolab.agents is imported; this module never imports them."""
+
+    def register(cls: type) -> type:
+        ENVIRONMENTS[name] = cls
+        return cls
+
+    return register
+
+
+def builtin_envs() -> dict[str, type]:
+    return dict(ENVIRONMENTS)
 
 
 _LOADED: dict[str, type] = {}
@@ -106,13 +118,6 @@ def load_env(ref: str, field: str = "task.env") -> type:
             raise ConfigError(f"{field}: {ref}.tools must hold grpolab.agents.tools.Tool records, got {tool!r}")
     _LOADED[ref] = cls
     return cls
-
-
-def env_reward(completion: str, problem: Problem) -> float:
-    """The registry entry of the ``env`` reward (grpolab.rewards): an agent environment's reward() at the end of an
-    episode (grpolab.agents.collect), so it cannot score a text on its own."""
-    raise TypeError("the env reward is an agent environment's reward() at the end of an episode; weight it only "
-                    "with task.name: agent")
 
 
 def is_agent_problem(problem: Problem) -> bool:
@@ -152,3 +157,6 @@ class AgentTask:
             raise ConfigError(f"task.env: {self.env_ref}.problems({split!r}, ...) must return a list of Problem")
         data = {"kind": AGENT_KIND, "env": self.env_ref, "limits": dataclasses.asdict(self.limits)}
         return [dataclasses.replace(p, data={**p.data, **data}) for p in made]
+
+
+register_task("agent", AgentTask)

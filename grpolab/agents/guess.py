@@ -17,7 +17,7 @@ import random
 import re
 
 from ..tasks.base import Problem
-from .env import AgentEnv
+from .env import AgentEnv, register_environment
 
 INTEGER = re.compile(r"-?\d+")
 
@@ -44,6 +44,7 @@ def make_problems(split: str, n: int, seed: int, difficulty: int) -> list[Proble
     return out
 
 
+@register_environment("guess")
 class GuessEnv(AgentEnv):
     observation_role = "user"
 

@@ -1,6 +1,10 @@
 """The `grpolab` command. One module per verb group, each registering on the shared app (grpolab/cli/app.py):
 train.py (train), evaluate.py (eval, compare, baseline), report.py (report), export.py (export), manifest.py
-(manifest diff, models), score.py (score)."""
+(manifest diff, models), score.py (score).
+
+The CLI is a thin layer over the same functions the Python API (grpolab.api) calls; neither imports the other,
+and nothing below the CLI imports it (contracts in pyproject.toml).
+"""
 
 from __future__ import annotations
 
@@ -9,6 +13,7 @@ import sys
 import click
 
 from ..errors import GrpolabError
+from ..sandbox.errors import SandboxError
 from ..training.faults import TrainingInterrupted
 from . import train, evaluate, baseline, report, export, manifest, score, rm  # noqa: F401, I001  (register the verbs on `app`, in help order)
 from .app import app, console, err_console
@@ -24,7 +29,7 @@ def main() -> None:
     except TrainingInterrupted as e:
         err_console.print(str(e), highlight=False, soft_wrap=True)
         sys.exit(130)
-    except GrpolabError as e:
+    except (GrpolabError, SandboxError) as e:
         err_console.print(f"[red]error:[/] {e}", highlight=False, soft_wrap=True)
         sys.exit(2)
     except click.ClickException as e:

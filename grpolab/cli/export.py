@@ -1,4 +1,4 @@
-"""`grpolab export`: a run's trained model as a directory other tools load (grpolab.models.lora.export_model)."""
+"""`grpolab export`: a run's trained model as a directory other tools load (grpolab.models.export.export_model)."""
 
 from __future__ import annotations
 
@@ -19,6 +19,6 @@ def export(
 ) -> None:
     """Write a run's model with its tokenizer: a full fine-tuning run as a Hugging Face model; a LoRA run as its
     adapter (peft format), or with --merge as a plain Hugging Face model (AutoModelForCausalLM.from_pretrained)."""
-    from ..models.lora import export_model
+    from ..models.export import export_model
 
     console.print(export_model(str(run), out, merge, dtype), highlight=False, soft_wrap=True)

@@ -111,6 +111,7 @@ def score(
 ) -> None:
     """Score given completions with a task's training reward: per row the reward, its components and the reason."""
     from ..rewards import RewardSet
+    from .. import agents  # noqa: F401 -- registers the agent task
     from ..tasks import make_task
 
     source = make_task(task, **_options(task_option))

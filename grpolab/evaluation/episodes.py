@@ -3,7 +3,7 @@
 Per episode (one "item") the scores are ``accuracy`` (success: the environment's reward reached full marks, >= 1;
 an invalid episode is a failure), ``turns``, ``tool_calls``, ``tool_errors``, ``invalid`` and ``ended_<x>`` for each
 way of ending (done, max_turns, max_turn_tokens, max_total_tokens, invalid); every one is summarised by
-grpolab.evaluation.heldout.summarise, i.e. mean with a 95% percentile-bootstrap interval over episodes, and compared between
+grpolab.evaluation.result.summarise, i.e. mean with a 95% percentile-bootstrap interval over episodes, and compared between
 models by the paired bootstrap. ``length`` is the episode's model tokens; ``truncated`` = ended by a bound.
 """
 
@@ -15,6 +15,7 @@ from typing import Any
 from ..errors import GrpolabError
 from ..rollout.base import SamplingParams
 from ..tasks.base import Problem
+from .result import summarise
 from ..agents.episode import BOUNDS, ENDINGS, EpisodeResult, EpisodeRunner
 
 
@@ -32,10 +33,8 @@ def episode_item(problem: Problem, result: EpisodeResult, transcript: str) -> di
 
 
 def evaluate_episodes(engine, tokenizer, problems: list[Problem], settings, progress=None) -> Any:
-    """EvalResult (grpolab.evaluation.heldout) of one greedy episode per problem, settings.batch_size episodes at a time;
+    """EvalResult (grpolab.evaluation.result) of one greedy episode per problem, settings.batch_size episodes at a time;
     ``progress("episodes", done, total)`` after each batch (grpolab.evaluation.heldout.Progress)."""
-    from .heldout import summarise
-
     if settings.samples > 0:
         raise GrpolabError("agent tasks are evaluated with one greedy episode per problem; --samples is not supported")
     runner = EpisodeRunner.from_engine(engine)

@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections import defaultdict
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -30,52 +28,17 @@ import numpy as np
 
 from ..tasks.prompting import prompt_ids
 from ..rollout.base import RolloutEngine, SamplingParams
-from .scoring import (bootstrap_ci, code_passes, extract_final, gsm8k_flexible, gsm8k_strict, held_out_job, is_correct,
+from .scoring import (code_passes, extract_final, gsm8k_flexible, gsm8k_strict, held_out_job, is_correct,
                       maj_at_k, mean_at_k, paired_bootstrap_diff, pass_at_k, program_text)
 from ..tasks.base import Problem
+from ..agents.env import is_agent_problem
+from .episodes import evaluate_episodes
+from .result import Completion, EvalResult, EvalSettings, summarise
 from ..tasks.code import is_code_problem
 
 Progress = Callable[[str, int, int], None]  # (what, problems done, problems in all): called after every batch
 METRIC_NAME = "math-verify equivalence of the final answer (grpolab.evaluation.scoring)"
 CODE_METRIC_NAME = "every test passes in the sandbox (grpolab.evaluation.scoring)"
-
-
-@dataclass(frozen=True)
-class EvalSettings:
-    """How to decode. samples = 0: greedy only; k > 0: also k samples per problem at `temperature`."""
-
-    max_new_tokens: int = 64
-    batch_size: int = 64  # sequences per generate call (prompts per call = batch_size // k when sampling)
-    samples: int = 0
-    temperature: float = 1.0
-    top_p: float = 1.0
-    task: str = ""
-    seed: int = 0
-
-
-@dataclass
-class Completion:
-    text: str
-    length: int
-    truncated: bool
-
-
-@dataclass
-class EvalResult:
-    accuracy: float
-    ci_low: float
-    ci_high: float
-    n: int
-    per_slice: dict[str, dict[str, Any]]
-    len_mean: float
-    truncated_frac: float
-    problems_per_s: float
-    items: list[dict[str, Any]] = field(default_factory=list)
-    metrics: dict[str, dict[str, float]] = field(default_factory=dict)
-    len_max: int = 0
-
-    def summary(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if k != "items"}
 
 
 def generate_all(engine: RolloutEngine, tokenizer, problems: list[Problem], params: SamplingParams,
@@ -162,37 +125,6 @@ def score_code_item(problem: Problem, greedy: Completion, samples: list[Completi
     return item
 
 
-def _ci(values: list[float] | np.ndarray) -> dict[str, float]:
-    m, lo, hi = bootstrap_ci(np.asarray(values, dtype=float))
-    return {"mean": m, "ci_low": lo, "ci_high": hi}
-
-
-def summarise(items: list[dict[str, Any]], elapsed: float) -> EvalResult:
-    """EvalResult from item records (each with ``scores``, ``slices``, ``length``, ``truncated``)."""
-    if not items:
-        raise ValueError("no items to summarise")
-    names = list(items[0]["scores"])
-    metrics = {m: _ci([it["scores"][m] for it in items]) for m in names}
-    by_slice: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for it in items:
-        for s in it.get("slices", [it["slice"]]):
-            by_slice[s].append(it)
-    per_slice = {}
-    for s, group in sorted(by_slice.items()):
-        sm = {m: _ci([it["scores"][m] for it in group]) for m in names}
-        per_slice[s] = {"n": len(group), "accuracy": sm["accuracy"]["mean"], "ci_low": sm["accuracy"]["ci_low"],
-                        "ci_high": sm["accuracy"]["ci_high"], "len_mean": float(np.mean([it["length"] for it in group])),
-                        "truncated_frac": float(np.mean([it["truncated"] for it in group])), "metrics": sm}
-    acc = metrics["accuracy"]
-    return EvalResult(
-        accuracy=acc["mean"], ci_low=acc["ci_low"], ci_high=acc["ci_high"], n=len(items), per_slice=per_slice,
-        len_mean=float(np.mean([it["length"] for it in items])),
-        truncated_frac=float(np.mean([it["truncated"] for it in items])),
-        problems_per_s=len(items) / elapsed if elapsed > 0 else float("nan"), items=items, metrics=metrics,
-        len_max=int(max(it["length"] for it in items)),
-    )
-
-
 def stop_rule_for(problems: list[Problem]) -> str:
     """The stop rule held-out answers are decoded with (rollout/stop.py): code_block for code problems -- their
     program is the first Python block, and nothing after it is generated, for the base model as for the trained
@@ -206,11 +138,7 @@ def evaluate_model(engine: RolloutEngine, tokenizer, problems: list[Problem], se
     ``progress`` is told after every batch (generate_all) and around the sandbox scoring of code."""
     import torch
 
-    from ..agents.env import is_agent_problem
-
     if problems and all(is_agent_problem(p) for p in problems):  # one greedy episode each (grpolab.evaluation.episodes)
-        from .episodes import evaluate_episodes
-
         return evaluate_episodes(engine, tokenizer, problems, settings, progress)
     start = time.perf_counter()
     stop = stop_rule_for(problems)

@@ -9,6 +9,8 @@ importing that package, de-quantised once by transformers into a safetensors che
 from __future__ import annotations
 
 import contextlib
+import json
+import warnings
 import importlib.util
 import os
 import shutil
@@ -22,7 +24,7 @@ from torch.distributed.tensor import DTensor
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from ..errors import GrpolabError
-from .lora import MergedWeights, is_adapter_dir, is_lora
+from .lora import ADAPTER, ADAPTER_CONFIG, AdapterOff, MergedWeights, is_adapter_dir, is_lora
 
 BUNDLED: dict[str, tuple[str, str]] = {
     # alias: (python package holding the file, GGUF file name)
@@ -103,10 +105,8 @@ def load_tokenizer(path: str) -> PreTrainedTokenizerBase:
 
 def load_causal_lm(path: str, dtype: str = "float32") -> PreTrainedModel:
     """A plain causal LM from a model directory or hub id; a LoRA checkpoint (adapter directory) is loaded onto its
-    base model and merged (grpolab.models.lora.load_merged)."""
+    base model and merged (grpolab.models.load.load_merged)."""
     if is_adapter_dir(path):
-        from .lora import load_merged
-
         return load_merged(Path(path), dtype)
     try:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype])
@@ -203,3 +203,58 @@ def eval_mode(model: torch.nn.Module):
     finally:
         for m, training in modes:
             m.training = training
+
+
+def make_reference(policy, dtype: torch.dtype):
+    """The reference policy: AdapterOff(policy) under LoRA, else an eval-mode copy in `dtype` (models.frozen_copy)."""
+    if is_lora(policy):
+        return AdapterOff(policy)
+    return frozen_copy(policy, dtype)
+
+
+def load_weights(model, ckpt: Path, dtype: str) -> None:
+    """Restore a checkpoint's weights into `model` in place: the adapter of a LoRA checkpoint (every adapter
+    tensor must be in it, nothing else), or the full state dict of a full fine-tuning one."""
+    ckpt = Path(ckpt)
+    if not is_lora(model):
+        if is_adapter_dir(ckpt):
+            raise GrpolabError(f"{ckpt} holds a LoRA adapter but this run has model.lora.rank = 0")
+        model.load_state_dict(load_causal_lm(str(ckpt), dtype).state_dict())
+        return
+    if not is_adapter_dir(ckpt):
+        raise GrpolabError(f"{ckpt} holds a full model but this run trains LoRA adapters (model.lora.rank > 0)")
+    import peft
+
+    weights = peft.utils.load_peft_weights(str(ckpt), device=str(next(model.parameters()).device))
+    result = peft.set_peft_model_state_dict(model, weights, adapter_name=ADAPTER)
+    missing = [k for k in result.missing_keys if ".lora_" in k]
+    if result.unexpected_keys or missing:
+        first = (result.unexpected_keys or missing)[0]
+        raise GrpolabError(f"{ckpt}: the adapter does not fit this run's model.lora ({len(result.unexpected_keys)} "
+                           f"unexpected, {len(missing)} missing tensors; first: {first})")
+
+
+def adapter_base(path: Path) -> str:
+    try:
+        base = json.loads((Path(path) / ADAPTER_CONFIG).read_text())["base_model_name_or_path"]
+    except (OSError, ValueError, KeyError) as e:
+        raise GrpolabError(f"{path}/{ADAPTER_CONFIG}: cannot read its base model ({type(e).__name__}: {e})") from None
+    if not base:
+        raise GrpolabError(f"{path}/{ADAPTER_CONFIG}: names no base model (base_model_name_or_path)")
+    return base
+
+
+def load_adapter_model(path: Path):
+    """(base model + the adapter of `path`) as a peft model in float32, in eval mode; the base is resolved the
+    way model.name is (bundled alias, run directory, local path or hub id)."""
+    import peft
+
+    base = load_causal_lm(resolve_model_path(adapter_base(path)), "float32")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # peft asks transformers 5 a deprecated question
+        return peft.PeftModel.from_pretrained(base, str(path), adapter_name=ADAPTER).eval()
+
+
+def load_merged(path: Path, dtype: str = "float32"):
+    """A LoRA checkpoint as a plain transformers model: W + (alpha / r) B A merged in float32, then cast."""
+    return load_adapter_model(path).merge_and_unload().to(DTYPES[dtype])

@@ -23,18 +23,14 @@ peft is imported only when LoRA is used; a model can only be a PeftModel when pe
 from __future__ import annotations
 
 import contextlib
-import json
-import os
-import shutil
 import sys
-import tempfile
 import warnings
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import torch
 
-from ..errors import ConfigError, GrpolabError
+from ..errors import ConfigError
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -124,15 +120,6 @@ class AdapterOff:
         self.policy = policy
 
 
-def make_reference(policy, dtype: torch.dtype):
-    """The reference policy: AdapterOff(policy) under LoRA, else an eval-mode copy in `dtype` (models.frozen_copy)."""
-    if is_lora(policy):
-        return AdapterOff(policy)
-    from .load import frozen_copy
-
-    return frozen_copy(policy, dtype)
-
-
 @contextlib.contextmanager
 def runnable(model) -> Iterator[torch.nn.Module]:
     """The module a forward pass of `model` runs: an AdapterOff's policy with adapters disabled for the duration
@@ -217,96 +204,3 @@ def save_model(model, directory: Path) -> None:
         model.save_pretrained(directory)
 
 
-def load_weights(model, ckpt: Path, dtype: str) -> None:
-    """Restore a checkpoint's weights into `model` in place: the adapter of a LoRA checkpoint (every adapter
-    tensor must be in it, nothing else), or the full state dict of a full fine-tuning one."""
-    ckpt = Path(ckpt)
-    if not is_lora(model):
-        if is_adapter_dir(ckpt):
-            raise GrpolabError(f"{ckpt} holds a LoRA adapter but this run has model.lora.rank = 0")
-        from .load import load_causal_lm
-
-        model.load_state_dict(load_causal_lm(str(ckpt), dtype).state_dict())
-        return
-    if not is_adapter_dir(ckpt):
-        raise GrpolabError(f"{ckpt} holds a full model but this run trains LoRA adapters (model.lora.rank > 0)")
-    import peft
-
-    weights = peft.utils.load_peft_weights(str(ckpt), device=str(next(model.parameters()).device))
-    result = peft.set_peft_model_state_dict(model, weights, adapter_name=ADAPTER)
-    missing = [k for k in result.missing_keys if ".lora_" in k]
-    if result.unexpected_keys or missing:
-        first = (result.unexpected_keys or missing)[0]
-        raise GrpolabError(f"{ckpt}: the adapter does not fit this run's model.lora ({len(result.unexpected_keys)} "
-                           f"unexpected, {len(missing)} missing tensors; first: {first})")
-
-
-def adapter_base(path: Path) -> str:
-    try:
-        base = json.loads((Path(path) / ADAPTER_CONFIG).read_text())["base_model_name_or_path"]
-    except (OSError, ValueError, KeyError) as e:
-        raise GrpolabError(f"{path}/{ADAPTER_CONFIG}: cannot read its base model ({type(e).__name__}: {e})") from None
-    if not base:
-        raise GrpolabError(f"{path}/{ADAPTER_CONFIG}: names no base model (base_model_name_or_path)")
-    return base
-
-
-def load_adapter_model(path: Path):
-    """(base model + the adapter of `path`) as a peft model in float32, in eval mode; the base is resolved the
-    way model.name is (bundled alias, run directory, local path or hub id)."""
-    import peft
-
-    from .load import load_causal_lm, resolve_model_path
-
-    base = load_causal_lm(resolve_model_path(adapter_base(path)), "float32")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)  # peft asks transformers 5 a deprecated question
-        return peft.PeftModel.from_pretrained(base, str(path), adapter_name=ADAPTER).eval()
-
-
-def load_merged(path: Path, dtype: str = "float32"):
-    """A LoRA checkpoint as a plain transformers model: W + (alpha / r) B A merged in float32, then cast."""
-    from .load import DTYPES
-
-    return load_adapter_model(path).merge_and_unload().to(DTYPES[dtype])
-
-
-def export_model(source: str, out: Path, merge: bool, dtype: str | None = None) -> str:
-    """Write the model of `source` (a run directory: its newest checkpoint; or a checkpoint / model directory) to
-    `out`, atomically, with its tokenizer; returns one line saying what was written.
-
-    A LoRA checkpoint becomes a plain Hugging Face model with --merge, else a copy of the adapter (peft format,
-    loadable with PeftModel.from_pretrained on its base); a full model is written as it is (nothing to merge).
-    dtype: float32 (default) | bfloat16 for the written weights (not for an unmerged adapter, copied as trained)."""
-    from .load import DTYPES, load_causal_lm, load_tokenizer, resolve_model_path
-
-    if dtype is not None and dtype not in DTYPES:
-        raise GrpolabError(f"--dtype: expected one of {', '.join(DTYPES)}, got {dtype!r}")
-    out = Path(out)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise GrpolabError(f"--out: {out} already exists and is not empty; choose another directory")
-    path = Path(resolve_model_path(str(source)))
-    adapter = is_adapter_dir(path)
-    if adapter and not merge and dtype is not None:
-        raise GrpolabError("--dtype applies to a merged model; an adapter is copied as it was trained (add --merge)")
-    tokenizer = load_tokenizer(str(path))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
-    try:
-        os.chmod(tmp, 0o755)
-        if adapter and not merge:
-            for name in (ADAPTER_CONFIG, ADAPTER_WEIGHTS):
-                shutil.copy2(path / name, tmp / name)
-            what = f"the LoRA adapter of {path} (base: {adapter_base(path)})"
-        else:
-            if adapter:
-                model, what = load_merged(path, dtype or "float32"), f"{path} merged into a plain model"
-            else:
-                model = load_causal_lm(str(path), dtype or "float32")
-                what = f"the full model {path}" + (" (nothing to merge: not a LoRA checkpoint)" if merge else "")
-            model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        os.replace(tmp, out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return f"wrote {what} to {out}"

@@ -5,6 +5,9 @@ hacking (reward-hacking checks), checks (learning-signal and dynamics checks; re
 gates (held-out, capability, safety, reproducibility, verdict), evidence (reading a run directory), safety
 (harmful-request probe), plots, render, build.
 Importing this package is cheap; `build_report` and `ReportOptions` load their dependencies on first use.
+
+May import: baselines, training (metrics), evaluation, rewards, models, manifest. Imported by: card, runs, the CLI
+and the Python API.
 """
 
 from __future__ import annotations

@@ -6,13 +6,13 @@ Every text taken from the run (completions, config values) is HTML-escaped, and 
 
 from __future__ import annotations
 
-import html
 import json
 from dataclasses import fields
-from typing import Any, Iterable, Sequence
+from typing import Any, Sequence
 
 from ..baselines.sft_bon import BUDGET_COLUMNS, budget_cells
 from .base import NA, STATUSES, CheckResult, Thresholds
+from .markup import esc, fmt, pre, table
 from .reward_model import html_section as rm_html_section, markdown_lines as rm_markdown_lines
 
 CSS = """
@@ -32,21 +32,6 @@ pre{background:#f6f8fa;border:1px solid #e1e4e8;padding:8px;white-space:pre-wrap
 """
 
 
-def esc(x: Any) -> str:
-    """HTML-escaped text with '://' defused.
-
-    >>> esc('<a href="http://x">')
-    '&lt;a href=&quot;http&#58;//x&quot;&gt;'
-    """
-    return html.escape(str(x)).replace("://", "&#58;//")
-
-
-def fmt(x: Any) -> str:
-    if isinstance(x, float):
-        return f"{x:.4g}"
-    return "—" if x is None else str(x)
-
-
 def acc(d: dict[str, Any] | None) -> str:
     if not d:
         return "—"
@@ -58,13 +43,6 @@ def diff(d: dict[str, Any] | None) -> str:
         return "—"
     tag = "" if d.get("paired", True) else " (unpaired approx.)"
     return f"{d['mean']:+.3f} [{d['ci_low']:+.3f}, {d['ci_high']:+.3f}]{tag}"
-
-
-def table(head: Sequence[str], rows: Iterable[Sequence[Any]], raw: bool = False) -> str:
-    """An HTML table; cells are escaped unless raw=True (for cells already rendered)."""
-    cell = (lambda c: str(c)) if raw else (lambda c: esc(fmt(c)))
-    body = "".join("<tr>" + "".join(f"<td>{cell(c)}</td>" for c in r) + "</tr>" for r in rows)
-    return "<table><tr>" + "".join(f"<th>{esc(h)}</th>" for h in head) + f"</tr>{body}</table>"
 
 
 def badge(status: str) -> str:
@@ -91,11 +69,6 @@ def status_counts(checks: Sequence[CheckResult]) -> str:
 
 def numbers_text(c: CheckResult) -> str:
     return ", ".join(f"{k}={fmt(v)}" for k, v in c.numbers.items())
-
-
-def pre(text: str, limit: int = 600) -> str:
-    text = text if len(text) <= limit else text[:limit] + " …[cut]"
-    return f"<pre>{esc(text)}</pre>"
 
 
 # ---------------------------------------------------------------- sections

@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 from typing import Any, Sequence
 
+from .markup import esc, fmt, pre, table
 from .base import (FAIL, PASS, WARN, CheckResult, Thresholds, not_applicable, pearson, r4, reward_weights, too_few,
                    values)
 
@@ -240,8 +241,6 @@ def rm_figure(rows: Sequence[dict[str, Any]], key: str, pool: Sequence[dict[str,
 
 def html_section(r: dict[str, Any]) -> str:
     """The report.html section of a reward-model run ("" for other runs)."""
-    from .render import esc, fmt, pre, table
-
     e = r.get("reward_model")
     if not e:
         return ""

@@ -19,6 +19,10 @@ invalid (``"<name>: TimeoutError: ..."``) and the worker is abandoned -- a new o
 hanging reward never hangs the trainer. A thread cannot be killed: an abandoned call keeps running in the
 background until it returns (or the process exits), so a reward that spins forever in pure Python keeps
 costing CPU. Rewards that can run away (untrusted code) belong in a sandboxed process, not here.
+
+Modules: spec (RewardSpec), math (answer rewards), code (sandboxed tests), model (a learned reward model),
+user (a user's functions), overlong (the soft length penalty). May import: config, errors, tasks, models, rollout,
+sandbox. Imported by: agents, training, baselines, report, card, runs, the CLI.
 """
 
 from __future__ import annotations
@@ -30,34 +34,21 @@ import queue
 import threading
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
-from grpolab.agents.env import env_reward
 from grpolab.errors import ConfigError
+from grpolab.rewards.spec import RewardShapeError, RewardSpec, env_reward
 from grpolab.rewards.code import EXTRACTION_RULE, Scored, code_reward_specs
 from grpolab.rewards.math import correctness_reward, extract_answer, format_reward, normalize_answer
 from grpolab.sandbox import REASONS, SandboxLimits
+from grpolab.sandbox.errors import SandboxConfigError
 from grpolab.tasks.base import Problem
 from grpolab.tasks.code import is_code_problem
 
+if TYPE_CHECKING:
+    from grpolab.config import Config
+
 log = logging.getLogger("grpolab")
-
-
-class RewardShapeError(TypeError):
-    """A batched reward returned something other than one value per completion."""
-
-
-@dataclass(frozen=True)
-class RewardSpec:
-    """A registered reward: the function, what it measures, its time limit in seconds (None = none, e.g. a reward
-    that enforces its own, as the sandbox does), whether it takes the whole problem instead of the gold string,
-    and an optional batched form ``batch(completions, problems) -> list[value | Scored | Exception]``."""
-
-    fn: Callable[[str, Any], Any]
-    description: str
-    time_limit_s: float | None = 5.0
-    takes_problem: bool = False
-    batch: Callable[[Sequence[str], Sequence[Problem]], list[Any]] | None = None
 
 
 class _Worker:
@@ -193,7 +184,10 @@ class RewardSet:
         self.specs = dict(REWARD_FUNCTIONS)
         if MODEL_REWARD in self.weights:  # a learned reward model (config reward.model) on the run's device
             self.specs[MODEL_REWARD] = model_reward_spec(model, device)
-        limits = SandboxLimits.from_options(sandbox)  # checked even when no code reward is weighted
+        try:
+            limits = SandboxLimits.from_options(sandbox)  # checked even when no code reward is weighted
+        except SandboxConfigError as e:
+            raise ConfigError(str(e)) from None
         if any(name in CODE_REWARDS for name in self.weights):
             self.specs.update({name: RewardSpec(**kw) for name, kw in code_reward_specs(limits).items()})
         self.user: dict[str, Callable[..., Any]] = {}
@@ -381,6 +375,7 @@ __all__ = [
     "RewardSet",
     "RewardShapeError",
     "RewardSpec",
+    "stop_rule",
     "Scored",
     "call_with_time_limit",
     "correctness_reward",
@@ -391,3 +386,11 @@ __all__ = [
     "reward_card",
     "score_completion",
 ]
+
+
+def stop_rule(cfg: "Config") -> str:
+    """rollout.stop_rule resolved: ``auto`` is code_block when the run weights a code reward (it reads the first
+    Python block, so nothing after that block is sampled), else none."""
+    if cfg.rollout.stop_rule != "auto":
+        return cfg.rollout.stop_rule
+    return "code_block" if reward_card(cfg.reward.weights).get("code_extraction") else "none"

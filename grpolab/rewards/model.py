@@ -41,6 +41,7 @@ import torch
 
 from ..errors import ConfigError, GrpolabError
 from .code import Scored
+from .spec import RewardSpec
 
 MODEL_REWARD = "model"
 RM_KIND = "reward_model"  # manifest["kind"] of a `grpolab rm train` run directory
@@ -204,8 +205,6 @@ class ModelReward:
 
 def model_reward_spec(options: Any, device: Any = None):
     """The RewardSpec of the `model` reward for config section reward.model (a dataclass or a mapping)."""
-    from . import RewardSpec
-
     opts = _as_mapping(options)
     reward = ModelReward(opts, device)
     return RewardSpec(lambda completion, problem: reward([completion], [problem])[0],

@@ -1,0 +1,9 @@
+"""Generation: the rollout engine interface and grpolab's own decode loop (docs/performance.md).
+
+- ``base``: RolloutEngine, SamplingParams, Rollout (token ids, logprobs, finish reasons);
+- ``hf``: the engine on a transformers model; ``decode``: the batched decode loop (shared-prompt prefill, KV cache
+  in ``cache``, finished rows leaving, sampling); ``prepack``: prompt packing for prefill;
+- ``stop``: text stop rules (e.g. end the answer at the end of its first code block).
+
+May import: algo, models. Imported by: rewards (stop rules), agents, evaluation, training, baselines.
+"""

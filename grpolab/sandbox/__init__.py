@@ -5,9 +5,12 @@ rlimits, an unprivileged uid, no network, an empty environment and a private tem
     pool = shared_pool(SandboxLimits(wall_s=5))
     [result] = pool.run_many([Job("def f(x): return x + 1", ("assert f(1) == 2",))])
     result.all_passed, result.cases[0].reason
+
+Imports nothing else of grpolab (its own errors: sandbox/errors.py); checked by a contract in pyproject.toml.
 """
 
-from .isolation import Isolation, detect
+from .detect import detect
+from .isolation import Isolation
 from .limits import SandboxLimits
 from .pool import SandboxPool, shared_pool
 from .runner import REASONS, CaseResult, ExecResult, Job, run_job

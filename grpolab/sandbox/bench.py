@@ -14,7 +14,7 @@ import os
 import statistics
 import time
 
-from .isolation import detect
+from .detect import detect
 from .limits import SandboxLimits
 from .pool import SandboxPool
 from .runner import Job, run_job

@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from ..errors import ConfigError
+from .errors import SandboxConfigError
 
 MIB = 1 << 20
 
@@ -50,7 +50,7 @@ class SandboxLimits:
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any] | None, field_prefix: str = "reward.sandbox") -> "SandboxLimits":
-        """Limits from a mapping of overrides; an unknown key or a bad value raises ConfigError naming it.
+        """Limits from a mapping of overrides; an unknown key or a bad value raises SandboxConfigError naming it.
 
         >>> SandboxLimits.from_options({"wall_s": 2}).wall_s
         2.0
@@ -59,14 +59,14 @@ class SandboxLimits:
         values: dict[str, Any] = {}
         for key, value in (options or {}).items():
             if key not in known:
-                raise ConfigError(f"{field_prefix}.{key}: unknown sandbox option; known: {', '.join(known)}")
+                raise SandboxConfigError(f"{field_prefix}.{key}: unknown sandbox option; known: {', '.join(known)}")
             values[key] = _coerce(f"{field_prefix}.{key}", known[key].type, value)
         limits = cls(**values)
         limits.validate(field_prefix)
         return limits
 
     def validate(self, field_prefix: str = "reward.sandbox") -> None:
-        """Range checks; ConfigError naming the field."""
+        """Range checks; SandboxConfigError naming the field."""
         checks = [("wall_s", self.wall_s > 0), ("cpu_s", self.cpu_s > 0), ("memory_mb", self.memory_mb >= 64),
                   ("max_procs", self.max_procs >= 2), ("max_open_files", self.max_open_files >= 16),
                   ("max_file_mb", self.max_file_mb >= 1), ("disk_mb", self.disk_mb >= 1),
@@ -78,7 +78,7 @@ class SandboxLimits:
                 bound = {"memory_mb": ">= 64", "max_procs": ">= 2 (the program and its test judge)",
                          "max_open_files": ">= 16", "max_files": ">= 16", "workers": "in 0..64",
                          "uid": "in 1..2**31-65"}.get(name, "> 0")
-                raise ConfigError(f"{field_prefix}.{name}: expected {bound}, got {getattr(self, name)!r}")
+                raise SandboxConfigError(f"{field_prefix}.{name}: expected {bound}, got {getattr(self, name)!r}")
 
     @property
     def pool_size(self) -> int:
@@ -114,7 +114,7 @@ def _coerce(field: str, tp: Any, value: Any) -> Any:
     kind = {"float": float, "int": int, "str": str}.get(tp if isinstance(tp, str) else getattr(tp, "__name__", ""), str)
     if kind is str:
         if not isinstance(value, str):
-            raise ConfigError(f"{field}: expected a string, got {value!r}")
+            raise SandboxConfigError(f"{field}: expected a string, got {value!r}")
         return value
     if isinstance(value, str):
         try:
@@ -123,5 +123,5 @@ def _coerce(field: str, tp: Any, value: Any) -> Any:
             pass
     ok = isinstance(value, (int, float)) and not isinstance(value, bool) and (kind is float or float(value).is_integer())
     if not ok:
-        raise ConfigError(f"{field}: expected {'a number' if kind is float else 'an integer'}, got {value!r}")
+        raise SandboxConfigError(f"{field}: expected {'a number' if kind is float else 'an integer'}, got {value!r}")
     return kind(value)

@@ -14,7 +14,8 @@ import queue
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from .isolation import Isolation, detect
+from .detect import detect
+from .isolation import Isolation
 from .limits import SandboxLimits
 from .runner import CaseResult, ExecResult, Job, run_job
 

@@ -1,7 +1,12 @@
 """Task sources: a registry of task factories, and the prompt rendering shared by all tasks.
 
 make_task(name, **kwargs) builds a task from config; an unknown name or option raises
-ConfigError naming it and listing the accepted ones.
+ConfigError naming it and listing the accepted ones. Packages above this one register their tasks with
+register_task (grpolab.agents: the ``agent`` task), so this package never imports them.
+
+Modules: base (Problem, Task, prompt rendering), prompting (chat-template token ids), code (code problems and
+their entry points), one module per data set (arithmetic, gsm8k, math500, humaneval, mbpp, pyfunc, jsonl, hf).
+May import: errors, sandbox (the names a program may bind). Imported by nearly everything.
 """
 
 from __future__ import annotations
@@ -10,7 +15,6 @@ import inspect
 from typing import Any, Callable
 
 from grpolab.errors import ConfigError
-from grpolab.agents.env import AgentTask
 from grpolab.tasks.arithmetic import ArithmeticTask
 from grpolab.tasks.base import PROMPT_INSTRUCTION, Problem, Task
 from grpolab.tasks.code import CODE_INSTRUCTION, code_problem, is_code_problem
@@ -23,7 +27,6 @@ from grpolab.tasks.mbpp import MBPPTask
 from grpolab.tasks.pyfunc import PyFuncTask
 
 TASKS: dict[str, Callable[..., Task]] = {
-    "agent": AgentTask,  # multi-turn episodes of an environment (grpolab.agents)
     "arithmetic": ArithmeticTask,
     "gsm8k": GSM8KTask,
     "hf": HFTask,
@@ -32,7 +35,13 @@ TASKS: dict[str, Callable[..., Task]] = {
     "math500": Math500Task,
     "mbpp": MBPPTask,
     "pyfunc": PyFuncTask,
-}
+}  # and "agent" (multi-turn episodes of an environment), registered by grpolab.agents when it is imported
+
+
+def register_task(name: str, factory: Callable[..., Task]) -> None:
+    """Make `factory` the task `name` (task.name: NAME). Packages above this one (grpolab.agents) register their
+    tasks here, so this package never imports them."""
+    TASKS[name] = factory
 
 
 def _options(factory: Callable[..., Task]) -> tuple[list[str], list[str]]:
@@ -48,7 +57,8 @@ def make_task(name: str, **kwargs: Any) -> Task:
     'arithmetic'
     """
     if name not in TASKS:
-        raise ConfigError(f"task.name: unknown task {name!r}; expected one of {', '.join(sorted(TASKS))}")
+        raise ConfigError(f"task.name: unknown task {name!r}; expected one of {', '.join(sorted(TASKS))}"
+                          + (" (the agent task registers when grpolab.agents is imported)" if name == "agent" else ""))
     factory = TASKS[name]
     accepted, required = _options(factory)
     unknown = sorted(set(kwargs) - set(accepted))

@@ -37,3 +37,8 @@ class Task(Protocol):
     name: str
 
     def problems(self, split: str) -> list[Problem]: ...
+
+
+def normalise_problem_text(text: str) -> str:
+    """Lower case, runs of whitespace as one space: the form problem identities are hashed from (grpolab.manifest)."""
+    return " ".join(text.lower().split())

@@ -12,7 +12,7 @@ Rules:
   ``Dataset`` (no splits) counts as the train split.
 - Splits: ``train_split`` (default "train") must exist. ``test_split`` None (the default) means the split "test"
   when it exists, else a held-out fraction of the train split; a ``test_split`` that is named must exist. The
-  held-out fraction: the distinct normalised questions of the train split (grpolab.manifest.normalise_problem_text)
+  held-out fraction: the distinct normalised questions of the train split (grpolab.tasks.base.normalise_problem_text)
   ordered by sha256(f"{split_seed}:{question}"), the first ceil(test_fraction * count) of them held out -- every
   row with such a question is a test row, every other row a train row, so the two never share a question.
 - Held-out integrity: test rows whose normalised question also occurs anywhere in the train split (a real test
@@ -45,7 +45,7 @@ from typing import Any, Iterable
 from urllib.parse import urlparse
 
 from grpolab.errors import ConfigError, DataError
-from grpolab.tasks.base import PROMPT_INSTRUCTION, Problem
+from grpolab.tasks.base import normalise_problem_text, PROMPT_INSTRUCTION, Problem
 from grpolab.tasks.jsonl import check_split
 
 FILE_BUILDERS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
@@ -53,9 +53,7 @@ PROXY_VARIABLES = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "AL
 
 
 def _identity(question: str) -> str:
-    """The normalised question (grpolab.manifest.normalise_problem_text, imported here: manifest imports tasks)."""
-    from grpolab.manifest import normalise_problem_text
-
+    """The normalised question (grpolab.tasks.base.normalise_problem_text)."""
     return normalise_problem_text(question)
 
 

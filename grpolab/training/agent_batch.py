@@ -17,14 +17,14 @@ from dataclasses import dataclass
 
 import torch
 
-from ..training.batch import Batch, BatchCollector, Round, Scores
+from .batch import Batch, BatchCollector, Round, Scores
 from ..errors import ConfigError
-from ..training.metrics import agent_metrics
+from .metrics import agent_metrics
 from ..rewards import RewardResult
 from ..rollout.base import Rollout
 from ..tasks.base import Problem
-from .env import is_agent_problem
-from .episode import EpisodeResult, EpisodeRunner
+from ..agents.env import is_agent_problem
+from ..agents.episode import EpisodeResult, EpisodeRunner
 
 ENV_REWARD = "env"
 

@@ -23,13 +23,12 @@ from dataclasses import dataclass, field
 import torch
 
 from ..algo.advantages import Advantages, compute_advantages, zero_signal_groups
-from ..card import stop_rule
 from ..config import Config
 from .distributed import World, gather_objects, gather_rows, group_seed, owned_groups
 from .metrics import completion_metrics, group_metrics, reward_metrics
 from .prompt_sampler import PromptSampler
 from ..tasks.prompting import prompt_ids
-from ..rewards import CORRECTNESS_REWARDS, RewardResult, RewardSet, result_metrics
+from ..rewards import CORRECTNESS_REWARDS, RewardResult, RewardSet, result_metrics, stop_rule
 from ..rewards.overlong import soft_overlong_penalty
 from ..rollout.base import Rollout, RolloutEngine, SamplingParams, concat_rollouts
 from ..tasks.base import Problem
@@ -148,7 +147,7 @@ class BatchCollector:
 
     def sample_and_score(self, problems: list[Problem], seeds: list[int], t0: float) -> tuple[Rollout, Scores]:
         """G completions of each of this rank's problems and their scores (timed from t0). The collector of agent
-        tasks runs G episodes per problem here instead (grpolab.agents.collect)."""
+        tasks runs G episodes per problem here instead (grpolab.training.agent_batch)."""
         rollout = self.engine.generate([self.prompt_ids(q) for q in problems], self.params, seeds)
         t1 = time.perf_counter()
         local = score_rollout(rollout, problems, self.rewards, self.cfg)

@@ -24,7 +24,7 @@ import torch
 from ..models import checkpoint as ckpt
 from . import reproducibility
 from ..algo.kl import KLPlacement, token_kl
-from ..agents.collect import collector_class
+from .agent_batch import collector_class
 from .batch import Batch, BatchCollector
 from ..models.checkpoint import rng_state, seed_everything, set_rng_state
 from ..config import Config
@@ -34,7 +34,8 @@ from ..errors import DataError, GrpolabError
 from ..evaluation.heldout import EvalResult, greedy_eval
 from .faults import InterruptGuard, NonFiniteTracker, TrainingInterrupted
 from .metrics import JsonlSink, peak_rss_mb, truncate_log
-from ..models.lora import apply_lora, load_weights, make_reference, trainable_parameters
+from ..models.load import load_weights, make_reference
+from ..models.lora import apply_lora, trainable_parameters
 from ..models.load import DTYPES, load_causal_lm, load_tokenizer, resolve_model_path
 from .attention import use_fp32_attention
 from .precision import model_dims, probe_shapes, resolve
