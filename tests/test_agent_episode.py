@@ -100,14 +100,14 @@ def test_model_tokens_are_exactly_the_sampled_ids_over_three_turns(model_and_tok
     r = runner(model_and_tokenizer, stop_every=5)
     model, tok = model_and_tokenizer
     sampled: list[list[list[int]]] = []
-    real = episode_module.decode_groups
+    real = episode_module.decode_turn
 
     def recording(*args, **kwargs):
-        d = real(*args, **kwargs)
+        d, caches = real(*args, **kwargs)
         sampled.append([d.tokens[i, : int(d.mask[i].sum())].tolist() for i in range(d.tokens.shape[0])])
-        return d
+        return d, caches
 
-    monkeypatch.setattr(episode_module, "decode_groups", recording)
+    monkeypatch.setattr(episode_module, "decode_turn", recording)
     out = r.run([problem(max_turn_tokens=30)], 2, PARAMS, seeds=[7])
     res, ro = out.results[0], out.rollout
     assert res.turns == 3 and res.ended_by == "max_turns", res
@@ -349,7 +349,8 @@ def test_the_observation_follows_the_end_of_turn_token_the_model_sampled(model_a
                                       logprobs=torch.zeros(n, len(turn)), truncated=torch.zeros(n, dtype=torch.bool))
 
     monkeypatch.setattr(episode_module, "decode_groups", scripted)
-    out = EpisodeRunner(model, tok, stop_ids).run([problem(max_turns=2, max_turn_tokens=8)], 1, PARAMS, seeds=[0])
+    out = EpisodeRunner(model, tok, stop_ids, reuse_cache=False).run([problem(max_turns=2, max_turn_tokens=8)], 1,
+                                                                     PARAMS, seeds=[0])
     assert out.results[0].ended_by == "max_turns"
     conversation = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "Four."},
                     {"role": "user", "content": OBSERVATION["text"]}]

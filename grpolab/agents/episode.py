@@ -41,6 +41,7 @@ from ..rollout.hf import left_pad
 from ..tasks.base import Problem
 from .env import EpisodeLimits, load_env
 from .tools import WORKER, ToolError, ToolFailure, parse_tool_call, register_tool, tool_instructions
+from .turns import EpisodeCache, decode_turn
 
 BOUNDS = ("max_turns", "max_turn_tokens", "max_total_tokens")
 ENDINGS = ("done", *BOUNDS, "invalid")
@@ -78,6 +79,7 @@ class _Episode:
     logp_full: list[float] = field(default_factory=list)
     result: EpisodeResult = field(default_factory=EpisodeResult)
     tool_keys: dict[str, str] = field(default_factory=dict)
+    cache: EpisodeCache | None = None  # the keys/values of the tokens the model has read (reuse_cache)
 
     @property
     def active(self) -> bool:
@@ -101,10 +103,13 @@ def episode_seed(group_seed: int, k: int) -> int:
 
 
 class EpisodeRunner:
-    """Runs episodes with a HF model (the rollout engine's sampler copy) and its tokenizer."""
+    """Runs episodes with a HF model (the rollout engine's sampler copy) and its tokenizer. reuse_cache: each
+    episode keeps its key/value cache across turns, a turn feeds only its new tokens (grpolab.agents.turns); False
+    re-reads each episode's whole sequence every turn (the reference the cached path is tested against)."""
 
-    def __init__(self, model, tokenizer, stop_ids: list[int]):
+    def __init__(self, model, tokenizer, stop_ids: list[int], reuse_cache: bool = True):
         self.model, self.tokenizer, self.stop_ids = model, tokenizer, stop_ids
+        self.reuse_cache = reuse_cache
         self._observations: dict[tuple[str, str], list[int]] = {}
 
     @classmethod
@@ -191,19 +196,28 @@ class EpisodeRunner:
             episodes += [ep for ep, _ in started]
         while any(ep.active for ep in episodes):
             self.turn([ep for ep in episodes if ep.active], params)
+            for ep in episodes:
+                if not ep.active:
+                    ep.cache = None  # an ended episode's cache is never read again
         return Episodes(self.rollout(episodes, problems, g), [ep.result for ep in episodes])
 
     def turn(self, live: list[_Episode], params: SamplingParams) -> None:
         """One model turn of every live episode, then their observations (or their end)."""
         budgets = [min(ep.limits.max_turn_tokens, ep.limits.max_total_tokens - len(ep.tokens)) for ep in live]
-        device = next(self.model.parameters()).device
-        ids, mask = left_pad([ep.prompt + ep.tokens for ep in live], self.tokenizer.pad_token_id)
+        seqs = [ep.prompt + ep.tokens for ep in live]
         gens = [ep.generator for ep in live]
+        sampling = dict(temperature=1.0 if params.greedy else params.temperature, stop_ids=self.stop_ids,
+                        pad_id=self.tokenizer.pad_token_id, greedy=params.greedy, top_k=params.top_k,
+                        top_p=params.top_p, generators=None if any(g is None for g in gens) else gens)
         with torch.no_grad(), eval_mode(self.model):
-            d = decode_groups(self.model, ids.to(device), mask.to(device), 1, max(budgets),
-                              1.0 if params.greedy else params.temperature, self.stop_ids, self.tokenizer.pad_token_id,
-                              greedy=params.greedy, top_k=params.top_k, top_p=params.top_p,
-                              generators=None if any(g is None for g in gens) else gens)
+            if self.reuse_cache:
+                d, caches = decode_turn(self.model, seqs, [ep.cache for ep in live], max(budgets), **sampling)
+                for ep, cache in zip(live, caches):
+                    ep.cache = cache
+            else:
+                device = next(self.model.parameters()).device
+                ids, mask = left_pad(seqs, self.tokenizer.pad_token_id)
+                d = decode_groups(self.model, ids.to(device), mask.to(device), 1, max(budgets), **sampling)
         for i, (ep, budget) in enumerate(zip(live, budgets)):
             n = int(d.mask[i].sum())
             stopped = not bool(d.truncated[i]) and n <= budget
