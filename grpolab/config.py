@@ -186,6 +186,12 @@ class EvalConfig:
 class RunConfig:
     output_dir: str = "runs"
     name: str = ""  # "" = <task>-<preset>-<timestamp>
+    # experiment trackers fed beside metrics.jsonl (grpolab/training/trackers.py; docs/tracking.md): any of
+    # tensorboard, wandb (offline), mlflow; each needs its extra (pip install 'grpolab[tensorboard]' ...)
+    report_to: list = field(default_factory=list)
+    mlflow_tracking_uri: str = ""  # "" = a local SQLite store under RUN_DIR/mlflow (mlflow ui --backend-store-uri ...)
+    table_every_steps: int = 0  # a completions table to the trackers every N steps (0 = off)
+    table_groups: int = 4  # groups per table (all their completions), zero-variance groups included
 
 
 @dataclass(frozen=True)
@@ -428,7 +434,14 @@ _RANGES: list[tuple[str, Any, str]] = [
     ("eval.batch_size", lambda v: v >= 1, "an integer >= 1"),
     ("eval.max_new_tokens", lambda v: v >= 0, "an integer >= 0 (0 = rollout.max_new_tokens)"),
     ("eval.num_problems", lambda v: v >= 1, "an integer >= 1"),
+    ("run.report_to", lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v) and len(set(v)) == len(v),
+     "a list of distinct tracker names (tensorboard, wandb, mlflow)"),
+    ("run.table_every_steps", lambda v: v >= 0, "an integer >= 0 (0 = off)"),
+    ("run.table_groups", lambda v: v >= 1, "an integer >= 1"),
 ]
+
+
+TRACKERS = ("tensorboard", "wandb", "mlflow")  # what run.report_to accepts (grpolab/training/trackers.py)
 
 
 def get_path(cfg: Any, dotted: str) -> Any:
@@ -443,6 +456,9 @@ def validate(cfg: Config) -> None:
         value = get_path(cfg, path)
         if not ok(value):
             raise ConfigError(f"{path}: expected {expected}, got {value!r}")
+    unknown = [x for x in cfg.run.report_to if x not in TRACKERS]
+    if unknown:
+        raise ConfigError(f"run.report_to: unknown tracker {unknown[0]!r}; expected any of {', '.join(TRACKERS)}")
     a = cfg.algorithm
     if a.overlong_buffer >= cfg.rollout.max_new_tokens:
         raise ConfigError(

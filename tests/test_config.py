@@ -137,7 +137,8 @@ def test_unknown_field_suggests_the_closest(raw, message):
 def test_unknown_field_without_close_match_lists_known_fields():
     with pytest.raises(ConfigError) as e:
         from_dict({"run": {"zzzzzz": 1}})
-    assert "unknown field 'run.zzzzzz'; known fields: output_dir, name" == str(e.value)
+    assert str(e.value) == ("unknown field 'run.zzzzzz'; known fields: output_dir, name, report_to, mlflow_tracking_uri, "
+                            "table_every_steps, table_groups")
 
 
 @pytest.mark.parametrize(
@@ -224,6 +225,9 @@ BAD_VALUES = {
     "eval.num_problems": 0,
     "eval.batch_size": 0,
     "eval.max_new_tokens": -1,
+    "run.report_to": "tensorboard",
+    "run.table_every_steps": -1,
+    "run.table_groups": 0,
 }
 # A second violating value where the range has two ends or an open end worth checking.
 MORE_BAD_VALUES = [

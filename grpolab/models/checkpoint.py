@@ -7,6 +7,10 @@ Every file is fsync'ed before the rename, so a crash, a kill -9 or a full disk w
 `.tmp-step-N-*` directory, which `checkpoints()` ignores and `remove_partial()` deletes; the previous complete
 checkpoint stays loadable. Only after the new one is in place are older ones pruned to the newest `keep_last`.
 
+The best checkpoint by held-out evidence (periodic eval, eval.every_steps) is named by checkpoints/best.json and
+never pruned: the step with the highest held-out accuracy, the earlier step on a tie, never judged by training
+reward (`is_better`, `select_best`). `RUN:best` names it wherever a model path is read (grpolab.models.load).
+
 trainer_state.pt holds what an exact resume needs besides the weights (grpolab.training.trainer.Trainer.state_dict):
 step, optimizer, LR scheduler, every RNG (python, numpy, torch), prompt cursor, fault counters and the byte
 length of metrics.jsonl / samples.jsonl at save time.
@@ -14,13 +18,15 @@ length of metrics.jsonl / samples.jsonl at save time.
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import random
 import re
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 import torch
@@ -29,6 +35,8 @@ from ..errors import GrpolabError
 from .lora import save_model
 
 STATE_FILE = "trainer_state.pt"
+BEST_FILE = "best.json"
+BEST_METRIC = "eval/accuracy"  # what picks the best checkpoint: held-out accuracy of the periodic greedy eval
 _STEP = re.compile(r"^step-(\d+)$")
 _PARTIAL = (".tmp-step-", ".old-step-")
 
@@ -109,9 +117,87 @@ def save_checkpoint(run_dir: Path, step: int, model, tokenizer, state: dict[str,
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    for old in checkpoints(run_dir)[:-keep_last]:
-        shutil.rmtree(old, ignore_errors=True)
+    prune(run_dir, keep_last)
     return target
+
+
+def prune(run_dir: Path, keep_last: int) -> list[Path]:
+    """Delete all but the newest `keep_last` complete checkpoints, never the best one (best.json); returns them."""
+    best = best_record(run_dir)
+    protected = checkpoint_path(run_dir, best["step"]) if best else None
+    old = [p for p in checkpoints(run_dir)[:-keep_last] if p != protected]
+    for p in old:
+        shutil.rmtree(p, ignore_errors=True)
+    return old
+
+
+# ----------------------------------------------------------------------------------------------- best by held-out
+
+
+def is_better(value: float, best: float | None) -> bool:
+    """Whether a held-out value replaces the best so far: strictly higher (a tie keeps the earlier checkpoint); a NaN
+    never does; anything finite beats no best at all.
+
+    >>> is_better(0.5, None), is_better(0.5, 0.5), is_better(0.6, 0.5), is_better(float("nan"), None)
+    (True, False, True, False)
+    """
+    if not math.isfinite(value):
+        return False
+    return best is None or value > best
+
+
+def select_best(evals: Sequence[tuple[int, float]]) -> tuple[int, float] | None:
+    """The (step, value) with the highest held-out value, the earliest on ties, over (step, value) in step order;
+    None when no value is finite. Training reward never enters: only held-out values are passed in.
+
+    >>> select_best([(2, 0.4), (4, 0.7), (6, 0.7), (8, 0.5)])
+    (4, 0.7)
+    """
+    best: tuple[int, float] | None = None
+    for step, value in evals:
+        if is_better(value, best[1] if best else None):
+            best = (step, value)
+    return best
+
+
+def best_record(run_dir: Path) -> dict[str, Any] | None:
+    """checkpoints/best.json of a run (step, metric, value, interval...), or None when the run has none."""
+    path = Path(run_dir) / "checkpoints" / BEST_FILE
+    if not path.is_file():
+        return None
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+        int(record["step"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise GrpolabError(f"{path}: unreadable best-checkpoint record ({type(e).__name__}: {e})") from None
+    return record
+
+
+def write_best(run_dir: Path, record: dict[str, Any]) -> None:
+    """Write checkpoints/best.json atomically (temp file, fsync, rename); the checkpoint it names must exist."""
+    root = Path(run_dir) / "checkpoints"
+    if not (checkpoint_path(run_dir, record["step"]) / STATE_FILE).is_file():
+        raise GrpolabError(f"{root}: no complete checkpoint step-{record['step']} to record as the best")
+    tmp = root / f".{BEST_FILE}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(json.dumps(record, indent=2) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, root / BEST_FILE)
+    _fsync_dir(root)
+
+
+def best_checkpoint(run_dir: Path) -> Path:
+    """The checkpoint best.json names; a clear error when the run kept none (no periodic held-out eval) or it is gone."""
+    record = best_record(run_dir)
+    if record is None:
+        raise GrpolabError(f"{run_dir}:best: the run has no best checkpoint (checkpoints/{BEST_FILE}); it is kept only "
+                           f"when training evaluates held-out problems periodically (eval.every_steps > 0)")
+    path = checkpoint_path(run_dir, record["step"])
+    if not (path / STATE_FILE).is_file():
+        raise GrpolabError(f"{run_dir}:best: checkpoints/{BEST_FILE} names step {record['step']}, but {path} is not a "
+                           f"complete checkpoint")
+    return path
 
 
 def save_full_weights(model, weights: dict[str, torch.Tensor], directory: Path) -> None:

@@ -73,9 +73,18 @@ def convert_bundled(alias: str) -> Path:
 
 
 def resolve_model_path(name: str) -> str:
-    """bundled:alias -> cached checkpoint dir; run dir -> its final checkpoint; else unchanged (path or hub id)."""
+    """bundled:alias -> cached checkpoint dir; run dir -> its final checkpoint; RUN:best -> the run's best checkpoint
+    by held-out accuracy (checkpoints/best.json); else unchanged (path or hub id)."""
     if name.startswith("bundled:"):
         return str(convert_bundled(name.removeprefix("bundled:")))
+    if name.endswith(":best"):
+        from .checkpoint import best_checkpoint
+
+        run = Path(name.removesuffix(":best"))
+        if not (run / "manifest.json").is_file():
+            raise GrpolabError(f"{name}: {run} is not a run directory (no manifest.json); RUN:best names the best "
+                               f"checkpoint of a run written by `grpolab train`")
+        return str(best_checkpoint(run))
     p = Path(name)
     if (p / "manifest.json").is_file():  # a run directory: take its newest checkpoint
         from .checkpoint import latest_checkpoint

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import random
 import resource
 from collections import defaultdict
 from pathlib import Path
@@ -14,7 +15,7 @@ from typing import Any
 
 import torch
 
-
+from ..algo.advantages import zero_signal_groups
 
 def peak_rss_mb() -> float:
     """Peak resident set size of this process in MiB (Linux reports ru_maxrss in KiB)."""
@@ -87,6 +88,47 @@ def agent_metrics(results: list[Any]) -> dict[str, float]:
     if any(r.requires_tools for r in results):
         out["agent/success_without_tool_frac"] = (sum(r.tool_calls == 0 for r in needs) / len(needs)) if needs else math.nan
     return out
+
+
+def pick_table_groups(zero_variance: list[bool], k: int, seed: int, step: int) -> list[int]:
+    """The groups of a step's completions table: k of them (all when fewer), half (rounded up) drawn from the
+    zero-variance groups -- the ones that teach nothing, shown on purpose -- and the rest from the others, each kind
+    topped up from the other when it runs short; drawn by random.Random(f"table/{seed}/{step}"), so the same run
+    shows the same groups at the same step. Returned in batch order.
+
+    >>> g = pick_table_groups([True, False, True, False, False], 2, seed=0, step=3)
+    >>> len(g), sum(i in (0, 2) for i in g), g == pick_table_groups([True, False, True, False, False], 2, 0, 3)
+    (2, 1, True)
+    """
+    rng = random.Random(f"table/{seed}/{step}")
+    flat = [i for i, z in enumerate(zero_variance) if z]
+    varied = [i for i, z in enumerate(zero_variance) if not z]
+    n_flat = min(len(flat), max(k - len(varied), (k + 1) // 2))
+    return sorted(rng.sample(flat, n_flat) + rng.sample(varied, min(len(varied), k - n_flat)))
+
+
+def completion_table(batch: Any, tokenizer: Any, k: int, seed: int, step: int) -> tuple[list[str], list[list[Any]]]:
+    """(columns, rows) of a step's completions table: every completion of `pick_table_groups`' groups of a trained
+    batch (grpolab.training.batch.Batch, advantages one per completion) with its prompt as the model saw it (special
+    tokens removed), reward and reward components, advantage, length in tokens, finish reason (``length`` = cut at
+    max_new_tokens, else ``stop``) and whether its group's rewards have zero variance."""
+    r, scores = batch.rollout, batch.scores
+    groups: dict[int, list[int]] = {}
+    for row, g in enumerate(r.group.tolist()):
+        groups.setdefault(g, []).append(row)
+    ids = list(groups)
+    zero = [bool(zero_signal_groups(scores.rewards[groups[g]][None], ~scores.invalid[groups[g]][None])[0]) for g in ids]
+    components = sorted(scores.components)
+    columns = ["step", "group", "uid", "prompt", "completion", "reward", *(f"reward/{c}" for c in components),
+               "advantage", "length", "finish_reason", "zero_variance_group"]
+    rows = []
+    for j in pick_table_groups(zero, k, seed, step):
+        for i in groups[ids[j]]:
+            prompt = tokenizer.decode(r.prompt_ids[i][r.prompt_mask[i].bool()], skip_special_tokens=True)
+            rows.append([step, j, batch.problems[ids[j]].uid, prompt, r.texts[i], scores.rewards[i].item(),
+                         *(scores.components[c][i].item() for c in components), batch.advantages[i].item(),
+                         int(r.completion_mask[i].sum()), "length" if bool(r.truncated[i]) else "stop", zero[j]])
+    return columns, rows
 
 
 class JsonlSink:

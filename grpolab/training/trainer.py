@@ -3,15 +3,16 @@
     collect (problems -> G completions each -> rewards -> advantages; grpolab.training.batch)
       -> [KL penalty folded into the reward]
       -> update (mu x minibatches x micro-batches; grpolab.training.update) -> sync the sampler's weights
-      -> metrics -> [periodic held-out eval] -> log -> [checkpoint]
+      -> metrics -> [periodic held-out eval] -> log (JSONL, trackers) -> [checkpoint; the best by held-out]
 
 Checkpoint contents and exact resume: grpolab.models.checkpoint and `state_dict` / `load` below. Ctrl-C and SIGTERM:
-grpolab.training.faults.
+grpolab.training.faults. Experiment trackers (run.report_to) and completions tables: grpolab.training.trackers.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import math
 import os
@@ -33,7 +34,7 @@ from .distributed import World, all_reduce_max, all_reduce_sum, barrier, gather_
 from ..errors import DataError, GrpolabError
 from ..evaluation.heldout import EvalResult, greedy_eval
 from .faults import InterruptGuard, NonFiniteTracker, TrainingInterrupted
-from .metrics import JsonlSink, peak_rss_mb, truncate_log
+from .metrics import JsonlSink, completion_table, peak_rss_mb, truncate_log
 from ..models.load import load_weights, make_reference
 from ..models.lora import apply_lora, trainable_parameters
 from ..models.load import DTYPES, load_causal_lm, load_tokenizer, resolve_model_path
@@ -41,6 +42,7 @@ from .attention import use_fp32_attention
 from .precision import model_dims, probe_shapes, resolve
 from .reproducibility import training_attention
 from .prompt_sampler import PromptSampler
+from .trackers import Trackers, check_installed
 from ..rewards import RewardSet
 from ..rollout.hf import HFEngine
 from ..tasks import make_task
@@ -136,6 +138,7 @@ class Trainer:
                  precision: dict[str, Any] | None = None):
         self.cfg = self.config_given = cfg
         self.run_dir = Path(run_dir)
+        check_installed(cfg.run.report_to)  # a tracker asked for but not installed: one line, before any model loads
         self.device = resolve_device(cfg.train.device)
         self.world = world or init_world(self.device)
         seed_everything(cfg.train.seed)
@@ -178,6 +181,9 @@ class Trainer:
         self.nonfinite = NonFiniteTracker(t.max_nonfinite_steps)
         self.skipped_in_step = 0
         self.last_eval: EvalResult | None = None
+        self.best: dict[str, Any] | None = None  # the best checkpoint by held-out accuracy (checkpoints/best.json)
+        self.table: tuple[list[str], list[list[Any]]] | None = None  # the last step's completions table, when due
+        self.trackers = Trackers(self.run_dir, {}, {})  # opened by fit (rank 0)
 
     def resolve_precision(self, recorded: dict[str, Any] | None) -> dict[str, Any]:
         """train.precision / rollout.dtype resolved by grpolab.training.precision (explicit wins; auto: CUDA support or the
@@ -246,8 +252,10 @@ class Trainer:
 
     def samples(self, batch: Batch) -> list[dict[str, Any]]:
         """train.samples_per_step rows of the trained batch, spread over its groups."""
-        r, g = batch.rollout, self.cfg.rollout.group_size
+        r, g, run = batch.rollout, self.cfg.rollout.group_size, self.cfg.run
         rows = sample_rows(len(r), self.cfg.train.samples_per_step, g)
+        due = bool(run.report_to and run.table_every_steps and self.step % run.table_every_steps == 0 and self.world.main)
+        self.table = completion_table(batch, self.tokenizer, run.table_groups, self.cfg.train.seed, self.step) if due else None
         return [
             {"step": self.step, "uid": batch.problems[r.group[i]].uid, "gold": batch.problems[r.group[i]].answer,
              "completion": r.texts[i], "reward": batch.scores.rewards[i].item(), "advantage": batch.advantages[i].item(),
@@ -276,6 +284,8 @@ class Trainer:
         skipped and stop the run after train.max_nonfinite_steps in a row (GrpolabError)."""
         metrics: dict[str, float] = {}
         sinks = {name: JsonlSink(self.run_dir / name) if self.world.main else NullSink() for name in LOGS}
+        if self.world.main and self.cfg.run.report_to:
+            self.trackers = Trackers.open(self.cfg, self.run_dir, self.step, self.tracker_texts())
         try:
             with InterruptGuard() as guard:
                 while self.step < self.cfg.train.steps:
@@ -298,18 +308,32 @@ class Trainer:
         finally:
             for sink in sinks.values():
                 sink.close()
+            self.trackers.close()
         return metrics
+
+    def tracker_texts(self) -> dict[str, str]:
+        """What the trackers attach to a run: the manifest and its objective card (when the run has a manifest)."""
+        try:
+            manifest = json.loads((self.run_dir / "manifest.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return {}
+        return {"manifest.json": json.dumps(manifest, indent=2),
+                "objective_card.json": json.dumps(manifest.get("objective"), indent=2)}
 
     def end_step(self, metrics: dict[str, float], samples: list[dict[str, Any]], sinks: dict[str, JsonlSink],
                  on_step: Callable[[int, dict[str, float]], None] | None) -> dict[str, float]:
         """Periodic eval, logging, non-finite bookkeeping and the periodic checkpoint of the step just taken."""
         cfg, step = self.cfg, self.step
-        if cfg.eval.every_steps and (step % cfg.eval.every_steps == 0 or step == cfg.train.steps) and self.world.main:
+        evaluated = bool(cfg.eval.every_steps) and (step % cfg.eval.every_steps == 0 or step == cfg.train.steps)
+        if evaluated and self.world.main:
             metrics.update(self.eval_metrics())
         bad = self.skipped_in_step > 0 or not all(math.isfinite(v) for k, v in metrics.items() if k.startswith("loss/"))
         sinks["metrics.jsonl"].log(step, metrics)
         for s in samples:
             sinks["samples.jsonl"].log(step, s)
+        if self.table is not None:
+            self.trackers.log_table(step, *self.table)
+        self.trackers.log(step, metrics)
         if on_step:
             on_step(step, metrics)
         if self.nonfinite.record(step, bad, self.updater.skipped_steps):
@@ -318,9 +342,29 @@ class Trainer:
                 f"step {step}: {self.nonfinite.streak} consecutive steps with a non-finite loss or gradient "
                 f"(train.max_nonfinite_steps = {self.nonfinite.limit}); stopped. "
                 + (f"The last good checkpoint is {last}" if last else "No checkpoint was written"))
-        if self.checkpoint_due() and step < cfg.train.steps and not self.nonfinite.streak:
+        if evaluated:
+            self.keep_if_best(metrics)
+        if self.checkpoint_due() and step < cfg.train.steps and not self.nonfinite.streak and self.saved_step != step:
             self.save()
         return metrics
+
+    def keep_if_best(self, metrics: dict[str, float]) -> None:
+        """After a periodic held-out eval: when its accuracy beats every earlier one (ckpt.is_better: a tie keeps the
+        earlier step), checkpoint this step and name it the best (checkpoints/best.json, kept out of keep_last's
+        pruning). Training reward never decides; a step with a non-finite loss is never the best. Rank 0 decides."""
+        value = metrics.get(ckpt.BEST_METRIC, math.nan) if self.world.main else math.nan
+        better = ckpt.is_better(value, self.best["value"] if self.best else None) and not self.nonfinite.streak
+        if not gather_objects(better, self.world)[0]:
+            return
+        self.best = {"step": self.step, "checkpoint": f"checkpoints/step-{self.step}", "metric": ckpt.BEST_METRIC,
+                     "value": value, "ci_low": metrics.get("eval/ci_low"), "ci_high": metrics.get("eval/ci_high"),
+                     "num_problems": len(self.eval_problems), "training_reward": metrics.get("reward/mean"),
+                     "rule": "highest held-out accuracy of the periodic greedy eval (eval.every_steps); a tie keeps "
+                             "the earlier step; training reward is not used"} if self.world.main else None
+        self.save()  # its trainer state holds the new best, so a resume agrees with best.json
+        if self.world.main:
+            ckpt.write_best(self.run_dir, self.best)
+            ckpt.prune(self.run_dir, self.cfg.train.keep_last)
 
     def checkpoint_due(self) -> bool:
         """train.save_every steps, or train.save_every_minutes since the last checkpoint (0 turns either off); the
@@ -351,7 +395,7 @@ class Trainer:
             "optimizer": full_optimizer_state(self.policy, self.optimizer) if self.sharded else self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(), "faults": {"skipped_steps": self.updater.skipped_steps},
             "logs": {name: _size(self.run_dir / name) for name in LOGS}, "torch_threads": torch.get_num_threads(),
-            "world_size": self.world.size, "rank_rng": gather_objects(rng_state(), self.world),
+            "world_size": self.world.size, "rank_rng": gather_objects(rng_state(), self.world), "best": self.best,
         }
 
     def save(self) -> Path:
@@ -394,6 +438,10 @@ class Trainer:
         for name, offset in state.get("logs", {}).items() if self.world.main else ():
             truncate_log(self.run_dir / name, offset)
         self.step = self.saved_step = state["step"]
+        self.best = state.get("best")
+        if self.best and self.world.main:  # a kill between the checkpoint and best.json: the checkpoint's record wins
+            ckpt.write_best(self.run_dir, self.best)
+            ckpt.prune(self.run_dir, self.cfg.train.keep_last)
         if state.get("torch_threads", torch.get_num_threads()) != torch.get_num_threads():
             log.warning("%s was written with %d torch threads, this process uses %d: CPU results may differ in the "
                         "last bits (set OMP_NUM_THREADS=%d for an exact resume)", path, state["torch_threads"],
