@@ -73,6 +73,20 @@ def test_reward_rises_while_held_out_falls_the_early_checkpoint_is_the_best(tiny
     assert path.name == "step-6" and resumed.best["step"] == 2
     assert ckpt.best_record(run) == best
 
+    # the report shows held-out next to reward and says which checkpoint it judges, and which one is the best
+    from grpolab.report.build import ReportOptions, build_report
+    from grpolab.report.evidence import judged_checkpoint
+
+    build_report(run, ReportOptions(skip_safety=True, skip_diversity=True))
+    md = (run / "report.md").read_text()
+    assert "Checkpoint judged: the weights at step 6, the last periodic held-out eval of training" in md
+    assert ("The run's best checkpoint by held-out accuracy is step-2, 0.750 [0.650, 0.850] on 2 problems: highest "
+            "held-out accuracy") in md and "evaluate RUN:best" in md
+    assert 'alt="Held-out accuracy (periodic eval) vs training reward"' in (run / "report.html").read_text()
+    row = {"model": f"{run}:best", "path": str(run / "checkpoints" / "step-2")}  # an eval file's row of RUN:best
+    judged = judged_checkpoint(run, row, None)
+    assert judged["judged"] == "step-2" and judged["is_best"] and judged["best"]["step"] == 2
+
 
 def test_a_later_tie_does_not_move_the_best_and_a_better_one_does(tiny_model_dir, tmp_path, monkeypatch):
     trainer, _ = start_run(from_dict(config(tiny_model_dir, tmp_path, "tie", steps=6)))

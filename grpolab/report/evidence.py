@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -156,19 +157,49 @@ def periodic_heldout(metrics: list[dict[str, Any]]) -> dict[str, Any] | None:
          "ci_high": last.get("eval/ci_high") or last["eval/accuracy"], "n": None}
     return {"source": f"periodic eval, step {first['step']} vs step {last['step']} (unpaired)",
             "task": "", "base": {**a, "label": f"step {first['step']}"}, "trained": {**b, "label": f"step {last['step']}"},
-            "diff": unpaired_diff(a, b), "per_slice": {}, "base_row": None, "trained_row": None, "from_step": first["step"]}
+            "diff": unpaired_diff(a, b), "per_slice": {}, "base_row": None, "trained_row": None, "from_step": first["step"],
+            "trained_step": last["step"]}
+
+
+def judged_checkpoint(run_dir: Path, trained_row: dict[str, Any] | None, last_eval_step: int | None) -> dict[str, Any]:
+    """Which weights the held-out comparison judges and why, beside the run's best checkpoint by held-out accuracy
+    (checkpoints/best.json, grpolab.models.checkpoint): {"judged", "why", "best" (the record or None), "is_best"}.
+
+    An eval JSON's trained row judges the checkpoint its recorded path names (a run directory resolves to its
+    newest checkpoint, RUN:best to the best one); the periodic comparison judges the weights at its last eval step."""
+    from ..models.checkpoint import best_record
+
+    try:
+        best = best_record(run_dir)
+    except GrpolabError:
+        best = None
+    if trained_row is not None:
+        path = str(trained_row.get("path") or trained_row.get("model") or "")
+        step = re.search(r"step-(\d+)/?$", path)
+        judged = f"step-{step.group(1)}" if step else path
+        why = (f"the trained model of the held-out eval file: {trained_row.get('model')}, loaded from {path} when it "
+               f"was evaluated (a run directory means its newest checkpoint, RUN:best its best one)")
+        is_best = bool(best and step and int(step.group(1)) == best["step"])
+    else:
+        judged = f"the weights at step {last_eval_step}"
+        why = "the last periodic held-out eval of training (no eval file on the training task in RUN_DIR/eval)"
+        is_best = bool(best and best["step"] == last_eval_step)
+    return {"judged": judged, "why": why, "best": best, "is_best": is_best}
 
 
 def heldout_comparison(ev: RunEvidence) -> dict[str, Any] | None:
-    """Trained vs base on the training task's held-out split (eval JSON, else periodic evals)."""
+    """Trained vs base on the training task's held-out split (eval JSON, else periodic evals), with the checkpoint it
+    judges (judged_checkpoint)."""
     found = primary_eval(ev)
     if found is None:
-        return periodic_heldout(ev.metrics)
+        periodic = periodic_heldout(ev.metrics)
+        return periodic and {**periodic, "checkpoint": judged_checkpoint(ev.run_dir, None, periodic["trained_step"])}
     name, data = found
     ti = trained_index(data, ev.run_dir)
     base, trained = data["models"][0], data["models"][ti]
     cmp = compare(base, trained, b_is_later_row_of_same_eval=True)
     return {"source": f"eval/{name}", "task": data["task"], "split": data.get("split"), "n": data.get("n"),
+            "checkpoint": judged_checkpoint(ev.run_dir, trained, None),
             "task_options": data.get("task_options"), "data_hash": data.get("data_hash"),
             "base": summary(base, f"base ({base.get('model')})"), "trained": summary(trained, f"trained ({trained.get('model')})"),
             **cmp, "base_row": base, "trained_row": trained,

@@ -135,8 +135,15 @@ def plot_curve(rows: Sequence[dict[str, Any]], spec: Curve) -> str | None:
     return _encode(fig)
 
 
+HELDOUT_TITLE = "Held-out accuracy (periodic eval) vs training reward"
+
+
 def plot_heldout_curve(rows: Sequence[dict[str, Any]]) -> str | None:
-    """Periodic held-out accuracy with its 95% bootstrap interval as a band."""
+    """Periodic held-out accuracy with its 95% bootstrap interval as a band, the training reward (reward/mean) on a
+    second axis over the same steps, and the best held-out step (grpolab.models.checkpoint.select_best: the rule
+    that picks checkpoints/best.json) marked: a reward that rises while held-out accuracy falls shows here."""
+    from ..models.checkpoint import select_best
+
     evals = [r for r in rows if values([r], "eval/accuracy")]
     if not evals:
         return None
@@ -148,17 +155,29 @@ def plot_heldout_curve(rows: Sequence[dict[str, Any]]) -> str | None:
     fig, ax = plt.subplots(figsize=(6.2, 3.6))
     ax.fill_between(xs, lo, hi, color="C2", alpha=0.2, label="95% bootstrap interval")
     ax.plot(xs, acc, color="C2", linewidth=2, marker="o", markersize=4, label="held-out accuracy (greedy)")
+    best = select_best(list(zip(xs, acc)))
+    if best:
+        ax.axvline(best[0], color="C2", linestyle=":", linewidth=1.5, label=f"best held-out: step {best[0]}")
+    rx, ry = _xy(rows, "reward/mean")
+    if ry:
+        twin = ax.twinx()
+        twin.plot(rx, ry, color="C0", linewidth=1.2, alpha=0.8, label="training reward (mean)")
+        twin.set_ylabel("training reward (mean)")
+        handles, labels = ax.get_legend_handles_labels()
+        more = twin.get_legend_handles_labels()
+        ax.legend(handles + more[0], labels + more[1], loc="best")
     ax.set_ylim(-0.02, 1.02)
     steps = [r["step"] for r in rows if isinstance(r.get("step"), (int, float))]
     if steps and max(steps) > min(steps):
         pad = 0.03 * (max(steps) - min(steps))
         ax.set_xlim(min(steps) - pad, max(steps) + pad)
-    ax.set_title("Held-out accuracy (periodic eval)")
+    ax.set_title(HELDOUT_TITLE)
     _integer_steps(ax)
     ax.set_xlabel(STEP)
-    ax.set_ylabel("accuracy (fraction correct)")
-    ax.legend(loc="best")
-    return _encode(fig)
+    ax.set_ylabel("held-out accuracy (fraction correct)")
+    if not ry:
+        ax.legend(loc="best")
+    return _encode(fig, (0.13, 0.87, 0.9, 0.15))
 
 
 def plot_comparison(title: str, models: Sequence[dict[str, Any]], per_slice: dict[str, Sequence[dict[str, Any]]]) -> str | None:
@@ -202,5 +221,5 @@ def training_figures(rows: Sequence[dict[str, Any]]) -> list[tuple[str, str]]:
         if i == 0:
             held = plot_heldout_curve(rows)
             if held:
-                out.append(("Held-out accuracy (periodic eval)", held))
+                out.append((HELDOUT_TITLE, held))
     return out

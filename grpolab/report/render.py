@@ -86,6 +86,26 @@ def section_verdict(r: dict[str, Any]) -> str:
             + table(["status", "check", "group", "reason", "numbers"], rows, raw=True) + "</section>")
 
 
+def checkpoint_text(h: dict[str, Any]) -> str:
+    """Which checkpoint the held-out comparison judges and why, and the run's best one by held-out accuracy."""
+    c = h.get("checkpoint")
+    if not c:
+        return ""
+    text = f"Checkpoint judged: {c['judged']}, {c['why']}. "
+    b = c["best"]
+    if b is None:
+        return text + ("No best checkpoint was kept: it is chosen only when training evaluates held-out problems "
+                       "periodically (eval.every_steps > 0).")
+    rule = (f"{b.get('rule', 'highest held-out accuracy; a tie keeps the earlier step')} (checkpoints/best.json). "
+            f"Training reward then: {fmt(b.get('training_reward'))}")
+    if c["is_best"]:
+        return text + f"It is the run's best checkpoint by held-out accuracy: {rule}."
+    value = acc(b | {"accuracy": b["value"]}) if b.get("ci_low") is not None and b.get("ci_high") is not None else fmt(b["value"])
+    return text + (f"The run's best checkpoint by held-out accuracy is step-{b['step']}, {value} "
+                   f"on {b.get('num_problems')} problems: {rule}. To judge it, evaluate RUN:best "
+                   f"(grpolab eval BASE RUN:best --out RUN/eval/base_vs_trained.json) and build the report again.")
+
+
 def section_heldout(r: dict[str, Any]) -> str:
     h = r["heldout"]
     out = ['<section id="heldout"><h2>Held-out comparison</h2>']
@@ -95,6 +115,8 @@ def section_heldout(r: dict[str, Any]) -> str:
     out.append(f'<p class="note">Source: {esc(h["source"])}; task {esc(h.get("task") or "training task")}, split '
                f'{esc(h.get("split") or "—")}, n = {esc(fmt(h.get("n")))}. Greedy decoding, math-verify scoring, 95% '
                'bootstrap intervals; differences are paired over the same problems unless marked.</p>')
+    if h.get("checkpoint"):
+        out.append(f'<p id="checkpoint-judged">{esc(checkpoint_text(h))}</p>')
     cost = lambda b: budget_cells(b.get("budget"))  # noqa: E731  (grpolab.baselines.sft_bon: wall, memory, completions, steps)
     rows = [(h["base"]["label"], acc(h["base"]), h["base"].get("n"), diff(h["diff"]) + "  (trained - base)", *cost(h["base"]))]
     rows.append((h["trained"]["label"], acc(h["trained"]), h["trained"].get("n"), "—", *cost(h["trained"])))
@@ -295,7 +317,8 @@ def render_markdown(r: dict[str, Any]) -> str:
     lines += ["", "## Held-out comparison", ""]
     if h:
         cost = lambda b: " | ".join(budget_cells(b.get("budget")))  # noqa: E731  (grpolab.baselines.sft_bon)
-        lines += [f"Source: {h['source']}", "", f"| model | accuracy [95% CI] | difference [95% CI] | {' | '.join(BUDGET_COLUMNS)} |",
+        lines += [f"Source: {h['source']}", "", *([checkpoint_text(h), ""] if h.get("checkpoint") else []),
+                  f"| model | accuracy [95% CI] | difference [95% CI] | {' | '.join(BUDGET_COLUMNS)} |",
                   "|---|---|---|---|---|---|---|",
                   f"| {h['base']['label']} | {acc(h['base'])} | {diff(h['diff'])} (trained - base) | {cost(h['base'])} |",
                   f"| {h['trained']['label']} | {acc(h['trained'])} | | {cost(h['trained'])} |"]
