@@ -21,34 +21,36 @@ from __future__ import annotations
 
 import hashlib
 import random
+import re
 
 from ..rewards.math import correctness_reward
 from ..tasks.base import PROMPT_INSTRUCTION, Problem
 from .env import AgentEnv, register_environment
-from .tools import CALCULATOR
+from .tools import CALCULATOR, calculate
 
-# (level, text, answer) -- a, b, c drawn per template; level 0 = small numbers (difficulty 1)
+# (level, text, expression) -- a, b, c drawn per template; level 0 = small numbers (difficulty 1); the gold
+# answer is the calculator's value of the expression, which is also the expert's tool call
 SMALL = [
-    (0, "What is {a} + {b}?", lambda a, b, c: a + b),
-    (0, "What is {a} - {b}?", lambda a, b, c: a - b),
-    (0, "Sam has {a} marbles and finds {b} more. How many marbles does Sam have now?", lambda a, b, c: a + b),
-    (0, "A bag has {a} sweets. Mia eats {b} of them. How many sweets are left?", lambda a, b, c: a - b),
+    (0, "What is {a} + {b}?", "{a} + {b}"),
+    (0, "What is {a} - {b}?", "{a} - {b}"),
+    (0, "Sam has {a} marbles and finds {b} more. How many marbles does Sam have now?", "{a} + {b}"),
+    (0, "A bag has {a} sweets. Mia eats {b} of them. How many sweets are left?", "{a} - {b}"),
 ]
 TEMPLATES = SMALL + [
     (1, "A farmer plants {a} rows of trees with {b} trees in each row. How many trees does he plant?",
-     lambda a, b, c: a * b),
-    (1, "A box holds {a} pencils. How many pencils are in {b} boxes?", lambda a, b, c: a * b),
+     "{a} * {b}"),
+    (1, "A box holds {a} pencils. How many pencils are in {b} boxes?", "{a} * {b}"),
     (1, "A library has {a} books on the first floor and {c} books on the second floor. How many books are there "
-        "in total?", lambda a, b, c: a + c),
-    (1, "A train travels {a} kilometres every hour. How far does it travel in {b} hours?", lambda a, b, c: a * b),
+        "in total?", "{a} + {c}"),
+    (1, "A train travels {a} kilometres every hour. How far does it travel in {b} hours?", "{a} * {b}"),
     (2, "A shop has {a} boxes with {b} apples in each box. It sells {c} apples. How many apples are left?",
-     lambda a, b, c: a * b - c),
+     "{a} * {b} - {c}"),
     (2, "Tom buys {a} tickets at {b} dollars each and pays a {c} dollar fee. How much does he pay in total?",
-     lambda a, b, c: a * b + c),
+     "{a} * {b} + {c}"),
     (2, "A school has {a} classes of {b} students and {c} teachers. How many people are there in the school?",
-     lambda a, b, c: a * b + c),
+     "{a} * {b} + {c}"),
     (2, "A factory makes {a} cars a day for {b} days, and {c} of them fail the test. How many cars pass?",
-     lambda a, b, c: a * b - c),
+     "{a} * {b} - {c}"),
 ]
 TEST_SHARE = 0.2
 
@@ -68,7 +70,7 @@ def make_problems(split: str, n: int, seed: int, difficulty: int) -> list[Proble
     for _ in range(20 * n + 1000):
         if len(out) >= n:
             break
-        k, text, answer = templates[rng.randrange(len(templates))]
+        k, text, expression = templates[rng.randrange(len(templates))]
         if k == 0:
             a, b = sorted((rng.randint(2, 30), rng.randint(2, 30)), reverse=True)
             c = 0
@@ -79,8 +81,9 @@ def make_problems(split: str, n: int, seed: int, difficulty: int) -> list[Proble
             continue
         seen.add(question)
         uid = f"calc/{hashlib.sha256(question.encode()).hexdigest()[:12]}"
-        out.append(Problem(uid=uid, question=question, answer=str(answer(a, b, c)), slice=f"level={k}",
-                           data={"requires_tools": k > 0},
+        expr = expression.format(a=a, b=b, c=c)
+        out.append(Problem(uid=uid, question=question, answer=calculate(expr), slice=f"level={k}",
+                           data={"requires_tools": k > 0, "expression": expr, "expert_calls": int(k > 0)},
                            instruction=PROMPT_INSTRUCTION))
     return out
 
@@ -105,3 +108,13 @@ class CalcEnv(AgentEnv):
     @classmethod
     def problems(cls, split: str, n: int, seed: int, difficulty: int) -> list[Problem]:
         return make_problems(split, n, seed, difficulty)
+
+    @classmethod
+    def expert(cls, problem: Problem, turns: list[tuple[str, str]]) -> str:
+        """The scripted solver: difficulty 1 answers at once; otherwise one calculator call with the problem's
+        expression, then the answer read from the tool's result."""
+        calls = problem.data.get("expert_calls", 0)
+        if len(turns) < calls:
+            return f"<tool>calculator({problem.data['expression']})</tool>"
+        value = re.search(r"result: (-?\d+)", turns[-1][1]) if turns else None
+        return f"The answer is \\boxed{{{value.group(1) if value else problem.answer}}}."

@@ -10,6 +10,8 @@ An environment is a class; one instance plays one episode:
         def reward(self): ...                   -> float, read once when the episode ends
         @classmethod
         def problems(cls, split, n, seed, difficulty): ...  -> list[Problem], train and test disjoint
+        @classmethod
+        def expert(cls, problem, turns): ...    -> the scripted solver's next turn (optional; grpolab.agents.expert)
 
 A turn with a tool call (grpolab.agents.tools) is answered by the runner with the tool's result and never reaches
 ``step``. ``requires_tools`` says the task cannot be solved honestly without a tool (the report flags rewards
@@ -76,7 +78,7 @@ ENVIRONMENTS: dict[str, type] = {}  # built-in environments by name; each regist
 
 def register_environment(name: str):
     """Class decorator: make an AgentEnv subclass the built-in environment `name` (task.env: NAME). The built-ins
-    (calc, guess) register when grpolab.agents is imported; this module never imports them."""
+    (calc, guess, lookup) register when grpolab.agents is imported; this module never imports them."""
 
     def register(cls: type) -> type:
         ENVIRONMENTS[name] = cls

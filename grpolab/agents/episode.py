@@ -45,6 +45,9 @@ from .turns import EpisodeCache, decode_turn
 
 BOUNDS = ("max_turns", "max_turn_tokens", "max_total_tokens")
 ENDINGS = ("done", *BOUNDS, "invalid")
+# what a model turn was, as the runner answered it: a tool call that ran, a malformed call (no well-formed
+# name(argument), or an unknown tool), a call the tool refused (ToolError), or a turn for the environment's step
+TURN_KINDS = ("call", "malformed_call", "tool_error", "action")
 _SENTINEL = "\u2063GRPOLAB_TURN\u2063"
 
 
@@ -61,6 +64,7 @@ class EpisodeResult:
     model_tokens: int = 0
     final_text: str = ""
     requires_tools: bool = False
+    trace: list[dict] = field(default_factory=list)  # per answered turn: {"turn", "kind", "observation"} (TURN_KINDS)
 
     @property
     def invalid(self) -> bool:
@@ -244,14 +248,14 @@ class EpisodeRunner:
             ep.result.tool_calls += 1
             if call.error:
                 ep.result.tool_errors += 1
-                observation, role = f"Error: {call.error}", "tool_error"
+                observation, role, kind = f"Error: {call.error}", "tool_error", "malformed_call"
             else:
                 try:
                     observation = WORKER.call(ep.tool_keys[call.name], call.argument, ep.limits.time_limit_s)
-                    role = "tool"
+                    role, kind = "tool", "call"
                 except ToolError as exc:
                     ep.result.tool_errors += 1
-                    observation, role = f"Error: {exc}", "tool_error"
+                    observation, role, kind = f"Error: {exc}", "tool_error", "tool_error"
                 except ToolFailure as exc:
                     return self.fail(ep, f"tool {call.name}: {exc}")
             observation = f"{call.name or 'tool'} result: {observation}" if role == "tool" else observation
@@ -262,9 +266,10 @@ class EpisodeRunner:
                     raise TypeError(f"returned {out!r:.60}, expected (observation: str, done: bool)")
             except Exception as exc:  # noqa: BLE001
                 return self.fail(ep, f"step: {type(exc).__name__}: {exc}")
-            observation, done = out
-            if done:
-                return self.finish(ep, "done")
+            (observation, done), kind = out, "action"
+        ep.result.trace.append({"turn": ep.result.turns, "kind": kind, "observation": observation[:500]})
+        if call is None and done:
+            return self.finish(ep, "done")
         if last_turn:
             return self.finish(ep, "max_turns")
         delta = self.observation_ids(observation, getattr(ep.env, "observation_role", "user"), ended_with)

@@ -68,3 +68,12 @@ class GuessEnv(AgentEnv):
     @classmethod
     def problems(cls, split: str, n: int, seed: int, difficulty: int) -> list[Problem]:
         return make_problems(split, n, seed, difficulty)
+
+    @classmethod
+    def expert(cls, problem: Problem, turns: list[tuple[str, str]]) -> str:
+        """The scripted solver: binary search -- the middle of the range the replies so far leave (lower middle)."""
+        low, high = (int(x) for x in INTEGER.findall(problem.question)[:2])
+        for action, reply in turns:
+            guess = int(INTEGER.findall(action)[-1])
+            low, high = (guess + 1, high) if reply.startswith("Higher") else (low, guess - 1)
+        return str((low + high) // 2)
