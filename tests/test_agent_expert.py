@@ -10,10 +10,10 @@ import hashlib
 import pytest
 
 import grpolab.agents  # noqa: F401 -- registers the built-in environments
-from grpolab.agents.env import AgentTask
+from grpolab.agents.env import AgentTask, horizon_slice
 from grpolab.agents.episode import EpisodeRunner
 from grpolab.agents.expert import end_of_turn_id, expert_episode
-from grpolab.agents.lookup import chain, directory, horizon_slice, make_problems, open_box, split_of
+from grpolab.agents.lookup import chain, directory, make_problems, open_box, split_of
 from grpolab.agents.tools import ToolError
 from grpolab.models.load import load_causal_lm, load_tokenizer
 from grpolab.rollout.hf import eos_ids

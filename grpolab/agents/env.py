@@ -122,6 +122,12 @@ def load_env(ref: str, field: str = "task.env") -> type:
     return cls
 
 
+def horizon_slice(calls: int) -> str:
+    """The horizon slice of an instance an expert solves with `calls` tool calls (``problem.data["expert_calls"]``):
+    calls=0, calls=1, calls=2 or calls=3+ -- evaluation reports success per slice (grpolab.evaluation.episodes)."""
+    return f"calls={calls}" if calls < 3 else "calls=3+"
+
+
 def is_agent_problem(problem: Problem) -> bool:
     return problem.data.get("kind") == AGENT_KIND
 

@@ -92,11 +92,6 @@ OPEN = Tool("open", "open(label) shows what is inside the box with that label, e
             open_box)
 
 
-def horizon_slice(calls: int) -> str:
-    """The slice of an instance an expert solves with `calls` tool calls: calls=0, calls=1, calls=2 or calls=3+."""
-    return f"calls={calls}" if calls < 3 else "calls=3+"
-
-
 def make_problems(split: str, n: int, seed: int, difficulty: int) -> list[Problem]:
     """n distinct instances of `split`, hops cycling 1 .. difficulty + 2 (rules in the module docstring)."""
     rng = random.Random(f"lookup:{seed}:{split}:{difficulty}")
