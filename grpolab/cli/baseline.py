@@ -100,3 +100,30 @@ def dpo(
                   f"problems -> {p['pairs']} pairs ({p['problems_with_pairs']} problems), {s.steps} steps; loss "
                   f"{m['steps'][0]['loss']:.3f} -> {m['steps'][-1]['loss']:.3f} ({m['seconds']:.0f}s)", highlight=False)
     console.print(f"wrote {out}  (evaluate it with: grpolab eval BASE {out} --task {cfg.task.name} ...)", highlight=False)
+
+
+@baseline_app.command("agent-sft")
+def agent_sft(
+    out: Annotated[Path, typer.Option(help="new directory for the fine-tuned HF checkpoint (a GRPO run's model.name)")],
+    model: Annotated[str, typer.Option(help="base model")] = "bundled:smollm2-135m-instruct",
+    task_option: Annotated[list[str], typer.Option("--task-option", help="agent task option KEY=VALUE (env=... "
+                                                   "required; the bounds as in the GRPO config)")] = [],
+    steps: Annotated[int, typer.Option(help="optimizer steps")] = 60,
+    batch_size: int = 8, lr: float = 5e-5, seed: int = 0,
+    limit: Annotated[int, typer.Option(help="use the first N training states (0 = all num_train)")] = 0,
+    precision: Annotated[str, typer.Option(help="fp32, bf16 or auto (measured, as train.precision)")] = "fp32",
+) -> None:
+    """Supervised warm start of an agent task: fine-tune on the environment's expert episodes (training states
+    only), the loss on the expert's tokens only (the episode loss mask); grpolab.baselines.agent_sft."""
+    from ..baselines.agent_sft import AgentSFTSettings, run_agent_sft
+    from ..config import parse_option
+
+    options = dict(parse_option(o) for o in task_option)
+    if "env" not in options:
+        raise GrpolabError("baseline agent-sft: give the environment, e.g. --task-option env=lookup")
+    s = AgentSFTSettings(steps=steps, batch_size=batch_size, lr=lr, seed=seed, precision=precision)
+    m = run_agent_sft(model, options, s, out, limit=limit)
+    console.print(f"{m['method']}: {m['num_examples']} expert episodes ({m['unsolved_by_expert']} unsolved left out) "
+                  f"from {m['num_problems']} training states, {steps} steps, loss {m['loss_before']:.3f} -> "
+                  f"{m['loss_after']:.3f} ({m['seconds']:.0f}s)", highlight=False)
+    console.print(f"wrote {out}  (train from it: grpolab train CONFIG --set model.name={out})", highlight=False)
