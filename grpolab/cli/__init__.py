@@ -1,6 +1,6 @@
 """The `grpolab` command. One module per verb group, each registering on the shared app (grpolab/cli/app.py):
-train.py (train), evaluate.py (eval, compare, baseline), report.py (report), export.py (export), manifest.py
-(manifest diff, models), score.py (score).
+train.py (train), evaluate.py (eval, compare, baseline), report.py (report), export.py (export), release.py (release),
+manifest.py (manifest diff, models), score.py (score).
 
 The CLI is a thin layer over the same functions the Python API (grpolab.api) calls; neither imports the other,
 and nothing below the CLI imports it (contracts in pyproject.toml).
@@ -15,7 +15,7 @@ import click
 from ..errors import GrpolabError
 from ..sandbox.errors import SandboxError
 from ..training.faults import TrainingInterrupted
-from . import train, evaluate, baseline, report, export, manifest, score, rm  # noqa: F401, I001  (register the verbs on `app`, in help order)
+from . import train, evaluate, baseline, report, export, release, manifest, score, rm  # noqa: F401, I001  (register the verbs on `app`, in help order)
 from .app import app, console, err_console
 
 __all__ = ["app", "console", "main"]

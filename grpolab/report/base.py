@@ -80,6 +80,7 @@ class Thresholds:
     code_syntax_rise: float = _t(0.1, "late - early share of programs that do not parse: WARN at or above")
     code_gap_warn: float = _t(0.1, "growth of (shown-test pass rate - hidden-test pass rate): WARN at or above")
     rm_heldout_min: float = _t(0.0, "reward-model score rose (95% interval above 0) while the held-out gain's interval lies at or below this: FAIL")
+    serving_divergence_warn: float = _t(0.1, "share of held-out completions the served bundle answers differently from grpolab's evaluation (token by token): WARN above, while the metric holds")
 
     def replace(self, overrides: dict[str, float]) -> "Thresholds":
         known = {f.name: f.type for f in fields(self)}

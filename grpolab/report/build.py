@@ -21,6 +21,7 @@ from .diversity import DiversitySettings, run_diversity
 from .gates import (check_capability, check_diversity, check_improvement, check_reproducibility, check_safety,
                     order_checks, verdict)
 from .reward_model import defer_reward_vs_heldout, reward_model_checks, rm_evidence
+from .serving import load_release_evidence, release_checks
 
 
 @dataclass
@@ -142,7 +143,8 @@ def run_evidence(ev: RunEvidence, opts: ReportOptions, log: Callable[[str], None
     safety, safety_note = safety_evidence(ev, opts, log)
     diversity, diversity_note = diversity_evidence(ev, opts, log)
     return {"heldout": heldout_comparison(ev), "capability": capability_comparisons(ev), "safety": safety,
-            "safety_note": safety_note, "diversity": diversity, "diversity_note": diversity_note}
+            "safety_note": safety_note, "diversity": diversity, "diversity_note": diversity_note,
+            "release": load_release_evidence(ev.run_dir)}  # RUN/release/*.json of `grpolab release` (report/serving.py)
 
 
 def all_checks(metrics: list[dict[str, Any]], samples: list[dict[str, Any]], config: dict[str, Any],
@@ -156,6 +158,7 @@ def all_checks(metrics: list[dict[str, Any]], samples: list[dict[str, Any]], con
     checks += [check_improvement(heldout, t), check_capability(e["capability"], t),
                check_diversity(e["diversity"], e["diversity_note"], t), check_safety(e["safety"], t),
                max((check_reproducibility(m) for m in manifests), key=lambda c: SEVERITY[c.status])]
+    checks += release_checks(e.get("release"), t)  # N/A until `grpolab release` ran (a set of runs: N/A)
     return order_checks(checks)
 
 

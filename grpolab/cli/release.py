@@ -1,0 +1,54 @@
+"""`grpolab release`: a run's release bundle, served by plain transformers in another process and compared with the
+evaluation (serving_consistency), and its rollback target checked (rollback_ready) -- grpolab.serving."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from .app import app, console
+
+
+@app.command()
+def release(
+    source: Annotated[Path, typer.Argument(help="run directory (bundles its evaluated checkpoint), or an existing bundle to check again")],
+    out: Annotated[Optional[Path], typer.Option("--out", help="bundle directory to write (default RUN_DIR/release/bundle)")] = None,
+    dtype: Annotated[Optional[str], typer.Option("--dtype", help="float32 or bfloat16 weights (default: the precision the held-out evaluation ran in)")] = None,
+    n: Annotated[int, typer.Option("--n", help="held-out problems the serving check answers (0: all the evaluation had)")] = 0,
+    rollback_to: Annotated[Optional[Path], typer.Option("--rollback-to", help="previous release bundle to roll back to (default: the run's base model)")] = None,
+    rollback_n: Annotated[int, typer.Option("--rollback-n", help="held-out problems the rollback target answers again")] = 32,
+    skip_checks: Annotated[bool, typer.Option("--skip-checks", help="write the bundle only (the report's serving checks stay N/A)")] = False,
+    gguf: Annotated[bool, typer.Option("--gguf", help="also write model.gguf and check it served by llama.cpp (needs llama-cpp-python)")] = False,
+    threshold: Annotated[Optional[list[str]], typer.Option("--threshold", help="NAME=VALUE, e.g. serving_divergence_warn=0.2")] = None,
+) -> None:
+    """Write the release bundle (weights with a LoRA merged, tokenizer, the run's chat template, a generation config
+    with the run's end ids and sampling settings, release.json) and check it: served by plain transformers with no
+    grpolab code, against grpolab's evaluation of the checkpoint; and the rollback target served and compared with
+    its recorded score. Results: RUN_DIR/release/serving.json and rollback.json, read by `grpolab report`."""
+    from ..report.base import parse_thresholds
+    from ..report.serving import check_rollback_ready, check_serving_consistency
+    from ..serving.bundle import RELEASE_FILE, read_release, write_release
+    from ..serving.check import run_rollback_check, run_serving_check
+
+    log = lambda s: console.print(s, highlight=False, soft_wrap=True)  # noqa: E731
+    if (source / RELEASE_FILE).is_file():
+        bundle = source
+    else:
+        bundle = write_release(source, out or source / "release" / "bundle", dtype)
+        log(f"wrote the release bundle {bundle}")
+    run_dir = Path(read_release(bundle)["source_run"])
+    if gguf:
+        from ..serving.gguf import run_gguf_check
+
+        g = run_gguf_check(bundle, n, log)
+        log(f"gguf: {g['identical_share']:.0%} of {g['n']} completions identical to the evaluation, accuracy "
+            f"{g['metric']['evaluated']:.3f} -> {g['metric']['served']:.3f} ({g['gguf']})")
+    if skip_checks:
+        return
+    t = parse_thresholds(threshold or [])
+    serving = check_serving_consistency(run_serving_check(bundle, n, log=log), t)
+    rollback = check_rollback_ready(run_rollback_check(run_dir, str(rollback_to) if rollback_to else None, rollback_n, log=log), t)
+    for c in (serving, rollback):
+        log(f"{c.status} {c.name}: {c.reason}")

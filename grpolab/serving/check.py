@@ -1,0 +1,245 @@
+"""The serving check and the rollback check: a model directory served by plain transformers in its own process
+(serve_hf.py, no grpolab code), compared with grpolab's own measurements. Results go to RUN/release/serving.json
+and RUN/release/rollback.json, which the report grades (grpolab.report.serving).
+
+Serving (run_serving_check): grpolab evaluates the bundled checkpoint again on the held-out problems the release
+was measured on (greedy, the evaluation's dtype and max_new_tokens, its stop rule), and scores its answers' tokens
+by teacher forcing; the served stack answers the same problems greedily and scores grpolab's tokens too. Measured:
+the prompts each side built (template and tokenizer), the end ids, the weights against the evaluated model cast
+to the bundle's precision, identical completions, first divergence, mean |delta logprob| per token
+(grpolab.serving.compare), and the accuracy of the served answers minus grpolab's, paired bootstrap over problems.
+
+Rollback (run_rollback_check): the rollback target -- the run's base model or a previous release bundle -- has its
+weights hashed against the hash recorded when it was measured, is served by the same stack on a sample of the
+problems it was measured on, and its served accuracy is compared, paired, with its recorded answers' scores.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from ..errors import GrpolabError
+from ..evaluation.heldout import load_eval_problems, score_item, stop_rule_for
+from ..evaluation.result import Completion
+from ..evaluation.scoring import paired_bootstrap_diff
+from ..manifest import hash_model_dir, read_manifest, write_json_atomic
+from ..tasks import render_prompt
+from ..tasks.base import Problem
+from ..tasks.code import is_code_problem
+from ..tasks.prompting import prompt_ids
+from .bundle import HELDOUT_FILE, RELEASE_FILE, held_out_eval, heldout_record, read_release
+from .compare import divergence_summary, mean_abs_logprob_diff
+
+SERVE_SCRIPT = Path(__file__).with_name("serve_hf.py")
+SERVING_FILE, ROLLBACK_FILE = "serving.json", "rollback.json"
+Log = Callable[[str], None]
+
+
+def release_dir(run_dir: Path) -> Path:
+    return Path(run_dir) / "release"
+
+
+def serve_with_transformers(model_dir: Path, requests: list[dict[str, Any]], max_new_tokens: int,
+                            threads: int = 0, timeout_s: float = 3600) -> dict[str, Any]:
+    """Run serve_hf.py on `model_dir` in a separate, isolated interpreter (``python -I``: no PYTHONPATH, no user
+    site, not the script's or the working directory; run from an empty temporary directory; grpolab imports
+    refused by the script itself) and return what it wrote."""
+    with tempfile.TemporaryDirectory(prefix="grpolab-serve-") as tmp:
+        req, out = Path(tmp) / "requests.json", Path(tmp) / "served.json"
+        req.write_text(json.dumps(requests), encoding="utf-8")
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+        cmd = [sys.executable, "-I", str(SERVE_SCRIPT), "--model", str(Path(model_dir).resolve()), "--requests",
+               str(req), "--out", str(out), "--max-new-tokens", str(max_new_tokens), "--threads", str(threads)]
+        proc = subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True, timeout=timeout_s)
+        if proc.returncode != 0:
+            tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+            raise GrpolabError(f"serving {model_dir} with plain transformers failed (exit {proc.returncode}): "
+                               + " | ".join(tail))
+        return json.loads(out.read_text(encoding="utf-8"))
+
+
+def _requests(problems: list[Problem], references: list[list[int]] | None = None) -> list[dict[str, Any]]:
+    return [{"uid": p.uid, "messages": [{"role": "user", "content": render_prompt(p)}],
+             **({"reference_ids": references[i]} if references else {})} for i, p in enumerate(problems)]
+
+
+def _score(problems: list[Problem], texts: list[str], lengths: list[int], truncated: list[bool], task: str) -> list[float]:
+    """Held-out accuracy of each answer, scored as grpolab's evaluation scores it (math-verify; code in the sandbox)."""
+    from ..evaluation.heldout import score_code_item
+    from ..evaluation.scoring import code_passes, held_out_job
+
+    done = [Completion(t, n, c) for t, n, c in zip(texts, lengths, truncated)]
+    if problems and all(is_code_problem(p) for p in problems):
+        verdicts = code_passes([[held_out_job(c.text, p)] for p, c in zip(problems, done)])
+        return [score_code_item(p, c, [], v)["scores"]["accuracy"] for p, c, v in zip(problems, done, verdicts)]
+    return [score_item(p, c, [], task)["scores"]["accuracy"] for p, c in zip(problems, done)]
+
+
+def _paired(reference: list[float], other: list[float]) -> dict[str, float]:
+    mean, lo, hi = paired_bootstrap_diff(reference, other)
+    return {"mean": mean, "ci_low": lo, "ci_high": hi}
+
+
+def grpolab_side(ckpt: Path, problems: list[Problem], max_new_tokens: int, dtype: str, batch_size: int) -> dict[str, Any]:
+    """grpolab's evaluation of the checkpoint: prompts, greedy completion ids (stop token included), texts,
+    truncation, the teacher-forced logprob of each completion token, the stop ids, and the model itself."""
+    import torch
+
+    from ..models.load import DTYPES, load_causal_lm, load_tokenizer
+    from ..rollout.base import SamplingParams
+    from ..rollout.hf import HFEngine
+
+    tokenizer = load_tokenizer(str(ckpt))
+    model = load_causal_lm(str(ckpt), dtype).eval()
+    engine = HFEngine(model, tokenizer, DTYPES[dtype])
+    params = SamplingParams(group_size=1, max_new_tokens=max_new_tokens, greedy=True, stop_rule=stop_rule_for(problems))
+    prompts = [prompt_ids(tokenizer, p) for p in problems]
+    ids, texts, truncated = [], [], []
+    for i in range(0, len(problems), batch_size):
+        r = engine.generate(prompts[i : i + batch_size], params)
+        for row, m in zip(r.completion_ids, r.completion_mask):
+            ids.append(row[: int(m.sum())].tolist())
+        texts += r.texts
+        truncated += r.truncated.tolist()
+    logprobs = []
+    with torch.no_grad():
+        for prompt, completion in zip(prompts, ids):
+            full = torch.tensor([prompt + completion], dtype=torch.long)
+            logits = model(input_ids=full).logits[0, len(prompt) - 1 : -1].float()
+            logprobs.append(torch.log_softmax(logits, -1).gather(-1, torch.tensor(completion).view(-1, 1)).view(-1).tolist())
+    return {"prompts": prompts, "ids": ids, "texts": texts, "truncated": truncated, "logprobs": logprobs,
+            "stop_ids": list(engine.stop_ids), "model": model, "tokenizer": tokenizer}
+
+
+def weights_against(model, bundle: Path) -> dict[str, Any]:
+    """Compare every tensor of the bundle's weight files with the evaluated model's tensor of the same name cast to
+    the bundle's dtype: how many are bitwise equal, the largest |difference|, names only one side has."""
+    import torch
+    from safetensors.torch import load_file
+
+    ours = model.state_dict()
+    equal, total, worst, missing = 0, 0, 0.0, []
+    for f in sorted(Path(bundle).glob("*.safetensors")):
+        for name, t in load_file(str(f)).items():
+            total += 1
+            if name not in ours:
+                missing.append(name)
+                continue
+            cast = ours[name].to(t.dtype)
+            if cast.shape == t.shape and torch.equal(cast, t):
+                equal += 1
+            else:
+                diff = (cast.float() - t.float()).abs().max().item() if cast.shape == t.shape else float("inf")
+                worst = max(worst, diff)
+    return {"tensors": total, "identical": equal, "max_abs_diff": worst, "only_in_bundle": missing[:5]}
+
+
+def run_serving_check(bundle: Path, n: int = 0, batch_size: int = 16, threads: int = 0, log: Log = lambda s: None) -> dict[str, Any]:
+    """Serve `bundle` with plain transformers, compare with grpolab's evaluation of the checkpoint on the first n
+    held-out problems (0: all the evaluation had); write SOURCE_RUN/release/serving.json and return it."""
+    bundle = Path(bundle)
+    release = read_release(bundle)
+    run_dir, ckpt = Path(release["source_run"]), Path(release["checkpoint"])
+    held = release["held_out"]
+    problems = load_eval_problems(held["task"], held["task_options"], held["split"], n or held["n"] or 0)
+    start = time.perf_counter()
+    log(f"serving check: grpolab evaluates {ckpt} on {len(problems)} held-out problems ({held['dtype']})")
+    ours = grpolab_side(ckpt, problems, held["max_new_tokens"], held["dtype"], batch_size)
+    weights = weights_against(ours.pop("model"), bundle)
+    log("serving check: plain transformers serves the bundle in a separate process")
+    served = serve_with_transformers(bundle, _requests(problems, ours["ids"]), held["max_new_tokens"], threads)
+    rows = served["rows"]
+    task = held["task"]
+    ref_scores = _score(problems, ours["texts"], [len(i) for i in ours["ids"]], ours["truncated"], task)
+    served_scores = _score(problems, [r["text"] for r in rows], [len(r["completion_ids"]) for r in rows],
+                           [not r["stopped"] for r in rows], task)
+    divergence = divergence_summary(ours["ids"], [r["completion_ids"] for r in rows])
+    result = {
+        "grpolab_serving": 1, "stack": "transformers", "bundle": str(bundle.resolve()), "source_run": str(run_dir),
+        "checkpoint": str(ckpt), "release_weights": release["hashes"]["weights"], "n": len(problems), "task": task,
+        "served": {k: served[k] for k in ("stack", "dtype", "eos_token_id", "chat_template_sha256", "load_s", "answer_s")},
+        "precision": {"bundle": served["dtype"], "evaluated": held["dtype"]},
+        "chat_template": {"run": (read_manifest(run_dir).get("hashes") or {}).get("chat_template"),
+                          "served": served["chat_template_sha256"]},
+        "prompts_identical": sum(p == r["prompt_ids"] for p, r in zip(ours["prompts"], rows)) / len(rows),
+        "stop_ids": {"run": sorted(ours["stop_ids"]), "served": served["eos_token_id"]},
+        "stop_rule": release.get("stop_rule", "none"), "weights": weights,
+        "identical_share": divergence["identical_share"], "first_divergence": divergence["first_divergence"],
+        "logprob_diff": mean_abs_logprob_diff(ours["logprobs"], [r["reference_logprobs"] for r in rows]),
+        "truncated": {"evaluated": sum(ours["truncated"]) / len(rows), "served": sum(not r["stopped"] for r in rows) / len(rows)},
+        "metric": {"name": "accuracy", "evaluated": sum(ref_scores) / len(rows), "served": sum(served_scores) / len(rows),
+                   "diff": _paired(ref_scores, served_scores)},
+        "examples": [{"uid": problems[i].uid, "evaluated": ours["texts"][i], "served": rows[i]["text"]}
+                     for i in divergence["diverged"][:3]],
+        "seconds": time.perf_counter() - start,
+    }
+    release_dir(run_dir).mkdir(parents=True, exist_ok=True)
+    write_json_atomic(release_dir(run_dir) / SERVING_FILE, result)
+    return result
+
+
+def rollback_target(run_dir: Path, target: str | None) -> dict[str, Any]:
+    """Name, directory, recorded weight hash and recorded held-out answers of the rollback target: a previous
+    release bundle (a directory with release.json), or the run's base model (its row of the held-out evaluation)."""
+    from ..models.load import resolve_model_path
+
+    if target:
+        release = read_release(Path(target))
+        heldout = json.loads((Path(target) / HELDOUT_FILE).read_text(encoding="utf-8"))
+        return {"kind": "release bundle", "name": str(Path(target).resolve()), "path": str(Path(target).resolve()),
+                "recorded_weights": release["hashes"]["weights"], "record": heldout}
+    manifest = read_manifest(run_dir)
+    config = manifest.get("config") or {}
+    file, data, base_row, _ = held_out_eval(run_dir, (config.get("task") or {}).get("name", ""))
+    name = (config.get("model") or {}).get("name") or base_row["model"]
+    return {"kind": "base model", "name": name, "path": resolve_model_path(name),
+            "recorded_weights": (manifest.get("hashes") or {}).get("model_weights"),
+            "record": heldout_record(file, data, base_row, name)}
+
+
+def run_rollback_check(run_dir: Path, target: str | None = None, n: int = 32, threads: int = 0,
+                       log: Log = lambda s: None) -> dict[str, Any]:
+    """Check that the rollback target is what it was (weight hash), loads in the serving stack and reproduces its
+    recorded held-out score on the first n problems it was measured on; write RUN/release/rollback.json."""
+    run_dir = Path(run_dir)
+    t = rollback_target(run_dir, target)
+    record = t["record"]
+    start = time.perf_counter()
+    weights_now = hash_model_dir(t["path"])["weights"]
+    recorded = {it["uid"]: it for it in record["items"]}
+    problems = [p for p in load_eval_problems(record["task"], record["task_options"], record["split"], 0)
+                if p.uid in recorded][: n or None]
+    result: dict[str, Any] = {
+        "grpolab_rollback": 1, "kind": t["kind"], "target": t["name"], "path": t["path"],
+        "weights": {"recorded": t["recorded_weights"], "now": weights_now}, "n": len(problems),
+        "recorded": {k: record[k] for k in ("source", "accuracy", "ci_low", "ci_high", "n", "max_new_tokens", "dtype")},
+        "command": f"transformers serve {t['path']}",
+    }
+    log(f"rollback check: serving the {t['kind']} {t['name']} on {len(problems)} of its held-out problems")
+    try:
+        served = serve_with_transformers(Path(t["path"]), _requests(problems), record["max_new_tokens"], threads)
+    except GrpolabError as e:
+        result.update({"loads": False, "error": str(e), "seconds": time.perf_counter() - start})
+    else:
+        rows = served["rows"]
+        scores = _score(problems, [r["text"] for r in rows], [len(r["completion_ids"]) for r in rows],
+                        [not r["stopped"] for r in rows], record["task"])
+        before = [recorded[p.uid]["accuracy"] for p in problems]
+        result.update({"loads": True, "dtype": served["dtype"], "served_accuracy": sum(scores) / len(scores),
+                       "recorded_accuracy_on_sample": sum(before) / len(before), "diff": _paired(before, scores),
+                       "identical_answers": sum(r["text"] == recorded[p.uid]["completion"] for p, r in zip(problems, rows)) / len(rows),
+                       "seconds": time.perf_counter() - start})
+    release_dir(run_dir).mkdir(parents=True, exist_ok=True)
+    write_json_atomic(release_dir(run_dir) / ROLLBACK_FILE, result)
+    return result
+
+
+__all__ = ["RELEASE_FILE", "ROLLBACK_FILE", "SERVING_FILE", "release_dir", "run_rollback_check", "run_serving_check",
+           "serve_with_transformers"]
