@@ -20,7 +20,6 @@ def release(
     rollback_to: Annotated[Optional[Path], typer.Option("--rollback-to", help="previous release bundle to roll back to (default: the run's base model)")] = None,
     rollback_n: Annotated[int, typer.Option("--rollback-n", help="held-out problems the rollback target answers again")] = 32,
     skip_checks: Annotated[bool, typer.Option("--skip-checks", help="write the bundle only (the report's serving checks stay N/A)")] = False,
-    gguf: Annotated[bool, typer.Option("--gguf", help="also write model.gguf and check it served by llama.cpp (needs llama-cpp-python)")] = False,
     threshold: Annotated[Optional[list[str]], typer.Option("--threshold", help="NAME=VALUE, e.g. serving_divergence_warn=0.2")] = None,
 ) -> None:
     """Write the release bundle (weights with a LoRA merged, tokenizer, the run's chat template, a generation config
@@ -39,12 +38,6 @@ def release(
         bundle = write_release(source, out or source / "release" / "bundle", dtype)
         log(f"wrote the release bundle {bundle}")
     run_dir = Path(read_release(bundle)["source_run"])
-    if gguf:
-        from ..serving.gguf import run_gguf_check
-
-        g = run_gguf_check(bundle, n, log)
-        log(f"gguf: {g['identical_share']:.0%} of {g['n']} completions identical to the evaluation, accuracy "
-            f"{g['metric']['evaluated']:.3f} -> {g['metric']['served']:.3f} ({g['gguf']})")
     if skip_checks:
         return
     t = parse_thresholds(threshold or [])
