@@ -20,6 +20,7 @@ from .baselines import ppo_card
 from .config import Config
 from .training.precision import card_entry, unresolved
 from .rewards import stop_rule
+from .rewards.judge import judge_card
 from .rewards.model import reward_model_card
 
 PEER_VERSIONS = {"trl": "1.16.0", "verl": "0.9.1", "openrlhf": "0.11.2"}
@@ -370,6 +371,7 @@ def objective_card(cfg: Config, precision: dict[str, Any] | None = None) -> dict
         "equivalents": equivalents(cfg),
         **code_extraction(cfg),
         **reward_model_card(cfg),  # the learned reward's model: hashes, template, normalisation (rewards/model.py)
+        **judge_card(cfg),  # the LLM judge: identity, rubric sha256, parse rule (rewards/judge.py)
     }
 
 

@@ -62,12 +62,35 @@ class RewardModelConfig:
 
 
 @dataclass(frozen=True)
+class JudgeConfig:
+    """The `judge` reward's LLM judge (grpolab/rewards/judge.py; docs/judges.md)."""
+
+    model: str = ""  # local: hub id, local directory or bundled: alias; with endpoint: the served model's name
+    endpoint: str = ""  # OpenAI-compatible base URL (e.g. http://127.0.0.1:8000/v1); "" = run the model locally
+    api_key_env: str = ""  # environment variable holding the endpoint's API key ("" = none sent)
+    rubric: str = ""  # rubric template file: {question}, {answer} (group: {answers}), optional {reference}
+    parse: Literal["tag", "json", "yes_no"] = "tag"  # <score>N</score> | JSON {"score": N} | P(yes) (local only)
+    mode: Literal["pointwise", "group"] = "pointwise"  # each answer alone | the G answers of a prompt together
+    min_score: float = 0.0  # the rubric's scale: reward = (score - min_score) / (max_score - min_score)
+    max_score: float = 10.0
+    min_yes_no_mass: float = 0.5  # yes_no: P(yes) + P(no) below this = the judge did not answer yes/no (invalid)
+    temperature: float = 0.0  # endpoint sampling (a local judge decodes greedily)
+    max_new_tokens: int = 64  # the judge's reply (tag / json)
+    dtype: Literal["float32", "bfloat16"] = "float32"  # a local judge's weights
+    batch_size: int = 8  # local: prompts per forward pass; endpoint: requests in flight
+    time_limit_s: float = 30.0  # endpoint: one judgement, its retries included
+    retries: int = 3  # endpoint: retries of 408 / 429 / 5xx / connection errors (Retry-After honoured)
+    cache: str = "auto"  # auto (grpolab cache dir) | off | a file path (SQLite)
+
+
+@dataclass(frozen=True)
 class RewardConfig:
     weights: dict = field(default_factory=lambda: {"correct": 1.0, "format": 0.1})
     functions: dict = field(default_factory=dict)  # your own: {name: "path/file.py:fn" | "pkg.mod:fn"} (rewards/user.py)
     time_limit_s: float = 5.0  # per call of each of your functions (the built-ins have their own)
     sandbox: dict = field(default_factory=dict)  # limits of the code rewards' sandbox (grpolab/sandbox/limits.py)
     model: RewardModelConfig = RewardModelConfig()  # the learned reward `model` (weights: {model: 1.0})
+    judge: JudgeConfig = JudgeConfig()  # the LLM judge `judge` (weights: {judge: 1.0})
 
 
 @dataclass(frozen=True)
@@ -409,6 +432,14 @@ _RANGES: list[tuple[str, Any, str]] = [
     ("reward.time_limit_s", lambda v: v > 0, "a number > 0 (seconds)"),
     ("reward.model.batch_size", lambda v: v >= 1, "an integer >= 1"),
     ("reward.model.max_length", lambda v: v >= 8, "an integer >= 8 (tokens)"),
+    ("reward.judge.batch_size", lambda v: v >= 1, "an integer >= 1"),
+    ("reward.judge.max_new_tokens", lambda v: v >= 1, "an integer >= 1"),
+    ("reward.judge.time_limit_s", lambda v: v > 0, "a number > 0 (seconds)"),
+    ("reward.judge.retries", lambda v: 0 <= v <= 20, "an integer in [0, 20]"),
+    ("reward.judge.temperature", lambda v: v >= 0, "a number >= 0"),
+    ("reward.judge.min_yes_no_mass", lambda v: 0 <= v <= 1, "a number in [0, 1]"),
+    ("reward.judge.max_score", math.isfinite, "a finite number"),
+    ("reward.judge.min_score", math.isfinite, "a finite number"),
     ("train.steps", lambda v: v >= 1, "an integer >= 1"),
     ("train.prompts_per_step", lambda v: v >= 1, "an integer >= 1"),
     ("train.mu", lambda v: v >= 1, "an integer >= 1"),
@@ -464,6 +495,9 @@ def validate(cfg: Config) -> None:
         raise ConfigError(
             f"algorithm.overlong_buffer: expected < rollout.max_new_tokens ({cfg.rollout.max_new_tokens}), got {a.overlong_buffer}"
         )
+    j = cfg.reward.judge
+    if j.min_score >= j.max_score:
+        raise ConfigError(f"reward.judge.max_score: expected > reward.judge.min_score ({j.min_score:g}), got {j.max_score:g}")
     if a.is_c_min > a.is_c_max:
         raise ConfigError(f"algorithm.is_c_min: expected <= algorithm.is_c_max ({a.is_c_max}), got {a.is_c_min}")
     rollouts = cfg.train.prompts_per_step * cfg.rollout.group_size

@@ -21,7 +21,7 @@ background until it returns (or the process exits), so a reward that spins forev
 costing CPU. Rewards that can run away (untrusted code) belong in a sandboxed process, not here.
 
 Modules: spec (RewardSpec), math (answer rewards), code (sandboxed tests), model (a learned reward model),
-user (a user's functions), overlong (the soft length penalty). May import: config, errors, tasks, models, rollout,
+judge (an LLM judge: judge_local, judge_http), user (a user's functions), overlong (the soft length penalty). May import: config, errors, tasks, models, rollout,
 sandbox. Imported by: agents, training, baselines, report, card, runs, the CLI.
 """
 
@@ -176,7 +176,8 @@ class RewardSet:
 
     def __init__(self, weights: dict[str, float], functions: dict[str, str] | None = None, time_limit_s: float | None = 5.0,
                  sandbox: Mapping[str, Any] | None = None, callables: Mapping[str, Callable[..., Any]] | None = None,
-                 model: Any = None, device: Any = None):
+                 model: Any = None, device: Any = None, judge: Any = None):
+        from .judge import JUDGE_REWARD, judge_reward_spec
         from .model import MODEL_REWARD, model_reward_spec
         from .user import callable_label, check_reward_callable, load_reward_function
 
@@ -184,6 +185,8 @@ class RewardSet:
         self.specs = dict(REWARD_FUNCTIONS)
         if MODEL_REWARD in self.weights:  # a learned reward model (config reward.model) on the run's device
             self.specs[MODEL_REWARD] = model_reward_spec(model, device)
+        if JUDGE_REWARD in self.weights:  # an LLM judge (config reward.judge), local on the run's device or served
+            self.specs[JUDGE_REWARD] = judge_reward_spec(judge, device)
         try:
             limits = SandboxLimits.from_options(sandbox)  # checked even when no code reward is weighted
         except SandboxConfigError as e:
@@ -217,7 +220,7 @@ class RewardSet:
     def _check_name(self, field_path: str, name: Any) -> None:
         if not isinstance(name, str) or not name.strip():
             raise ConfigError(f"{field_path}: expected a non-empty string as the reward's name")
-        if name in REWARD_FUNCTIONS or name == "model":
+        if name in REWARD_FUNCTIONS or name in ("model", "judge"):
             raise ConfigError(f"{field_path}: {name!r} is a built-in reward; give your function another name")
         if name in self.user:
             raise ConfigError(f"{field_path}: {name!r} is already defined by {self.fields[name]}; use one of them")

@@ -144,7 +144,8 @@ class Trainer:
         seed_everything(cfg.train.seed)
         reproducibility.enable(cfg.train.deterministic)
         self.rewards = RewardSet(cfg.reward.weights, cfg.reward.functions, cfg.reward.time_limit_s,  # before any model
-                                 cfg.reward.sandbox, callables=rewards, model=cfg.reward.model, device=self.device)
+                                 cfg.reward.sandbox, callables=rewards, model=cfg.reward.model, device=self.device,
+                                 judge=cfg.reward.judge)
         self.train_problems, self.eval_problems, self.data_summary = problems or load_problems(cfg)
         self.rewards.probe(self.train_problems[0])  # a reward returning a non-number fails here, before any model
         self.model_path = resolve_model_path(cfg.model.name)
