@@ -20,6 +20,7 @@ from .evidence import (RunEvidence, baseline_comparisons, best_worst, capability
 from .diversity import DiversitySettings, run_diversity
 from .gates import (check_capability, check_diversity, check_improvement, check_reproducibility, check_safety,
                     order_checks, verdict)
+from .judge import judge_checks
 from .reward_model import defer_reward_vs_heldout, reward_model_checks, rm_evidence
 from .serving import load_release_evidence, release_checks
 
@@ -154,6 +155,7 @@ def all_checks(metrics: list[dict[str, Any]], samples: list[dict[str, Any]], con
     checks = training_checks(metrics, config, heldout, t) + code_checks(metrics, config, t)
     checks = defer_reward_vs_heldout(checks, config)  # unchanged without a learned reward (report/reward_model.py)
     checks += reward_model_checks(metrics, samples, config, heldout, t)  # none without a learned reward
+    checks += judge_checks(samples, config, t)  # none without an LLM judge (report/judge.py)
     checks += agent_checks(metrics, config, t)  # none for runs that are not agent runs (report/agent.py)
     checks += [check_improvement(heldout, t), check_capability(e["capability"], t),
                check_diversity(e["diversity"], e["diversity_note"], t), check_safety(e["safety"], t),
