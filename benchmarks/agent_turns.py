@@ -5,8 +5,8 @@ across turns (grpolab/agents/turns.py; docs/agents.md, "KV cache across turns").
     python benchmarks/agent_turns.py                      # bundled SmolLM2-135M-Instruct, float32, 2 x 8 episodes
     python benchmarks/agent_turns.py --repeats 5 --turns 1 2 4 --threads 2
 
-The episodes: the calc environment's prompt (tool instructions + a difficulty-3 word problem) and an environment
-that answers every turn without a tool call with a fixed observation of about 30 tokens and never ends the episode, so every episode
+The episodes: the calc environment's prompt (a difficulty-3 word problem; with --tools also the tool instructions)
+and an environment that answers every turn without a tool call with a fixed observation of about 30 tokens and never ends the episode, so every episode
 takes exactly max_turns turns unless a turn runs into max_turn_tokens. A turn ends at the model's end of turn or at
 its first sentence end (".", so turns stay short and many), seeded sampling at T = 1: both paths sample the same
 episodes (the script checks the tokens are equal). The two paths are timed alternately (re-read, cached, re-read,
@@ -42,8 +42,6 @@ OBSERVATION = ("calculator result: 7342. Keep going: check the numbers of the qu
 
 
 class Endless(AgentEnv):
-    tools = [CALCULATOR]  # the prompt carries the tool instructions, as an agent task's does
-
     def reset(self, problem: Problem, rng) -> str:
         return f"{problem.question}\n{problem.instruction}"
 
@@ -85,12 +83,15 @@ def main() -> None:
     ap.add_argument("--turns", type=int, nargs="+", default=[1, 2, 4])
     ap.add_argument("--turn-tokens", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--tools", action="store_true", help="offer the calculator: the prompt carries the tool "
+                    "instructions (about twice as long), as an agent task's does")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     path = resolve_model_path(args.model)
     model, tok = load_causal_lm(path, args.dtype), load_tokenizer(path)
     sentence_ends = [i for t, i in tok.get_vocab().items() if t.rstrip() in (".", "Ġ.")]
     stops = sorted(set(eos_ids(model, tok) + sentence_ends))
+    Endless.tools = [CALCULATOR] if args.tools else []
     episode_module.load_env = lambda ref: Endless  # the benchmark's environment, whatever the problem names
     calc = make_problems("test", args.problems, 0, 3)
     print(f"model {args.model} {args.dtype}, {args.threads} threads, {args.problems} x {args.group_size} episodes, "
