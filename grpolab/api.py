@@ -299,8 +299,9 @@ def release_report(run_dir: str | Path, baselines: Sequence[str] = (), threshold
            capability_max_new_tokens: int = 256, dtype: str = "float32", skip_diversity: bool = False,
            diversity_n: int | None = None, diversity_samples: int | None = None,
            log: Callable[[str], None] | None = None) -> Report:
-    """The release report of a run, as `grpolab report` (same defaults): writes report.html and report.md into the
-    run directory and returns the verdict, the checks and the paths. ``thresholds``: {name: value} overrides.
+    """The release report of a run (``"RUN:best"``: judged at its best checkpoint), as `grpolab report` (same defaults):
+    writes report.html and report.md into the run directory and returns the verdict, the checks and the paths.
+    ``thresholds``: {name: value} overrides.
     ``skip_diversity`` / ``diversity_n`` / ``diversity_samples``: the pass@k diversity check's switch, problems and
     samples per problem (grpolab.report.diversity; defaults as the CLI's)."""
     import dataclasses
@@ -315,7 +316,7 @@ def release_report(run_dir: str | Path, baselines: Sequence[str] = (), threshold
                          capability_options=dict(capability_options or {}),
                          capability_max_new_tokens=capability_max_new_tokens, skip_diversity=skip_diversity,
                          diversity=dataclasses.replace(DiversitySettings(), **{k: v for k, v in (
-                             ("n", diversity_n), ("samples", diversity_samples)) if v is not None}))
+                             ("n_problems", diversity_n), ("samples", diversity_samples)) if v is not None}))
     data = build_report(Path(run_dir), opts, log=log or (lambda s: None))
     label, why = data["verdict"]
     return Report(verdict=label, reason=why, checks=list(data["checks"]), paths=dict(data["paths"]), data=data)

@@ -108,7 +108,9 @@ def read_manifest(run_dir: Path) -> dict[str, Any]:
 
 
 SEMANTIC_SECTIONS = ("config", "objective", "hashes", "versions", "git", "world_size")
-IGNORED_CONFIG_KEYS = {"config.run.name", "config.run.output_dir"}
+# where a run is written and watched: not what it computes (an old run resumes, a tracker can be added)
+IGNORED_CONFIG_KEYS = {"config.run.name", "config.run.output_dir", "config.run.report_to",
+                       "config.run.mlflow_tracking_uri", "config.run.table_every_steps", "config.run.table_groups"}
 
 
 def _flatten(x: Any, prefix: str) -> dict[str, Any]:

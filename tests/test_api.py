@@ -267,3 +267,23 @@ def test_api_names_do_not_shadow_the_modules():
     assert grpolab.evaluation.heldout is evaluation and not callable(grpolab.evaluation.heldout)  # the module, as before
     assert "models" in inspect.signature(grpolab.evaluate_models).parameters
     assert grpolab.load_config(None, ["train.steps=7"]).train.steps == 7
+
+
+def test_release_report_passes_its_options_to_the_report(monkeypatch, tmp_path):
+    """diversity_n / diversity_samples / thresholds reach ReportOptions as the CLI's flags do (a misnamed field
+    would raise TypeError here), and RUN:best travels to build_report unchanged."""
+    import grpolab.report as report_pkg
+    from grpolab import api
+
+    seen = {}
+
+    def fake_build_report(run_dir, opts, log):
+        seen.update(run_dir=run_dir, opts=opts)
+        return {"verdict": ("ship", "why"), "checks": [], "paths": {}}
+
+    monkeypatch.setattr(report_pkg, "build_report", fake_build_report)
+    r = api.release_report(f"{tmp_path}:best", diversity_n=32, diversity_samples=16, thresholds={"zero_std_warn": 0.1})
+    assert r.verdict == "ship" and str(seen["run_dir"]) == f"{tmp_path}:best"
+    d = seen["opts"].diversity
+    assert (d.n_problems, d.samples, d.k) == (32, 16, 8)
+    assert seen["opts"].thresholds.zero_std_warn == 0.1

@@ -111,3 +111,23 @@ def test_run_best_names_what_is_missing(tmp_path):
         resolve_model_path(f"{run}:best")
     with pytest.raises(GrpolabError, match=r"no complete checkpoint step-3"):
         ckpt.write_best(run, {"step": 3})
+
+
+def test_report_of_run_best_runs_its_own_models_on_the_best_checkpoint(tmp_path):
+    """`grpolab report RUN:best`: capability, safety and diversity load the best checkpoint, not the newest."""
+    from grpolab.report.build import ReportOptions, judged_weights, split_best
+    from grpolab.report.evidence import RunEvidence
+
+    run = tmp_path / "run"
+    for step in (2, 4):
+        (run / "checkpoints" / f"step-{step}").mkdir(parents=True)
+        (run / "checkpoints" / f"step-{step}" / ckpt.STATE_FILE).write_bytes(b"")
+    ev = RunEvidence(run_dir=run, manifest={}, metrics=[], samples=[])
+    assert judged_weights(ev, ReportOptions()).name == "step-4"
+    with pytest.raises(GrpolabError, match=r"run:best: the run has no best checkpoint"):
+        judged_weights(ev, ReportOptions(best=True))
+    ckpt.write_best(run, {"step": 2, "metric": "eval/accuracy", "value": 0.5})
+    assert judged_weights(ev, ReportOptions(best=True)).name == "step-2"
+    assert split_best([f"{run}:best"]) == ([run], True) and split_best([run, run]) == ([run, run], False)
+    with pytest.raises(GrpolabError, match="name every run RUN:best or none"):
+        split_best([f"{run}:best", run])

@@ -84,9 +84,11 @@ def test_identical_manifests_give_no_difference(tiny_model_dir, tokenizer, base)
     assert diff_manifests(base, copy.deepcopy(base)) == []
 
 
-def test_run_name_and_output_dir_do_not_count(tiny_model_dir, tokenizer, base):
-    other = manifest(tiny_model_dir, tokenizer, run={"name": "b", "output_dir": "/elsewhere"})
-    assert other["config"]["run"] == {"name": "b", "output_dir": "/elsewhere"}
+def test_where_a_run_is_written_and_watched_does_not_count(tiny_model_dir, tokenizer, base):
+    run = {"name": "b", "output_dir": "/elsewhere", "report_to": ["tensorboard"], "mlflow_tracking_uri": "sqlite:///x",
+           "table_every_steps": 5, "table_groups": 2}
+    other = manifest(tiny_model_dir, tokenizer, run=run)
+    assert {k: other["config"]["run"][k] for k in run} == run
     assert diff_manifests(base, other) == []
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from grpolab.errors import GrpolabError
+from grpolab.models.checkpoint import latest_checkpoint
 from grpolab.report.base import FAIL, NA, PASS, WARN, Thresholds
 from grpolab.report.build import all_checks
 from grpolab.report.diversity import (CACHE_NAME, DiversitySettings, diversity_comparison, problem_pass_at_k,
@@ -83,27 +84,27 @@ def test_run_diversity_samples_at_the_training_temperature_and_caches(tmp_path, 
 
     monkeypatch.setattr("grpolab.evaluation.heldout.run_eval", fake_run_eval)
     run = checkpointed(tmp_path, 10)
-    d, note = run_diversity(run, CONFIG, "base", DiversitySettings(), "float32", lambda s: None)
-    assert note == "" and calls == [(["base", str(run)], "arithmetic", {"max_operand": 20}, "test", 64, 48, 8, 0.8, 1.0)]
+    d, note = run_diversity(run, latest_checkpoint(run), CONFIG, "base", DiversitySettings(), "float32", lambda s: None)
+    assert note == "" and calls == [(["base", str(run / "checkpoints" / "step-10")], "arithmetic", {"max_operand": 20}, "test", 64, 48, 8, 0.8, 1.0)]
     assert d["diff"]["mean"] == -1.0 and check_diversity(d, note, T).status == FAIL
     assert json.loads((run / "eval" / CACHE_NAME).read_text())["diversity"]["checkpoint"] == "step-10"
-    run_diversity(run, CONFIG, "base", DiversitySettings(), "float32", lambda s: None)
+    run_diversity(run, latest_checkpoint(run), CONFIG, "base", DiversitySettings(), "float32", lambda s: None)
     assert len(calls) == 1  # cached
     checkpointed(tmp_path, 20)  # a newer checkpoint: the cache no longer describes the trained model
-    run_diversity(run, CONFIG, "base", DiversitySettings(), "float32", lambda s: None)
-    run_diversity(run, CONFIG, "base", DiversitySettings(n_problems=32), "float32", lambda s: None)
+    run_diversity(run, latest_checkpoint(run), CONFIG, "base", DiversitySettings(), "float32", lambda s: None)
+    run_diversity(run, latest_checkpoint(run), CONFIG, "base", DiversitySettings(n_problems=32), "float32", lambda s: None)
     assert len(calls) == 3 and calls[-1][4] == 32
 
 
 def test_run_diversity_not_measured_reasons(tmp_path):
     (tmp_path / "empty").mkdir()
-    assert run_diversity(tmp_path / "empty", CONFIG, "b", DiversitySettings(), "float32", print) == (
+    assert run_diversity(tmp_path / "empty", None, CONFIG, "b", DiversitySettings(), "float32", print) == (
         None, "the run directory has no complete checkpoint to sample")
     agent = {**CONFIG, "task": {"name": "agent"}}
-    d, note = run_diversity(tmp_path / "empty", agent, "b", DiversitySettings(), "float32", print)
+    d, note = run_diversity(tmp_path / "empty", None, agent, "b", DiversitySettings(), "float32", print)
     assert d is None and "one greedy episode" in note
     with pytest.raises(GrpolabError, match="config.rollout.temperature"):
-        run_diversity(checkpointed(tmp_path, 1), {"task": {"name": "arithmetic"}}, "b", DiversitySettings(), "float32", print)
+        run_diversity(checkpointed(tmp_path, 1), tmp_path / "run" / "checkpoints" / "step-1", {"task": {"name": "arithmetic"}}, "b", DiversitySettings(), "float32", print)
 
 
 # ---------------------------------------------------------------- the verdict of demo-like evidence

@@ -14,7 +14,7 @@ from .app import app, console
 @app.command()
 def report(
     run_dirs: Annotated[list[Path], typer.Argument(
-        help="run directory (manifest.json, metrics.jsonl, eval/*.json); several: the seeds of one recipe, judged as a set")],
+        help="run directory (manifest.json, metrics.jsonl, eval/*.json), RUN:best to judge its best checkpoint by held-out accuracy; several: the seeds of one recipe, judged as a set")],
     baseline: Annotated[list[str], typer.Option("--baseline", help="'base', an eval JSON, or another run directory; repeatable")] = [],
     threshold: Annotated[list[str], typer.Option("--threshold", help="override a check threshold: NAME=VALUE; repeatable")] = [],
     skip_safety: Annotated[bool, typer.Option(

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from ..models.checkpoint import latest_checkpoint
+from ..models.checkpoint import best_checkpoint, latest_checkpoint
 from ..errors import GrpolabError
 from ..manifest import write_json_atomic
 from .agent import agent_checks
@@ -43,6 +43,27 @@ class ReportOptions:
     skip_diversity: bool = False
     diversity: DiversitySettings = field(default_factory=DiversitySettings)
     out: Path | None = None  # where the report of a set of runs is written (default: set_report_dir)
+    best: bool = False  # RUN:best: the report's own model runs (capability, safety, diversity) use the best checkpoint
+
+
+def split_best(paths: Sequence[str | Path]) -> tuple[list[Path], bool]:
+    """Run directories named plainly or as RUN:best (every one alike), and whether :best was asked for.
+
+    >>> split_best(["runs/a:best"])
+    ([PosixPath('runs/a')], True)
+    """
+    names = [str(p) for p in paths]
+    best = [n.endswith(":best") for n in names]
+    if any(best) and not all(best):
+        raise GrpolabError(f"run directories {names}: name every run RUN:best or none (the set is judged at one kind "
+                           f"of checkpoint)")
+    return [Path(n.removesuffix(":best")) for n in names], all(best) and bool(names)
+
+
+def judged_weights(ev: RunEvidence, opts: ReportOptions) -> Path | None:
+    """The checkpoint the report's own model runs load: the best one by held-out accuracy for RUN:best (an error if
+    the run kept none), else the newest complete one (None when there is none)."""
+    return best_checkpoint(ev.run_dir) if opts.best else latest_checkpoint(ev.run_dir)
 
 
 def base_model_name(manifest: dict[str, Any]) -> str:
@@ -67,16 +88,20 @@ def run_capability(ev: RunEvidence, opts: ReportOptions, log: Callable[[str], No
         raise GrpolabError(f"--capability-task {task}: that is the training task with the training options; use another "
                            f"task, or the same generator with other options (e.g. --capability-option operators=*)")
     out = ev.run_dir / "eval" / f"capability_{task}.json"
+    ckpt = judged_weights(ev, opts)
+    trained = str(ckpt) if ckpt is not None else str(ev.run_dir)
     if out.is_file():
         old = json.loads(out.read_text(encoding="utf-8"))
         if (old.get("task_options") == opts.capability_options and old.get("max_new_tokens") == opts.capability_max_new_tokens
-                and old.get("split") == opts.capability_split and old.get("n") == opts.capability_n):
+                and old.get("split") == opts.capability_split and old.get("n") == opts.capability_n
+                and old.get("trained_checkpoint", trained) == trained):
             log(f"capability: reusing {out}")
             return out
     log(f"capability: evaluating base and trained model on {task} ({opts.capability_n} problems)")
-    result = run_eval([base_model_name(ev.manifest), str(ev.run_dir)], task, opts.capability_options, opts.capability_split,
+    result = run_eval([base_model_name(ev.manifest), trained], task, opts.capability_options, opts.capability_split,
                       opts.capability_n, opts.capability_max_new_tokens, opts.batch_size, opts.dtype)
     result["capability"] = True  # not the training task's held-out set, even when it is the same generator
+    result["trained_checkpoint"] = trained
     out.parent.mkdir(parents=True, exist_ok=True)
     write_json_atomic(out, result)
     return out
@@ -88,7 +113,7 @@ def safety_evidence(ev: RunEvidence, opts: ReportOptions, log: Callable[[str], N
 
     if opts.skip_safety:
         return None, "skipped with --skip-safety"
-    ckpt = latest_checkpoint(ev.run_dir)
+    ckpt = judged_weights(ev, opts)
     if ckpt is None:
         return None, "the run directory has no complete checkpoint to probe"
     log("safety: base and trained model answer the harmful-request prompts (cached in eval/safety.json)")
@@ -130,7 +155,8 @@ def diversity_evidence(ev: RunEvidence, opts: ReportOptions, log: Callable[[str]
     if opts.skip_diversity:
         return None, "skipped with --skip-diversity"
     try:
-        return run_diversity(ev.run_dir, ev.config, base_model_name(ev.manifest), opts.diversity, opts.dtype, log)
+        return run_diversity(ev.run_dir, judged_weights(ev, opts), ev.config, base_model_name(ev.manifest), opts.diversity,
+                             opts.dtype, log)
     except GrpolabError as e:
         return None, str(e)
 
@@ -169,7 +195,9 @@ def build_report(run_dir: Path | Sequence[Path], opts: ReportOptions | None = No
     """Write report.html and report.md of one run (into RUN_DIR) or of a set of runs (several seeds of one recipe;
     into opts.out, default set_report_dir); return the report data (verdict, checks, paths)."""
     opts = opts or ReportOptions()
-    dirs = [Path(run_dir)] if isinstance(run_dir, (str, Path)) else [Path(d) for d in run_dir]
+    dirs, best = split_best([run_dir] if isinstance(run_dir, (str, Path)) else run_dir)
+    if best:
+        opts = replace(opts, best=True)
     if len(dirs) > 1:
         return build_set_report(dirs, opts, log)
     ev = load_run(dirs[0])

@@ -18,7 +18,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from ..models.checkpoint import latest_checkpoint
 from ..errors import GrpolabError
 from ..manifest import write_json_atomic
 from ..evaluation.scoring import bootstrap_ci, paired_bootstrap_diff, pass_at_k
@@ -92,15 +91,15 @@ def eval_settings(config: dict[str, Any], s: DiversitySettings, dtype: str, chec
             "checkpoint": checkpoint}
 
 
-def run_diversity(run_dir: Path, config: dict[str, Any], base_model: str, s: DiversitySettings, dtype: str,
-                  log: Callable[[str], None]) -> tuple[dict[str, Any] | None, str]:
-    """(evidence or None, why not): sample base and trained model (cached in RUN_DIR/eval/diversity.json)."""
+def run_diversity(run_dir: Path, ckpt: Path | None, config: dict[str, Any], base_model: str, s: DiversitySettings,
+                  dtype: str, log: Callable[[str], None]) -> tuple[dict[str, Any] | None, str]:
+    """(evidence or None, why not): sample base and the trained checkpoint `ckpt` (cached in
+    RUN_DIR/eval/diversity.json)."""
     from ..evaluation.heldout import run_eval
     from .evidence import trained_index
 
     if (config.get("task") or {}).get("name") == "agent":
         return None, "agent tasks are evaluated with one greedy episode per problem (no samples to count pass@k on)"
-    ckpt = latest_checkpoint(run_dir)
     if ckpt is None:
         return None, "the run directory has no complete checkpoint to sample"
     key = eval_settings(config, s, dtype, ckpt.name)
@@ -111,7 +110,7 @@ def run_diversity(run_dir: Path, config: dict[str, Any], base_model: str, s: Div
     else:
         log(f"diversity: base and trained model sample {s.samples} completions at T={key['temperature']:g} on "
             f"{s.n_problems} held-out problems (cached in eval/{CACHE_NAME})")
-        data = run_eval([base_model, str(run_dir)], key["task"], key["task_options"], key["split"], s.n_problems,
+        data = run_eval([base_model, str(ckpt)], key["task"], key["task_options"], key["split"], s.n_problems,
                         key["max_new_tokens"], s.batch_size, dtype, samples=s.samples, temperature=key["temperature"],
                         top_p=key["top_p"], seed=s.seed)
         data["diversity"] = key
