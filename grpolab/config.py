@@ -95,7 +95,9 @@ class RewardConfig:
 
 @dataclass(frozen=True)
 class RolloutConfig:
-    decoder: Literal["grpolab", "hf"] = "grpolab"  # grpolab's decode loop (rollout/decode.py) or HF generate
+    # grpolab's decode loop (rollout/decode.py); static: the same samples from a fixed-shape step (rollout/
+    # static_decode.py), static_compiled: that step torch.compiled; hf: HF generate
+    decoder: Literal["grpolab", "static", "static_compiled", "hf"] = "grpolab"
     group_size: int = 8  # G completions per prompt
     temperature: float = 1.0
     top_p: float = 1.0
