@@ -316,7 +316,8 @@ def test_capability_task_runs_eval_for_base_and_trained(tmp_path, monkeypatch):
     monkeypatch.setattr("grpolab.evaluation.heldout.run_eval", fake_run_eval)
     opts = ReportOptions(capability_task="gsm8k", capability_n=20, capability_options={"path": "/data/gsm8k"})
     rep = build_report(run, opts)
-    assert calls == [([BASE, str(run)], "gsm8k", {"path": "/data/gsm8k"}, 20)]
+    # the trained side is named by the checkpoint judged (the latest one), so a cached result is tied to its weights
+    assert calls == [([BASE, str(run / "checkpoints" / f"step-{STEPS}")], "gsm8k", {"path": "/data/gsm8k"}, 20)]
     cap = next(c for c in rep["checks"] if c.name == "capability_regression")
     assert cap.status == "FAIL" and (run / "eval" / "capability_gsm8k.json").is_file()
     build_report(run, opts)
