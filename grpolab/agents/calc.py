@@ -23,9 +23,9 @@ import hashlib
 import random
 import re
 
-from ..rewards.math import correctness_reward
 from ..tasks.base import PROMPT_INSTRUCTION, Problem
-from .env import AgentEnv, register_environment
+from .answer_env import AnswerEnv
+from .env import register_environment
 from .tools import CALCULATOR, calculate
 
 # (level, text, expression) -- a, b, c drawn per template; level 0 = small numbers (difficulty 1); the gold
@@ -89,7 +89,7 @@ def make_problems(split: str, n: int, seed: int, difficulty: int) -> list[Proble
 
 
 @register_environment("calc")
-class CalcEnv(AgentEnv):
+class CalcEnv(AnswerEnv):
     tools = [CALCULATOR]
     observation_role = "user"
 
@@ -97,13 +97,6 @@ class CalcEnv(AgentEnv):
         self.gold, self.final = problem.answer, None
         self.requires_tools = bool(problem.data.get("requires_tools"))
         return f"{problem.question}\n{problem.instruction}"
-
-    def step(self, action: str) -> tuple[str, bool]:
-        self.final = action  # a turn without a tool call is the answer
-        return "", True
-
-    def reward(self) -> float:
-        return 0.0 if self.final is None else correctness_reward(self.final, self.gold)
 
     @classmethod
     def problems(cls, split: str, n: int, seed: int, difficulty: int) -> list[Problem]:

@@ -27,9 +27,9 @@ import hashlib
 import random
 import re
 
-from ..rewards.math import correctness_reward
 from ..tasks.base import Problem
-from .env import AgentEnv, register_environment
+from .answer_env import AnswerEnv
+from .env import register_environment
 from .tools import Tool, ToolError
 
 COLOURS = ("amber", "blue", "coral", "green", "grey", "lime", "navy", "olive", "pink", "red", "teal", "white")
@@ -118,7 +118,7 @@ def make_problems(split: str, n: int, seed: int, difficulty: int) -> list[Proble
 
 
 @register_environment("lookup")
-class LookupEnv(AgentEnv):
+class LookupEnv(AnswerEnv):
     tools = [OPEN]
     requires_tools = True
     observation_role = "user"
@@ -126,13 +126,6 @@ class LookupEnv(AgentEnv):
     def reset(self, problem: Problem, rng: random.Random) -> str:
         self.gold, self.final = problem.answer, None
         return problem.question
-
-    def step(self, action: str) -> tuple[str, bool]:
-        self.final = action  # a turn without a tool call is the answer
-        return "", True
-
-    def reward(self) -> float:
-        return 0.0 if self.final is None else correctness_reward(self.final, self.gold)
 
     @classmethod
     def problems(cls, split: str, n: int, seed: int, difficulty: int) -> list[Problem]:

@@ -32,7 +32,7 @@ from ..agents.env import AgentTask
 from ..agents.episode import EpisodeRunner
 from ..agents.expert import ExpertEpisode, end_of_turn_id, expert_episode
 from ..errors import GrpolabError
-from .sft_bon import BASELINE_MANIFEST, collate, sft_loss
+from .sft_bon import BASELINE_MANIFEST, collate, sft_loss, train_on_encoded
 
 
 @dataclass(frozen=True)
@@ -79,29 +79,6 @@ def masked_loss(model, encoded: list[tuple[list[int], list[int]]], pad_id: int, 
     return total / max(tokens, 1)
 
 
-def train_masked(model, encoded: list[tuple[list[int], list[int]]], pad_id: int, s: AgentSFTSettings) -> list[float]:
-    """Exactly s.steps AdamW steps over seeded epoch-wise shuffles of `encoded`; each step's loss."""
-    opt = torch.optim.AdamW(model.parameters(), lr=s.lr, weight_decay=s.weight_decay)
-    g = torch.Generator().manual_seed(s.seed)
-    order: list[int] = []
-    losses: list[float] = []
-    model.train()
-    for _ in range(s.steps):
-        idx = []
-        while len(idx) < min(s.batch_size, len(encoded)):
-            if not order:
-                order = torch.randperm(len(encoded), generator=g).tolist()
-            idx.append(order.pop())
-        loss = sft_loss(model, collate([encoded[i] for i in idx], pad_id), s.precision)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), s.grad_clip or float("inf"))
-        opt.step()
-        losses.append(loss.item())
-    model.eval()
-    return losses
-
-
 def run_agent_sft(model_name: str, options: dict[str, Any], s: AgentSFTSettings, out_dir: Path,
                   limit: int = 0) -> dict[str, Any]:
     """Expert episodes of the agent task's training states, fine-tune, write the checkpoint + manifest to out_dir."""
@@ -129,7 +106,7 @@ def run_agent_sft(model_name: str, options: dict[str, Any], s: AgentSFTSettings,
     resolution = resolve_update(s.precision, model, s.batch_size, max(len(e.tokens) for e in solved))
     s = AgentSFTSettings(**{**asdict(s), "precision": resolution["update"]})
     before = masked_loss(model, encoded, tokenizer.pad_token_id)
-    losses = train_masked(model, encoded, tokenizer.pad_token_id, s)
+    losses = train_on_encoded(model, encoded, tokenizer.pad_token_id, s)
     after = masked_loss(model, encoded, tokenizer.pad_token_id)
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir)

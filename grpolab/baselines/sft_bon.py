@@ -297,7 +297,13 @@ def train_sft(model, tokenizer, examples: list[tuple[Problem, str]], s: SFTSetti
     """Exactly s.steps AdamW steps over seeded epoch-wise shuffles of the examples; returns each step's loss."""
     if not examples:
         raise GrpolabError("sft: no training examples (rft kept no correct sample; try more --rft-samples or mode gold)")
-    encoded = [encode(tokenizer, p, t) for p, t in examples]
+    return train_on_encoded(model, [encode(tokenizer, p, t) for p, t in examples], tokenizer.pad_token_id, s)
+
+
+def train_on_encoded(model, encoded: list[tuple[list[int], list[int]]], pad_id: int, s) -> list[float]:
+    """Exactly s.steps AdamW steps over seeded epoch-wise shuffles of `encoded` ((ids, loss mask) pairs, sft_loss's
+    cross-entropy on the masked tokens); each step's loss. ``s`` gives steps, batch_size, lr, weight_decay,
+    grad_clip, precision and seed (SFTSettings, or the agent warm start's AgentSFTSettings)."""
     opt = torch.optim.AdamW(model.parameters(), lr=s.lr, weight_decay=s.weight_decay)
     g = torch.Generator().manual_seed(s.seed)
     order: list[int] = []
@@ -309,7 +315,7 @@ def train_sft(model, tokenizer, examples: list[tuple[Problem, str]], s: SFTSetti
             if not order:
                 order = torch.randperm(len(encoded), generator=g).tolist()
             idx.append(order.pop())
-        loss = sft_loss(model, collate([encoded[i] for i in idx], tokenizer.pad_token_id), s.precision)
+        loss = sft_loss(model, collate([encoded[i] for i in idx], pad_id), s.precision)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), s.grad_clip or float("inf"))
