@@ -5,7 +5,8 @@
 
 Reads an evaluation JSON of `grpolab eval BASE RUN ...` (the first two models), and for every held-out problem whose
 greedy verdict differs between them finds the first token where the two greedy completions differ, then prints
-both models' probabilities of both tokens in that shared context (one forward pass each, float32):
+both models' probabilities of both tokens in that shared context (one forward pass each, float32). The JSON keeps
+the completions' text, not their ids, so the answers are re-tokenized: the context is the text's tokenization.
 
     p_base(base token) / p_base(trained token)   and   p_trained(base token) / p_trained(trained token)
 
@@ -30,11 +31,9 @@ from grpolab.tasks.prompting import prompt_ids
 
 
 def first_difference(a: list[int], b: list[int]) -> int | None:
-    """The first index where two token lists differ (the shorter one's length if one is a prefix), None if equal."""
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return i
-    return None if len(a) == len(b) else min(len(a), len(b))
+    """The first index where both token lists hold a token and the tokens differ; None if one is a prefix of the
+    other (no token to compare there)."""
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
 
 
 @torch.no_grad()
@@ -65,8 +64,8 @@ def main() -> None:
         a = tokenizer(item["completion"], add_special_tokens=False)["input_ids"]
         b = tokenizer(mate["completion"], add_special_tokens=False)["input_ids"]
         i = first_difference(a, b)
-        if i is None or i >= min(len(a), len(b)):
-            print(f"{item['uid']:30s} {direction:6s} no differing token inside both completions")
+        if i is None:
+            print(f"{item['uid']:30s} {direction:6s} one greedy answer is a prefix of the other")
             continue
         context = prompt_ids(tokenizer, problems[item["uid"]]) + a[:i]
         pb, pt = (next_token_probs(m, context) for m in models)
