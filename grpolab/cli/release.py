@@ -21,16 +21,27 @@ def release(
     rollback_n: Annotated[int, typer.Option("--rollback-n", help="held-out problems the rollback target answers again")] = 32,
     skip_checks: Annotated[bool, typer.Option("--skip-checks", help="write the bundle only (the report's serving checks stay N/A)")] = False,
     threshold: Annotated[Optional[list[str]], typer.Option("--threshold", help="NAME=VALUE, e.g. serving_divergence_warn=0.2")] = None,
+    stack: Annotated[str, typer.Option("--stack", help="serving stack: transformers (serving.json), gguf (the bundle as a GGUF file served by llama.cpp: serving_gguf.json; needs `make install-gguf`), or both")] = "transformers",
+    gguf_type: Annotated[str, typer.Option("--gguf-type", help="GGUF tensor type for --stack gguf: f32, bf16 or f16")] = "f32",
 ) -> None:
     """Write the release bundle (weights with a LoRA merged, tokenizer, the run's chat template, a generation config
     with the run's end ids and sampling settings, release.json) and check it: served by plain transformers with no
     grpolab code, against grpolab's evaluation of the checkpoint; and the rollback target served and compared with
-    its recorded score. Results: RUN_DIR/release/serving.json and rollback.json, read by `grpolab report`."""
+    its recorded score. Results: RUN_DIR/release/serving.json and rollback.json, read by `grpolab report`.
+    With --stack gguf (or both) the bundle is also converted to a GGUF file (beside it: gguf/BUNDLE.TYPE.gguf) and served by
+    llama.cpp: RUN_DIR/release/serving_gguf.json, graded in serving_consistency."""
+    from ..errors import GrpolabError
     from ..report.base import parse_thresholds
-    from ..report.serving import check_rollback_ready, check_serving_consistency
+    from ..report.serving import check_rollback_ready, check_serving_consistency, load_release_evidence
     from ..serving.bundle import RELEASE_FILE, read_release, write_release
     from ..serving.check import run_rollback_check, run_serving_check
 
+    from ..serving.gguf import GGUF_TYPES
+
+    if stack not in ("transformers", "gguf", "both"):
+        raise GrpolabError(f"--stack: expected transformers, gguf or both, got {stack!r}")
+    if gguf_type not in GGUF_TYPES:
+        raise GrpolabError(f"--gguf-type: expected one of {', '.join(GGUF_TYPES)}, got {gguf_type!r}")
     log = lambda s: console.print(s, highlight=False, soft_wrap=True)  # noqa: E731
     if (source / RELEASE_FILE).is_file():
         bundle = source
@@ -41,7 +52,11 @@ def release(
     if skip_checks:
         return
     t = parse_thresholds(threshold or [])
-    serving = check_serving_consistency(run_serving_check(bundle, n, log=log), t)
+    for one in ("transformers", "gguf"):
+        if stack in (one, "both"):
+            run_serving_check(bundle, n, log=log, stack=one, gguf_type=gguf_type)
+    evidence = load_release_evidence(run_dir)  # graded as the report grades it: every stack whose result is there
+    serving = check_serving_consistency(evidence["serving"], t, evidence["serving_gguf"])
     rollback = check_rollback_ready(run_rollback_check(run_dir, str(rollback_to) if rollback_to else None, rollback_n, log=log), t)
     for c in (serving, rollback):
         log(f"{c.status} {c.name}: {c.reason}")

@@ -9,6 +9,12 @@ the prompts each side built (template and tokenizer), the end ids, the weights a
 to the bundle's precision, identical completions, first divergence, mean |delta logprob| per token
 (grpolab.serving.compare), and the accuracy of the served answers minus grpolab's, paired bootstrap over problems.
 
+The second stack (``stack="gguf"``): the bundle converted to one GGUF file (grpolab.serving.gguf; f32, bf16 or f16)
+beside it, served by llama.cpp through llama-cpp-python in its own process (serve_gguf.py, no grpolab code), the
+same measures written to RUN/release/serving_gguf.json. The weights compared are the file's tensors against the
+evaluated model's cast to the bundle's precision and put through the conversion (Q/K permutation, the file's type);
+the end ids are both the file's declared eos / eot / eom and every id llama.cpp ends generation on.
+
 Rollback (run_rollback_check): the rollback target -- the run's base model or a previous release bundle -- has its
 weights hashed against the hash recorded when it was measured, is served by the same stack on a sample of the
 problems it was measured on, and its served accuracy is compared, paired, with its recorded answers' scores.
@@ -16,6 +22,7 @@ problems it was measured on, and its served accuracy is compared, paired, with i
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -38,7 +45,11 @@ from .bundle import HELDOUT_FILE, RELEASE_FILE, held_out_eval, heldout_record, r
 from .compare import divergence_summary, mean_abs_logprob_diff
 
 SERVE_SCRIPT = Path(__file__).with_name("serve_hf.py")
-SERVING_FILE, ROLLBACK_FILE = "serving.json", "rollback.json"
+SERVE_GGUF_SCRIPT = Path(__file__).with_name("serve_gguf.py")
+SERVING_FILE, SERVING_GGUF_FILE, ROLLBACK_FILE = "serving.json", "serving_gguf.json", "rollback.json"
+STACKS = ("transformers", "gguf")
+LLAMA_CPP_MISSING = ("llama-cpp-python is not installed in this interpreter: `make install-gguf` or "
+                     "`pip install 'grpolab[gguf]'` (it builds llama.cpp from source: about 15 min on 2 cores)")
 Log = Callable[[str], None]
 
 
@@ -46,23 +57,38 @@ def release_dir(run_dir: Path) -> Path:
     return Path(run_dir) / "release"
 
 
-def serve_with_transformers(model_dir: Path, requests: list[dict[str, Any]], max_new_tokens: int,
-                            threads: int = 0, timeout_s: float = 3600) -> dict[str, Any]:
-    """Run serve_hf.py on `model_dir` in a separate, isolated interpreter (``python -I``: no PYTHONPATH, no user
+def _serve_isolated(script: Path, model: Path, requests: list[dict[str, Any]], max_new_tokens: int, threads: int,
+                    what: str, extra: list[str], timeout_s: float) -> dict[str, Any]:
+    """Run a serving script on `model` in a separate, isolated interpreter (``python -I``: no PYTHONPATH, no user
     site, not the script's or the working directory; run from an empty temporary directory; grpolab imports
     refused by the script itself) and return what it wrote."""
     with tempfile.TemporaryDirectory(prefix="grpolab-serve-") as tmp:
         req, out = Path(tmp) / "requests.json", Path(tmp) / "served.json"
         req.write_text(json.dumps(requests), encoding="utf-8")
         env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
-        cmd = [sys.executable, "-I", str(SERVE_SCRIPT), "--model", str(Path(model_dir).resolve()), "--requests",
-               str(req), "--out", str(out), "--max-new-tokens", str(max_new_tokens), "--threads", str(threads)]
+        cmd = [sys.executable, "-I", str(script), "--model", str(Path(model).resolve()), "--requests",
+               str(req), "--out", str(out), "--max-new-tokens", str(max_new_tokens), "--threads", str(threads), *extra]
         proc = subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True, timeout=timeout_s)
         if proc.returncode != 0:
             tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
-            raise GrpolabError(f"serving {model_dir} with plain transformers failed (exit {proc.returncode}): "
-                               + " | ".join(tail))
+            raise GrpolabError(f"serving {model} with {what} failed (exit {proc.returncode}): " + " | ".join(tail))
         return json.loads(out.read_text(encoding="utf-8"))
+
+
+def serve_with_transformers(model_dir: Path, requests: list[dict[str, Any]], max_new_tokens: int,
+                            threads: int = 0, timeout_s: float = 3600) -> dict[str, Any]:
+    """serve_hf.py on a model directory, isolated (_serve_isolated)."""
+    return _serve_isolated(SERVE_SCRIPT, model_dir, requests, max_new_tokens, threads, "plain transformers", [], timeout_s)
+
+
+def serve_with_llama_cpp(gguf_file: Path, requests: list[dict[str, Any]], max_new_tokens: int, threads: int = 0,
+                         n_ctx: int = 1024, timeout_s: float = 3600) -> dict[str, Any]:
+    """serve_gguf.py on a GGUF file, isolated (_serve_isolated); GrpolabError saying how to install llama-cpp-python
+    when this interpreter lacks it."""
+    if importlib.util.find_spec("llama_cpp") is None:
+        raise GrpolabError(f"{LLAMA_CPP_MISSING}; the GGUF file {gguf_file} was written but cannot be served here")
+    return _serve_isolated(SERVE_GGUF_SCRIPT, gguf_file, requests, max_new_tokens, threads, "llama.cpp",
+                           ["--n-ctx", str(n_ctx)], timeout_s)
 
 
 def _requests(problems: list[Problem], references: list[list[int]] | None = None) -> list[dict[str, Any]]:
@@ -141,9 +167,39 @@ def weights_against(model, bundle: Path) -> dict[str, Any]:
     return {"tensors": total, "identical": equal, "max_abs_diff": worst, "only_in_bundle": missing[:5]}
 
 
-def run_serving_check(bundle: Path, n: int = 0, batch_size: int = 16, threads: int = 0, log: Log = lambda s: None) -> dict[str, Any]:
-    """Serve `bundle` with plain transformers, compare with grpolab's evaluation of the checkpoint on the first n
-    held-out problems (0: all the evaluation had); write SOURCE_RUN/release/serving.json and return it."""
+def gguf_file_for(bundle: Path, gguf_type: str) -> Path:
+    """Where the serving check writes a bundle's GGUF: beside the bundle, ``gguf/<bundle name>.<type>.gguf``."""
+    return Path(bundle).parent / "gguf" / f"{Path(bundle).name}.{gguf_type}.gguf"
+
+
+def _serve_gguf(bundle: Path, release: dict[str, Any], model, requests: list[dict[str, Any]], prompts: list[list[int]],
+                max_new_tokens: int, threads: int, gguf_type: str, log: Log) -> tuple[dict, dict, dict]:
+    """Convert the bundle to GGUF (grpolab.serving.gguf), compare the file's tensors with the evaluated model's,
+    serve it with llama.cpp; returns (served, weights, conversion). n_ctx: the longest prompt grpolab built, plus
+    the longer of max_new_tokens and the longest reference, plus 128 tokens of slack for a template that differs."""
+    from ..models.load import DTYPES
+    from .gguf import convert_to_gguf, weights_against_gguf
+
+    path = gguf_file_for(bundle, gguf_type)
+    conversion = convert_to_gguf(bundle, path, gguf_type)
+    log(f"serving check: wrote {path} ({conversion['bytes'] / 1e6:.0f} MB, {gguf_type}, {conversion['seconds']:.1f} s)")
+    weights = weights_against_gguf(model, path, DTYPES[release["precision"]["written"]])
+    longest_ref = max((len(r.get("reference_ids") or []) for r in requests), default=0)
+    n_ctx = max(len(p) for p in prompts) + max(max_new_tokens, longest_ref) + 128
+    log("serving check: llama.cpp serves the GGUF file in a separate process")
+    served = serve_with_llama_cpp(path, requests, max_new_tokens, threads, n_ctx)
+    return served, weights, conversion
+
+
+def run_serving_check(bundle: Path, n: int = 0, batch_size: int = 16, threads: int = 0, log: Log = lambda s: None,
+                      stack: str = "transformers", gguf_type: str = "f32") -> dict[str, Any]:
+    """Serve `bundle` with plain transformers (stack "transformers": SOURCE_RUN/release/serving.json) or as a GGUF
+    file with llama.cpp (stack "gguf", gguf_type f32 / bf16 / f16: serving_gguf.json), compare with grpolab's
+    evaluation of the checkpoint on the first n held-out problems (0: all the evaluation had); write and return."""
+    if stack not in STACKS:
+        raise GrpolabError(f"--stack: expected one of {', '.join(STACKS)}, got {stack!r}")
+    if stack == "gguf" and importlib.util.find_spec("llama_cpp") is None:
+        raise GrpolabError(f"--stack gguf: {LLAMA_CPP_MISSING}")
     bundle = Path(bundle)
     release = read_release(bundle)
     run_dir, ckpt = Path(release["source_run"]), Path(release["checkpoint"])
@@ -152,25 +208,44 @@ def run_serving_check(bundle: Path, n: int = 0, batch_size: int = 16, threads: i
     start = time.perf_counter()
     log(f"serving check: grpolab evaluates {ckpt} on {len(problems)} held-out problems ({held['dtype']})")
     ours = grpolab_side(ckpt, problems, held["max_new_tokens"], held["dtype"], batch_size)
-    weights = weights_against(ours.pop("model"), bundle)
-    log("serving check: plain transformers serves the bundle in a separate process")
-    served = serve_with_transformers(bundle, _requests(problems, ours["ids"]), held["max_new_tokens"], threads)
-    rows = served["rows"]
-    task = held["task"]
+    model, requests, extra = ours.pop("model"), _requests(problems, ours["ids"]), {}
+    if stack == "gguf":
+        served, weights, conversion = _serve_gguf(bundle, release, model, requests, ours["prompts"],
+                                                  held["max_new_tokens"], threads, gguf_type, log)
+        extra = {"gguf": conversion}
+    else:
+        weights = weights_against(model, bundle)
+        log("serving check: plain transformers serves the bundle in a separate process")
+        served = serve_with_transformers(bundle, requests, held["max_new_tokens"], threads)
+    result = {"grpolab_serving": 1, "stack": "llama.cpp" if stack == "gguf" else "transformers", **extra,
+              **_measures(bundle, problems, ours, served, held, release, weights, run_dir),
+              "seconds": time.perf_counter() - start}
+    release_dir(run_dir).mkdir(parents=True, exist_ok=True)
+    write_json_atomic(release_dir(run_dir) / (SERVING_GGUF_FILE if stack == "gguf" else SERVING_FILE), result)
+    return result
+
+
+def _measures(bundle: Path, problems: list[Problem], ours: dict[str, Any], served: dict[str, Any],
+              held: dict[str, Any], release: dict[str, Any], weights: dict[str, Any], run_dir: Path) -> dict[str, Any]:
+    """What serving.json records of one served stack against grpolab's side (module docstring)."""
+    rows, task = served["rows"], held["task"]
     ref_scores = _score(problems, ours["texts"], [len(i) for i in ours["ids"]], ours["truncated"], task)
     served_scores = _score(problems, [r["text"] for r in rows], [len(r["completion_ids"]) for r in rows],
                            [not r["stopped"] for r in rows], task)
     divergence = divergence_summary(ours["ids"], [r["completion_ids"] for r in rows])
-    result = {
-        "grpolab_serving": 1, "stack": "transformers", "bundle": str(bundle.resolve()), "source_run": str(run_dir),
-        "checkpoint": str(ckpt), "release_weights": release["hashes"]["weights"], "n": len(problems), "task": task,
+    stop_ids = {"run": sorted(ours["stop_ids"]), "served": served["eos_token_id"]}
+    if "declared_end_ids" in served:  # llama.cpp: the file's eos / eot / eom beside every id it ends on
+        stop_ids["declared"] = served["declared_end_ids"]
+    return {
+        "bundle": str(Path(bundle).resolve()), "source_run": str(run_dir), "checkpoint": release["checkpoint"],
+        "release_weights": release["hashes"]["weights"], "n": len(problems), "task": task,
         "served": {k: served[k] for k in ("stack", "dtype", "eos_token_id", "chat_template_sha256", "load_s", "answer_s")},
-        "precision": {"bundle": served["dtype"], "evaluated": held["dtype"]},
+        "precision": {"bundle": served["dtype"], "evaluated": held["dtype"],
+                      **({"written": release["precision"]["written"]} if "declared_end_ids" in served else {})},
         "chat_template": {"run": (read_manifest(run_dir).get("hashes") or {}).get("chat_template"),
                           "served": served["chat_template_sha256"]},
         "prompts_identical": sum(p == r["prompt_ids"] for p, r in zip(ours["prompts"], rows)) / len(rows),
-        "stop_ids": {"run": sorted(ours["stop_ids"]), "served": served["eos_token_id"]},
-        "stop_rule": release.get("stop_rule", "none"), "weights": weights,
+        "stop_ids": stop_ids, "stop_rule": release.get("stop_rule", "none"), "weights": weights,
         "identical_share": divergence["identical_share"], "first_divergence": divergence["first_divergence"],
         "logprob_diff": mean_abs_logprob_diff(ours["logprobs"], [r["reference_logprobs"] for r in rows]),
         "truncated": {"evaluated": sum(ours["truncated"]) / len(rows), "served": sum(not r["stopped"] for r in rows) / len(rows)},
@@ -178,11 +253,7 @@ def run_serving_check(bundle: Path, n: int = 0, batch_size: int = 16, threads: i
                    "diff": _paired(ref_scores, served_scores)},
         "examples": [{"uid": problems[i].uid, "evaluated": ours["texts"][i], "served": rows[i]["text"]}
                      for i in divergence["diverged"][:3]],
-        "seconds": time.perf_counter() - start,
     }
-    release_dir(run_dir).mkdir(parents=True, exist_ok=True)
-    write_json_atomic(release_dir(run_dir) / SERVING_FILE, result)
-    return result
 
 
 def rollback_target(run_dir: Path, target: str | None) -> dict[str, Any]:
@@ -241,5 +312,5 @@ def run_rollback_check(run_dir: Path, target: str | None = None, n: int = 32, th
     return result
 
 
-__all__ = ["RELEASE_FILE", "ROLLBACK_FILE", "SERVING_FILE", "release_dir", "run_rollback_check", "run_serving_check",
-           "serve_with_transformers"]
+__all__ = ["RELEASE_FILE", "ROLLBACK_FILE", "SERVING_FILE", "SERVING_GGUF_FILE", "STACKS", "gguf_file_for", "release_dir",
+           "run_rollback_check", "run_serving_check", "serve_with_llama_cpp", "serve_with_transformers"]
