@@ -3,6 +3,7 @@
 
     python benchmarks/static_decode.py                       # bundled SmolLM2-135M-Instruct, G = 8, fp32
     python benchmarks/static_decode.py --compile             # also the compiled step (static_compiled)
+    python benchmarks/static_decode.py --dtype bfloat16      # the bf16 sampler copy (rollout.dtype: bfloat16)
 
 Each side samples G completions of one fixed prompt with no stop token (every row runs every step). The time of a
 step is the difference of two whole calls, `new_tokens` and `short_tokens` long, over the steps between them, so
@@ -50,12 +51,15 @@ def main() -> None:
     ap.add_argument("--short-tokens", type=int, default=16)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--compile", action="store_true", help="also time the compiled fixed-shape step")
+    ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
+                    help="precision of the sampling model (bf16: the rollout's bf16 copy); forced, never read from the machine")
     args = ap.parse_args()
     from grpolab.models.load import load_causal_lm, resolve_model_path
     from grpolab.rollout.decode import decode_groups
     from grpolab.rollout.static_decode import StaticDecoder
 
-    model = load_causal_lm(resolve_model_path(args.model), "float32").eval()
+    dtype = getattr(torch, args.dtype)
+    model = load_causal_lm(resolve_model_path(args.model), "float32").to(dtype).eval()
     prompt = torch.randint(100, 1000, (1, args.prompt_tokens), generator=torch.Generator().manual_seed(0))
     sides = {"decode loop (default: rows leave, cache in place, prepacked)": decode_groups,
              "fixed-shape step, eager (static)": StaticDecoder().decode}
@@ -78,9 +82,9 @@ def main() -> None:
                 steps[name].append((long - short) / (args.new_tokens - args.short_tokens))
     ms = {name: statistics.median(times) * 1e3 for name, times in steps.items()}
     context = args.prompt_tokens + (args.new_tokens + args.short_tokens) / 2
-    floor_ms = step_bytes(model, args.group_size, context, torch.float32) / read_bandwidth() * 1e3
+    floor_ms = step_bytes(model, args.group_size, context, dtype) / read_bandwidth() * 1e3
     print(f"machine: {cpu_features()}  threads: {torch.get_num_threads()}  torch {torch.__version__}")
-    print(f"model {args.model} (float32), G = {args.group_size}, prompt {args.prompt_tokens} tokens, step = "
+    print(f"model {args.model} ({args.dtype}), G = {args.group_size}, prompt {args.prompt_tokens} tokens, step = "
           f"(T({args.new_tokens}) - T({args.short_tokens})) / {args.new_tokens - args.short_tokens}, "
           f"median of {args.repeats} alternated rounds")
     if compile_s is not None:

@@ -45,7 +45,10 @@ def test_a_warm_start_learns_the_expert_and_a_grpo_run_trains_from_it(tiny_model
     from grpolab.runs import start_run
 
     out = tmp_path / "sft"
-    m = run_agent_sft(tiny_model_dir, OPTIONS, AgentSFTSettings(steps=8, batch_size=4, lr=3e-3), out)
+    lines: list[str] = []
+    m = run_agent_sft(tiny_model_dir, OPTIONS, AgentSFTSettings(steps=8, batch_size=4, lr=3e-3), out, log=lines.append)
+    assert [ln.split()[1] for ln in lines if ln.startswith("step ")] == ["8/8"]  # progress every 10 steps and at the end
+    assert f"loss {m['losses'][-1]:.4f}" in lines[-1]
     assert m["method"] == "sft-agent-expert" and m["base_model"] == tiny_model_dir
     assert m["num_examples"] == 6 and m["unsolved_by_expert"] == 0 and m["expert"]["tool_calls_mean"] == 2.0
     assert m["loss_after"] < m["loss_before"] - 1.0

@@ -24,7 +24,7 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -80,8 +80,9 @@ def masked_loss(model, encoded: list[tuple[list[int], list[int]]], pad_id: int, 
 
 
 def run_agent_sft(model_name: str, options: dict[str, Any], s: AgentSFTSettings, out_dir: Path,
-                  limit: int = 0) -> dict[str, Any]:
-    """Expert episodes of the agent task's training states, fine-tune, write the checkpoint + manifest to out_dir."""
+                  limit: int = 0, log: Callable[[str], None] = lambda line: None) -> dict[str, Any]:
+    """Expert episodes of the agent task's training states, fine-tune, write the checkpoint + manifest to out_dir;
+    ``log`` gets a progress line per stage and every 10 steps."""
     from ..manifest import data_hash, problem_hashes, versions, write_json_atomic
     from ..models.load import load_causal_lm, load_tokenizer, resolve_model_path
     from ..rollout.hf import eos_ids
@@ -98,6 +99,7 @@ def run_agent_sft(model_name: str, options: dict[str, Any], s: AgentSFTSettings,
     path = resolve_model_path(model_name)
     tokenizer, model = load_tokenizer(path), load_causal_lm(path, "float32")
     start = time.perf_counter()
+    log(f"playing the expert on {len(problems)} training states")
     solved, unsolved = expert_data(EpisodeRunner(model, tokenizer, eos_ids(model, tokenizer)), problems)
     if not solved:
         raise GrpolabError(f"agent sft: the expert solved none of the {len(problems)} training states; are the task's "
@@ -105,8 +107,14 @@ def run_agent_sft(model_name: str, options: dict[str, Any], s: AgentSFTSettings,
     encoded = [encode_episode(e) for e in solved]
     resolution = resolve_update(s.precision, model, s.batch_size, max(len(e.tokens) for e in solved))
     s = AgentSFTSettings(**{**asdict(s), "precision": resolution["update"]})
+    log(f"{len(solved)} expert episodes ({len(unsolved)} unsolved); loss before training")
     before = masked_loss(model, encoded, tokenizer.pad_token_id)
-    losses = train_on_encoded(model, encoded, tokenizer.pad_token_id, s)
+
+    def progress(step: int, loss: float) -> None:
+        if step % 10 == 0 or step == s.steps:
+            log(f"step {step}/{s.steps}  loss {loss:.4f}  {time.perf_counter() - start:.0f}s")
+
+    losses = train_on_encoded(model, encoded, tokenizer.pad_token_id, s, on_step=progress)
     after = masked_loss(model, encoded, tokenizer.pad_token_id)
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir)

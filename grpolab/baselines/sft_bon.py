@@ -38,7 +38,7 @@ import re
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -300,10 +300,12 @@ def train_sft(model, tokenizer, examples: list[tuple[Problem, str]], s: SFTSetti
     return train_on_encoded(model, [encode(tokenizer, p, t) for p, t in examples], tokenizer.pad_token_id, s)
 
 
-def train_on_encoded(model, encoded: list[tuple[list[int], list[int]]], pad_id: int, s) -> list[float]:
+def train_on_encoded(model, encoded: list[tuple[list[int], list[int]]], pad_id: int, s,
+                     on_step: Callable[[int, float], None] | None = None) -> list[float]:
     """Exactly s.steps AdamW steps over seeded epoch-wise shuffles of `encoded` ((ids, loss mask) pairs, sft_loss's
     cross-entropy on the masked tokens); each step's loss. ``s`` gives steps, batch_size, lr, weight_decay,
-    grad_clip, precision and seed (SFTSettings, or the agent warm start's AgentSFTSettings)."""
+    grad_clip, precision and seed (SFTSettings, or the agent warm start's AgentSFTSettings); ``on_step(step, loss)``
+    is called after each step (progress)."""
     opt = torch.optim.AdamW(model.parameters(), lr=s.lr, weight_decay=s.weight_decay)
     g = torch.Generator().manual_seed(s.seed)
     order: list[int] = []
@@ -321,6 +323,8 @@ def train_on_encoded(model, encoded: list[tuple[list[int], list[int]]], pad_id: 
         torch.nn.utils.clip_grad_norm_(model.parameters(), s.grad_clip or float("inf"))
         opt.step()
         losses.append(loss.item())
+        if on_step is not None:
+            on_step(len(losses), losses[-1])
     model.eval()
     return losses
 

@@ -122,7 +122,7 @@ def agent_sft(
     if "env" not in options:
         raise GrpolabError("baseline agent-sft: give the environment, e.g. --task-option env=lookup")
     s = AgentSFTSettings(steps=steps, batch_size=batch_size, lr=lr, seed=seed, precision=precision)
-    m = run_agent_sft(model, options, s, out, limit=limit)
+    m = run_agent_sft(model, options, s, out, limit=limit, log=lambda line: console.print(line, highlight=False))
     console.print(f"{m['method']}: {m['num_examples']} expert episodes ({m['unsolved_by_expert']} unsolved left out) "
                   f"from {m['num_problems']} training states, {steps} steps, loss {m['loss_before']:.3f} -> "
                   f"{m['loss_after']:.3f} ({m['seconds']:.0f}s)", highlight=False)
