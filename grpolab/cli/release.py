@@ -23,6 +23,7 @@ def release(
     threshold: Annotated[Optional[list[str]], typer.Option("--threshold", help="NAME=VALUE, e.g. serving_divergence_warn=0.2")] = None,
     stack: Annotated[str, typer.Option("--stack", help="serving stack: transformers (serving.json), gguf (the bundle as a GGUF file served by llama.cpp: serving_gguf.json; needs `make install-gguf`), or both")] = "transformers",
     gguf_type: Annotated[str, typer.Option("--gguf-type", help="GGUF tensor type for --stack gguf: f32, bf16 or f16")] = "f32",
+    serve_threads: Annotated[int, typer.Option("--serve-threads", help="threads of the served stack (0: its default; llama.cpp: every core, slow on a core another job holds)")] = 0,
 ) -> None:
     """Write the release bundle (weights with a LoRA merged, tokenizer, the run's chat template, a generation config
     with the run's end ids and sampling settings, release.json) and check it: served by plain transformers with no
@@ -54,7 +55,7 @@ def release(
     t = parse_thresholds(threshold or [])
     for one in ("transformers", "gguf"):
         if stack in (one, "both"):
-            run_serving_check(bundle, n, log=log, stack=one, gguf_type=gguf_type)
+            run_serving_check(bundle, n, threads=serve_threads, log=log, stack=one, gguf_type=gguf_type)
     evidence = load_release_evidence(run_dir)  # graded as the report grades it: every stack whose result is there
     serving = check_serving_consistency(evidence["serving"], t, evidence["serving_gguf"])
     rollback = check_rollback_ready(run_rollback_check(run_dir, str(rollback_to) if rollback_to else None, rollback_n, log=log), t)
