@@ -95,6 +95,11 @@ def test_a_bf16_gguf_holds_the_bundle_weights_rounded_to_bf16(tiny_model_dir, tm
     assert path.stat().st_size < 0.7 * gguf_of(tiny_model_dir, tmp_path, "f32").stat().st_size
 
 
+def test_an_f16_gguf_holds_the_bundle_weights_rounded_to_f16(tiny_model_dir, tmp_path, one_thread):
+    ours, theirs = bundle_and_gguf_logits(tiny_model_dir, gguf_of(tiny_model_dir, tmp_path, "f16"), round_to=torch.float16)
+    assert (ours - theirs).abs().max().item() < 1e-10
+
+
 def test_without_the_qk_permutation_the_logits_differ(tiny_model_dir, tmp_path, one_thread):
     """The test above can fail: the file written without llama.cpp's Q/K row permutation loads and runs, but
     transformers' loader undoes a permutation that was never done, and the attention is wrong."""

@@ -42,7 +42,7 @@ def _span(d: dict[str, float]) -> str:
 def _stop_id_problems(stops: dict[str, Any]) -> list[str]:
     """End ids: the served stack must stop on exactly the run's ids (transformers: its generation_config). llama.cpp
     (a "declared" list): the file must declare the run's ids and llama.cpp must end on each of them; the other ids
-    it ends on by their token text are shown (serving_extra_end_ids), not failed: the completions show their effect."""
+    it ends on by its own rule (token text, fill-in-the-middle tokens) are shown (serving_extra_end_ids), not failed: the completions show their effect."""
     run, served = sorted(stops["run"]), sorted(stops["served"])
     if "declared" not in stops:
         return [] if run == served else [f"end ids differ: the run stopped on {stops['run']}, the served "
@@ -56,7 +56,7 @@ def _stop_id_problems(stops: dict[str, Any]) -> list[str]:
 
 
 def serving_extra_end_ids(s: dict[str, Any]) -> list[int]:
-    """Ids the served stack ends on that the run did not stop on (llama.cpp's end-of-generation tokens by text)."""
+    """Ids the served stack ends on that the run did not stop on (llama.cpp's own end-of-generation tokens)."""
     return sorted(set(s["stop_ids"]["served"]) - set(s["stop_ids"]["run"]))
 
 
@@ -103,7 +103,7 @@ def grade_serving(s: dict[str, Any], t: Thresholds) -> tuple[str, str, dict[str,
              f"accuracy {m['evaluated']:.3f} -> {m['served']:.3f} ({_span(d)})")
     extra = serving_extra_end_ids(s)
     if extra:
-        shown += f"; llama.cpp also ends on ids {extra} (by token text), which the run did not stop on"
+        shown += f"; llama.cpp also ends on ids {extra} (its own end-of-generation rule), which the run did not stop on"
     problems = serving_identity_problems(s)
     if d["ci_high"] < 0:
         problems.append(f"served accuracy is lower, established: {_span(d)}")
