@@ -90,11 +90,11 @@ def main() -> None:
     for rubric in args.rubric or [judge_options["rubric"]]:
         judge = JudgeReward({**judge_options, "rubric": rubric, "cache": "off"})
         r = results["rubrics"][rubric] = agreement(judge, answers)
-        auc = r["auc"] or {}
+        auc, nan = r["auc"] or {}, float("nan")
+        accuracy, constant = (nan if r[k] is None else r[k] for k in ("accuracy", "constant_wrong_accuracy"))
         print(f"{rubric}: scored {r['scored']}/{r['answers']} ({r['scored_right']} right of {r['right']}); "
-              f"AUC {auc.get('auc', float('nan')):.3f} [{auc.get('ci_low', float('nan')):.3f}, "
-              f"{auc.get('ci_high', float('nan')):.3f}]; accuracy {r['accuracy'] or float('nan'):.3f} "
-              f"(constant 'wrong': {r['constant_wrong_accuracy'] or float('nan'):.3f}); "
+              f"AUC {auc.get('auc', nan):.3f} [{auc.get('ci_low', nan):.3f}, {auc.get('ci_high', nan):.3f}]; "
+              f"accuracy {accuracy:.3f} (constant 'wrong': {constant:.3f}); "
               f"{r['seconds_per_1000']:.0f} s per 1,000 judgements")
     print(f"cpu: {results['cpu']}")
     if args.out:

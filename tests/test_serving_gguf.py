@@ -19,7 +19,8 @@ import torch
 from grpolab.errors import GrpolabError
 from grpolab.report.base import FAIL, NA, PASS, WARN, Thresholds
 from grpolab.report.serving import check_serving_consistency, load_release_evidence
-from grpolab.serving.check import SERVE_GGUF_SCRIPT, SERVING_GGUF_FILE, run_serving_check, serve_with_llama_cpp
+from grpolab.serving.check import (SERVE_GGUF_SCRIPT, SERVING_GGUF_FILE, STACKS, run_serving_check, run_serving_checks,
+                                  serve_with_llama_cpp)
 from grpolab.serving.gguf import convert_to_gguf, end_id_fields, pre_tokenizer_name, weights_against_gguf
 
 T = Thresholds()
@@ -226,3 +227,18 @@ def test_llama_cpp_needs_the_qk_permutation_too(tiny_model_dir, tmp_path, one_th
     bad = serve_with_llama_cpp(gguf_of(tiny_model_dir, tmp_path / "bad", "f32", permute=False), request, 4, threads=1)["rows"][0]
     assert good["prompt_ids"] == bad["prompt_ids"]
     assert max(abs(a - b) for a, b in zip(good["reference_logprobs"], bad["reference_logprobs"])) > 1e-4
+
+
+@needs_llama_cpp
+def test_both_stacks_share_one_grpolab_evaluation(gguf_run, monkeypatch):
+    import grpolab.serving.check as check
+
+    calls = []
+    real = check.grpolab_side
+    monkeypatch.setattr(check, "grpolab_side", lambda *a, **k: calls.append(a) or real(*a, **k))
+    out = run_serving_checks(gguf_run / "release" / "bundle", STACKS, threads=1)
+    assert len(calls) == 1 and set(out) == {"transformers", "gguf"}
+    assert out["transformers"]["stack"] == "transformers" and out["gguf"]["stack"] == "llama.cpp"
+    assert out["transformers"]["n"] == out["gguf"]["n"] and out["gguf"]["prompts_identical"] == 1.0
+    evidence = load_release_evidence(gguf_run)
+    assert evidence["serving"]["stack"] == "transformers" and evidence["serving_gguf"]["stack"] == "llama.cpp"

@@ -35,8 +35,7 @@ def release(
     from ..report.base import parse_thresholds
     from ..report.serving import check_rollback_ready, check_serving_consistency, load_release_evidence
     from ..serving.bundle import RELEASE_FILE, read_release, write_release
-    from ..serving.check import run_rollback_check, run_serving_check
-
+    from ..serving.check import STACKS, run_rollback_check, run_serving_checks
     from ..serving.gguf import GGUF_TYPES
 
     if stack not in ("transformers", "gguf", "both"):
@@ -53,9 +52,8 @@ def release(
     if skip_checks:
         return
     t = parse_thresholds(threshold or [])
-    for one in ("transformers", "gguf"):
-        if stack in (one, "both"):
-            run_serving_check(bundle, n, threads=serve_threads, log=log, stack=one, gguf_type=gguf_type)
+    run_serving_checks(bundle, STACKS if stack == "both" else (stack,), n, threads=serve_threads, log=log,
+                       gguf_type=gguf_type)  # grpolab's own evaluation runs once for both stacks
     evidence = load_release_evidence(run_dir)  # graded as the report grades it: every stack whose result is there
     serving = check_serving_consistency(evidence["serving"], t, evidence["serving_gguf"])
     rollback = check_rollback_ready(run_rollback_check(run_dir, str(rollback_to) if rollback_to else None, rollback_n, log=log), t)

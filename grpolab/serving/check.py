@@ -193,12 +193,21 @@ def _serve_gguf(bundle: Path, release: dict[str, Any], model, requests: list[dic
 
 def run_serving_check(bundle: Path, n: int = 0, batch_size: int = 16, threads: int = 0, log: Log = lambda s: None,
                       stack: str = "transformers", gguf_type: str = "f32") -> dict[str, Any]:
-    """Serve `bundle` with plain transformers (stack "transformers": SOURCE_RUN/release/serving.json) or as a GGUF
-    file with llama.cpp (stack "gguf", gguf_type f32 / bf16 / f16: serving_gguf.json), compare with grpolab's
-    evaluation of the checkpoint on the first n held-out problems (0: all the evaluation had); write and return."""
-    if stack not in STACKS:
-        raise GrpolabError(f"--stack: expected one of {', '.join(STACKS)}, got {stack!r}")
-    if stack == "gguf" and importlib.util.find_spec("llama_cpp") is None:
+    """One stack's serving check (run_serving_checks with ``stacks=(stack,)``): its result."""
+    return run_serving_checks(bundle, (stack,), n, batch_size, threads, log, gguf_type)[stack]
+
+
+def run_serving_checks(bundle: Path, stacks: tuple[str, ...] = ("transformers",), n: int = 0, batch_size: int = 16,
+                       threads: int = 0, log: Log = lambda s: None, gguf_type: str = "f32") -> dict[str, dict[str, Any]]:
+    """Serve `bundle` with each of `stacks` -- plain transformers ("transformers": SOURCE_RUN/release/serving.json)
+    and/or its GGUF file with llama.cpp ("gguf", gguf_type f32 / bf16 / f16: serving_gguf.json) -- and compare each
+    with grpolab's evaluation of the checkpoint on the first n held-out problems (0: all the evaluation had), which
+    runs once for all stacks; write each result and return {stack: result}. A result's ``seconds`` is grpolab's
+    evaluation plus that stack's own time."""
+    for stack in stacks:
+        if stack not in STACKS:
+            raise GrpolabError(f"--stack: expected one of {', '.join(STACKS)}, got {stack!r}")
+    if "gguf" in stacks and importlib.util.find_spec("llama_cpp") is None:
         raise GrpolabError(f"--stack gguf: {LLAMA_CPP_MISSING}")
     bundle = Path(bundle)
     release = read_release(bundle)
@@ -208,21 +217,24 @@ def run_serving_check(bundle: Path, n: int = 0, batch_size: int = 16, threads: i
     start = time.perf_counter()
     log(f"serving check: grpolab evaluates {ckpt} on {len(problems)} held-out problems ({held['dtype']})")
     ours = grpolab_side(ckpt, problems, held["max_new_tokens"], held["dtype"], batch_size)
-    model, requests, extra = ours.pop("model"), _requests(problems, ours["ids"]), {}
-    if stack == "gguf":
-        served, weights, conversion = _serve_gguf(bundle, release, model, requests, ours["prompts"],
-                                                  held["max_new_tokens"], threads, gguf_type, log)
-        extra = {"gguf": conversion}
-    else:
-        weights = weights_against(model, bundle)
-        log("serving check: plain transformers serves the bundle in a separate process")
-        served = serve_with_transformers(bundle, requests, held["max_new_tokens"], threads)
-    result = {"grpolab_serving": 1, "stack": "llama.cpp" if stack == "gguf" else "transformers", **extra,
-              **_measures(bundle, problems, ours, served, held, release, weights, run_dir),
-              "seconds": time.perf_counter() - start}
+    model, requests = ours.pop("model"), _requests(problems, ours["ids"])
+    evaluated_s, results = time.perf_counter() - start, {}
     release_dir(run_dir).mkdir(parents=True, exist_ok=True)
-    write_json_atomic(release_dir(run_dir) / (SERVING_GGUF_FILE if stack == "gguf" else SERVING_FILE), result)
-    return result
+    for stack in stacks:
+        t0, extra = time.perf_counter(), {}
+        if stack == "gguf":
+            served, weights, conversion = _serve_gguf(bundle, release, model, requests, ours["prompts"],
+                                                      held["max_new_tokens"], threads, gguf_type, log)
+            extra = {"gguf": conversion}
+        else:
+            weights = weights_against(model, bundle)
+            log("serving check: plain transformers serves the bundle in a separate process")
+            served = serve_with_transformers(bundle, requests, held["max_new_tokens"], threads)
+        results[stack] = {"grpolab_serving": 1, "stack": "llama.cpp" if stack == "gguf" else "transformers", **extra,
+                          **_measures(bundle, problems, ours, served, held, release, weights, run_dir),
+                          "seconds": evaluated_s + time.perf_counter() - t0}
+        write_json_atomic(release_dir(run_dir) / (SERVING_GGUF_FILE if stack == "gguf" else SERVING_FILE), results[stack])
+    return results
 
 
 def _measures(bundle: Path, problems: list[Problem], ours: dict[str, Any], served: dict[str, Any],
@@ -313,4 +325,4 @@ def run_rollback_check(run_dir: Path, target: str | None = None, n: int = 32, th
 
 
 __all__ = ["RELEASE_FILE", "ROLLBACK_FILE", "SERVING_FILE", "SERVING_GGUF_FILE", "STACKS", "gguf_file_for", "release_dir",
-           "run_rollback_check", "run_serving_check", "serve_with_llama_cpp", "serve_with_transformers"]
+           "run_rollback_check", "run_serving_check", "run_serving_checks", "serve_with_llama_cpp", "serve_with_transformers"]

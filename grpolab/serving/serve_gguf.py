@@ -40,7 +40,8 @@ END_KEYS = ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "token
 
 
 class RefuseGrpolab(importlib.abc.MetaPathFinder):
-    """An import hook that makes ``import grpolab`` (or any submodule) fail in this process."""
+    """An import hook that makes ``import grpolab`` (or any submodule) fail in this process. The same as
+    serve_hf.py's on purpose: each serving script runs alone under ``python -I``, importing nothing beside it."""
 
     def find_spec(self, fullname, path=None, target=None):
         if fullname == "grpolab" or fullname.startswith("grpolab."):
