@@ -143,11 +143,25 @@ def test_values_cross_the_wire(pool):
     assert [c.ok for c in result.cases] == [True] * len(cases), result.cases
 
 
-def test_partial_credit_and_honest_timeout(pool):
-    program = "def f(x):\n    while x == 3:\n        pass\n    return x * x\n"
-    result = _run(pool, program, ["assert f(2) == 4", "assert f(3) == 9", "assert f(4) == 16"])
+LOOP_ON_3 = "def f(x):\n    while x == 3:\n        pass\n    return x * x\n"
+SQUARE_CASES = ["assert f(2) == 4", "assert f(3) == 9", "assert f(4) == 16"]
+
+
+def test_partial_credit_and_honest_timeout():
+    """The wall clock ends the run: every case from the hung one on is a timeout. The CPU limit is set far above
+    the wall limit so that it cannot fire first (with cpu_s == wall_s the two race: which one a busy loop meets
+    first depends on the machine)."""
+    result = _run(shared_pool(replace(LIMITS, cpu_s=30.0)), LOOP_ON_3, SQUARE_CASES)
     assert [c.ok for c in result.cases] == [True, False, False]
     assert [c.reason for c in result.cases] == [None, "timeout", "timeout"]
+
+
+def test_cpu_limit_is_a_limit_not_a_timeout():
+    """A busy loop that meets the CPU limit long before the wall clock is a limit hit, for the hung case and the
+    rest (the program is gone)."""
+    result = _run(shared_pool(replace(LIMITS, cpu_s=1.0, wall_s=20.0)), LOOP_ON_3, SQUARE_CASES)
+    assert [c.ok for c in result.cases] == [True, False, False]
+    assert [c.reason for c in result.cases] == [None, "limit", "limit"]
 
 
 def test_program_errors_have_reasons(pool):
