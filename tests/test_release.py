@@ -20,7 +20,7 @@ from grpolab.manifest import hash_model_dir, problem_hashes, sha256_bytes, write
 from grpolab.report.base import FAIL, NA, PASS, Thresholds
 from grpolab.report.serving import check_rollback_ready, check_serving_consistency, load_release_evidence
 from grpolab.serving.bundle import read_release, write_release
-from grpolab.serving.check import SERVE_SCRIPT, run_rollback_check, run_serving_check
+from grpolab.serving.check import SERVE_SCRIPT, run_rollback_check, run_serving_check, serve_with_transformers
 from grpolab.tasks import make_task
 
 T = Thresholds()
@@ -123,6 +123,55 @@ def test_the_serving_script_cannot_import_grpolab(tmp_path):
     assert proc.returncode != 0 and "runs without grpolab code" in proc.stderr
     ok = subprocess.run([sys.executable, "-I", "-c", "import grpolab"], cwd=tmp_path, capture_output=True, timeout=60)
     assert ok.returncode == 0  # ... while grpolab is installed in that interpreter: the refusal is what stops it
+
+
+def _end_id_some_answers_reach(bundle: Path, requests: list[dict]) -> int:
+    """Give `bundle` weights whose greedy answers vary (the tiny model's repeat one token), then return a token
+    those answers (no end id) write at some position >= 1 in some answers and nowhere in others: made the end id,
+    it ends rows of one batch at different steps."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(bundle)
+    model = AutoModelForCausalLM.from_pretrained(bundle, dtype=torch.float32)
+    gen = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.5 * torch.randn(p.shape, generator=gen))
+    model.save_pretrained(bundle)
+    answers = []
+    for r in requests:
+        prompt = tokenizer.apply_chat_template(r["messages"], add_generation_prompt=True, return_dict=True)["input_ids"]
+        ids = torch.tensor([prompt])
+        out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=MAX_NEW,
+                             eos_token_id=None, pad_token_id=0, temperature=None, top_p=None, top_k=None)
+        answers.append(out[0, ids.shape[1]:].tolist())
+    counts = {t: sum(t in a[1:-1] for a in answers) for a in answers for t in a[1:-1]}
+    some = [t for t, c in sorted(counts.items()) if 0 < c < len(answers)]
+    assert some, answers
+    return some[0]
+
+
+def test_served_batches_answer_as_one_at_a_time(full_run, bundle, tmp_path):
+    """Requests of one prompt length answered together by serve_hf.py give the tokens and logprobs of one at a
+    time, in request order, with rows ending at different steps cut after their end id."""
+    questions = [f"What is {a} + {b}?" for a, b in ((11, 12), (13, 14), (15, 16), (17, 18), (19, 10))] + ["Please add the numbers 1, 2, 3, 4 and 5 together."]
+    requests = [{"uid": str(i), "messages": [{"role": "user", "content": q}], "reference_ids": [5, 6, 7]}
+                for i, q in enumerate(questions)]
+    planted = shutil.copytree(bundle, tmp_path / "bundle")
+    end = _end_id_some_answers_reach(planted, requests)
+    path = planted / "generation_config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "eos_token_id": [end]}))
+    one = serve_with_transformers(planted, requests, MAX_NEW, threads=1, batch_size=1)
+    together = serve_with_transformers(planted, requests, MAX_NEW, threads=1, batch_size=3)
+    lengths = [len(r["prompt_ids"]) for r in one["rows"]]
+    assert lengths[:5] == [lengths[0]] * 5 and lengths[5] != lengths[0]  # two batches of equal length, and one alone
+    assert [r["uid"] for r in together["rows"]] == [str(i) for i in range(6)] and together["batch_size"] == 3
+    assert 0 < sum(r["stopped"] for r in one["rows"][:5]) < 5  # rows of one batch end at different steps
+    for a, b in zip(one["rows"], together["rows"]):
+        assert a["completion_ids"] == b["completion_ids"] and a["stopped"] == b["stopped"] and a["text"] == b["text"]
+        assert not a["stopped"] or a["completion_ids"].count(end) == 1 and a["completion_ids"][-1] == end
+        assert b["logprobs"] == pytest.approx(a["logprobs"], rel=1e-5, abs=1e-5) and len(a["logprobs"]) == len(a["completion_ids"])
+        assert b["reference_logprobs"] == pytest.approx(a["reference_logprobs"], rel=1e-5, abs=1e-5)
 
 
 @pytest.mark.slow  # over 20 s on a loaded 2-core CPU: two serving processes

@@ -76,9 +76,11 @@ def _serve_isolated(script: Path, model: Path, requests: list[dict[str, Any]], m
 
 
 def serve_with_transformers(model_dir: Path, requests: list[dict[str, Any]], max_new_tokens: int,
-                            threads: int = 0, timeout_s: float = 3600) -> dict[str, Any]:
-    """serve_hf.py on a model directory, isolated (_serve_isolated)."""
-    return _serve_isolated(SERVE_SCRIPT, model_dir, requests, max_new_tokens, threads, "plain transformers", [], timeout_s)
+                            threads: int = 0, batch_size: int = 8, timeout_s: float = 3600) -> dict[str, Any]:
+    """serve_hf.py on a model directory, isolated (_serve_isolated); requests of one prompt length answered
+    batch_size at a time (no padding)."""
+    return _serve_isolated(SERVE_SCRIPT, model_dir, requests, max_new_tokens, threads, "plain transformers",
+                           ["--batch-size", str(batch_size)], timeout_s)
 
 
 def serve_with_llama_cpp(gguf_file: Path, requests: list[dict[str, Any]], max_new_tokens: int, threads: int = 0,
@@ -229,7 +231,7 @@ def run_serving_checks(bundle: Path, stacks: tuple[str, ...] = ("transformers",)
         else:
             weights = weights_against(model, bundle)
             log("serving check: plain transformers serves the bundle in a separate process")
-            served = serve_with_transformers(bundle, requests, held["max_new_tokens"], threads)
+            served = serve_with_transformers(bundle, requests, held["max_new_tokens"], threads, batch_size)
         results[stack] = {"grpolab_serving": 1, "stack": "llama.cpp" if stack == "gguf" else "transformers", **extra,
                           **_measures(bundle, problems, ours, served, held, release, weights, run_dir),
                           "seconds": evaluated_s + time.perf_counter() - t0}

@@ -7,7 +7,9 @@ its source tree.
 What a deployment does with the directory is what this script does: ``AutoTokenizer`` and
 ``AutoModelForCausalLM.from_pretrained(dir, dtype="auto")`` (the precision the weights were written in),
 ``apply_chat_template(messages, add_generation_prompt=True)``, then ``generate`` with the directory's own
-generation_config.json (its ``eos_token_id`` list ends the answer), greedy, one request at a time (no padding).
+generation_config.json (its ``eos_token_id`` list ends the answer), greedy. Requests whose prompts have the same
+number of tokens are answered together, up to ``--batch-size`` at a time, so no prompt is ever padded; a row that
+ends waits, padded, for the others and its answer is cut after its end id (``--batch-size 1``: one at a time).
 
 Input (--requests, JSON): ``[{"uid", "messages": [{"role", "content"}], "reference_ids": [int] (optional)}]``.
 Output (--out, JSON): the stack (versions, dtype, eos ids, chat-template sha256, modules loaded) and per request
@@ -49,34 +51,67 @@ def token_logprobs(logits, token_ids):
     return logp.gather(-1, token_ids.view(-1, 1)).view(-1).tolist()
 
 
-def answer(model, tokenizer, request: dict, max_new_tokens: int) -> dict:
-    """One request: greedy generation with the model's generation_config, per-token logprobs, teacher forcing."""
+def first_end(ids: list[int], eos: list[int]) -> int:
+    """Tokens of an answer up to and including its first end id (all of them when none ends it)."""
+    return next((i + 1 for i, t in enumerate(ids) if t in eos), len(ids))
+
+
+def teacher_forced(model, prompt: list[int], reference: list[int]) -> list[float]:
+    """log p(reference token | prompt, earlier reference tokens), one forward pass."""
     import torch
 
-    prompt = tokenizer.apply_chat_template(request["messages"], add_generation_prompt=True, tokenize=True,
-                                           return_dict=True)["input_ids"]
-    ids = torch.tensor([prompt], dtype=torch.long)
+    full = torch.tensor([prompt + list(reference)], dtype=torch.long)
+    logits = model(input_ids=full).logits[0, len(prompt) - 1 : -1]
+    return token_logprobs(logits, torch.tensor(reference, dtype=torch.long))
+
+
+def answer_batch(model, tokenizer, requests: list[dict], prompts: list[list[int]], max_new_tokens: int) -> list[dict]:
+    """Requests whose prompts have one length: greedy generation together with the model's generation_config,
+    per-token logprobs, and teacher forcing of each request's reference ids."""
+    import torch
+
+    assert len({len(p) for p in prompts}) == 1, "a batch holds prompts of one length (nothing is padded)"
+    eos = model.generation_config.eos_token_id
+    eos = [eos] if isinstance(eos, int) else list(eos or [])
+    ids = torch.tensor(prompts, dtype=torch.long)
+    rows = []
     with torch.no_grad():
         out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False, temperature=None,
                              top_p=None, top_k=None, max_new_tokens=max_new_tokens, return_dict_in_generate=True,
                              output_logits=True)
-        completion = out.sequences[0, len(prompt):]
-        steps = torch.stack([step[0] for step in out.logits])[: len(completion)]
-        eos = model.generation_config.eos_token_id
-        eos = [eos] if isinstance(eos, int) else list(eos or [])
-        row = {"uid": request["uid"], "prompt_ids": prompt, "completion_ids": completion.tolist(),
-               "text": tokenizer.decode(completion, skip_special_tokens=True),
-               "logprobs": token_logprobs(steps, completion),
-               "stopped": bool(len(completion)) and int(completion[-1]) in eos}
-        reference = request.get("reference_ids")
-        if reference:
-            full = torch.tensor([prompt + list(reference)], dtype=torch.long)
-            logits = model(input_ids=full).logits[0, len(prompt) - 1 : -1]
-            row["reference_logprobs"] = token_logprobs(logits, torch.tensor(reference, dtype=torch.long))
-    return row
+        for i, (request, prompt) in enumerate(zip(requests, prompts)):
+            generated = out.sequences[i, len(prompt):].tolist()
+            completion = torch.tensor(generated[: first_end(generated, eos)], dtype=torch.long)
+            steps = torch.stack([step[i] for step in out.logits[: len(completion)]]) if len(completion) else None
+            row = {"uid": request["uid"], "prompt_ids": prompt, "completion_ids": completion.tolist(),
+                   "text": tokenizer.decode(completion, skip_special_tokens=True),
+                   "logprobs": token_logprobs(steps, completion) if steps is not None else [],
+                   "stopped": bool(len(completion)) and int(completion[-1]) in eos}
+            if request.get("reference_ids"):
+                row["reference_logprobs"] = teacher_forced(model, prompt, request["reference_ids"])
+            rows.append(row)
+    return rows
 
 
-def serve(model_dir: str, requests: list[dict], max_new_tokens: int, threads: int) -> dict:
+def answer_all(model, tokenizer, requests: list[dict], max_new_tokens: int, batch_size: int) -> list[dict]:
+    """Every request, in batches of equal prompt length (at most batch_size each); rows in request order."""
+    prompts = [tokenizer.apply_chat_template(r["messages"], add_generation_prompt=True, tokenize=True,
+                                             return_dict=True)["input_ids"] for r in requests]
+    by_length: dict[int, list[int]] = {}
+    for i, p in enumerate(prompts):
+        by_length.setdefault(len(p), []).append(i)
+    rows: list = [None] * len(requests)
+    for indices in by_length.values():
+        for start in range(0, len(indices), max(1, batch_size)):
+            chunk = indices[start : start + max(1, batch_size)]
+            answered = answer_batch(model, tokenizer, [requests[i] for i in chunk], [prompts[i] for i in chunk],
+                                    max_new_tokens)
+            for i, row in zip(chunk, answered):
+                rows[i] = row
+    return rows
+
+
+def serve(model_dir: str, requests: list[dict], max_new_tokens: int, threads: int, batch_size: int = 1) -> dict:
     import torch
     import transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -87,7 +122,7 @@ def serve(model_dir: str, requests: list[dict], max_new_tokens: int, threads: in
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype="auto").eval()
     loaded = time.perf_counter() - start
-    rows = [answer(model, tokenizer, r, max_new_tokens) for r in requests]
+    rows = answer_all(model, tokenizer, requests, max_new_tokens, batch_size)
     eos = model.generation_config.eos_token_id
     return {
         "stack": {"transformers": transformers.__version__, "torch": torch.__version__,
@@ -96,7 +131,7 @@ def serve(model_dir: str, requests: list[dict], max_new_tokens: int, threads: in
         "model_dir": model_dir, "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
         "eos_token_id": sorted([eos] if isinstance(eos, int) else list(eos or [])),
         "chat_template_sha256": hashlib.sha256((tokenizer.chat_template or "").encode()).hexdigest(),
-        "load_s": loaded, "answer_s": time.perf_counter() - start - loaded, "rows": rows,
+        "load_s": loaded, "answer_s": time.perf_counter() - start - loaded, "batch_size": batch_size, "rows": rows,
     }
 
 
@@ -108,10 +143,11 @@ def main() -> None:
     parser.add_argument("--out", required=True, help="JSON file to write")
     parser.add_argument("--max-new-tokens", type=int, required=True)
     parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
+    parser.add_argument("--batch-size", type=int, default=1, help="requests answered together (same prompt length)")
     args = parser.parse_args()
     with open(args.requests, encoding="utf-8") as f:
         requests = json.load(f)
-    result = serve(args.model, requests, args.max_new_tokens, args.threads)
+    result = serve(args.model, requests, args.max_new_tokens, args.threads, args.batch_size)
     with open(args.out, "w", encoding="utf-8") as f:
         json.dump(result, f)
 
