@@ -4,6 +4,7 @@
     python benchmarks/static_decode.py                       # bundled SmolLM2-135M-Instruct, G = 8, fp32
     python benchmarks/static_decode.py --compile             # also the compiled step (static_compiled)
     python benchmarks/static_decode.py --dtype bfloat16      # the bf16 sampler copy (rollout.dtype: bfloat16)
+    python benchmarks/static_decode.py --dtype bfloat16 --with-fp32   # ... and the fp32 default loop, alternated
 
 Each side samples G completions of one fixed prompt with no stop token (every row runs every step). The time of a
 step is the difference of two whole calls, `new_tokens` and `short_tokens` long, over the steps between them, so
@@ -51,6 +52,8 @@ def main() -> None:
     ap.add_argument("--short-tokens", type=int, default=16)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--compile", action="store_true", help="also time the compiled fixed-shape step")
+    ap.add_argument("--with-fp32", action="store_true",
+                    help="with --dtype bfloat16: also time the default loop on an fp32 copy, in the same rounds")
     ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
                     help="precision of the sampling model (bf16: the rollout's bf16 copy); forced, never read from the machine")
     args = ap.parse_args()
@@ -61,24 +64,27 @@ def main() -> None:
     dtype = getattr(torch, args.dtype)
     model = load_causal_lm(resolve_model_path(args.model), "float32").to(dtype).eval()
     prompt = torch.randint(100, 1000, (1, args.prompt_tokens), generator=torch.Generator().manual_seed(0))
-    sides = {"decode loop (default: rows leave, cache in place, prepacked)": decode_groups,
-             "fixed-shape step, eager (static)": StaticDecoder().decode}
+    sides = {"decode loop (default: rows leave, cache in place, prepacked)": (decode_groups, model),
+             "fixed-shape step, eager (static)": (StaticDecoder().decode, model)}
+    if args.with_fp32 and dtype != torch.float32:
+        fp32_model = load_causal_lm(resolve_model_path(args.model), "float32").eval()
+        sides["decode loop, fp32 weights (the other rollout.dtype; floor not its own)"] = (decode_groups, fp32_model)
     compile_s = None
     if args.compile:
         compiled = StaticDecoder(compile=True)
         t0 = time.perf_counter()
         call_seconds(compiled.decode, model, prompt, args.group_size, args.short_tokens)
         compile_s = time.perf_counter() - t0
-        sides["fixed-shape step, compiled (static_compiled)"] = compiled.decode
+        sides["fixed-shape step, compiled (static_compiled)"] = (compiled.decode, model)
     with torch.no_grad():
-        for decode in sides.values():  # warm-up: allocations, the static cache of each shape
+        for decode, m in sides.values():  # warm-up: allocations, the static cache of each shape
             for n in (args.short_tokens, args.new_tokens):
-                call_seconds(decode, model, prompt, args.group_size, n)
+                call_seconds(decode, m, prompt, args.group_size, n)
         steps: dict[str, list[float]] = {name: [] for name in sides}
         for _ in range(args.repeats):
-            for name, decode in sides.items():
-                long = call_seconds(decode, model, prompt, args.group_size, args.new_tokens)
-                short = call_seconds(decode, model, prompt, args.group_size, args.short_tokens)
+            for name, (decode, m) in sides.items():
+                long = call_seconds(decode, m, prompt, args.group_size, args.new_tokens)
+                short = call_seconds(decode, m, prompt, args.group_size, args.short_tokens)
                 steps[name].append((long - short) / (args.new_tokens - args.short_tokens))
     ms = {name: statistics.median(times) * 1e3 for name, times in steps.items()}
     context = args.prompt_tokens + (args.new_tokens + args.short_tokens) / 2

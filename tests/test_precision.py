@@ -99,9 +99,12 @@ def test_a_baselines_update_precision_is_measured_unless_given(monkeypatch):
 def test_the_rate_formula_and_the_shapes_fit_the_budget():
     assert precision.gflops(2, 3, 4, 1e-9) == pytest.approx(2 * 2 * 3 * 4)  # 2 m n k / s / 1e9
     shapes = precision.probe_shapes(576, 1536, 49152, micro_batch_size=16, max_new_tokens=48, group_size=8)
-    assert shapes["update"][1:] == [576, 1536] and shapes["sampling"][:2] == [8, 576]  # hidden sizes and rows kept
-    for m, k, n in shapes.values():
-        assert 2 * m * k * n <= precision.MAX_PROBE_FLOP
+    m, k, n = shapes["update"]
+    assert [k, n] == [576, 1536] and 2 * m * k * n <= precision.MAX_PROBE_FLOP  # hidden sizes kept, tokens cut
+    assert shapes["sampling"] == [8, 576, 49152]  # decoding: the whole head (113 MB in fp32), read from memory
+    qwen_7b = precision.probe_shapes(3584, 18944, 152064, micro_batch_size=4, max_new_tokens=256, group_size=8)
+    m, k, n = qwen_7b["sampling"]
+    assert [m, k] == [8, 3584] and 4 * k * n <= precision.MAX_SAMPLING_WEIGHT_BYTES < 4 * k * (n + 1)
 
 
 def test_auto_is_accepted_and_a_wrong_value_names_the_field():

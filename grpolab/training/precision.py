@@ -11,8 +11,10 @@ of the sampler's weight copy: float32 | bfloat16):
   its rate is clearly above fp32's, with a hysteresis band (``choose``).
 
 The probe measures one product per use: the update's ``[tokens x hidden] @ [hidden x intermediate]`` (tokens =
-micro_batch_size x (TYPICAL_PROMPT_TOKENS + max_new_tokens)) and decoding's ``[group_size x hidden] @ [hidden x
-vocab]`` (one new token for each completion of a group), each shrunk to at most ``MAX_PROBE_FLOP``. Its rate is
+micro_batch_size x (TYPICAL_PROMPT_TOKENS + max_new_tokens)), shrunk to at most ``MAX_PROBE_FLOP``, and decoding's
+``[group_size x hidden] @ [hidden x vocab]`` (one new token for each completion of a group) with its weight kept as
+large as the model's head up to ``MAX_SAMPLING_WEIGHT_BYTES``: decoding streams its weights from memory, so its
+product is measured out of cache, where bf16's halved bytes count (``streaming_shape``). Its rate is
 GFLOP/s = 2 * m * n * k / seconds / 1e9 for an [m x k] @ [k x n] product. Each dtype's seconds are the median of
 ``REPEATS`` samples taken alternately with the other dtype (a drift of the machine hits both), each sample the
 mean of as many back-to-back products as fill ``SAMPLE_S`` (a 3 ms product is timed over ~7 products, never
@@ -57,6 +59,13 @@ MAX_PROBE_FLOP = 1e8
 a product is already close to the sustained one, and a single product stays short (~0.3 s) even where bf16 runs
 30-60x slower than fp32 (CPUs without bf16 units, measured in docs/performance.md)."""
 
+MAX_SAMPLING_WEIGHT_BYTES = 256 * 2**20
+"""The sampling probe's fp32 weight matrix holds at most 256 MiB, and otherwise the model's whole output head. A
+decode step reads every weight once per token: its products are bound by memory, not arithmetic. The earlier probe
+cut the head to a FLOP budget ([8 x 576] @ [576 x 10850], 25 MB): the weight sat in the caches and bf16 measured
+1.08x fp32 on an AMX CPU where the real head ([576 x 49152], 113 MB) ran 4.6x faster in bf16 and the whole decode
+step 1.36x (docs/performance.md)."""
+
 SAMPLE_S = 0.02
 """Minimum measuring time of one sample: products are repeated back to back until it is filled."""
 
@@ -95,12 +104,22 @@ def fit_to_budget(m: int, k: int, n: int, max_flop: float = MAX_PROBE_FLOP) -> l
     return [m, k, n]
 
 
+def streaming_shape(m: int, k: int, n: int, max_bytes: int = MAX_SAMPLING_WEIGHT_BYTES) -> list[int]:
+    """[m, k, n] with n reduced (never below 1) so that the fp32 [k x n] weight holds at most max_bytes.
+
+    >>> streaming_shape(8, 576, 49152), streaming_shape(8, 3584, 152064)
+    ([8, 576, 49152], [8, 3584, 18724])
+    """
+    return [m, k, max(1, min(n, max_bytes // (4 * k)))]
+
+
 def probe_shapes(hidden: int, intermediate: int, vocab: int, micro_batch_size: int, max_new_tokens: int,
                  group_size: int) -> dict[str, list[int]]:
-    """The [m, k, n] product measured for each use: the update's MLP product on a micro-batch's tokens and the
-    decoder's output head on one token per completion of a group (both within ``MAX_PROBE_FLOP``)."""
+    """The [m, k, n] product measured for each use: the update's MLP product on a micro-batch's tokens (within
+    ``MAX_PROBE_FLOP``) and the decoder's output head on one token per completion of a group (its weight out of
+    cache: ``streaming_shape``)."""
     tokens = micro_batch_size * (TYPICAL_PROMPT_TOKENS + max_new_tokens)
-    return {"update": fit_to_budget(tokens, hidden, intermediate), "sampling": fit_to_budget(group_size, hidden, vocab)}
+    return {"update": fit_to_budget(tokens, hidden, intermediate), "sampling": streaming_shape(group_size, hidden, vocab)}
 
 
 def model_dims(model: torch.nn.Module) -> tuple[int, int, int]:
