@@ -159,7 +159,7 @@ def grpolab_raw_config(args, model_path: str, out_dir: str) -> dict:
         "task": {"name": "arithmetic", "options": dict(TASK_OPTIONS)},
         "reward": {"weights": dict(REWARD_WEIGHTS)},
         "rollout": {"group_size": args.group_size, "max_new_tokens": args.max_new_tokens, "temperature": 1.0,
-                    "top_p": 1.0, "top_k": 0, "dtype": "bfloat16" if bf16 else "float32"},
+                    "top_p": 1.0, "top_k": 0, "dtype": "bfloat16" if bf16 else "float32", "decoder": args.decoder},
         "algorithm": {"preset": "grpo", "beta": args.beta, "kl_estimator": "k3", "kl_placement": "loss",
                       "eps_low": 0.2, "eps_high": 0.2, "aggregation": "seq_mean_token_mean"},
         "train": {"steps": args.warmup + args.steps, "prompts_per_step": args.prompts_per_step, "mu": 1,
@@ -446,7 +446,8 @@ def spawn(args, side: str, log_dir: Path, tag: str, overrides: dict[str, Any] | 
            "--model", o["model"], "--precision", o["precision"], "--group-size", str(o["group_size"]),
            "--max-new-tokens", str(o["max_new_tokens"]), "--prompts-per-step", str(o["prompts_per_step"]),
            "--micro-batch-size", str(o["micro_batch_size"]), "--steps", str(o["steps"]), "--warmup", str(o["warmup"]),
-           "--lr", repr(o["lr"]), "--beta", repr(o["beta"]), "--seed", str(o["seed"]), "--threads", str(o["threads"])]
+           "--lr", repr(o["lr"]), "--beta", repr(o["beta"]), "--seed", str(o["seed"]), "--threads", str(o["threads"]),
+           "--decoder", o["decoder"]]
     if o["trl_gradient_checkpointing"]:
         cmd.append("--trl-gradient-checkpointing")
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
@@ -686,6 +687,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
                    help="fp32: everything fp32. bf16: grpolab train.precision=bf16 + rollout.dtype=bfloat16; TRL bf16=True")
     p.add_argument("--group-size", type=int, default=8)
+    p.add_argument("--decoder", choices=["grpolab", "static", "static_compiled", "hf"], default="grpolab",
+                   help="grpolab's rollout.decoder (default: its default decode loop)")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--prompts-per-step", type=int, default=4)
     p.add_argument("--micro-batch-size", type=int, default=8, help="sequences per forward/backward, both sides")
