@@ -153,7 +153,9 @@ def _end_id_some_answers_reach(bundle: Path, requests: list[dict]) -> int:
 
 def test_served_batches_answer_as_one_at_a_time(full_run, bundle, tmp_path):
     """Requests of one prompt length answered together by serve_hf.py give the tokens and logprobs of one at a
-    time, in request order, with rows ending at different steps cut after their end id."""
+    time, in request order, with rows ending at different steps cut after their end id. Logprobs agree to float32
+    rounding of products of another row count (1.5e-5 seen; a row mix-up would differ by O(1)); the greedy
+    choices here have a top-2 logit gap of at least 3e-3, far above that rounding."""
     questions = [f"What is {a} + {b}?" for a, b in ((11, 12), (13, 14), (15, 16), (17, 18), (19, 10))] + ["Please add the numbers 1, 2, 3, 4 and 5 together."]
     requests = [{"uid": str(i), "messages": [{"role": "user", "content": q}], "reference_ids": [5, 6, 7]}
                 for i, q in enumerate(questions)]
@@ -170,8 +172,8 @@ def test_served_batches_answer_as_one_at_a_time(full_run, bundle, tmp_path):
     for a, b in zip(one["rows"], together["rows"]):
         assert a["completion_ids"] == b["completion_ids"] and a["stopped"] == b["stopped"] and a["text"] == b["text"]
         assert not a["stopped"] or a["completion_ids"].count(end) == 1 and a["completion_ids"][-1] == end
-        assert b["logprobs"] == pytest.approx(a["logprobs"], rel=1e-5, abs=1e-5) and len(a["logprobs"]) == len(a["completion_ids"])
-        assert b["reference_logprobs"] == pytest.approx(a["reference_logprobs"], rel=1e-5, abs=1e-5)
+        assert b["logprobs"] == pytest.approx(a["logprobs"], rel=1e-4, abs=1e-4) and len(a["logprobs"]) == len(a["completion_ids"])
+        assert b["reference_logprobs"] == pytest.approx(a["reference_logprobs"], rel=1e-4, abs=1e-4)
 
 
 @pytest.mark.slow  # over 20 s on a loaded 2-core CPU: two serving processes
