@@ -54,6 +54,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import common  # noqa: E402  (benchmarks/common.py, beside this file)
+import trl_side  # noqa: E402
 
 DEFAULT_MODEL = "bundled:smollm2-135m-instruct"
 # The quickstart's task: two-term addition/subtraction with operands up to 20.
@@ -171,18 +172,6 @@ def grpolab_raw_config(args, model_path: str, out_dir: str) -> dict:
     }
 
 
-def ordered_problems(args, model_path: str, out_dir: str):
-    """The training problems in the order grpolab's prompt sampler takes them (TRL gets this list, unshuffled)."""
-    from grpolab.config import from_dict
-    from grpolab.training.prompt_sampler import PromptSampler
-    from grpolab.training.trainer import load_problems
-
-    cfg = from_dict(grpolab_raw_config(args, model_path, out_dir))
-    train, _, _ = load_problems(cfg)
-    n = (args.warmup + args.steps) * args.prompts_per_step
-    return PromptSampler(train, cfg.train.seed).take(n)
-
-
 def step_record(instr: Instrument, wall: float, prompt_lens: list[int], completion_lens: list[int], shape, args,
                 extra: dict[str, Any]) -> dict[str, Any]:
     phases = instr.take()
@@ -279,51 +268,25 @@ def run_ours(args, model_path: str) -> dict[str, Any]:
 
 def run_trl(args, model_path: str) -> dict[str, Any]:
     import torch
-    from datasets import Dataset
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
+    from grpolab.config import from_dict
     from grpolab.models.load import load_tokenizer
-    from grpolab.tasks.prompting import prompt_ids as grpolab_prompt_ids
-    from grpolab.rewards import score_completion
     from grpolab.tasks import render_prompt
+    from grpolab.tasks.prompting import prompt_ids as grpolab_prompt_ids
 
     out_dir = tempfile.mkdtemp(prefix="grpolab-bench-trl-")
-    problems = ordered_problems(args, model_path, out_dir)
+    cfg = from_dict(grpolab_raw_config(args, model_path, out_dir))
+    problems = trl_side.ordered_problems(cfg, (args.warmup + args.steps) * args.prompts_per_step)
     by_text = {render_prompt(p): p for p in problems}
-    dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": render_prompt(p)}], "answer": p.answer, "uid": p.uid}
-                                 for p in problems])
     tokenizer = load_tokenizer(model_path)
-
-    def arithmetic_reward(prompts, completions, answer, **kwargs):
-        """grpolab's reward, unchanged; an invalid result is None (TRL: unscorable, excluded), never 0."""
-        out = []
-        for completion, gold in zip(completions, answer):
-            text = completion[-1]["content"] if isinstance(completion, list) else completion
-            r = score_completion(text, gold, REWARD_WEIGHTS)
-            out.append(None if r.invalid else r.total)
-        return out
-
-    rollouts = args.prompts_per_step * args.group_size
-    if rollouts % args.micro_batch_size:
-        raise SystemExit(f"--micro-batch-size {args.micro_batch_size} must divide prompts_per_step * group_size = {rollouts}")
-    # transformers >= 5.2x renamed gradient_checkpointing (TRL's default: True) to activation_checkpointing
-    ckpt_field = "activation_checkpointing" if "activation_checkpointing" in GRPOConfig.__dataclass_fields__ else "gradient_checkpointing"
-    config = GRPOConfig(
-        **{ckpt_field: args.trl_gradient_checkpointing},
-        output_dir=out_dir, use_cpu=True, bf16=args.precision == "bf16", fp16=False,
-        per_device_train_batch_size=args.micro_batch_size, gradient_accumulation_steps=rollouts // args.micro_batch_size,
-        num_generations=args.group_size, max_completion_length=args.max_new_tokens,
-        temperature=1.0, top_p=1.0, top_k=0, beta=args.beta, num_iterations=1, epsilon=0.2,
-        loss_type="grpo", scale_rewards="group", mask_truncated_completions=False,
-        learning_rate=args.lr, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
-        adam_beta1=0.9, adam_beta2=0.99, max_grad_norm=1.0, max_steps=args.warmup + args.steps,
-        shuffle_dataset=False, seed=args.seed,
-        logging_steps=1, report_to="none", save_strategy="no", disable_tqdm=True, log_completions=False,
-        model_init_kwargs={"dtype": "float32"}, dataloader_num_workers=0,
-    )
+    config = GRPOConfig(output_dir=out_dir, save_strategy="no",
+                        **trl_side.trl_settings(cfg, bf16=args.precision == "bf16", max_steps=args.warmup + args.steps,
+                                                gradient_checkpointing=args.trl_gradient_checkpointing))
     t0 = time.perf_counter()
-    trainer = GRPOTrainer(model=model_path, reward_funcs=[arithmetic_reward], args=config, train_dataset=dataset,
+    trainer = GRPOTrainer(model=model_path, reward_funcs=[trl_side.trl_reward(REWARD_WEIGHTS)], args=config,
+                          train_dataset=trl_side.trl_dataset(problems),
                           processing_class=tokenizer)
     setup_s = time.perf_counter() - t0
     setup_rss = current_rss_mb()
@@ -394,7 +357,7 @@ def run_trl(args, model_path: str) -> dict[str, Any]:
         "side": "trl", "setup_s": setup_s, "rss_after_setup_mb": setup_rss, "peak_rss_mb": peak_rss_mb(),
         "shape": common.shape_dict(shape), "precision_seen": instr.precision_seen, "torch_threads": torch.get_num_threads(),
         "phase_calls": dict(instr.calls),
-        "notes": {"optimizer": str(config.optim), "gradient_checkpointing": config.gradient_checkpointing,
+        "notes": {"optimizer": str(config.optim), "checkpointing": {k: getattr(config, k, None) for k in ("gradient_checkpointing", "activation_checkpointing")},
                   "steps_per_generation": config.steps_per_generation, "generation_batch_size": config.generation_batch_size,
                   "prompts_checked": captured["prompts_checked"], "prompt_token_mismatches": captured["prompt_mismatch"],
                   "mixed_precision": str(getattr(trainer.accelerator, "mixed_precision", "?"))},
