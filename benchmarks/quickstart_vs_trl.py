@@ -57,7 +57,7 @@ def load_config(args, out_dir: Path):
     fixed = {"run": {"output_dir": str(out_dir), "name": "grpolab"},
              "eval": {"every_steps": 0},
              "train": {"steps": args.steps, "save_every": args.checkpoint_every, "save_every_minutes": 0,
-                       "keep_last": -(-args.steps // args.checkpoint_every) + 1}}
+                       "keep_last": args.steps // args.checkpoint_every}}  # every checkpoint is evaluated
     if args.precision != "auto":
         fixed["train"]["precision"] = args.precision
         fixed.setdefault("rollout", {})["dtype"] = {"bf16": "bfloat16", "fp32": "float32"}[args.precision]
@@ -99,7 +99,7 @@ def trl_worker(args) -> None:
 
     t_start = time.perf_counter()
     out_dir = Path(args.out_dir)
-    raw, cfg = load_config(args, out_dir)
+    _, cfg = load_config(args, out_dir)
     problems = trl_side.ordered_problems(cfg, args.steps * cfg.train.prompts_per_step)
     settings = trl_side.trl_settings(cfg, bf16=args.worker_bf16, max_steps=args.steps, gradient_checkpointing=False)
     # full checkpoints (TRL's default: weights, optimizer, scheduler, RNG), as resumable as grpolab's
