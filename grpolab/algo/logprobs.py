@@ -1,23 +1,77 @@
-"""Token log-probabilities and entropy from logits, without materialising more than one chunk of log-softmax."""
+"""Token log-probabilities and entropy from logits, a cache-sized chunk of rows at a time.
+
+For each row of logits (one position), with z = logits / T computed in float32 or wider:
+    l = log_softmax(z),  log p = l[token],  H = -sum_v e^{l_v} l_v.
+Gradients (upstream g for log p, h for H; p = softmax(z)):
+    d log p / d logits_v = (1[v = token] - p_v) / T
+    d H / d logits_v     = -p_v (l_v + H) / T
+The forward keeps only the logits and the log-normaliser of each row; the backward recomputes each chunk's
+softmax. Each chunk (about 1 MiB of float32) stays in the core's cache across its passes, so a full-vocabulary
+tensor in float32 is never built: about 4x faster than autograd through a full log_softmax on a 2-core CPU
+(docs/performance.md), and half the memory held for the backward.
+"""
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
+
+CHUNK_BYTES = 1 << 20  # float32 working set of one chunk: fits a core's L2 cache
 
 
 def scaled_logits(logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    """z = logits / T in float32 or wider (no copy for float32 logits at T = 1)."""
+    """z = logits / T in float32 or wider (a new tensor unless float32 logits at T = 1)."""
     z = logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
     return z if temperature == 1.0 else z / temperature
 
 
-def token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-    """log softmax(logits / T)[token]: [B, T, V] x [B, T] -> [B, T], computed in float32 or wider.
+def chunk_rows(vocab: int) -> int:
+    """Rows per chunk: CHUNK_BYTES of float32, at least one row."""
+    return max(1, CHUNK_BYTES // (4 * vocab))
 
-    log p = z_tok - logsumexp(z), z = logits / T; the full log-softmax tensor is never built.
-    """
+
+class _TokenLogprobs(torch.autograd.Function):
+    """(log p [N], H [N]) of rows [N, V] of logits and their tokens [N]; see the module docstring."""
+
+    @staticmethod
+    def forward(ctx, logits, ids, temperature):
+        n, vocab = logits.shape
+        wide = torch.float64 if logits.dtype == torch.float64 else torch.float32
+        logp, entropy, lse = (torch.empty(n, dtype=wide) for _ in range(3))
+        step = chunk_rows(vocab)
+        for s in range(0, n, step):
+            z = scaled_logits(logits[s : s + step], temperature)
+            ls = torch.log_softmax(z, -1)
+            logp[s : s + step] = ls.gather(-1, ids[s : s + step, None]).squeeze(-1)
+            lse[s : s + step] = z[:, 0] - ls[:, 0]
+            entropy[s : s + step] = -(ls.exp().mul_(ls)).sum(-1)
+        ctx.save_for_backward(logits, ids, lse, entropy)
+        ctx.temperature = temperature
+        ctx.set_materialize_grads(False)
+        return logp, entropy
+
+    @staticmethod
+    def backward(ctx, g_logp, g_entropy):
+        logits, ids, lse, entropy = ctx.saved_tensors
+        temperature = ctx.temperature
+        grad = torch.empty_like(logits)
+        n, vocab = logits.shape
+        step = chunk_rows(vocab)
+        for s in range(0, n, step):
+            ls = scaled_logits(logits[s : s + step], temperature) - lse[s : s + step, None]  # log p_v
+            p = ls.exp()
+            if g_entropy is not None:  # -h p (l + H)
+                ls.add_(entropy[s : s + step, None]).mul_(p).mul_(-g_entropy[s : s + step, None])
+            else:
+                ls.zero_()
+            if g_logp is not None:  # g (1[v = token] - p)
+                g = g_logp[s : s + step, None]
+                ls.sub_(p.mul_(g)).scatter_add_(-1, ids[s : s + step, None], g.to(ls.dtype))
+            grad[s : s + step] = ls.div_(temperature) if temperature != 1.0 else ls
+        return grad, None, None
+
+
+def token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """log softmax(logits / T)[token]: [..., V] x [...] -> [...], computed in float32 or wider."""
     return logprobs_and_entropy(logits, token_ids, temperature)[0]
 
 
@@ -25,15 +79,12 @@ def logprobs_and_entropy(
     logits: torch.Tensor, token_ids: torch.Tensor, temperature: float = 1.0, with_entropy: bool = False,
     entropy_grad: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(log p(token), H or None) from one log-softmax: l = log_softmax(z), log p = l[token], H = -sum_v e^{l_v} l_v.
+    """(log p(token), H or None) of logits [..., V] and tokens [...]: the formulas of the module docstring.
 
-    torch's fused log_softmax kernel (forward and backward) is about 2x faster on CPU than logsumexp + gather,
-    whose backward chains several full-vocabulary passes. The entropy has no graph unless entropy_grad.
+    The entropy has no graph unless entropy_grad.
     """
-    logsm = torch.log_softmax(scaled_logits(logits, temperature), dim=-1)
-    logp = torch.gather(logsm, -1, token_ids.unsqueeze(-1)).squeeze(-1)
+    shape = token_ids.shape
+    logp, entropy = _TokenLogprobs.apply(logits.reshape(-1, logits.shape[-1]), token_ids.reshape(-1), temperature)
     if not with_entropy:
-        return logp, None
-    with contextlib.nullcontext() if entropy_grad else torch.no_grad():
-        entropy = -(torch.exp(logsm) * logsm).sum(-1)
-    return logp, entropy
+        return logp.view(shape), None
+    return logp.view(shape), (entropy if entropy_grad else entropy.detach()).view(shape)
