@@ -172,6 +172,7 @@ class TrainConfig:
     share_prompt: bool = True  # training passes run each prompt once per micro-batch, not once per completion
     fused_adamw: bool = True  # torch's fused AdamW kernel (same update as foreach, one pass over the weights)
     pack_completions: bool = True  # with share_prompt: completions packed end to end, not padded (SDPA models)
+    keep_freed_memory: bool = True  # CPU: malloc keeps freed memory for reuse (grpolab/training/cpu_memory.py)
     seed: int = 0
     # same config + seed on the same machine kind, threads and versions => the same bytes (grpolab/training/reproducibility.py:
     # deterministic algorithms; on CPU the training passes' attention through SDPA's math backend)

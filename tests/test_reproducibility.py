@@ -99,3 +99,19 @@ def test_a_run_trained_twice_in_two_processes_is_the_same_bytes(tiny_model_dir, 
     assert weights[0] == weights[1]
     manifest = json.loads((first / "manifest.json").read_text())
     assert manifest["reproducibility"]["bitwise"] is True and manifest["reproducibility"]["threads"] >= 1
+
+
+def test_deterministic_mode_does_not_nan_fill_every_allocation():
+    """enable(True) keeps torch's deterministic kernels but not its NaN fill of every torch.empty (a quarter of a bf16
+    update's time); the rerun tests above are what shows the bytes stay the same without it."""
+    from grpolab.training import reproducibility
+
+    before = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
+              torch.utils.deterministic.fill_uninitialized_memory)
+    try:
+        reproducibility.enable(True)
+        assert torch.are_deterministic_algorithms_enabled()
+        assert torch.utils.deterministic.fill_uninitialized_memory is False
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+        torch.utils.deterministic.fill_uninitialized_memory = before[2]

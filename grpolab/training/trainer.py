@@ -34,6 +34,7 @@ from .distributed import World, all_reduce_max, all_reduce_sum, barrier, gather_
 from ..errors import DataError, GrpolabError
 from ..evaluation.heldout import EvalResult, greedy_eval
 from .faults import InterruptGuard, NonFiniteTracker, TrainingInterrupted
+from .cpu_memory import keep_freed_memory
 from .metrics import JsonlSink, completion_table, peak_rss_mb, truncate_log
 from ..models.load import load_weights, make_reference
 from ..models.lora import apply_lora, trainable_parameters
@@ -140,6 +141,8 @@ class Trainer:
         self.run_dir = Path(run_dir)
         check_installed(cfg.run.report_to)  # a tracker asked for but not installed: one line, before any model loads
         self.device = resolve_device(cfg.train.device)
+        if self.device.type == "cpu" and cfg.train.keep_freed_memory:
+            keep_freed_memory()  # before the models load: every allocation from here on
         self.world = world or init_world(self.device)
         seed_everything(cfg.train.seed)
         reproducibility.enable(cfg.train.deterministic)
