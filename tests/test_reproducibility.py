@@ -102,8 +102,8 @@ def test_a_run_trained_twice_in_two_processes_is_the_same_bytes(tiny_model_dir, 
 
 
 def test_deterministic_mode_does_not_nan_fill_every_allocation():
-    """enable(True) keeps torch's deterministic kernels but not its NaN fill of every torch.empty (a quarter of a bf16
-    update's time); the rerun tests above are what shows the bytes stay the same without it."""
+    """enable(True) keeps torch's deterministic kernels but not its NaN fill of every torch.empty (one more write of
+    every new buffer); the rerun tests above are what shows the bytes stay the same without it."""
     from grpolab.training import reproducibility
 
     before = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),

@@ -7,9 +7,9 @@ What it takes, beyond seeding every RNG (grpolab.models.checkpoint.seed_everythi
 - ``torch.use_deterministic_algorithms(True, warn_only=True)``: torch's deterministic kernel wherever it has one;
   an op without one warns instead of stopping the run. Its companion
   ``torch.utils.deterministic.fill_uninitialized_memory`` (on by default: every ``torch.empty`` is filled with NaN)
-  is switched off: it only makes a kernel that reads memory it never wrote repeatable, and it cost 1.0 s of a 3.9 s
-  bf16 quickstart update (11,617 fills; torch.profiler, Intel AMX); the rerun tests (tests/test_reproducibility.py)
-  show the same bytes without it.
+  is switched off: it only makes a kernel that reads memory it never wrote repeatable, at the price of one more
+  write of every new buffer (11,617 fills in one bf16 quickstart update); the rerun tests
+  (tests/test_reproducibility.py) show the same bytes without it.
 - **Attention in the training passes through SDPA's math backend on a CPU.** PyTorch's CPU flash-attention
   backward (chosen by default for a masked float32 SDPA, e.g. packing's block-causal mask, and inside bf16's
   ``sdpa_fp32``) returned different key gradients for the same inputs in one process (measured on the quickstart:
