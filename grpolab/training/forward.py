@@ -45,6 +45,23 @@ def autocast(precision: str, device: torch.device | str = "cpu"):
     return contextlib.nullcontext()
 
 
+@contextlib.contextmanager
+def weight_casts_kept(precision: str, device: torch.device | str = "cpu"):
+    """Around the micro-batches of one optimizer step (the weights do not change inside it): bf16 autocast casts each
+    float32 weight once and reuses that cast in every micro-batch's forward, instead of casting all weights again.
+
+    torch keeps autocast's cast cache until the outermost autocast region exits: the enabled region opened here
+    holds the cache, and the disabled one inside it leaves everything between the forwards (loss, backward)
+    outside autocast, as it is without this. The same casts, so the same numbers (tests/test_update_equivalence.py).
+    """
+    if precision != "bf16":
+        yield
+        return
+    kind = torch.device(device).type
+    with torch.autocast(kind, dtype=torch.bfloat16), torch.autocast(kind, enabled=False):
+        yield
+
+
 def completion_logprobs(
     model: torch.nn.Module,
     rollout: Rollout,

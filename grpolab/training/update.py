@@ -24,7 +24,7 @@ from ..algo.loss import ObjectiveParams, objective
 from ..algo.surrogate import ClipParams, per_token
 from ..config import Config
 from .distributed import World, all_reduce_gradients, all_reduce_max, all_reduce_sum, gather_objects, group_seed
-from .forward import completion_logprobs
+from .forward import completion_logprobs, weight_casts_kept
 from ..models.lora import runnable
 from ..models.load import eval_mode
 from ..rollout.base import Rollout
@@ -59,7 +59,7 @@ class PolicyUpdater:
         reference (grpolab.models.lora.AdapterOff) runs the policy with its adapters disabled."""
         out = torch.zeros(rollout.completion_ids.shape, dtype=torch.float32, device=rollout.completion_ids.device)
         chunks = list(torch.arange(len(rollout)).split(self.cfg.train.micro_batch_size))
-        with runnable(model) as net, eval_mode(net):
+        with runnable(model) as net, eval_mode(net), self.casts_kept(precision):
             for rows in self.lockstep(chunks, model is self.policy):
                 if rows is None:
                     self.idle_pass(grad=False)
@@ -134,46 +134,63 @@ class PolicyUpdater:
         aggregation weights of the whole minibatch (its counts summed over the ranks); False when a loss is not
         finite (the step will be skipped, so no backward is run after it)."""
         cfg, t = self.cfg, self.cfg.train
-        rollout, advantages, mask, ref_logp, old_all = inputs
+        mask = inputs[2]
         counts = all_reduce_sum(batch_counts(mask[mb]), self.world)
         weights = token_weights(mask[mb], cfg.algorithm.aggregation, cfg.l_max, counts)
         self.optimizer.zero_grad(set_to_none=True)
         finite = True
-        for start in self.lockstep(list(range(0, len(mb), t.micro_batch_size))):
-            if start is None:
-                self.idle_pass(grad=True)
-                continue
-            rows = mb[start : start + t.micro_batch_size]
-            fo = completion_logprobs(self.policy, rollout, rows, self.temperature, t.precision, with_entropy=True,
-                                     entropy_grad=cfg.algorithm.entropy_coef != 0, share_prompt=self.share_prompt,
-                                     pack=self.pack)
-            c = fo.cols
-            m = mask[rows][:, c]
-            old = fo.logp.detach() if old_all is None else old_all[rows][:, c]
-            sampler = rollout.sampler_logprobs[rows][:, c]  # the distribution sampled (after top-k/top-p)
-            isw = is_weights(old, sampler, m, cfg.algorithm.is_mode, self.is_params)
-            adv = advantages[rows][:, c] if advantages.dim() == 2 else advantages[rows]  # per token [N, T] or per sequence [N]
-            terms = objective(
-                fo.logp, old, None if ref_logp is None else ref_logp[rows][:, c], adv,
-                weights[start : start + len(rows)][:, c], isw, m, self.params, fo.entropy,
-            )
-            total = terms.total.item()
-            finite = finite and math.isfinite(total)
-            if finite:  # a NaN/Inf loss skips this optimizer step anyway: no backward needed
-                (terms.total * loss_scale(self.sharded, self.world.size)).backward()
-            mf = m.float()
-            for key, value in (("loss/policy", terms.policy), ("loss/kl", terms.kl), ("loss/total", total),
-                               ("kl_tok", terms.kl_token_sum), ("clip_low", terms.clip_low_count),
-                               ("clip_high", terms.clip_high_count), ("tokens", terms.token_count),
-                               ("entropy", (fo.entropy * mf).sum().item()),
-                               ("approx_kl_old", (0.5 * (fo.logp.detach() - old) ** 2 * mf).sum().item()),
-                               ("signal_tokens", (mf * per_token(adv != 0, mf)).sum().item())):
-                sums[key] += value
-            if mismatch is not None:
-                sel = m.bool()
-                mismatch["old"].append(old[sel])
-                mismatch["sampler"].append(rollout.untruncated_logprobs()[rows][:, c][sel])  # like with like
-                mismatch["w"].append(isw[sel])
+        with self.casts_kept(t.precision):
+            for start in self.lockstep(list(range(0, len(mb), t.micro_batch_size))):
+                finite = self.micro_batch(inputs, mb, start, weights, sums, mismatch, finite)
+        return finite
+
+    def casts_kept(self, precision: str):
+        """bf16 casts of the weights made once per optimizer step (forward.weight_casts_kept); not with FSDP2, whose
+        gathered weights are not the leaves autocast caches."""
+        device = next(self.policy.parameters()).device
+        return weight_casts_kept("fp32" if self.sharded else precision, device)
+
+    def micro_batch(self, inputs, mb: torch.Tensor, start: int | None, weights: torch.Tensor, sums: dict[str, float],
+                    mismatch: dict | None, finite: bool) -> bool:
+        """Forward and backward of the micro-batch of `mb` starting at `start` (None: an idle pass of a rank with
+        fewer rows); `finite`: whether every earlier loss of the minibatch was finite (else no backward is run).
+        Returns it and-ed with this loss's finiteness."""
+        cfg, t = self.cfg, self.cfg.train
+        rollout, advantages, mask, ref_logp, old_all = inputs
+        if start is None:
+            self.idle_pass(grad=True)
+            return finite
+        rows = mb[start : start + t.micro_batch_size]
+        fo = completion_logprobs(self.policy, rollout, rows, self.temperature, t.precision, with_entropy=True,
+                                 entropy_grad=cfg.algorithm.entropy_coef != 0, share_prompt=self.share_prompt,
+                                 pack=self.pack)
+        c = fo.cols
+        m = mask[rows][:, c]
+        old = fo.logp.detach() if old_all is None else old_all[rows][:, c]
+        sampler = rollout.sampler_logprobs[rows][:, c]  # the distribution sampled (after top-k/top-p)
+        isw = is_weights(old, sampler, m, cfg.algorithm.is_mode, self.is_params)
+        adv = advantages[rows][:, c] if advantages.dim() == 2 else advantages[rows]  # per token [N, T] or per sequence [N]
+        terms = objective(
+            fo.logp, old, None if ref_logp is None else ref_logp[rows][:, c], adv,
+            weights[start : start + len(rows)][:, c], isw, m, self.params, fo.entropy,
+        )
+        total = terms.total.item()
+        finite = finite and math.isfinite(total)
+        if finite:  # a NaN/Inf loss skips this optimizer step anyway: no backward needed
+            (terms.total * loss_scale(self.sharded, self.world.size)).backward()
+        mf = m.float()
+        for key, value in (("loss/policy", terms.policy), ("loss/kl", terms.kl), ("loss/total", total),
+                           ("kl_tok", terms.kl_token_sum), ("clip_low", terms.clip_low_count),
+                           ("clip_high", terms.clip_high_count), ("tokens", terms.token_count),
+                           ("entropy", (fo.entropy * mf).sum().item()),
+                           ("approx_kl_old", (0.5 * (fo.logp.detach() - old) ** 2 * mf).sum().item()),
+                           ("signal_tokens", (mf * per_token(adv != 0, mf)).sum().item())):
+            sums[key] += value
+        if mismatch is not None:
+            sel = m.bool()
+            mismatch["old"].append(old[sel])
+            mismatch["sampler"].append(rollout.untruncated_logprobs()[rows][:, c][sel])  # like with like
+            mismatch["w"].append(isw[sel])
         return finite
 
     def optimizer_step(self, finite_loss: bool = True) -> float:
