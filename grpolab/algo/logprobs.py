@@ -6,16 +6,17 @@ Gradients (upstream g for log p, h for H; p = softmax(z)):
     d log p / d logits_v = (1[v = token] - p_v) / T
     d H / d logits_v     = -p_v (l_v + H) / T
 The forward keeps only the logits and the log-normaliser of each row; the backward recomputes each chunk's
-softmax. Each chunk (about 1 MiB of float32) stays in the core's cache across its passes, so a full-vocabulary
-tensor in float32 is never built: about 4x faster than autograd through a full log_softmax on a 2-core CPU
-(docs/performance.md), and half the memory held for the backward.
+softmax, so no float32 tensor of every row's vocabulary is built or kept (half the memory held for the backward).
+On a CPU a chunk is about 1 MiB of float32 and stays in the core's cache across its passes: about 4x faster than
+autograd through a full log_softmax on a 2-core CPU (docs/performance.md). On a GPU chunks are large (few launches).
 """
 
 from __future__ import annotations
 
 import torch
 
-CHUNK_BYTES = 1 << 20  # float32 working set of one chunk: fits a core's L2 cache
+CHUNK_BYTES = 1 << 20  # CPU: float32 working set of one chunk, fits a core's L2 cache
+ACCELERATOR_CHUNK_BYTES = 256 << 20  # GPU: few, large chunks (each chunk is several kernel launches)
 
 
 def scaled_logits(logits: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -24,9 +25,10 @@ def scaled_logits(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     return z if temperature == 1.0 else z / temperature
 
 
-def chunk_rows(vocab: int) -> int:
-    """Rows per chunk: CHUNK_BYTES of float32, at least one row."""
-    return max(1, CHUNK_BYTES // (4 * vocab))
+def chunk_rows(vocab: int, device: torch.device | None = None) -> int:
+    """Rows per chunk: CHUNK_BYTES of float32 on a CPU (ACCELERATOR_CHUNK_BYTES elsewhere), at least one row."""
+    budget = CHUNK_BYTES if device is None or device.type == "cpu" else ACCELERATOR_CHUNK_BYTES
+    return max(1, budget // (4 * vocab))
 
 
 class _TokenLogprobs(torch.autograd.Function):
@@ -36,8 +38,8 @@ class _TokenLogprobs(torch.autograd.Function):
     def forward(ctx, logits, ids, temperature):
         n, vocab = logits.shape
         wide = torch.float64 if logits.dtype == torch.float64 else torch.float32
-        logp, entropy, lse = (torch.empty(n, dtype=wide) for _ in range(3))
-        step = chunk_rows(vocab)
+        logp, entropy, lse = (torch.empty(n, dtype=wide, device=logits.device) for _ in range(3))
+        step = chunk_rows(vocab, logits.device)
         for s in range(0, n, step):
             z = scaled_logits(logits[s : s + step], temperature)
             ls = torch.log_softmax(z, -1)
@@ -55,7 +57,7 @@ class _TokenLogprobs(torch.autograd.Function):
         temperature = ctx.temperature
         grad = torch.empty_like(logits)
         n, vocab = logits.shape
-        step = chunk_rows(vocab)
+        step = chunk_rows(vocab, logits.device)
         for s in range(0, n, step):
             ls = scaled_logits(logits[s : s + step], temperature) - lse[s : s + step, None]  # log p_v
             p = ls.exp()

@@ -218,7 +218,7 @@ def test_chunks_do_not_change_values_or_gradients(monkeypatch):
 
     whole = run()
     monkeypatch.setattr(lpm, "CHUNK_BYTES", 4 * 10 * 2)
-    assert lpm.chunk_rows(10) == 2
+    assert lpm.chunk_rows(10) == 2 and lpm.chunk_rows(10, torch.device("cpu")) == 2
     chunked = run()
     for got, want in zip(chunked, whole):
         torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-7)
@@ -232,3 +232,11 @@ def test_bf16_logits_get_a_bf16_gradient_of_the_float32_computation():
     (g32,) = torch.autograd.grad(token_logprobs(x32, ids, 0.7).sum(), x32)
     assert g16.dtype == torch.bfloat16
     assert torch.equal(g16, g32.bfloat16())
+
+
+def test_chunks_are_cache_sized_on_a_cpu_and_large_elsewhere():
+    import grpolab.algo.logprobs as lpm
+
+    assert lpm.chunk_rows(49152) == lpm.chunk_rows(49152, torch.device("cpu")) == 5  # 5 x 49152 x 4 B < 1 MiB
+    assert lpm.chunk_rows(49152, torch.device("cuda")) == 1365  # 256 MiB of float32 rows
+    assert lpm.chunk_rows(10 ** 7) == 1  # at least one row
