@@ -22,7 +22,7 @@ from transformers.models.llama.modeling_llama import LlamaRMSNorm
 from grpolab.training.forward import completion_logprobs
 from grpolab.training.packing import block_causal_mask, first_fit_decreasing, pack_completions
 from grpolab.rollout.base import Rollout, SamplingParams
-from grpolab.rollout.decode import decode_groups, sample_tokens, truncate_logits
+from grpolab.rollout.decode import decode_groups, inverse_cdf, sample_tokens, truncate_logits
 from grpolab.rollout.hf import HFEngine, eos_ids
 
 # ------------------------------------------------------------------------------------------------ fixtures
@@ -186,6 +186,30 @@ def test_inverse_cdf_sampling_by_hand():
     assert tok.tolist() == [2, 3] and torch.allclose(lp, torch.log(torch.tensor([3 / 7, 4 / 7])), atol=1e-6)
     assert torch.allclose(lp_full, torch.log(torch.tensor([0.3, 0.4])), atol=1e-6)
     assert sample_tokens(logits[:1], 1.0, None)[0].tolist() == [3]  # greedy
+
+
+@pytest.mark.parametrize("vocab", [7, 1024, 2500])
+def test_two_level_inverse_cdf_equals_one_cumulative_sum(vocab):
+    """inverse_cdf's block sums + one block's cumulative sum pick the token one float64 cumulative sum over the
+    whole vocabulary picks: random u, u at block edges, truncated (zero) entries, a vocabulary that does not fill
+    its last block."""
+    g = torch.Generator().manual_seed(vocab)
+    p = torch.rand(6, vocab, generator=g)
+    p[:, torch.randperm(vocab, generator=g)[: vocab // 3]] = 0.0  # truncated entries
+    p[5, :-1] = 0.0  # one row whose only mass is the last entry
+    cdf = p.double().cumsum(-1)
+    mass = cdf[:, -1]
+    edges = [e for e in (1023, 2047) if e < vocab - 1]
+    us = [torch.rand(6, generator=g) for _ in range(50)]
+    us += [(cdf[:, e] / mass).float() for e in edges]  # within float32 rounding of a block's end
+    for u in us:
+        u = u.clamp(max=1 - 2**-24)  # float32 uniforms in [0, 1), as the decode loop draws them
+        tok, got_mass = inverse_cdf(p, u)
+        want = torch.searchsorted(cdf, (u.double() * mass).unsqueeze(-1), right=True).squeeze(-1).clamp(max=vocab - 1)
+        assert torch.equal(tok, want), (u, tok, want)
+        assert torch.allclose(got_mass, mass, rtol=1e-12, atol=0)
+        assert (p[torch.arange(6), tok] > 0).all()  # never a truncated entry
+    assert (inverse_cdf(p, torch.full((6,), 0.5))[0][5] == vocab - 1).item()
 
 
 @pytest.mark.parametrize("top_k, top_p", [(0, 0.5), (0, 0.9), (5, 1.0), (3, 0.8), (1, 1.0)])

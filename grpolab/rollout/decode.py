@@ -9,7 +9,8 @@ work per token:
 - **finished rows leave the batch**: a row that emitted a stop token is dropped from the batch and the cache, so
   later steps run only the rows still sampling;
 - **inverse-CDF sampling**: one uniform number per row and a cumulative sum, instead of `torch.multinomial`, which
-  draws one exponential per vocabulary entry (on this CPU that was 40 ms of a ~130 ms decode step);
+  draws one exponential per vocabulary entry (on this CPU that was 40 ms of a ~130 ms decode step); the cumulative
+  sum in two levels (block sums, then inside one block), not cast to float64 and summed over the whole vocabulary;
 - the sampled token's log-probability comes out of the same log-sum-exp, never a second pass: under the
   distribution actually sampled (after top-k / top-p) and, when truncating, also untruncated.
 - **the KV cache grows in place** (grpolab/rollout/cache.py): each layer's keys and values are written into buffers
@@ -64,6 +65,34 @@ def truncate_logits(z: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
     return z
 
 
+CDF_BLOCK = 1024  # vocabulary entries per block of the two-level inverse CDF
+
+
+def inverse_cdf(p: torch.Tensor, uniform: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(token [B], mass [B] float64): the first v with F(v) > u * F(V), F(v) = sum_{w <= v} p_w in float64, for
+    unnormalised probabilities p [B, V] (float32, >= 0) and uniforms u [B] in [0, 1); mass = F(V).
+
+    Two levels, so the vocabulary is read once more and never cast or cumulatively summed whole: the block sums
+    S_j = sum of p over block j (CDF_BLOCK entries, float64 accumulation) and their cumulative sums locate the
+    block that holds u * F(V); the cumulative sum inside that one block locates the entry. P(token = v) = p_v / F(V),
+    as with one cumulative sum over the whole vocabulary (up to float64 rounding at block edges).
+    """
+    rows, vocab = p.shape
+    block = min(CDF_BLOCK, vocab)
+    nb = -(-vocab // block)
+    blocks = torch.nn.functional.pad(p, (0, nb * block - vocab)).view(rows, nb, block)
+    block_sums = blocks.sum(-1, dtype=torch.float64)  # [B, nb]
+    block_cdf = block_sums.cumsum(-1)
+    mass = block_cdf[:, -1]
+    target = uniform.to(torch.float64) * mass
+    j = torch.searchsorted(block_cdf, target.unsqueeze(-1), right=True).squeeze(-1).clamp_(max=nb - 1)
+    r = torch.arange(rows, device=p.device)
+    inside = blocks[r, j].to(torch.float64).cumsum(-1)  # [B, block]: the chosen block only
+    rest = target - (block_cdf[r, j] - block_sums[r, j])
+    k = torch.searchsorted(inside, rest.unsqueeze(-1), right=True).squeeze(-1).clamp_(max=block - 1)
+    return (j * block + k).clamp_(max=vocab - 1), mass
+
+
 def sample_tokens(
     logits: torch.Tensor, temperature: float, uniform: torch.Tensor | None, top_k: int = 0, top_p: float = 1.0
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -71,8 +100,8 @@ def sample_tokens(
 
     z = logits / T, log q_full(v) = z_v - logsumexp(z): the untruncated distribution (what the trainer computes).
     Sampling (uniform u [B] in [0, 1)): zt = truncate(z), p = softmax(zt), F = cumsum(exp(zt - logsumexp(z))) in
-    float64, and the token is the first v with F(v) > u * F(V) -- inverse-CDF sampling, so P(token = v) = p_v
-    exactly. The distribution sampled, q = softmax(zt), is the one recorded for importance weights:
+    float64, and the token is the first v with F(v) > u * F(V) -- inverse-CDF sampling (`inverse_cdf`, two levels),
+    so P(token = v) = p_v exactly. The distribution sampled, q = softmax(zt), is the one recorded for importance weights:
     log q(v) = zt_v - logsumexp(zt) = log q_full(v) - log F(V), F(V) being the kept probability mass (no second
     pass over the vocabulary). Without truncation q = q_full and the same tensor is returned twice.
     uniform None = greedy (argmax of z).
@@ -85,10 +114,7 @@ def sample_tokens(
         return token, logp, logp
     cut = truncates(top_k, top_p, z.shape[-1])
     zt = truncate_logits(z, top_k, top_p) if cut else z
-    cdf = torch.exp(zt - lse.unsqueeze(-1)).cumsum(-1, dtype=torch.float64)
-    mass = cdf[:, -1]
-    target = (uniform.to(torch.float64) * mass).unsqueeze(-1)
-    token = torch.searchsorted(cdf, target, right=True).squeeze(-1).clamp_(max=z.shape[-1] - 1)
+    token, mass = inverse_cdf((zt - lse.unsqueeze(-1)).exp_(), uniform)
     logp_full = z.gather(-1, token.unsqueeze(-1)).squeeze(-1) - lse
     if not cut:
         return token, logp_full, logp_full
