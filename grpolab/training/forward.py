@@ -52,7 +52,7 @@ def weight_casts_kept(precision: str, device: torch.device | str = "cpu"):
 
     torch keeps autocast's cast cache until the outermost autocast region exits: the enabled region opened here
     holds the cache, and the disabled one inside it leaves everything between the forwards (loss, backward)
-    outside autocast, as it is without this. The same casts, so the same numbers (tests/test_update_equivalence.py).
+    outside autocast, as it is without this. The same casts, so the same numbers (tests/test_weight_casts.py).
     """
     if precision != "bf16":
         yield
