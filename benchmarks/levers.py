@@ -15,6 +15,8 @@ alternating, --repeats times each, median seconds:
   optimizer step   AdamW foreach  vs  fused, on the policy's parameters with fixed gradients
   determinism      the policy update with CPU flash attention (default SDPA)  vs  the math backend that
                    train.deterministic uses (--only-deterministic: this row alone)
+  kernels          log-probabilities + entropy (forward + backward) and one sampling draw, against the plain
+                   torch they replaced, on random bf16 logits (--only-kernels: these rows alone, no model)
 
 Generation samples differ between decoders (different random streams), so the generation rows also report
 seconds per generated token. Everything else runs on identical inputs.
@@ -149,12 +151,69 @@ def bench_optimizer(trainer, repeats: int) -> dict[str, float]:
     return {k: statistics.median(v) for k, v in times.items()}
 
 
+def bench_kernels(repeats: int, vocab: int = 49152, positions: int = 768) -> dict[str, dict[str, float]]:
+    """Two per-token kernels against the plain torch they replaced, on random bf16 logits of SmolLM2's vocabulary
+    (T = 0.8): log-probabilities + entropy, forward and backward over `positions` rows (grpolab/algo/logprobs.py vs
+    autograd through a full float32 log_softmax); one sampling draw of 8 and 32 rows (grpolab/rollout/decode.py's
+    two-level inverse CDF vs one float64 cumulative sum of the whole vocabulary)."""
+    import torch
+
+    from grpolab.algo.logprobs import logprobs_and_entropy
+    from grpolab.rollout.decode import sample_tokens
+
+    def plain_logprobs(x, ids):
+        ls = torch.log_softmax(x.float() / 0.8, -1)
+        with torch.no_grad():
+            entropy = -(ls.exp() * ls).sum(-1)
+        return ls.gather(-1, ids.unsqueeze(-1)).squeeze(-1), entropy
+
+    def plain_draw(x, u):
+        z = x.float() / 0.8
+        cdf = torch.exp(z - torch.logsumexp(z, -1, keepdim=True)).cumsum(-1, dtype=torch.float64)
+        return torch.searchsorted(cdf, (u.double() * cdf[:, -1]).unsqueeze(-1), right=True)
+
+    g = torch.Generator().manual_seed(0)
+    logits = (torch.randn(positions, vocab, generator=g) * 3).bfloat16()
+    ids, weights = torch.randint(0, vocab, (positions,), generator=g), torch.randn(positions, generator=g)
+
+    def backward_of(fn):
+        def run():
+            x = logits.clone().requires_grad_()
+            (fn(x, ids)[0] * weights).sum().backward()
+        return run
+
+    cases = {"log-probabilities + entropy, fwd + bwd": {
+        "plain": backward_of(plain_logprobs),
+        "grpolab": backward_of(lambda x, i: logprobs_and_entropy(x, i, 0.8, with_entropy=True))}}
+    for rows in (8, 32):
+        u = torch.rand(rows, generator=g)
+        cases[f"sampling draw, {rows} rows"] = {"plain": lambda r=rows, u=u: plain_draw(logits[:r], u),
+                                                "grpolab": lambda r=rows, u=u: sample_tokens(logits[:r], 0.8, u)}
+    out = {}
+    for case, fns in cases.items():
+        times: dict[str, list[float]] = {name: [] for name in fns}
+        for r in range(repeats + 1):
+            for name, fn in fns.items():
+                t = min(timed(fn) for _ in range(5))
+                if r:
+                    times[name].append(t)
+        out[case] = {name: statistics.median(v) for name, v in times.items()}
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--precision", choices=["fp32", "bf16"], default="bf16")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--only-deterministic", action="store_true", help="time only the deterministic-attention row")
+    p.add_argument("--only-kernels", action="store_true", help="time only the per-token kernels (no model)")
     args = p.parse_args(argv)
+    kernels = bench_kernels(args.repeats)
+    print(f"per-token kernels, median of {args.repeats} (each the best of 5 calls)\n  {'':40s} plain ms  grpolab ms   ratio")
+    for case, t in kernels.items():
+        print(f"  {case:40s} {1000 * t['plain']:8.2f} {1000 * t['grpolab']:10.2f} {t['grpolab'] / t['plain']:8.2f}")
+    if args.only_kernels:
+        return 0
     trainer = make_trainer(args)
     print(f"levers, precision {args.precision}, median of {args.repeats} (after one warm-up round)")
     det = bench_deterministic(trainer, args.repeats)
