@@ -1,6 +1,7 @@
-"""train.keep_freed_memory (grpolab/training/cpu_memory.py): the three mallopt settings, on a fake C library so the
-test process's own allocator is left as it is; what happens where there is no glibc or a setting is refused; and
-that the trainer applies it only on a CPU and only when asked."""
+"""train.keep_freed_memory (grpolab/training/cpu_memory.py): the three mallopt settings, checked on a fake C library
+(the values, independent of the machine's libc); what happens where there is no glibc or a setting is refused; and
+that the trainer applies it only on a CPU and only when asked. (Other tests build real CPU trainers, so the test
+process itself runs with the settings applied.)"""
 
 from __future__ import annotations
 

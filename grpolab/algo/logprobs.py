@@ -14,6 +14,7 @@ autograd through a full log_softmax on a 2-core CPU (docs/performance.md). On a 
 from __future__ import annotations
 
 import torch
+from torch.autograd.function import once_differentiable
 
 CHUNK_BYTES = 1 << 20  # CPU: float32 working set of one chunk, fits a core's L2 cache
 ACCELERATOR_CHUNK_BYTES = 256 << 20  # GPU: few, large chunks (each chunk is several kernel launches)
@@ -44,7 +45,8 @@ class _TokenLogprobs(torch.autograd.Function):
             z = scaled_logits(logits[s : s + step], temperature)
             ls = torch.log_softmax(z, -1)
             logp[s : s + step] = ls.gather(-1, ids[s : s + step, None]).squeeze(-1)
-            lse[s : s + step] = z[:, 0] - ls[:, 0]
+            top, at = ls.max(-1, keepdim=True)  # log-normaliser read at each row's largest logit: exact, finite
+            lse[s : s + step] = (z.gather(-1, at) - top).squeeze(-1)
             entropy[s : s + step] = -(ls.exp().mul_(ls)).sum(-1)
         ctx.save_for_backward(logits, ids, lse, entropy)
         ctx.temperature = temperature
@@ -52,6 +54,7 @@ class _TokenLogprobs(torch.autograd.Function):
         return logp, entropy
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, g_logp, g_entropy):
         logits, ids, lse, entropy = ctx.saved_tensors
         temperature = ctx.temperature

@@ -39,7 +39,8 @@ def glibc() -> Any | None:
 
 
 def keep_freed_memory(libc: Any | None = None) -> bool:
-    """Apply SETTINGS through glibc's mallopt (process-wide, from the next allocation on); True when all took."""
+    """Apply SETTINGS through glibc's mallopt (process-wide, from the next allocation on, for the rest of the
+    process: a notebook that builds a trainer keeps them); True when all took."""
     libc = libc if libc is not None else glibc()
     if libc is None:
         log.info("train.keep_freed_memory: not a glibc system (%s); the system allocator is used as it is", platform.system())

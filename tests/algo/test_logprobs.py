@@ -240,3 +240,26 @@ def test_chunks_are_cache_sized_on_a_cpu_and_large_elsewhere():
     assert lpm.chunk_rows(49152) == lpm.chunk_rows(49152, torch.device("cpu")) == 5  # 5 x 49152 x 4 B < 1 MiB
     assert lpm.chunk_rows(49152, torch.device("cuda")) == 1365  # 256 MiB of float32 rows
     assert lpm.chunk_rows(10 ** 7) == 1  # at least one row
+
+
+@pytest.mark.parametrize("first", [float("-inf"), torch.finfo(torch.float32).min, -1e4])
+def test_gradient_with_a_masked_or_extreme_first_logit(first):
+    """A masked (-inf) or extreme logit anywhere in a row, the first column included, leaves the log-probability's
+    gradient finite and equal to autograd through a float64 log_softmax."""
+    logits, ids = _inputs(16, torch.float32, B=2, T=3, V=50)
+    ids = ids.clamp(min=1)  # the tokens are never the masked entry
+    logits[..., 0] = first
+    x = logits.clone().requires_grad_()
+    (got,) = torch.autograd.grad(token_logprobs(x, ids, 0.7).sum(), x)
+    y = logits.double().requires_grad_()
+    (want,) = torch.autograd.grad(torch.log_softmax(y / 0.7, -1).gather(-1, ids.unsqueeze(-1)).sum(), y)
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-6)
+
+
+def test_second_order_gradients_are_refused_not_wrong():
+    logits, ids = _inputs(17, torch.float64, B=1, T=2, V=5)
+    x = logits.clone().requires_grad_()
+    (g,) = torch.autograd.grad(token_logprobs(x, ids).sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError):
+        g.sum().backward()
