@@ -8,7 +8,7 @@ What it takes, beyond seeding every RNG (grpolab.models.checkpoint.seed_everythi
   an op without one warns instead of stopping the run. Its companion
   ``torch.utils.deterministic.fill_uninitialized_memory`` (on by default: every ``torch.empty`` is filled with NaN)
   is switched off: it only makes a kernel that reads memory it never wrote repeatable, at the price of one more
-  write of every new buffer (11,617 fills in one bf16 quickstart update); the rerun tests
+  write of every new buffer (11,617 fills in one bf16 quickstart update on Intel AMX); the rerun tests
   (tests/test_reproducibility.py) show the same bytes without it.
 - **Attention in the training passes through SDPA's math backend on a CPU.** PyTorch's CPU flash-attention
   backward (chosen by default for a masked float32 SDPA, e.g. packing's block-causal mask, and inside bf16's
