@@ -160,7 +160,8 @@ def grpolab_raw_config(args, model_path: str, out_dir: str) -> dict:
         "task": {"name": "arithmetic", "options": dict(TASK_OPTIONS)},
         "reward": {"weights": dict(REWARD_WEIGHTS)},
         "rollout": {"group_size": args.group_size, "max_new_tokens": args.max_new_tokens, "temperature": 1.0,
-                    "top_p": 1.0, "top_k": 0, "dtype": "bfloat16" if bf16 else "float32", "decoder": args.decoder},
+                    "top_p": 1.0, "top_k": 0, "dtype": "bfloat16" if bf16 else "float32", "decoder": args.decoder,
+                    "cpu_fast_paths": not args.no_cpu_fast_paths},
         "algorithm": {"preset": "grpo", "beta": args.beta, "kl_estimator": "k3", "kl_placement": "loss",
                       "eps_low": 0.2, "eps_high": 0.2, "aggregation": "seq_mean_token_mean"},
         "train": {"steps": args.warmup + args.steps, "prompts_per_step": args.prompts_per_step, "mu": 1,
@@ -261,7 +262,7 @@ def run_ours(args, model_path: str) -> dict[str, Any]:
         "phase_calls": dict(instr.calls),
         "notes": {"share_prompt": cfg.train.share_prompt, "optimizer": f"torch.optim.AdamW({'fused' if cfg.train.fused_adamw else 'foreach'}=True)",
                   "pack_completions": cfg.train.pack_completions, "decoder": cfg.rollout.decoder,
-                  "sampler_copy": trainer.engine.own_copy},
+                  "cpu_fast_paths": cfg.rollout.cpu_fast_paths, "sampler_copy": trainer.engine.own_copy},
         "warmup": steps[: args.warmup], "steps": steps[args.warmup :],
     }
 
@@ -411,6 +412,8 @@ def spawn(args, side: str, log_dir: Path, tag: str, overrides: dict[str, Any] | 
            "--micro-batch-size", str(o["micro_batch_size"]), "--steps", str(o["steps"]), "--warmup", str(o["warmup"]),
            "--lr", repr(o["lr"]), "--beta", repr(o["beta"]), "--seed", str(o["seed"]), "--threads", str(o["threads"]),
            "--decoder", o["decoder"]]
+    if o["no_cpu_fast_paths"]:
+        cmd.append("--no-cpu-fast-paths")
     if o["trl_gradient_checkpointing"]:
         cmd.append("--trl-gradient-checkpointing")
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
@@ -652,6 +655,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--group-size", type=int, default=8)
     p.add_argument("--decoder", choices=["grpolab", "static", "static_compiled", "hf"], default="grpolab",
                    help="grpolab's rollout.decoder (default: its default decode loop)")
+    p.add_argument("--no-cpu-fast-paths", action="store_true",
+                   help="grpolab's rollout.cpu_fast_paths off: decode without weights packed once per call")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--prompts-per-step", type=int, default=4)
     p.add_argument("--micro-batch-size", type=int, default=8, help="sequences per forward/backward, both sides")

@@ -108,8 +108,8 @@ class RolloutConfig:
     stop_rule: Literal["auto", "none", "code_block"] = "auto"
     # the sampler's own weight copy, synced after each update; auto = measured at start (grpolab/training/precision.py)
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
-    # grpolab decoder on a CPU in float32: weights packed once per decode call for oneDNN (rollout/prepack.py; the
-    # same sums in another order); false = every product re-packs its weight, as the model runs outside decoding
+    # grpolab decoder on a CPU, float32 (or bfloat16 where the CPU has bf16 units): weights packed once per decode call
+    # for oneDNN (rollout/prepack.py; the same sums in another order); false = every product re-packs its weight
     cpu_fast_paths: bool = True
     # grpolab decoder: the KV cache is written in place into buffers allocated once per decode call for prompt +
     # max_new_tokens (rollout/cache.py; the same numbers; on a GPU that memory is reserved up front, on a CPU only

@@ -435,3 +435,59 @@ def test_fused_adamw_equals_foreach():
     for a, b in zip(*out):
         assert torch.allclose(a, b, atol=1e-6, rtol=0)
         assert not torch.allclose(a, params[0] if a.shape == params[0].shape else params[1], atol=1e-4)
+
+
+def test_bf16_weights_are_packed_only_on_a_cpu_with_bf16_units(monkeypatch):
+    """bfloat16 weights are packed where the CPU multiplies bf16 natively (measured faster there), never elsewhere,
+    and not at all when oneDNN refuses one weight; a packed bf16 product is x W^T to bf16 rounding."""
+    from grpolab.rollout import prepack
+
+    model = tiny_llama(vocab=300).bfloat16()
+    monkeypatch.setattr(prepack, "cpu_has_bf16_units", lambda: False)
+    assert not prepack.prepack_available(model)
+    with prepack.prepacked_linears(model, rows=6) as count:
+        assert count == 0
+    monkeypatch.setattr(prepack, "cpu_has_bf16_units", lambda: True)
+    if not torch.backends.mkldnn.is_available():
+        pytest.skip("this torch build has no oneDNN")
+    assert prepack.prepack_available(model)
+    x = torch.randn(6, 32, generator=torch.Generator().manual_seed(0)).bfloat16()
+    ref = x.double() @ model.lm_head.weight.double().T
+    try:
+        prepack.reorder_for_rows(model.lm_head.weight.detach(), 6)
+        packs_bf16 = True
+    except RuntimeError:
+        packs_bf16 = False
+    with prepack.prepacked_linears(model, rows=6) as count:
+        assert count == (15 if packs_bf16 else 0)
+        got = model.lm_head(x)
+    assert got.dtype == torch.bfloat16
+    assert torch.allclose(got.double(), ref, rtol=2 ** -7, atol=1e-3)  # one bf16 rounding of a float32 sum
+
+    def refuse(weight, rows):
+        raise RuntimeError("oneDNN: unsupported")
+
+    monkeypatch.setattr(prepack, "reorder_for_rows", refuse)
+    with prepack.prepacked_linears(model, rows=6) as count:
+        assert count == 0 and all("forward" not in m.__dict__ for m in model.modules())
+
+
+def test_bf16_packed_greedy_decode_follows_the_unpacked_models_argmax():
+    """On a CPU that packs bf16 weights: each greedy token of the packed decode is the unpacked model's argmax at that
+    position (teacher-forced), or within bf16 rounding of it -- a wrong product or a position slip is neither."""
+    from grpolab.rollout.hf import left_pad
+    from grpolab.rollout.prepack import prepack_available
+
+    model = tiny_llama(vocab=300, seed=3).bfloat16().eval()
+    if not prepack_available(model):
+        pytest.skip("bf16 weights are packed only on a CPU with bf16 units and oneDNN")
+    ids, mask = left_pad([[5, 17, 42, 9], [7, 8, 11, 3]], 0)
+    d = decode_groups(model, ids, mask, 2, 12, 1.0, [], 0, greedy=True, prepack=True)
+    assert d.mask.all()  # no stop ids: every row ran all 12 steps
+    full = torch.cat([ids.repeat_interleave(2, 0), d.tokens], dim=1)
+    with torch.no_grad():
+        logits = model(input_ids=full).logits[:, ids.shape[1] - 1:-1].float()
+    chosen = logits.gather(-1, d.tokens.unsqueeze(-1)).squeeze(-1)
+    gap = logits.max(-1).values - chosen
+    assert (gap <= 0.05).all(), gap.max()  # bf16 logits are ~0.4% apart; a wrong token is typically 10x further
+    assert (gap == 0).float().mean() >= 0.9

@@ -9,8 +9,10 @@ to float32 rounding, tested), the path torch.compile's CPU backend takes for a f
 
 The weights change after every optimizer step, so the packed copies live for one decode call: made after the
 prefill, dropped when the loop ends (one extra copy of the linear weights, in memory only while decoding). Used only
-where it was measured to pay (float32 weights on a CPU with oneDNN, benchmarks/decode_floor.py); any other model,
-dtype or device is decoded as it is.
+where it was measured to pay (benchmarks/decode_floor.py): float32 weights on a CPU with oneDNN, and bfloat16 ones
+on a CPU with bf16 units (AVX512-BF16 / AMX), where the packed 8-row bf16 products take 0.56-0.76x F.linear's time
+and the whole bf16 decode step 0.90x (2-vCPU Intel Xeon with AMX; docs/performance.md). Any other model, dtype or
+device is decoded as it is, and so is a model one of whose weights oneDNN refuses to pack.
 """
 
 from __future__ import annotations
@@ -22,11 +24,21 @@ from typing import Iterator
 import torch
 
 
+def cpu_has_bf16_units() -> bool:
+    """The CPU multiplies bfloat16 natively (AVX512-BF16 or AMX), as torch reports it."""
+    checks = (getattr(torch.cpu, "_is_avx512_bf16_supported", None), getattr(torch.cpu, "_is_amx_tile_supported", None))
+    return any(check is not None and check() for check in checks)
+
+
 def prepack_available(model: torch.nn.Module) -> bool:
-    """float32 weights on a CPU, and a torch built with oneDNN."""
+    """A torch built with oneDNN, weights on a CPU, and float32 weights -- or bfloat16 ones on a CPU with bf16 units
+    (where oneDNN packs them; elsewhere bf16 products are conversions, and the precision probe samples in fp32)."""
     p = next(model.parameters(), None)
-    return (p is not None and p.device.type == "cpu" and p.dtype == torch.float32
-            and torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
+    if p is None or p.device.type != "cpu" or not torch.backends.mkldnn.is_available():
+        return False
+    if not hasattr(torch.ops.mkldnn, "_reorder_linear_weight"):
+        return False
+    return p.dtype == torch.float32 or (p.dtype == torch.bfloat16 and cpu_has_bf16_units())
 
 
 def packed_linear(packed: torch.Tensor, bias: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
@@ -42,14 +54,26 @@ def prepacked_linears(model: torch.nn.Module, rows: int, enabled: bool = True) -
     `prepack_available`)."""
     patched: list[torch.nn.Module] = []
     try:
-        if enabled and prepack_available(model):
-            for module in model.modules():
-                if type(module) is torch.nn.Linear and "forward" not in module.__dict__:
-                    packed = torch.ops.mkldnn._reorder_linear_weight(module.weight.detach(), rows)
-                    bias = None if module.bias is None else module.bias.detach()
-                    module.forward = partial(packed_linear, packed, bias)
-                    patched.append(module)
+        for module, packed in _packed_weights(model, rows) if enabled and prepack_available(model) else []:
+            bias = None if module.bias is None else module.bias.detach()
+            module.forward = partial(packed_linear, packed, bias)
+            patched.append(module)
         yield len(patched)
     finally:
         for module in patched:
             del module.forward
+
+
+def _packed_weights(model: torch.nn.Module, rows: int) -> list[tuple[torch.nn.Linear, torch.Tensor]]:
+    """(layer, its weight packed by oneDNN for `rows` rows) for every plain nn.Linear; none at all if oneDNN refuses
+    one (the model then decodes as it is)."""
+    linears = [m for m in model.modules() if type(m) is torch.nn.Linear and "forward" not in m.__dict__]
+    try:
+        return [(m, reorder_for_rows(m.weight.detach(), rows)) for m in linears]
+    except RuntimeError:
+        return []
+
+
+def reorder_for_rows(weight: torch.Tensor, rows: int) -> torch.Tensor:
+    """`weight` [out, in] in oneDNN's blocked layout for products of `rows` rows (RuntimeError where it refuses)."""
+    return torch.ops.mkldnn._reorder_linear_weight(weight, rows)
