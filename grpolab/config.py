@@ -174,7 +174,7 @@ class TrainConfig:
     pack_completions: bool = True  # with share_prompt: completions packed end to end, not padded (SDPA models)
     keep_freed_memory: bool = True  # CPU: malloc keeps freed memory for reuse (grpolab/training/cpu_memory.py)
     seed: int = 0
-    # same config + seed on the same machine kind, threads and versions => the same bytes (grpolab/training/reproducibility.py:
+    # same config + seed on the same machine, threads and versions => the same bytes (grpolab/training/reproducibility.py:
     # deterministic algorithms; on CPU the training passes' attention through SDPA's math backend)
     deterministic: bool = True
     save_every: int = 0  # checkpoint every N steps (0 = off) ...

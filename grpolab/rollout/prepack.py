@@ -8,11 +8,13 @@ afterwards (``torch.ops.mkldnn._linear_pointwise``): the same sum y = x W^T + b,
 to float32 rounding, tested), the path torch.compile's CPU backend takes for a frozen float32 linear layer.
 
 The weights change after every optimizer step, so the packed copies live for one decode call: made after the
-prefill, dropped when the loop ends (one extra copy of the linear weights, in memory only while decoding). Used only
-where it was measured to pay (benchmarks/decode_floor.py): float32 weights on a CPU with oneDNN, and bfloat16 ones
-on a CPU with bf16 units (AVX512-BF16 / AMX), where the packed 8-row bf16 products take 0.56-0.76x F.linear's time
-and the whole bf16 decode step 0.90x (2-vCPU Intel Xeon with AMX; docs/performance.md). Any other model, dtype or
-device is decoded as it is, and so is a model one of whose weights oneDNN refuses to pack.
+prefill, dropped when the loop ends (one extra copy of the linear weights, in memory only while decoding). Used for
+float32 weights on a CPU with oneDNN (0.62-0.78x the decode step on a 2-vCPU AMD EPYC, benchmarks/decode_floor.py)
+and for bfloat16 ones on a CPU with bf16 units: on a 2-vCPU Intel Xeon with AMX the packed 8-row bf16 products take
+0.56-0.76x F.linear's time and the whole bf16 decode step 0.90x (docs/performance.md); on AVX512-BF16 without AMX
+the same oneDNN path is taken but was not measured. Any other model, dtype or device is decoded as it is, and so is
+a model with a linear weight of another dtype or device than its first parameter, or one of whose weights oneDNN
+refuses to pack (all or nothing).
 """
 
 from __future__ import annotations
@@ -65,9 +67,12 @@ def prepacked_linears(model: torch.nn.Module, rows: int, enabled: bool = True) -
 
 
 def _packed_weights(model: torch.nn.Module, rows: int) -> list[tuple[torch.nn.Linear, torch.Tensor]]:
-    """(layer, its weight packed by oneDNN for `rows` rows) for every plain nn.Linear; none at all if oneDNN refuses
-    one (the model then decodes as it is)."""
+    """(layer, its weight packed by oneDNN for `rows` rows) for every plain nn.Linear; none at all if one has another
+    dtype or device than the model's first parameter, or if oneDNN refuses one (the model then decodes as it is)."""
     linears = [m for m in model.modules() if type(m) is torch.nn.Linear and "forward" not in m.__dict__]
+    first = next(model.parameters())
+    if any(m.weight.dtype != first.dtype or m.weight.device != first.device for m in linears):
+        return []  # prepack_available judged the first parameter's dtype and device: it must speak for every layer
     try:
         return [(m, reorder_for_rows(m.weight.detach(), rows)) for m in linears]
     except RuntimeError:

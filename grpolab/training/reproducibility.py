@@ -1,5 +1,5 @@
 """Bitwise reproducibility (``train.deterministic``, docs/robustness.md): the same config and seed on the same
-machine kind, thread count and versions give the same samples, metrics and weights, in fp32 and bf16, in one
+machine, thread count and versions give the same samples, metrics and weights, in fp32 and bf16, in one
 process and under torchrun.
 
 What it takes, beyond seeding every RNG (grpolab.models.checkpoint.seed_everything) and each group's own sampling stream:
@@ -59,4 +59,4 @@ def record(deterministic: bool, device: torch.device) -> dict[str, Any]:
     where = ("CPU: deterministic algorithms on, training attention through SDPA's math backend" if device.type == "cpu"
              else f"{device.type}: deterministic algorithms on (warn only); not verified on this device type")
     return {"bitwise": device.type == "cpu", "threads": torch.get_num_threads(), "how": where,
-            "holds_for": "the same config, seed, machine kind, thread count and package versions"}
+            "holds_for": "the same config, seed, machine (not only its CPU kind), thread count and package versions"}
