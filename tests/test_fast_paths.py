@@ -460,6 +460,7 @@ def test_bf16_weights_are_packed_only_on_a_cpu_with_bf16_units(monkeypatch):
         packs_bf16 = False
     with prepack.prepacked_linears(model, rows=6) as count:
         assert count == (15 if packs_bf16 else 0)
+        assert ("forward" in model.lm_head.__dict__) == packs_bf16  # the packed product is what runs, where packed
         got = model.lm_head(x)
     assert got.dtype == torch.bfloat16
     assert torch.allclose(got.double(), ref, rtol=2 ** -7, atol=1e-3)  # one bf16 rounding of a float32 sum
