@@ -180,6 +180,7 @@ class TrainConfig:
     save_every: int = 0  # checkpoint every N steps (0 = off) ...
     save_every_minutes: float = 10.0  # ... and/or after this many minutes since the last one (0 = off); always at the end
     keep_last: int = 2
+    checkpoint_direct_io: bool = True  # write checkpoints past the page cache, O_DIRECT (grpolab/models/direct_io.py)
     samples_per_step: int = 4
     max_nonfinite_steps: int = 3  # stop after this many consecutive steps with a NaN/Inf loss or gradient
     # prompt order (grpolab/training/prompt_sampler.py): shuffle = each prompt once per epoch; pass_rate = prompts whose last

@@ -108,9 +108,11 @@ def read_manifest(run_dir: Path) -> dict[str, Any]:
 
 
 SEMANTIC_SECTIONS = ("config", "objective", "hashes", "versions", "git", "world_size")
-# where a run is written and watched: not what it computes (an old run resumes, a tracker can be added)
+# where and how a run is written and watched: not what it computes (an old run resumes, a tracker can be added,
+# checkpoints may be written through the page cache on a filesystem that refuses direct I/O)
 IGNORED_CONFIG_KEYS = {"config.run.name", "config.run.output_dir", "config.run.report_to",
-                       "config.run.mlflow_tracking_uri", "config.run.table_every_steps", "config.run.table_groups"}
+                       "config.run.mlflow_tracking_uri", "config.run.table_every_steps", "config.run.table_groups",
+                       "config.train.checkpoint_direct_io"}
 
 
 def _flatten(x: Any, prefix: str) -> dict[str, Any]:

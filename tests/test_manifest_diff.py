@@ -92,6 +92,17 @@ def test_where_a_run_is_written_and_watched_does_not_count(tiny_model_dir, token
     assert diff_manifests(base, other) == []
 
 
+def test_how_checkpoints_are_written_does_not_count_but_what_is_trained_does(base):
+    """train.checkpoint_direct_io changes how the same bytes reach the disk; a run written before the key existed
+    (no such field in its manifest) resumes too. A training setting next to it still counts."""
+    other, older = copy.deepcopy(base), copy.deepcopy(base)
+    other["config"]["train"]["checkpoint_direct_io"] = not base["config"]["train"]["checkpoint_direct_io"]
+    del older["config"]["train"]["checkpoint_direct_io"]
+    assert diff_manifests(base, other) == [] and diff_manifests(older, base) == []
+    other["config"]["train"]["keep_freed_memory"] = not base["config"]["train"]["keep_freed_memory"]
+    assert [k for k, _, _ in diff_manifests(base, other)] == ["config.train.keep_freed_memory"]
+
+
 def test_bookkeeping_fields_do_not_count(base):
     other = copy.deepcopy(base)
     other.update(created="1999-01-01T00:00:00", command="grpolab train x.yaml", machine={"cpus": 999},

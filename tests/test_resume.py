@@ -20,6 +20,7 @@ from safetensors.torch import load_file
 
 import earnable
 from grpolab.models import checkpoint as ckpt
+from grpolab.models import direct_io
 from grpolab import cli
 from grpolab.config import from_dict
 from grpolab.errors import GrpolabError
@@ -142,12 +143,15 @@ def test_kill9_at_a_random_moment_then_resume_equals_an_uninterrupted_run(refere
     assert len(resumes) == 1 and resumes[0]["differences"] == [] and resumes[0]["step"] >= 2, state
 
 
-@pytest.mark.parametrize("fail_in", ["torch.save", "save_pretrained"])
+@pytest.mark.parametrize("fail_in", ["torch.save", "direct write", "save_pretrained"])
 def test_a_failed_checkpoint_write_keeps_the_previous_one(tiny_model_dir, tmp_path, monkeypatch, fail_in):
     """A write that dies midway (a full disk) leaves no step dir, no temp dir, and step-1 loadable; the run
-    stops with a message naming it, and a resume from step-1 carries on without duplicating step 2's row."""
+    stops with a message naming it, and a resume from step-1 carries on without duplicating step 2's row.
+    "direct write": a buffer write of the files written past the page cache (the model's safetensors first);
+    "save_pretrained": the model written by transformers, as with train.checkpoint_direct_io false."""
     raw = tiny(tiny_model_dir, tmp_path, "full", steps=2)
     raw["eval"] = {"every_steps": 0}
+    raw["train"]["checkpoint_direct_io"] = fail_in != "save_pretrained"
     cfg = from_dict(raw)
     trainer, _ = start_run(cfg)
     calls = {"n": 0}
@@ -163,6 +167,9 @@ def test_a_failed_checkpoint_write_keeps_the_previous_one(tiny_model_dir, tmp_pa
 
     if fail_in == "torch.save":
         monkeypatch.setattr(ckpt.torch, "save", full_disk(torch.save))
+    elif fail_in == "direct write":  # each checkpoint writes two files of one buffer each: the third write is step 2's
+        calls["n"] = -1
+        monkeypatch.setattr(direct_io, "_write_all", full_disk(direct_io._write_all))
     else:
         monkeypatch.setattr(trainer.policy, "save_pretrained", full_disk(trainer.policy.save_pretrained))
     with pytest.raises(GrpolabError, match=r"step 2 .*No space left.*step-1 is intact"):

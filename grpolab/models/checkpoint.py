@@ -32,7 +32,8 @@ import numpy as np
 import torch
 
 from ..errors import GrpolabError
-from .lora import save_model
+from .direct_io import save_safetensors, torch_save
+from .lora import is_lora, save_model
 
 STATE_FILE = "trainer_state.pt"
 BEST_FILE = "best.json"
@@ -86,9 +87,11 @@ def _fsync_dir(directory: Path) -> None:
 
 
 def save_checkpoint(run_dir: Path, step: int, model, tokenizer, state: dict[str, Any], keep_last: int,
-                    weights: dict[str, torch.Tensor] | None = None) -> Path:
+                    weights: dict[str, torch.Tensor] | None = None, direct_io: bool = True) -> Path:
     """Write step-N atomically (temp dir, fsync, rename), then prune to the newest `keep_last`. `weights`: the full
-    state dict to write instead of the model's own (a sharded FSDP2 policy's, gathered).
+    state dict to write instead of the model's own (a sharded FSDP2 policy's, gathered). `direct_io`: the model's
+    safetensors and the trainer state are written past the page cache (grpolab/models/direct_io.py); a LoRA
+    adapter is saved by peft as always.
 
     Any failure (an OSError such as a full disk included) removes the temporary directory and re-raises; the
     checkpoints already in place are untouched.
@@ -99,12 +102,16 @@ def save_checkpoint(run_dir: Path, step: int, model, tokenizer, state: dict[str,
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-step-{step}-", dir=root))
     try:
         os.chmod(tmp, 0o755)  # mkdtemp makes it private; a checkpoint is as readable as the rest of the run
-        if weights is None:
-            save_model(model, tmp)  # a LoRA policy saves its adapter only (grpolab.models.lora)
+        full = model.state_dict() if weights is None else weights
+        if weights is None and (is_lora(model) or not direct_io or _shares_memory(_untied(model, full))):
+            save_model(model, tmp)  # LoRA: the adapter only (grpolab.models.lora); other ties: save_pretrained's rules
         else:
-            save_full_weights(model, weights, tmp)
+            save_full_weights(model, full, tmp, direct_io)
         tokenizer.save_pretrained(tmp)
-        torch.save(state, tmp / STATE_FILE)  # written last: its presence marks a complete checkpoint
+        if direct_io:  # written last: its presence marks a complete checkpoint
+            torch_save(state, tmp / STATE_FILE)
+        else:
+            torch.save(state, tmp / STATE_FILE)
         _fsync_tree(tmp)
         if target.exists():  # re-saving a step: move the old copy aside first, never delete before replacing
             aside = Path(tempfile.mkdtemp(prefix=f".old-step-{step}-", dir=root))
@@ -200,17 +207,31 @@ def best_checkpoint(run_dir: Path) -> Path:
     return path
 
 
-def save_full_weights(model, weights: dict[str, torch.Tensor], directory: Path) -> None:
+def save_full_weights(model, weights: dict[str, torch.Tensor], directory: Path, direct_io: bool = True) -> None:
     """A Hugging Face checkpoint (config.json, generation_config.json, model.safetensors) from a full state dict,
     without touching the (sharded) model's modules; a tied LM head is left to be re-tied on load."""
-    from safetensors.torch import save_file
-
     model.config.save_pretrained(directory)
     if getattr(model, "generation_config", None) is not None:
         model.generation_config.save_pretrained(directory)
+    tensors, path = _untied(model, weights), directory / "model.safetensors"
+    if direct_io:
+        save_safetensors(tensors, path, {"format": "pt"})
+    else:
+        from safetensors.torch import save_file
+
+        save_file({k: v.contiguous() for k, v in tensors.items()}, path, metadata={"format": "pt"})
+
+
+def _untied(model, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The entries to write: all but a tied LM head (the input embedding it shares is written)."""
     tied = getattr(model.config, "tie_word_embeddings", False)
-    tensors = {k: v.contiguous() for k, v in weights.items() if not (tied and k == "lm_head.weight")}
-    save_file(tensors, directory / "model.safetensors", metadata={"format": "pt"})
+    return {k: v for k, v in weights.items() if not (tied and k == "lm_head.weight")}
+
+
+def _shares_memory(tensors: dict[str, torch.Tensor]) -> bool:
+    """Whether two entries are views of one storage (weights tied in a way `_untied` does not know)."""
+    starts = [t.untyped_storage().data_ptr() for t in tensors.values() if t.numel()]
+    return len(starts) != len(set(starts))
 
 
 def load_state(ckpt: Path) -> dict[str, Any]:

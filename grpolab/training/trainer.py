@@ -411,7 +411,7 @@ class Trainer:
         try:
             if self.world.main:
                 path = ckpt.save_checkpoint(self.run_dir, self.step, self.policy, self.tokenizer, state,
-                                            self.cfg.train.keep_last, weights)
+                                            self.cfg.train.keep_last, weights, self.cfg.train.checkpoint_direct_io)
         except (OSError, RuntimeError) as e:
             prev = ckpt.latest_checkpoint(self.run_dir)
             kept = f"the previous checkpoint {prev} is intact" if prev else "there is no earlier checkpoint"
