@@ -13,8 +13,8 @@ alternating, --repeats times each, median seconds:
                    padded completions)  vs  share_prompt + pack_completions (the default)
   attention (bf16) the bf16 policy update with attention in bf16 (SDPA)  vs  in float32 (sdpa_fp32, grpolab/training/attention.py)
   optimizer step   AdamW foreach  vs  fused, on the policy's parameters with fixed gradients
-  determinism      the policy update with CPU flash attention (default SDPA)  vs  the math backend that
-                   train.deterministic uses (--only-deterministic: this row alone)
+  determinism      the policy update with CPU flash attention (default SDPA)  vs  SDPA's math backend (heads
+                   repeated)  vs  grouped_attention, what train.deterministic uses (--only-deterministic: this row alone)
   kernels          log-probabilities + entropy (forward + backward) and one sampling draw, against the plain
                    torch they replaced, on random bf16 logits (--only-kernels: these rows alone, no model)
 
@@ -115,19 +115,25 @@ def bench_attention(trainer, repeats: int) -> dict[str, float]:
 
 
 def bench_deterministic(trainer, repeats: int) -> dict[str, float]:
-    """The policy update with the default SDPA backend (CPU flash attention: its backward does not repeat) and with
-    the math backend train.deterministic uses (grpolab/training/reproducibility.py), same batch, alternating."""
+    """The policy update with the default SDPA backend (CPU flash attention: its backward does not repeat), with
+    SDPA's math backend (every key/value head repeated for its query heads), and with what train.deterministic
+    uses (grouped_attention, grpolab/training/attention.py), same batch, alternating."""
+    import contextlib
+
     import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from grpolab.training.reproducibility import training_attention
 
     torch.manual_seed(0)
     batch = trainer.collect()
     updater = trainer.updater
-    times: dict[str, list[float]] = {"flash (default SDPA)": [], "math (deterministic)": []}
+    settings = {"flash (default SDPA)": contextlib.nullcontext, "SDPA math, heads repeated": lambda: sdpa_kernel(SDPBackend.MATH),
+                "grouped (deterministic)": lambda: training_attention(True, trainer.device)}
+    times: dict[str, list[float]] = {name: [] for name in settings}
     for r in range(repeats + 1):
-        for name in times:
-            with training_attention(name.startswith("math"), trainer.device):
+        for name, within in settings.items():
+            with within():
                 t = timed(lambda: updater.update(batch.rollout, batch.advantages, ~batch.scores.invalid))
             if r:
                 times[name].append(t)
@@ -218,9 +224,9 @@ def main(argv: list[str] | None = None) -> int:
     trainer = make_trainer(args)
     print(f"levers, precision {args.precision}, median of {args.repeats} (after one warm-up round)")
     det = bench_deterministic(trainer, args.repeats)
-    print("\n  policy update, training attention  s   ratio to flash")
+    print("\n  policy update, training attention  s   ratio to flash  ratio to SDPA math")
     for name, s in det.items():
-        print(f"  {name:28s} {s:8.2f}   {s / det['flash (default SDPA)']:8.2f}")
+        print(f"  {name:28s} {s:8.2f}   {s / det['flash (default SDPA)']:8.2f} {s / det['SDPA math, heads repeated']:14.2f}")
     if args.only_deterministic:
         return 0
     gen = bench_generation(trainer, args.repeats)

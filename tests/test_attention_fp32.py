@@ -1,15 +1,16 @@
 """Attention in float32 inside bf16 autocast (grpolab/training/attention.py): it is float32 SDPA on the bf16-rounded inputs,
-the trainer switches only its training policy to it and only for bf16 on CPU, and packing still applies."""
+the trainer switches only its training policy (to it in bf16, to sdpa_grouped in fp32), and packing still applies."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from grpolab.training.attention import NAME, sdpa_fp32_forward, use_fp32_attention
+from grpolab.training.attention import GROUPED, NAME, grouped_passes, sdpa_fp32_forward, use_training_attention
 from grpolab.config import from_dict
 from grpolab.training.forward import packing_supported
 from grpolab.training.trainer import Trainer
@@ -32,7 +33,8 @@ def tiny_llama() -> LlamaForCausalLM:
     return LlamaForCausalLM(cfg)
 
 
-def test_it_is_float32_attention_of_the_bf16_inputs():
+@pytest.mark.parametrize("grouped", [False, True], ids=["sdpa", "grouped passes"])
+def test_it_is_float32_attention_of_the_bf16_inputs(grouped):
     g = torch.Generator().manual_seed(1)
     q = torch.randn(2, 4, 7, 16, generator=g).bfloat16()
     k, v = (torch.randn(2, 2, 7, 16, generator=g).bfloat16() for _ in range(2))
@@ -41,7 +43,7 @@ def test_it_is_float32_attention_of_the_bf16_inputs():
     mask[0, :, :2, 0] = True  # ... whose own rows still see one key (no all-masked row)
     module = torch.nn.Module()
     module.num_key_value_groups, module.is_causal, module.training = 2, False, False
-    with torch.autocast("cpu", dtype=torch.bfloat16):
+    with torch.autocast("cpu", dtype=torch.bfloat16), grouped_passes() if grouped else contextlib.nullcontext():
         out, _ = sdpa_fp32_forward(module, q, k, v, mask, scaling=0.25, dropout=0.0)
     assert out.dtype == torch.bfloat16
     ref = reference_attention(q, k, v, mask, 0.25)
@@ -52,7 +54,7 @@ def test_it_is_float32_attention_of_the_bf16_inputs():
 def test_model_logits_and_gradients_under_autocast_match_float32_attention():
     model = tiny_llama()
     ids = torch.randint(0, 64, (2, 9), generator=torch.Generator().manual_seed(2))
-    assert use_fp32_attention(model) and model.config._attn_implementation == NAME
+    assert use_training_attention(model, fp32_inside_bf16=True) == NAME and model.config._attn_implementation == NAME
     assert packing_supported(model)  # it takes the packed block-causal mask like SDPA
     with torch.autocast("cpu", dtype=torch.bfloat16):
         logits = model(input_ids=ids).logits.float()
@@ -66,13 +68,13 @@ def test_model_logits_and_gradients_under_autocast_match_float32_attention():
 def test_a_non_sdpa_model_is_left_alone():
     model = tiny_llama()
     model.set_attn_implementation("eager")
-    assert not use_fp32_attention(model) and model.config._attn_implementation == "eager"
+    assert use_training_attention(model, fp32_inside_bf16=True) is None and model.config._attn_implementation == "eager"
 
 
 @pytest.mark.usefixtures("one_thread")
 @pytest.mark.parametrize("precision, sampling, attention",
-                         [("bf16", "bfloat16", NAME), ("bf16", "float32", NAME), ("fp32", "float32", "sdpa")])
-def test_the_trainer_switches_only_the_training_policy_and_only_for_bf16(tiny_model_dir, tmp_path, precision, sampling,
+                         [("bf16", "bfloat16", NAME), ("bf16", "float32", NAME), ("fp32", "float32", GROUPED)])
+def test_the_trainer_switches_only_the_training_policy(tiny_model_dir, tmp_path, precision, sampling,
                                                                          attention):
     cfg = from_dict({"model": {"name": tiny_model_dir}, "task": {"options": {"num_train": 4, "num_test": 2}},
                      "rollout": {"group_size": 2, "max_new_tokens": 4, "dtype": sampling},

@@ -81,7 +81,8 @@ def inverse_cdf(p: torch.Tensor, uniform: torch.Tensor) -> tuple[torch.Tensor, t
     rows, vocab = p.shape
     block = min(CDF_BLOCK, vocab)
     nb = -(-vocab // block)
-    blocks = torch.nn.functional.pad(p, (0, nb * block - vocab)).view(rows, nb, block)
+    pad = nb * block - vocab
+    blocks = (torch.nn.functional.pad(p, (0, pad)) if pad else p).reshape(rows, nb, block)  # pad(0) would copy
     block_sums = blocks.sum(-1, dtype=torch.float64)  # [B, nb]
     block_cdf = block_sums.cumsum(-1)
     mass = block_cdf[:, -1]
@@ -107,7 +108,7 @@ def sample_tokens(
     pass over the vocabulary). Without truncation q = q_full and the same tensor is returned twice.
     uniform None = greedy (argmax of z).
     """
-    z = logits.float() / temperature
+    z = logits.float().div_(temperature) if logits.dtype != torch.float32 else logits / temperature  # no extra copy
     lse = torch.logsumexp(z, dim=-1)
     if uniform is None:
         token = z.argmax(-1)

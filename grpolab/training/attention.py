@@ -1,18 +1,28 @@
-"""Attention in float32 inside bf16 autocast: the `sdpa_fp32` attention implementation.
+"""The training policy's attention on a CPU: float32 inside bf16 autocast, and grouped heads in deterministic passes.
 
-Under bf16 autocast the projections hand SDPA bfloat16 queries, keys and values. On CPU, PyTorch's bf16 SDPA
-backward is far slower than its float32 one (it has no fast bf16 kernel on most CPUs), so on a machine where bf16
-matrix products pay (AMX or AVX-512-BF16) the attention backward can eat the gain. ``sdpa_fp32`` computes
+Two implementations registered with transformers' ``AttentionInterface`` (and SDPA's mask builder), each the
+standard SDPA in every respect it does not name (masks, grouped-query heads, causal flag):
 
-    O = softmax(Q K^T * scale + mask) V    with Q, K, V upcast to float32, O cast back to bfloat16
+- ``sdpa_fp32`` (bf16 runs, ``train.attention_fp32``). Under bf16 autocast the projections hand SDPA bfloat16
+  queries, keys and values; on a CPU PyTorch's bf16 SDPA backward is far slower than its float32 one, so on a
+  machine where bf16 products pay the attention backward could eat the gain. It computes
+      O = softmax(Q K^T * scale + mask) V    with Q, K, V upcast to float32, O cast back to bfloat16
+  i.e. exactly what float32 SDPA gives on the bf16-rounded inputs; every other product stays in bf16.
+- ``sdpa_grouped`` (float32 runs): SDPA as it is, the implementation existing only for what follows.
 
-i.e. exactly what float32 SDPA gives on the bf16-rounded inputs; every other product stays in bf16. It is the
-standard SDPA in every other respect (masks, grouped-query heads, causal flag), registered with transformers'
-``AttentionInterface`` (and SDPA's mask builder) under its own name. grpolab switches a policy to it when the
-update runs in bf16 autocast on CPU (grpolab.training.trainer; ``train.attention_fp32``).
+Inside ``grouped_passes()`` (the training passes of a deterministic CPU run: grpolab.training.reproducibility)
+both compute the attention with ``grouped_attention`` instead of SDPA's math backend, which that mode needs
+(its flash backward is not deterministic) and which repeats every key and value head for each of its query
+heads (transformers' ``repeat_kv``: a copy of K and V per layer, and a sum over the copies in the backward).
+Everywhere else (sampling from a float32 policy, a non-deterministic run, a mask this path does not take) they
+call transformers' SDPA. grpolab switches a policy to one of them when it trains on a CPU
+(grpolab.training.trainer), after the sampler and reference copies are made.
 """
 
 from __future__ import annotations
+
+import contextlib
+from typing import Iterator
 
 import torch
 from transformers import AttentionInterface, AttentionMaskInterface
@@ -20,29 +30,100 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import sdpa_mask
 
 NAME = "sdpa_fp32"
-SDPA_NAMES = ("sdpa", NAME)  # implementations that take a boolean 4-D mask as given (packing needs one)
+GROUPED = "sdpa_grouped"
+SDPA_NAMES = ("sdpa", NAME, GROUPED)  # implementations that take a boolean 4-D mask as given (packing needs one)
+
+_grouped = {"on": False}  # a plain global, not a ContextVar: torch.compile (the compiled decoder) guards on it
+
+
+@contextlib.contextmanager
+def grouped_passes() -> Iterator[None]:
+    """Within: the registered implementations compute attention with ``grouped_attention`` where it applies."""
+    before, _grouped["on"] = _grouped["on"], True
+    try:
+        yield
+    finally:
+        _grouped["on"] = before
+
+
+def grouped_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
+                      scale: float) -> torch.Tensor:
+    """O = softmax(Q K^T * scale + M) V for grouped-query heads, without repeating K and V.
+
+    query [B, H, L, D], key and value [B, Hkv, S, D] with H = G * Hkv, query head h reading key/value head h // G
+    (transformers' order); mask [B or 1, 1, L, S], boolean (True = attend) or additive float, or None. The G query
+    heads of one key/value head are one [G * L, D] block (a view of Q, no copy) multiplied by that head's K once;
+    the mask is repeated over the G blocks of rows. A row whose boolean mask attends to nothing gives 0, as SDPA's
+    math backend does. Returns O [B, H, L, D] in the query's dtype.
+    """
+    b, h, length, d = query.shape
+    kv_heads, s = key.shape[1], key.shape[2]
+    g = h // kv_heads
+    q = (query * scale).reshape(b, kv_heads, g * length, d)
+    scores = q @ key.transpose(-1, -2)  # [B, Hkv, G*L, S]
+    empty = None
+    if mask is not None:
+        m = mask.unsqueeze(2).expand(mask.shape[0], 1, g, length, s).reshape(mask.shape[0], 1, g * length, s)
+        if m.dtype == torch.bool:
+            scores = scores.masked_fill_(~m, torch.finfo(scores.dtype).min)
+            empty = ~m.any(-1, keepdim=True)  # [B, 1, G*L, 1]: rows that attend to nothing
+        else:
+            scores = scores + m
+    out = scores.softmax(-1) @ value  # [B, Hkv, G*L, D]
+    if empty is not None and bool(empty.any()):
+        out = out.masked_fill(empty, 0.0)
+    return out.view(b, h, length, d)
+
+
+def _grouped_applies(query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor | None, kwargs: dict) -> bool:
+    """The passes and inputs ``grouped_attention`` takes: no dropout, bias or softcap; a 4-D mask shared by the heads."""
+    if not _grouped["on"] or kwargs.get("dropout") or kwargs.get("position_bias") is not None \
+            or kwargs.get("softcap") is not None or query.shape[1] % key.shape[1]:
+        return False
+    return mask is not None and mask.dim() == 4 and mask.shape[1] == 1 and mask.shape[-2:] == (query.shape[2], key.shape[2])
+
+
+def _attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+               attention_mask: torch.Tensor | None, upcast: bool, **kwargs) -> tuple[torch.Tensor, None]:
+    dtype = query.dtype
+    mask = attention_mask
+    if upcast and mask is not None and mask.dtype != torch.bool:
+        mask = mask.float()
+    with torch.autocast(query.device.type, enabled=False) if upcast else contextlib.nullcontext():
+        q, k, v = (query.float(), key.float(), value.float()) if upcast else (query, key, value)
+        if _grouped_applies(q, k, mask, kwargs):
+            scale = kwargs.get("scaling") or q.shape[-1] ** -0.5
+            out = grouped_attention(q, k, v, mask, scale).transpose(1, 2).contiguous()  # [B, L, H, D] as SDPA's
+        else:
+            out, _ = sdpa_attention_forward(module, q, k, v, mask, **kwargs)
+    return out.to(dtype), None
 
 
 def sdpa_fp32_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                       attention_mask: torch.Tensor | None, **kwargs) -> tuple[torch.Tensor, None]:
-    """SDPA on float32 copies of Q, K, V (autocast off inside), the output back in the query's dtype."""
-    dtype = query.dtype
-    mask = attention_mask if attention_mask is None or attention_mask.dtype == torch.bool else attention_mask.float()
-    with torch.autocast(query.device.type, enabled=False):
-        out, weights = sdpa_attention_forward(module, query.float(), key.float(), value.float(), mask, **kwargs)
-    return out.to(dtype), weights
+    """Attention on float32 copies of Q, K, V (autocast off inside), the output back in the query's dtype."""
+    return _attention(module, query, key, value, attention_mask, True, **kwargs)
+
+
+def sdpa_grouped_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                         attention_mask: torch.Tensor | None, **kwargs) -> tuple[torch.Tensor, None]:
+    """SDPA, or ``grouped_attention`` inside ``grouped_passes()``."""
+    return _attention(module, query, key, value, attention_mask, False, **kwargs)
 
 
 def register() -> None:
-    """Make ``sdpa_fp32`` known to transformers (idempotent)."""
-    AttentionInterface.register(NAME, sdpa_fp32_forward)
-    AttentionMaskInterface.register(NAME, sdpa_mask)
+    """Make both implementations known to transformers (idempotent)."""
+    for name, fn in ((NAME, sdpa_fp32_forward), (GROUPED, sdpa_grouped_forward)):
+        AttentionInterface.register(name, fn)
+        AttentionMaskInterface.register(name, sdpa_mask)
 
 
-def use_fp32_attention(model) -> bool:
-    """Switch an SDPA model to ``sdpa_fp32``; returns False (and changes nothing) for any other attention."""
+def use_training_attention(model, fp32_inside_bf16: bool) -> str | None:
+    """Switch an SDPA model to ``sdpa_fp32`` (fp32_inside_bf16) or ``sdpa_grouped``; returns the name, or None
+    (and changes nothing) for any other attention."""
     if getattr(model.config, "_attn_implementation", None) != "sdpa":
-        return False
+        return None
     register()
-    model.set_attn_implementation(NAME)
-    return True
+    name = NAME if fp32_inside_bf16 else GROUPED
+    model.set_attn_implementation(name)
+    return name

@@ -10,14 +10,15 @@ What it takes, beyond seeding every RNG (grpolab.models.checkpoint.seed_everythi
   is switched off: it only makes a kernel that reads memory it never wrote repeatable, at the price of one more
   write of every new buffer (11,617 fills in one bf16 quickstart update on Intel AMX); the rerun tests
   (tests/test_reproducibility.py) show the same bytes without it.
-- **Attention in the training passes through SDPA's math backend on a CPU.** PyTorch's CPU flash-attention
-  backward (chosen by default for a masked float32 SDPA, e.g. packing's block-causal mask, and inside bf16's
+- **Attention in the training passes without CPU flash attention.** PyTorch's CPU flash-attention backward
+  (chosen by default for a masked float32 SDPA, e.g. packing's block-causal mask, and inside bf16's
   ``sdpa_fp32``) returned different key gradients for the same inputs in one process (measured on the quickstart:
-  gradient norm 1.930695 vs 1.930619 on two identical updates; one layer's k_proj of 30). The math backend
-  (matrix products and a softmax) gave the same bytes every time, at the same speed at the quickstart's lengths
-  (0.99x bf16, 1.01x fp32: benchmarks/levers.py, docs/robustness.md); its memory grows with the square of the
-  packed length. Decoding and no-grad passes
-  keep the default backend: their forward is deterministic.
+  gradient norm 1.930695 vs 1.930619 on two identical updates; one layer's k_proj of 30). The training passes
+  compute attention with ``grouped_attention`` (grpolab/training/attention.py: matrix products and a softmax, the
+  key/value heads not repeated), and SDPA's math backend where that does not apply; both give the same bytes
+  every time. Against the flash backward: 1.02x the bf16 update, 1.00x the fp32 one (SDPA's math backend: 1.07x,
+  1.02x; benchmarks/levers.py --only-deterministic, docs/performance.md); memory grows with the square of the
+  packed length. Decoding and no-grad passes keep the default backend: their forward is deterministic.
 - Reductions grpolab owns (group statistics, metrics, the KL penalty) run in a fixed order in float64.
 
 What it does not cover, and the manifest says so (``reproducibility``): another thread count, CPU kind or library
@@ -33,6 +34,8 @@ from typing import Any, Iterator
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from .attention import grouped_passes
+
 
 def enable(deterministic: bool) -> None:
     """Switch torch's deterministic algorithms on (warn only) for a deterministic run; leave them as they are else."""
@@ -43,9 +46,9 @@ def enable(deterministic: bool) -> None:
 
 @contextlib.contextmanager
 def training_attention(deterministic: bool, device: torch.device) -> Iterator[None]:
-    """Around a training pass: SDPA's math backend on a CPU when the run is deterministic (see the module text)."""
+    """Around a training pass on a CPU in a deterministic run: grouped_attention, else SDPA's math backend (see the module text)."""
     if deterministic and device.type == "cpu":
-        with sdpa_kernel(SDPBackend.MATH):
+        with sdpa_kernel(SDPBackend.MATH), grouped_passes():
             yield
     else:
         yield
@@ -56,7 +59,7 @@ def record(deterministic: bool, device: torch.device) -> dict[str, Any]:
     if not deterministic:
         return {"bitwise": False, "why": "train.deterministic is false (CPU flash-attention backward and any "
                                          "kernel torch has no deterministic version of may differ between runs)"}
-    where = ("CPU: deterministic algorithms on, training attention through SDPA's math backend" if device.type == "cpu"
+    where = ("CPU: deterministic algorithms on, training attention through grouped_attention or SDPA's math backend" if device.type == "cpu"
              else f"{device.type}: deterministic algorithms on (warn only); not verified on this device type")
     return {"bitwise": device.type == "cpu", "threads": torch.get_num_threads(), "how": where,
             "holds_for": "the same config, seed, machine (not only its CPU kind), thread count and package versions"}

@@ -1,0 +1,137 @@
+"""Grouped-head attention in deterministic CPU training passes (grpolab/training/attention.py `grouped_attention`):
+the float64 formula with repeated heads, SDPA's math backend to float32 rounding (fully masked rows included),
+the same model logits and gradients as SDPA, used only inside `grouped_passes`, and the same bytes on a rerun."""
+
+from __future__ import annotations
+
+import math
+from unittest import mock
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from grpolab.training import attention
+from grpolab.training.attention import GROUPED, grouped_attention, grouped_passes, use_training_attention
+from grpolab.training.reproducibility import training_attention
+
+
+def inputs(b=3, h=6, kv=2, length=5, s=9, d=8, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, h, length, d, generator=g, dtype=torch.float64)
+    k, v = (torch.randn(b, kv, s, d, generator=g, dtype=torch.float64) for _ in range(2))
+    mask = torch.ones(length, s, dtype=torch.bool).tril(diagonal=s - length).expand(b, 1, length, s).clone()
+    mask[0, :, :, :3] = False  # row 0: three padding keys on the left ...
+    mask[1, :, 0, :] = False  # ... and row 1's first query attends to nothing
+    return q, k, v, mask
+
+
+def float64_reference(q, k, v, mask, scale):
+    """softmax(Q K^T scale + M) V with each key/value head repeated for its query heads (head h reads h // G);
+    a row that attends to nothing is 0."""
+    rep = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+    scores = q @ k.transpose(-1, -2) * scale
+    if mask.dtype == torch.bool:
+        scores = scores.masked_fill(~mask, -math.inf)
+        out = torch.nan_to_num(scores.softmax(-1)) @ v
+        return out.masked_fill(~mask.any(-1, keepdim=True), 0.0)
+    return (scores + mask).softmax(-1) @ v
+
+
+def test_it_is_the_formula_with_repeated_heads_in_float64():
+    q, k, v, mask = inputs()
+    additive = torch.randn(3, 1, 5, 9, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+    for given, meant in ((mask, mask), (None, torch.ones_like(mask)), (additive, additive)):
+        want = float64_reference(q, k, v, meant, 0.3)
+        assert torch.allclose(grouped_attention(q, k, v, given, 0.3), want, atol=1e-12, rtol=0)
+
+
+def test_rows_that_attend_to_nothing_are_zero_and_their_gradients_finite():
+    q, k, v, mask = (x.requires_grad_() if x.dtype != torch.bool else x for x in inputs())
+    out = grouped_attention(q, k, v, mask, 0.3)
+    assert torch.equal(out[1, :, 0], torch.zeros_like(out[1, :, 0]))  # every head of the empty row
+    out.square().sum().backward()
+    assert all(torch.isfinite(x.grad).all() for x in (q, k, v))
+
+
+def test_gradients_match_autograd_through_the_float64_formula():
+    q, k, v, mask = inputs(seed=1)
+    leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+    refs = [x.clone().requires_grad_() for x in (q, k, v)]
+    w = torch.randn(3, 6, 5, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    (grouped_attention(*leaves, mask, 0.3) * w).sum().backward()
+    (float64_reference(*refs, mask, 0.3) * w).sum().backward()
+    for got, want in zip(leaves, refs):
+        assert torch.allclose(got.grad, want.grad, atol=1e-12, rtol=0)
+
+
+def test_float32_matches_sdpa_math_backend_with_repeated_heads():
+    q, k, v, mask = (x.float() if x.is_floating_point() else x for x in inputs(b=4, h=9, kv=3, length=6, s=11, d=16, seed=3))
+    with sdpa_kernel(SDPBackend.MATH):
+        want = F.scaled_dot_product_attention(q, k.repeat_interleave(3, 1), v.repeat_interleave(3, 1), attn_mask=mask,
+                                              scale=0.25)
+    got = grouped_attention(q, k, v, mask, 0.25)
+    assert torch.equal(got[1, :, 0], want[1, :, 0])  # the empty row: 0 in both
+    assert torch.allclose(got, want, atol=2e-6, rtol=1e-5)
+
+
+def tiny_llama() -> LlamaForCausalLM:
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=64, hidden_size=48, intermediate_size=64, num_hidden_layers=2, num_attention_heads=6,
+                      num_key_value_heads=2, attn_implementation="sdpa")
+    return LlamaForCausalLM(cfg).double()
+
+
+def logits_and_grads(model, ids, mask):
+    model.zero_grad()
+    logits = model(input_ids=ids, attention_mask=mask).logits
+    (logits.masked_fill(~mask.bool()[..., None], 0.0) * torch.linspace(-1, 1, 64, dtype=logits.dtype)).sum().backward()
+    return logits.detach(), [p.grad.clone() for p in model.parameters()]
+
+
+def test_the_model_inside_training_passes_gives_sdpas_logits_and_gradients():
+    model = tiny_llama()
+    ids = torch.randint(0, 64, (3, 10), generator=torch.Generator().manual_seed(4))
+    mask = torch.ones(3, 10, dtype=torch.long)
+    mask[0, :4] = 0  # left padding: those queries attend to nothing
+    want = logits_and_grads(model, ids, mask)  # plain SDPA (float64)
+    assert use_training_attention(model, fp32_inside_bf16=False) == GROUPED
+    calls = []
+    real = attention.grouped_attention
+    with mock.patch.object(attention, "grouped_attention", lambda *a: calls.append(1) or real(*a)):
+        outside = logits_and_grads(model, ids, mask)
+        assert not calls  # outside the training passes: SDPA
+        with training_attention(True, torch.device("cpu")):
+            inside = logits_and_grads(model, ids, mask)
+    assert len(calls) == 2  # one per layer
+    for got in (outside, inside):
+        keep = mask.bool()
+        assert torch.allclose(got[0][keep], want[0][keep], atol=1e-10, rtol=0)
+        assert all(torch.allclose(a, b, atol=1e-10, rtol=0) for a, b in zip(got[1], want[1]))
+
+
+def test_training_passes_rerun_to_the_same_bytes_and_the_switch_is_restored():
+    model = tiny_llama().float()
+    use_training_attention(model, fp32_inside_bf16=False)
+    ids = torch.randint(0, 64, (3, 10), generator=torch.Generator().manual_seed(6))
+    mask = torch.ones(3, 10, dtype=torch.long)
+    mask[1, :2] = 0
+    with training_attention(True, torch.device("cpu")):
+        first, second = logits_and_grads(model, ids, mask), logits_and_grads(model, ids, mask)
+    assert torch.equal(first[0], second[0]) and all(torch.equal(a, b) for a, b in zip(first[1], second[1]))
+    with pytest.raises(RuntimeError), grouped_passes():
+        raise RuntimeError("a failed pass")
+    assert attention._grouped["on"] is False
+
+
+def test_a_mask_it_does_not_take_goes_to_sdpa():
+    q, k, v, mask = (x.float() if x.is_floating_point() else x for x in inputs())
+    module = torch.nn.Module()
+    module.num_key_value_groups, module.is_causal = 3, True
+    with grouped_passes(), mock.patch.object(attention, "grouped_attention", side_effect=AssertionError):
+        for m in (None, mask.expand(3, 6, 5, 9)):  # no mask (causal flag) / a mask per head
+            out, _ = attention.sdpa_grouped_forward(module, q, k, v, m, scaling=0.3, dropout=0.0)
+            assert out.shape == (3, 5, 6, 8)
