@@ -4,6 +4,7 @@ the same model logits and gradients as SDPA, used only inside `grouped_passes`, 
 
 from __future__ import annotations
 
+import contextlib
 import math
 from unittest import mock
 
@@ -18,10 +19,11 @@ from grpolab.training.attention import GROUPED, grouped_attention, grouped_passe
 from grpolab.training.reproducibility import training_attention
 
 
-def inputs(b=3, h=6, kv=2, length=5, s=9, d=8, seed=0):
+def inputs(b=3, h=6, kv=2, length=5, s=9, d=8, dv=None, seed=0):
     g = torch.Generator().manual_seed(seed)
     q = torch.randn(b, h, length, d, generator=g, dtype=torch.float64)
-    k, v = (torch.randn(b, kv, s, d, generator=g, dtype=torch.float64) for _ in range(2))
+    k = torch.randn(b, kv, s, d, generator=g, dtype=torch.float64)
+    v = torch.randn(b, kv, s, dv or d, generator=g, dtype=torch.float64)
     mask = torch.ones(length, s, dtype=torch.bool).tril(diagonal=s - length).expand(b, 1, length, s).clone()
     mask[0, :, :, :3] = False  # row 0: three padding keys on the left ...
     mask[1, :, 0, :] = False  # ... and row 1's first query attends to nothing
@@ -33,20 +35,19 @@ def float64_reference(q, k, v, mask, scale):
     a row that attends to nothing is 0."""
     rep = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-    scores = q @ k.transpose(-1, -2) * scale
-    if mask.dtype == torch.bool:
-        scores = scores.masked_fill(~mask, -math.inf)
-        out = torch.nan_to_num(scores.softmax(-1)) @ v
-        return out.masked_fill(~mask.any(-1, keepdim=True), 0.0)
-    return (scores + mask).softmax(-1) @ v
+    scores = (q @ k.transpose(-1, -2) * scale).masked_fill(~mask, -math.inf)
+    out = torch.nan_to_num(scores.softmax(-1)) @ v
+    return out.masked_fill(~mask.any(-1, keepdim=True), 0.0)
 
 
-def test_it_is_the_formula_with_repeated_heads_in_float64():
-    q, k, v, mask = inputs()
-    additive = torch.randn(3, 1, 5, 9, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
-    for given, meant in ((mask, mask), (None, torch.ones_like(mask)), (additive, additive)):
-        want = float64_reference(q, k, v, meant, 0.3)
-        assert torch.allclose(grouped_attention(q, k, v, given, 0.3), want, atol=1e-12, rtol=0)
+@pytest.mark.parametrize("case", ["mask", "no mask", "mask shared by the batch", "value head size 12"])
+def test_it_is_the_formula_with_repeated_heads_in_float64(case):
+    q, k, v, mask = inputs(dv=12 if case == "value head size 12" else None)
+    given = {"no mask": None, "mask shared by the batch": mask[2:3]}.get(case, mask)
+    meant = torch.ones_like(mask) if given is None else given.expand_as(mask)
+    got = grouped_attention(q, k, v, given, 0.3)
+    assert got.shape == (3, 6, 5, v.shape[-1])
+    assert torch.allclose(got, float64_reference(q, k, v, meant, 0.3), atol=1e-12, rtol=0)
 
 
 def test_rows_that_attend_to_nothing_are_zero_and_their_gradients_finite():
@@ -127,11 +128,26 @@ def test_training_passes_rerun_to_the_same_bytes_and_the_switch_is_restored():
     assert attention._grouped["on"] is False
 
 
-def test_a_mask_it_does_not_take_goes_to_sdpa():
+@pytest.mark.parametrize("case", ["no mask", "a mask per head", "an additive float mask", "a mask of another batch",
+                                  "bfloat16 inputs", "dropout", "outside the training passes"])
+def test_what_it_does_not_take_goes_to_sdpa(case):
     q, k, v, mask = (x.float() if x.is_floating_point() else x for x in inputs())
     module = torch.nn.Module()
-    module.num_key_value_groups, module.is_causal = 3, True
-    with grouped_passes(), mock.patch.object(attention, "grouped_attention", side_effect=AssertionError):
-        for m in (None, mask.expand(3, 6, 5, 9)):  # no mask (causal flag) / a mask per head
-            out, _ = attention.sdpa_grouped_forward(module, q, k, v, m, scaling=0.3, dropout=0.0)
-            assert out.shape == (3, 5, 6, 8)
+    module.num_key_value_groups, module.is_causal, module.training = 3, True, True
+    m = {"no mask": None, "a mask per head": mask.expand(3, 6, 5, 9), "a mask of another batch": mask[:2],
+         "an additive float mask": torch.zeros(3, 1, 5, 9)}.get(case, mask)
+    if case == "a mask of another batch":
+        q, k, v = q[:1], k[:1], v[:1]
+    if case == "bfloat16 inputs":
+        q, k, v = q.bfloat16(), k.bfloat16(), v.bfloat16()
+    passes = contextlib.nullcontext() if case == "outside the training passes" else grouped_passes()
+    with passes, mock.patch.object(attention, "grouped_attention", side_effect=AssertionError), \
+            mock.patch.object(attention, "sdpa_attention_forward", return_value=(torch.zeros(1), None)) as sdpa:
+        attention.sdpa_grouped_forward(module, q, k, v, m, scaling=0.3, dropout=0.5 if case == "dropout" else 0.0)
+    assert sdpa.call_count == 1
+
+
+def test_the_switch_reports_only_what_took():
+    model = tiny_llama()
+    with mock.patch.object(type(model), "set_attn_implementation", lambda self, name: None):  # refused silently
+        assert use_training_attention(model, fp32_inside_bf16=False) is None

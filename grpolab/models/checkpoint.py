@@ -102,11 +102,10 @@ def save_checkpoint(run_dir: Path, step: int, model, tokenizer, state: dict[str,
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-step-{step}-", dir=root))
     try:
         os.chmod(tmp, 0o755)  # mkdtemp makes it private; a checkpoint is as readable as the rest of the run
-        full = model.state_dict() if weights is None else weights
-        if weights is None and (is_lora(model) or not direct_io or _shares_memory(_untied(model, full))):
-            save_model(model, tmp)  # LoRA: the adapter only (grpolab.models.lora); other ties: save_pretrained's rules
+        if weights is None and (is_lora(model) or not direct_io):
+            save_model(model, tmp)  # save_pretrained; LoRA: the adapter only (grpolab.models.lora)
         else:
-            save_full_weights(model, full, tmp, direct_io)
+            save_full_weights(model, model.state_dict() if weights is None else weights, tmp, direct_io)
         tokenizer.save_pretrained(tmp)
         if direct_io:  # written last: its presence marks a complete checkpoint
             torch_save(state, tmp / STATE_FILE)
@@ -209,11 +208,14 @@ def best_checkpoint(run_dir: Path) -> Path:
 
 def save_full_weights(model, weights: dict[str, torch.Tensor], directory: Path, direct_io: bool = True) -> None:
     """A Hugging Face checkpoint (config.json, generation_config.json, model.safetensors) from a full state dict,
-    without touching the (sharded) model's modules; a tied LM head is left to be re-tied on load."""
+    without touching the (sharded) model's modules: what `save_pretrained` writes (`hf_weights`; the config with its
+    `dtype` and `architectures` set as it sets them), in one file (save_pretrained shards beyond 50 GB)."""
+    tensors, path = hf_weights(model, weights), directory / "model.safetensors"
+    model.config.dtype = str(model.dtype).removeprefix("torch.")
+    model.config.architectures = [type(model).__name__.removeprefix("FSDP")]
     model.config.save_pretrained(directory)
     if getattr(model, "generation_config", None) is not None:
         model.generation_config.save_pretrained(directory)
-    tensors, path = _untied(model, weights), directory / "model.safetensors"
     if direct_io:
         save_safetensors(tensors, path, {"format": "pt"})
     else:
@@ -222,16 +224,17 @@ def save_full_weights(model, weights: dict[str, torch.Tensor], directory: Path, 
         save_file({k: v.contiguous() for k, v in tensors.items()}, path, metadata={"format": "pt"})
 
 
-def _untied(model, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The entries to write: all but a tied LM head (the input embedding it shares is written)."""
+def hf_weights(model, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The tensors `save_pretrained` would write of `weights`, by transformers' own steps: less the model's
+    `_keys_to_ignore_on_save`, tied duplicates removed (by shared storage; a tied LM head by the config, for
+    gathered copies that share nothing), and the weight conversions applied at load reverted (the hub's layout)."""
+    from transformers.core_model_loading import revert_weight_conversion
+    from transformers.modeling_utils import remove_tied_weights_from_state_dict
+
+    ignore = set(getattr(model, "_keys_to_ignore_on_save", None) or ())
+    kept = remove_tied_weights_from_state_dict({k: v for k, v in weights.items() if k not in ignore}, model)
     tied = getattr(model.config, "tie_word_embeddings", False)
-    return {k: v for k, v in weights.items() if not (tied and k == "lm_head.weight")}
-
-
-def _shares_memory(tensors: dict[str, torch.Tensor]) -> bool:
-    """Whether two entries are views of one storage (weights tied in a way `_untied` does not know)."""
-    starts = [t.untyped_storage().data_ptr() for t in tensors.values() if t.numel()]
-    return len(starts) != len(set(starts))
+    return revert_weight_conversion(model, {k: v for k, v in kept.items() if not (tied and k == "lm_head.weight")})
 
 
 def load_state(ckpt: Path) -> dict[str, Any]:

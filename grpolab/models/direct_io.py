@@ -8,11 +8,12 @@ quickstart checkpoint took 5.6-5.7 s (trainer state 3.5 s, model 1.4 s, fsync 0.
 bytes at 1.6-1.7 GB/s with direct I/O (about 1 s); docs/performance.md has the before/after of
 `benchmarks/checkpoint_write.py`.
 
-`DirectFile` is a write-only file that copies what it is given into one page-aligned buffer (16 MiB, reused) and
-writes the buffer with O_DIRECT, straight from memory to the disk; at `close` the last partial block is padded to
-the alignment, the file truncated to its true length and fsync'ed. Where O_DIRECT is not available (not Linux) or
-the filesystem refuses it (tmpfs, some network filesystems: EINVAL), it writes through the page cache instead, with
-the same bytes and the same fsync. The files are ordinary: `torch.load` and safetensors read them as they are.
+`DirectFile` is a write-only file that copies what it is given into a page-aligned buffer (16 MiB, one per file,
+reused as it fills) and writes the buffer with O_DIRECT at its offset, straight from memory to the disk; at
+`close` the last partial block is padded to the alignment, the file truncated to its true length and fsync'ed.
+Where O_DIRECT is not available (not Linux) or the filesystem refuses it (tmpfs, some network filesystems: EINVAL
+at open or at any write), it goes on through the page cache from where it was, with the same bytes and the same
+fsync. The files are ordinary: `torch.load` and safetensors read them as they are.
 
 `save_safetensors` writes the safetensors layout (8-byte little-endian header length, the JSON header padded with
 spaces to 8 bytes, then each tensor's bytes at its offsets; https://huggingface.co/docs/safetensors) into a
@@ -23,6 +24,7 @@ in memory first (measured: no faster than `save_file`). Tested against safetenso
 from __future__ import annotations
 
 import errno
+import fcntl
 import json
 import mmap
 import os
@@ -51,7 +53,11 @@ class DirectFile:
         self.path = Path(path)
         self.direct = direct and hasattr(os, "O_DIRECT")
         self._fd = self._open()
-        self._buffer = mmap.mmap(-1, BUFFER_BYTES)  # anonymous mappings start on a page boundary
+        try:
+            self._buffer = mmap.mmap(-1, BUFFER_BYTES)  # anonymous mappings start on a page boundary
+        except BaseException:
+            os.close(self._fd)
+            raise
         self._view = memoryview(self._buffer)
         self._filled = 0
         self._on_disk = 0  # bytes written to the file so far
@@ -86,15 +92,15 @@ class DirectFile:
 
     def _write_buffer(self, length: int) -> None:
         try:
-            _write_all(self._fd, self._view[:length])
+            _write_all(self._fd, self._view[:length], self._on_disk)
         except OSError as e:
-            if not (self.direct and e.errno == errno.EINVAL and self._on_disk == 0):
+            if not (self.direct and e.errno == errno.EINVAL):
                 raise
-            # the filesystem opened with O_DIRECT but refuses its writes: nothing is on disk yet, start again buffered
-            os.close(self._fd)
+            # the filesystem opened with O_DIRECT but refuses this write: the rest goes through the page cache,
+            # from this buffer's offset (positional writes: whatever part of it did reach the disk is written again)
+            fcntl.fcntl(self._fd, fcntl.F_SETFL, fcntl.fcntl(self._fd, fcntl.F_GETFL) & ~os.O_DIRECT)
             self.direct = False
-            self._fd = self._open()
-            _write_all(self._fd, self._view[:length])
+            _write_all(self._fd, self._view[:length], self._on_disk)
         self._on_disk += length
         self._filled = 0
 
@@ -130,10 +136,14 @@ class DirectFile:
             self._release()  # the caller removes the partial file (checkpoints are written in a temporary directory)
 
 
-def _write_all(fd: int, view: memoryview) -> None:
+def _write_all(fd: int, view: memoryview, offset: int) -> None:
+    """All of `view` at file offset `offset` (os.pwrite until done; a write of 0 bytes is an error, not a retry)."""
     done = 0
     while done < len(view):
-        done += os.write(fd, view[done:])
+        n = os.pwrite(fd, view[done:], offset + done)
+        if n <= 0:
+            raise OSError(errno.EIO, f"write of {len(view) - done} bytes at offset {offset + done} wrote nothing")
+        done += n
 
 
 def torch_save(obj: Any, path: str | os.PathLike, direct: bool = True) -> None:
@@ -147,23 +157,22 @@ def save_safetensors(tensors: dict[str, torch.Tensor], path: str | os.PathLike, 
     """Write `tensors` (CPU, contiguous or not) as a safetensors file through a `DirectFile` (fsync'ed on return).
     The header lists the tensors with their [begin, end) byte offsets into the data that follows, ordered as the
     library orders them (by dtype, last in the format's enumeration first, then by name): the file is byte for byte
-    what safetensors' `save_file` writes (tested)."""
-    if sys.byteorder != "little":  # pragma: no cover - safetensors stores little-endian bytes
-        from safetensors.torch import save_file
+    what safetensors' `save_file` writes (tested). A dtype it does not list (unsigned 16-64 bit, float8, complex) or
+    a big-endian machine: the library's `save_file` writes the file instead, then it is fsync'ed."""
+    if sys.byteorder != "little" or any(t.dtype not in SAFETENSORS_DTYPES for t in tensors.values()):
+        from safetensors.torch import save_file  # the library's own writer (through the page cache)
 
-        save_file(tensors, str(path), metadata=metadata)
+        save_file({k: v.contiguous() for k, v in tensors.items()}, str(path), metadata=metadata)
+        _fsync_file(path)
         return
     header: dict[str, Any] = {"__metadata__": metadata} if metadata else {}
-    for name, t in tensors.items():
-        if t.dtype not in SAFETENSORS_DTYPES:
-            raise ValueError(f"{path}: tensor {name!r} has dtype {t.dtype}, which this writer does not store")
     names, offset = sorted(tensors, key=lambda n: (-_DTYPE_RANK[tensors[n].dtype], n)), 0
     for name in names:
         t = tensors[name]
         nbytes = t.numel() * t.element_size()
         header[name] = {"dtype": SAFETENSORS_DTYPES[t.dtype], "shape": list(t.shape), "data_offsets": [offset, offset + nbytes]}
         offset += nbytes
-    encoded = json.dumps(header, separators=(",", ":")).encode()
+    encoded = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
     encoded += b" " * (-len(encoded) % 8)
     with DirectFile(path, direct) as f:
         f.write(struct.pack("<Q", len(encoded)))
@@ -171,3 +180,11 @@ def save_safetensors(tensors: dict[str, torch.Tensor], path: str | os.PathLike, 
         for name in names:
             t = tensors[name].detach().cpu().contiguous()
             f.write(t.view(-1).view(torch.uint8).numpy() if t.numel() else b"")
+
+
+def _fsync_file(path: str | os.PathLike) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -8,14 +8,14 @@ standard SDPA in every respect it does not name (masks, grouped-query heads, cau
   machine where bf16 products pay the attention backward could eat the gain. It computes
       O = softmax(Q K^T * scale + mask) V    with Q, K, V upcast to float32, O cast back to bfloat16
   i.e. exactly what float32 SDPA gives on the bf16-rounded inputs; every other product stays in bf16.
-- ``sdpa_grouped`` (float32 runs): SDPA as it is, the implementation existing only for what follows.
+- ``sdpa_grouped`` (deterministic runs without it): SDPA as it is, the implementation existing only for what follows.
 
 Inside ``grouped_passes()`` (the training passes of a deterministic CPU run: grpolab.training.reproducibility)
 both compute the attention with ``grouped_attention`` instead of SDPA's math backend, which that mode needs
 (its flash backward is not deterministic) and which repeats every key and value head for each of its query
 heads (transformers' ``repeat_kv``: a copy of K and V per layer, and a sum over the copies in the backward).
-Everywhere else (sampling from a float32 policy, a non-deterministic run, a mask this path does not take) they
-call transformers' SDPA. grpolab switches a policy to one of them when it trains on a CPU
+Everywhere else (sampling from a float32 policy, bf16 inputs, a mask this path does not take: none, float,
+per head) they call transformers' SDPA. grpolab switches a policy to one of them when it trains on a CPU
 (grpolab.training.trainer), after the sampler and reference copies are made.
 """
 
@@ -50,37 +50,39 @@ def grouped_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
                       scale: float) -> torch.Tensor:
     """O = softmax(Q K^T * scale + M) V for grouped-query heads, without repeating K and V.
 
-    query [B, H, L, D], key and value [B, Hkv, S, D] with H = G * Hkv, query head h reading key/value head h // G
-    (transformers' order); mask [B or 1, 1, L, S], boolean (True = attend) or additive float, or None. The G query
-    heads of one key/value head are one [G * L, D] block (a view of Q, no copy) multiplied by that head's K once;
-    the mask is repeated over the G blocks of rows. A row whose boolean mask attends to nothing gives 0, as SDPA's
-    math backend does. Returns O [B, H, L, D] in the query's dtype.
+    query [B, H, L, D], key [B, Hkv, S, D], value [B, Hkv, S, Dv] with H = G * Hkv, query head h reading key/value
+    head h // G (transformers' order); mask boolean [B or 1, 1, L, S] (True = attend) or None. The G query heads
+    of one key/value head are one [G * L, D] block (one scaled copy of Q) multiplied by that head's K once; the
+    mask is broadcast over the G heads, not copied. A row that attends to nothing gives 0, as SDPA's math backend
+    does. Returns O [B, H, L, Dv].
     """
     b, h, length, d = query.shape
     kv_heads, s = key.shape[1], key.shape[2]
     g = h // kv_heads
     q = (query * scale).reshape(b, kv_heads, g * length, d)
-    scores = q @ key.transpose(-1, -2)  # [B, Hkv, G*L, S]
+    scores = (q @ key.transpose(-1, -2)).view(b, kv_heads, g, length, s)
     empty = None
     if mask is not None:
-        m = mask.unsqueeze(2).expand(mask.shape[0], 1, g, length, s).reshape(mask.shape[0], 1, g * length, s)
-        if m.dtype == torch.bool:
-            scores = scores.masked_fill_(~m, torch.finfo(scores.dtype).min)
-            empty = ~m.any(-1, keepdim=True)  # [B, 1, G*L, 1]: rows that attend to nothing
-        else:
-            scores = scores + m
-    out = scores.softmax(-1) @ value  # [B, Hkv, G*L, D]
+        keep = mask.unsqueeze(2)  # [B or 1, 1, 1, L, S]
+        scores = scores.masked_fill(~keep, torch.finfo(scores.dtype).min)
+        empty = ~keep.any(-1, keepdim=True)  # [B or 1, 1, 1, L, 1]: rows that attend to nothing
+    out = (scores.softmax(-1).view(b, kv_heads, g * length, s) @ value).view(b, kv_heads, g, length, -1)
     if empty is not None and bool(empty.any()):
         out = out.masked_fill(empty, 0.0)
-    return out.view(b, h, length, d)
+    return out.view(b, h, length, value.shape[-1])
 
 
 def _grouped_applies(query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor | None, kwargs: dict) -> bool:
-    """The passes and inputs ``grouped_attention`` takes: no dropout, bias or softcap; a 4-D mask shared by the heads."""
-    if not _grouped["on"] or kwargs.get("dropout") or kwargs.get("position_bias") is not None \
-            or kwargs.get("softcap") is not None or query.shape[1] % key.shape[1]:
+    """The passes and inputs ``grouped_attention`` takes: inside ``grouped_passes``; float32 / float64 inputs with
+    autocast off (SDPA's math backend upcasts half precision: this path does not); no dropout, bias or softcap;
+    a boolean mask [B or 1, 1, L, S] shared by the heads."""
+    if not _grouped["on"] or query.dtype not in (torch.float32, torch.float64) or torch.is_autocast_enabled(query.device.type):
         return False
-    return mask is not None and mask.dim() == 4 and mask.shape[1] == 1 and mask.shape[-2:] == (query.shape[2], key.shape[2])
+    if kwargs.get("dropout") or kwargs.get("position_bias") is not None or kwargs.get("softcap") is not None \
+            or query.shape[1] % key.shape[1]:
+        return False
+    return (mask is not None and mask.dtype == torch.bool and mask.dim() == 4 and mask.shape[1] == 1
+            and mask.shape[0] in (1, query.shape[0]) and mask.shape[-2:] == (query.shape[2], key.shape[2]))
 
 
 def _attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -126,4 +128,4 @@ def use_training_attention(model, fp32_inside_bf16: bool) -> str | None:
     register()
     name = NAME if fp32_inside_bf16 else GROUPED
     model.set_attn_implementation(name)
-    return name
+    return name if model.config._attn_implementation == name else None

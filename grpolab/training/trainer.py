@@ -165,9 +165,9 @@ class Trainer:
         self.sharded = t.strategy == Strategy.FSDP2  # the sampler and reference copies are made before sharding
         self.engine = HFEngine(self.policy, self.tokenizer, DTYPES[cfg.rollout.dtype], cfg.rollout.decoder, self.sharded,
                                cfg.rollout.cpu_fast_paths, cfg.rollout.preallocate_kv_cache)
-        if self.device.type == "cpu":  # after the copies: training only (grpolab/training/attention.py)
-            fp32_inside = t.attention_fp32 and t.precision == "bf16"
-            if use_training_attention(self.policy, fp32_inside) and fp32_inside:
+        fp32_inside = t.attention_fp32 and t.precision == "bf16"
+        if self.device.type == "cpu" and (fp32_inside or t.deterministic):  # after the copies: training only
+            if use_training_attention(self.policy, fp32_inside) and fp32_inside:  # grpolab/training/attention.py
                 self.precision["attention"] = "float32 inside bf16 autocast (sdpa_fp32)"
         if self.sharded:
             check_shardable(cfg, self.world, self.policy)
