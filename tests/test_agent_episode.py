@@ -301,7 +301,6 @@ def test_exact_resume_mid_run_with_agent_episodes(tiny_model_dir, tmp_path, monk
     from grpolab.runs import resume_run, start_run
 
     monkeypatch.setattr(episode_module, "load_env", __import__("grpolab.agents.env", fromlist=["load_env"]).load_env)
-    real = EpisodeRunner.from_engine.__func__
     # turns that end on their own: tokens with id % 7 == 0 stop a turn too (the newline, 198, does not)
     monkeypatch.setattr(EpisodeRunner, "from_engine", classmethod(lambda cls, engine: EpisodeRunner(
         engine.model, engine.tokenizer, sorted(set(engine.stop_ids) | set(range(0, len(engine.tokenizer), 7))))))

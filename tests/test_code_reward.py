@@ -5,8 +5,6 @@ the full sets are slow), held-out code scoring and `grpolab score`."""
 from __future__ import annotations
 
 import json
-import math
-import os
 from pathlib import Path
 
 import pytest

@@ -4,7 +4,6 @@ training, chat-format rows, field errors, the fingerprint in the manifest, and a
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 

@@ -11,7 +11,7 @@ from dataclasses import replace
 import pytest
 
 from grpolab.sandbox.errors import SandboxConfigError, SandboxError
-from grpolab.sandbox import Job, SandboxLimits, detect, run_job, shared_pool
+from grpolab.sandbox import Job, SandboxLimits, detect, shared_pool
 from grpolab.sandbox.harness import classify, load_reason
 from grpolab.sandbox.isolation import candidates
 from grpolab.sandbox.runner import parse_frames, verdict, frame

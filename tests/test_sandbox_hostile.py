@@ -207,8 +207,8 @@ def test_normal_programs_score_right_after(hostile):
     problems, completions, expected = [], [], []
     for i in range(64):
         k = i % 7 + 2
-        problems.append(code_problem(f"normal/{i}", "q", "", (f"assert g({k}) == {k * k}", f"assert g(-1) == 1",
-                                                             f"assert g(0) == 0"), entry_point="g"))
+        problems.append(code_problem(f"normal/{i}", "q", "", (f"assert g({k}) == {k * k}", "assert g(-1) == 1",
+                                                             "assert g(0) == 0"), entry_point="g"))
         body = "return x * x" if i % 2 == 0 else ("return abs(x)" if i % 4 == 1 else "return x +")
         completions.append(f"```python\ndef g(x):\n    {body}\n```")
         expected.append(1.0 if i % 2 == 0 else (2 / 3 if i % 4 == 1 else 0.0))

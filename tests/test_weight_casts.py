@@ -5,7 +5,6 @@ fewer casts; the fp32 path is untouched."""
 from __future__ import annotations
 
 import contextlib
-import copy
 
 import pytest
 import torch

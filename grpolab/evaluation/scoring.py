@@ -13,12 +13,15 @@ from __future__ import annotations
 
 import re
 import threading
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 
 from ..tasks.base import Problem
 from ..tasks.code import entry_points
+
+if TYPE_CHECKING:
+    from ..sandbox import Job
 
 _BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
 _SPAN = re.compile(

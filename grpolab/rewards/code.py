@@ -11,7 +11,6 @@ limit, exit); only a failure of the sandbox itself makes a sample invalid.
 
 from __future__ import annotations
 
-import ast
 import math
 import re
 import threading

@@ -26,7 +26,7 @@ from ..models import checkpoint as ckpt
 from . import reproducibility
 from ..algo.kl import KLPlacement, token_kl
 from .agent_batch import collector_class
-from .batch import Batch, BatchCollector
+from .batch import Batch
 from ..models.checkpoint import rng_state, seed_everything, set_rng_state
 from ..config import Config
 from .sharding import Strategy, check_shardable, full_model_state, full_optimizer_state, load_full_state, shard
