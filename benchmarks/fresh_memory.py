@@ -4,11 +4,11 @@
     python benchmarks/fresh_memory.py                 # 8 GiB, one GiB at a time
     python benchmarks/fresh_memory.py --gib 16 --pause 30
 
-On a bare machine or a plain VM the two are close. On a virtual machine whose guest memory the host backs lazily
-(and takes back when the guest frees it), the first write to a guest page the host has not backed yet costs far
-more, and it is paid again whenever the process needs memory it has not held before: a training run's first
-update (gradients, optimizer moments, activations), and every checkpoint written through the page cache
-(docs/performance.md, "End to end"; train.checkpoint_direct_io). Printed: seconds per GiB for each GiB written
+Where memory is backed up front the two should be close (not measured here). On a virtual machine whose guest
+memory the host backs lazily (and takes back when the guest frees it), the first write to a guest page the host
+has not backed yet costs far more, and it is paid again whenever the process needs memory it has not held before:
+a training run's first update (gradients, optimizer moments, activations), and every checkpoint written through
+the page cache (docs/performance.md, "End to end"; train.checkpoint_direct_io). Printed: seconds per GiB for each GiB written
 fresh, then for the same GiB written again (reused), their ratio; with --pause, a second process after the pause
 shows whether memory the first one freed is cheap again or went back to the host.
 """
@@ -23,7 +23,7 @@ import time
 
 
 def touch(gib: int) -> tuple[list[float], list[float]]:
-    """(seconds to write each GiB the first time, seconds to write it again), one GiB held at a time more."""
+    """(seconds to write each GiB the first time, seconds to write it again), holding every GiB until the end."""
     import torch
 
     held, fresh, again = [], [], []

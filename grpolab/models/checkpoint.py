@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from ..errors import GrpolabError
-from .direct_io import save_safetensors, torch_save
+from .direct_io import fsync_path, save_safetensors, torch_save
 from .lora import is_lora, save_model
 
 STATE_FILE = "trainer_state.pt"
@@ -73,17 +73,8 @@ def _fsync_tree(directory: Path) -> None:
     """Flush every file of `directory` and the directory entry itself to disk."""
     for p in directory.rglob("*"):
         if p.is_file():
-            with open(p, "rb") as f:
-                os.fsync(f.fileno())
-    _fsync_dir(directory)
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+            fsync_path(p)
+    fsync_path(directory)
 
 
 def save_checkpoint(run_dir: Path, step: int, model, tokenizer, state: dict[str, Any], keep_last: int,
@@ -119,7 +110,7 @@ def save_checkpoint(run_dir: Path, step: int, model, tokenizer, state: dict[str,
             shutil.rmtree(aside, ignore_errors=True)
         else:
             os.replace(tmp, target)
-        _fsync_dir(root)
+        fsync_path(root)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -190,7 +181,7 @@ def write_best(run_dir: Path, record: dict[str, Any]) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, root / BEST_FILE)
-    _fsync_dir(root)
+    fsync_path(root)
 
 
 def best_checkpoint(run_dir: Path) -> Path:

@@ -163,7 +163,7 @@ def save_safetensors(tensors: dict[str, torch.Tensor], path: str | os.PathLike, 
         from safetensors.torch import save_file  # the library's own writer (through the page cache)
 
         save_file({k: v.contiguous() for k, v in tensors.items()}, str(path), metadata=metadata)
-        _fsync_file(path)
+        fsync_path(path)
         return
     header: dict[str, Any] = {"__metadata__": metadata} if metadata else {}
     names, offset = sorted(tensors, key=lambda n: (-_DTYPE_RANK[tensors[n].dtype], n)), 0
@@ -182,7 +182,8 @@ def save_safetensors(tensors: dict[str, torch.Tensor], path: str | os.PathLike, 
             f.write(t.view(-1).view(torch.uint8).numpy() if t.numel() else b"")
 
 
-def _fsync_file(path: str | os.PathLike) -> None:
+def fsync_path(path: str | os.PathLike) -> None:
+    """Flush a file's (or a directory's entries') data to the disk."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)

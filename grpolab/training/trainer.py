@@ -39,7 +39,7 @@ from .metrics import JsonlSink, completion_table, peak_rss_mb, truncate_log
 from ..models.load import load_weights, make_reference
 from ..models.lora import apply_lora, trainable_parameters
 from ..models.load import DTYPES, load_causal_lm, load_tokenizer, resolve_model_path
-from .attention import use_training_attention
+from .attention import NAME as ATTENTION_FP32, use_training_attention
 from .precision import model_dims, probe_shapes, resolve
 from .reproducibility import training_attention
 from .prompt_sampler import PromptSampler
@@ -165,10 +165,10 @@ class Trainer:
         self.sharded = t.strategy == Strategy.FSDP2  # the sampler and reference copies are made before sharding
         self.engine = HFEngine(self.policy, self.tokenizer, DTYPES[cfg.rollout.dtype], cfg.rollout.decoder, self.sharded,
                                cfg.rollout.cpu_fast_paths, cfg.rollout.preallocate_kv_cache)
-        fp32_inside = t.attention_fp32 and t.precision == "bf16"
-        if self.device.type == "cpu" and (fp32_inside or t.deterministic):  # after the copies: training only
-            if use_training_attention(self.policy, fp32_inside) and fp32_inside:  # grpolab/training/attention.py
-                self.precision["attention"] = "float32 inside bf16 autocast (sdpa_fp32)"
+        fp32_inside = t.attention_fp32 and t.precision == "bf16"  # grpolab/training/attention.py; after the copies
+        if self.device.type == "cpu" and (fp32_inside or t.deterministic) \
+                and use_training_attention(self.policy, fp32_inside) == ATTENTION_FP32:
+            self.precision["attention"] = "float32 inside bf16 autocast (sdpa_fp32)"
         if self.sharded:
             check_shardable(cfg, self.world, self.policy)
             shard(self.policy)
