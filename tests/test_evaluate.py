@@ -106,6 +106,22 @@ def test_math500_subject_slices():
     assert evaluate.slice_labels(p) == ["level=2", "subject=precalculus"]
 
 
+def test_math500_subject_slices_pair():
+    """A MATH-500 item's ``slice`` is its level; ``subject=...`` is only in ``slices``. Selecting a slice's items by
+    ``slice`` found none for a subject, so subject slices were never paired (the report fell back to an unpaired
+    difference); in_slice / paired_diffs(slice_=...) select by ``slices``."""
+    def items(correct):
+        return [{"uid": f"math500/test/{'algebra' if i < 30 else 'geometry'}/{i}.json", "slice": f"level={1 + i % 5}",
+                 "slices": [f"level={1 + i % 5}", "subject=algebra" if i < 30 else "subject=geometry"],
+                 "scores": {"accuracy": float(c)}} for i, c in enumerate(correct)]
+    base, trained = items([i % 3 == 0 for i in range(40)]), items([i % 3 == 0 or i < 6 for i in range(40)])
+    assert evaluate.in_slice(base[0], "subject=algebra") and not evaluate.in_slice(base[0], "subject=geometry")
+    algebra = evaluate.paired_diffs(base, trained, slice_="subject=algebra")["accuracy"]
+    assert algebra["n"] == 30 and algebra["mean"] == pytest.approx(4 / 30)  # problems 1, 2, 4, 5 newly solved
+    assert evaluate.paired_diffs(base, trained, slice_="subject=geometry")["accuracy"]["degenerate"] == "all equal"
+    assert evaluate.paired_diffs(base, trained, slice_="level=1")["accuracy"]["n"] == 8
+
+
 def test_paired_diffs_match_uids():
     a = [{"uid": f"u{i}", "scores": {"accuracy": 0.0}} for i in range(50)]
     b = [{"uid": f"u{i}", "scores": {"accuracy": 1.0 if i < 10 else 0.0}} for i in reversed(range(50))]
@@ -173,7 +189,8 @@ def test_eval_tiny_model_on_gsm8k(tiny_model_dir, tmp_path):
     assert [it["gold"] for it in first["items"]] == [p.answer for p in gold]
     assert all(1 <= it["length"] <= 6 and len(it["samples"]) == 2 for it in first["items"])
     assert [it["completion"] for it in first["items"]] == [it["completion"] for it in second["items"]]  # greedy
-    assert second["diff_vs_first"] == {"mean": 0.0, "ci_low": 0.0, "ci_high": 0.0}
+    assert second["diff_vs_first"] == {"mean": 0.0, "ci_low": 0.0, "ci_high": 0.0, "method": "t over problems",
+                                       "degenerate": "all equal"}  # the same model twice: no evidence of anything
     assert not first["held_out"]["checked"]
     entries = load_entries([out])
     assert len(entries) == 1  # the same model twice on the same set is one row

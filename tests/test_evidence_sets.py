@@ -1,38 +1,82 @@
-"""Evidence over a set of runs (grpolab.evaluation.sets): the hierarchical bootstrap on hand-computed cases, its two
-limits (identical runs and one run: the ordinary paired bootstrap, exactly), its exact distribution on a tiny case,
-and which runs form a set."""
+"""Evidence over a set of runs (grpolab.evaluation.sets): the two-stage t interval on hand-computed cases against a
+float64 reference written out from its formula, its limits (identical runs and one run: the t interval over problems,
+exactly), the refusal of runs on different problems unless aligned explicitly, and which runs form a set."""
 
 from __future__ import annotations
 
-import itertools
-from collections import Counter
+import math
 
 import numpy as np
 import pytest
 
-from grpolab.evaluation.sets import (aligned, paired_gains, recipe_groups, replicates, set_contrast, set_difference,
-                                   set_evidence, set_mean, spread)
-from grpolab.evaluation.scoring import bootstrap_ci, paired_bootstrap_diff
+from grpolab.errors import GrpolabError
+from grpolab.evaluation.intervals import mean_interval, paired_interval, t_quantile
+from grpolab.evaluation.sets import (aligned, check_same_evaluation, evaluation_differences, paired_gains, recipe_groups,
+                                   set_contrast, set_difference, set_evidence, set_mean, spread, variance_terms)
 
 
-def test_identical_runs_reduce_to_the_ordinary_paired_bootstrap_exactly():
+def reference_interval(sets: list[np.ndarray], signs: list[float]) -> tuple[float, float, float]:
+    """The module docstring's formula, written out loop by loop in float64 (no shared code with variance_terms)."""
+    p = sets[0].shape[1]
+    theta = sum(sg * sum(sum(row) for row in x) / (x.shape[0] * p) for x, sg in zip(sets, signs))
+    d = [sum(sg * sum(x[r][i] for r in range(x.shape[0])) / x.shape[0] for x, sg in zip(sets, signs)) for i in range(p)]
+    dbar = sum(d) / p
+    s_d2 = sum((v - dbar) ** 2 for v in d) / (p - 1)
+    var, terms = s_d2 / p, [(s_d2 / p, p - 1)]
+    for x in sets:
+        r = x.shape[0]
+        if r < 2:
+            continue
+        m = [sum(row) / p for row in x]
+        mbar = sum(m) / r
+        s_m2 = sum((v - mbar) ** 2 for v in m) / (r - 1)
+        var += s_m2 / r
+        c = [sum(x[j][i] for j in range(r)) / r for i in range(p)]
+        ms_e = sum((x[j][i] - m[j] - c[i] + mbar) ** 2 for j in range(r) for i in range(p)) / ((r - 1) * (p - 1))
+        if p * s_m2 > ms_e:
+            terms += [(p * s_m2 / (r * p), r - 1), (-ms_e / (r * p), (r - 1) * (p - 1))]
+    nu = sum(u for u, _ in terms) ** 2 / sum(u * u / df for u, df in terms)
+    half = t_quantile(0.975, nu) * math.sqrt(var)
+    return theta, theta - half, theta + half
+
+
+def test_interval_matches_the_formula_written_out():
+    rng = np.random.default_rng(5)
+    gains = (rng.random((3, 40)) < 0.5).astype(float) - (rng.random(40) < 0.4)[None, :]
+    r = set_mean(gains)
+    assert (r["mean"], r["ci_low"], r["ci_high"]) == pytest.approx(reference_interval([gains], [1.0]), abs=1e-12)
+    assert r["runs"] == 3 and r["n"] == 40 and r["degenerate"] is None and "Satterthwaite" in r["method"]
+    a, b = (rng.random((2, 40)) < 0.4).astype(float), (rng.random((4, 40)) < 0.6).astype(float)
+    d = set_difference(a, b)
+    assert (d["mean"], d["ci_low"], d["ci_high"]) == pytest.approx(reference_interval([a, b], [-1.0, 1.0]), abs=1e-12)
+    assert d["a"]["runs"] == 2 and d["b"]["runs"] == 4 and d["n"] == 40
+
+
+def test_hand_computed_two_runs_by_three_problems():
+    """x = [[1, 0, 1], [1, 1, 1]]: run means 2/3 and 1, problem means 1, 1/2, 1. S_d^2 = 1/12 and S_m^2 = 1/18, so
+    V = 1/36 + 1/36 = 1/18; MS_R = 3/18 = MS_E = 1/6, so no between-seed component: nu = P - 1 = 2."""
+    r = set_mean([[1, 0, 1], [1, 1, 1]])
+    half = 4.302652729749464 * math.sqrt(1 / 18)
+    assert r["mean"] == pytest.approx(5 / 6) and r["df"] == pytest.approx(2.0)
+    assert (r["ci_low"], r["ci_high"]) == pytest.approx((5 / 6 - half, 5 / 6 + half), abs=1e-9)
+
+
+def test_identical_runs_and_one_run_reduce_to_the_t_interval_over_problems():
     d = np.random.default_rng(0).integers(-1, 2, 40).astype(float)  # per-problem gains in {-1, 0, 1}
-    ordinary = bootstrap_ci(d)
+    ordinary = mean_interval(d)
     for runs in (1, 3):
         r = set_mean(np.tile(d, (runs, 1)))
-        assert (r["mean"], r["ci_low"], r["ci_high"]) == pytest.approx(ordinary, abs=1e-12)
-        assert r["spread"]["min"] == r["spread"]["max"]
+        assert (r["mean"], r["ci_low"], r["ci_high"]) == pytest.approx((ordinary["mean"], ordinary["ci_low"], ordinary["ci_high"]), abs=1e-12)
+        assert r["spread"]["min"] == r["spread"]["max"] and r["df"] == pytest.approx(39)
 
 
-def test_two_runs_that_disagree_completely_span_the_runs():
-    """Run 1 solves all 3 problems, run 2 none: per replicate theta* = (draws of run 1) / 2, so 0, 1/2, 1 with
-    probabilities 1/4, 1/2, 1/4 whatever problems are drawn; the 2.5% and 97.5% percentiles are 0 and 1. Pooling the
-    runs per problem first (0.5 everywhere) would claim [0.5, 0.5]."""
+def test_runs_that_disagree_completely_get_the_t_over_run_means():
+    """Run 1 solves all 3 problems, run 2 none: every problem's mean over runs is 0.5 (S_d = 0), so the whole
+    uncertainty is between runs: V = S_m^2 / 2 = 0.25, one df, 0.5 -/+ 12.706 * 0.5. Pooling the runs per problem
+    first would claim [0.5, 0.5]."""
     r = set_mean([[1, 1, 1], [0, 0, 0]])
-    assert (r["mean"], r["ci_low"], r["ci_high"]) == (0.5, 0.0, 1.0)
-    assert r["per_run"] == [1.0, 0.0] and r["spread"]["std"] == pytest.approx(np.sqrt(0.5))
-    pooled = bootstrap_ci([0.5, 0.5, 0.5])
-    assert pooled == (0.5, 0.5, 0.5)
+    assert r["per_run"] == [1.0, 0.0] and r["spread"]["std"] == pytest.approx(np.sqrt(0.5)) and r["df"] == pytest.approx(1.0)
+    assert (r["ci_low"], r["ci_high"]) == pytest.approx((0.5 - 12.7062047 * 0.5, 0.5 + 12.7062047 * 0.5), abs=1e-6)
 
 
 def test_the_interval_widens_when_runs_disagree_and_not_when_they_agree():
@@ -44,43 +88,60 @@ def test_the_interval_widens_when_runs_disagree_and_not_when_they_agree():
     assert b["ci_high"] - b["ci_low"] > a["ci_high"] - a["ci_low"]
 
 
-def test_replicate_distribution_matches_exact_enumeration():
-    """R = 2 runs x P = 2 problems, x = [[1, 0], [0, 1]]: enumerate every (run draw, common problem draw), each of
-    probability 1/16, and compare with 40000 bootstrap replicates. Drawing problems separately per run, or resampling
-    only problems, gives another distribution."""
-    x = np.array([[1.0, 0.0], [0.0, 1.0]])
-    exact: Counter = Counter()
-    for runs in itertools.product(range(2), repeat=2):
-        for probs in itertools.product(range(2), repeat=2):
-            exact[round(float(np.mean([x[a, j] for a in runs for j in probs])), 6)] += 1 / 16
-    assert exact == {0.0: 2 / 16, 0.5: 12 / 16, 1.0: 2 / 16}
-    reps = replicates([x], [1.0], n_boot=40000, seed=3)
-    got = Counter(round(float(v), 6) for v in reps)
-    for value, p in exact.items():
-        assert got[value] / len(reps) == pytest.approx(p, abs=0.01), value
-    assert set(got) == set(exact)
-
-
-def test_set_difference_of_single_runs_is_the_paired_bootstrap():
+def test_set_difference_of_single_runs_is_the_paired_t_interval():
     rng = np.random.default_rng(2)
     a, b = (rng.random(50) < 0.4).astype(float), (rng.random(50) < 0.6).astype(float)
-    r = set_difference([a], [b])
-    assert (r["mean"], r["ci_low"], r["ci_high"]) == pytest.approx(paired_bootstrap_diff(a, b), abs=1e-12)
-    shift = set_difference([[0.2, 0.4, 0.6]], [[0.45, 0.65, 0.85]])  # +0.25 on every problem: no uncertainty
+    r, ref = set_difference([a], [b]), paired_interval(a, b)
+    assert (r["mean"], r["ci_low"], r["ci_high"]) == pytest.approx((ref["mean"], ref["ci_low"], ref["ci_high"]), abs=1e-12)
+    shift = set_difference([[0.2, 0.4, 0.6]], [[0.45, 0.65, 0.85]])  # +0.25 on every problem: no spread at all
     assert (shift["mean"], shift["ci_low"], shift["ci_high"]) == pytest.approx((0.25, 0.25, 0.25))
-    # two sets whose runs disagree: the difference of means carries both sets' run spread
+    assert shift["degenerate"] == "all equal"
+    # two sets whose runs disagree: the difference of means carries the run spread (t with 1 df)
     wide = set_difference([[1, 1, 1], [0, 0, 0]], [[1, 1, 1], [1, 1, 1]])
-    assert wide["mean"] == 0.5 and wide["ci_low"] == 0.0 and wide["ci_high"] == 1.0
+    assert wide["mean"] == 0.5 and wide["ci_low"] < -5 and wide["ci_high"] > 6
 
 
-def test_alignment_and_bad_shapes():
-    uids, d = paired_gains([({"p": 0, "q": 1, "r": 0}, {"q": 1, "p": 1}), ({"p": 0, "q": 1}, {"p": 0, "q": 0})])
-    assert uids == ["p", "q"] and d.tolist() == [[1.0, 0.0], [0.0, -1.0]]
-    with pytest.raises(ValueError, match="share no problem"):
+def test_degenerate_sets_are_named():
+    assert set_mean([[1.0], [0.0], [1.0]])["degenerate"] == "one problem"
+    assert set_mean([[0.0, 0.0], [0.0, 0.0]])["degenerate"] == "all equal"
+    one = set_mean([[0.0, 0.0], [0.0, 0.0]])
+    assert (one["ci_low"], one["ci_high"]) == (0.0, 0.0)
+    theta, v, nu = variance_terms([np.array([[1.0, 1.0], [1.0, 1.0]])], [1.0])
+    assert (theta, v, nu) == (1.0, 0.0, float("inf"))
+
+
+def test_alignment_is_exact_unless_told_to_intersect():
+    """A run of 200 problems and a run of 3 used to become n = 3 silently; now refused, naming both runs."""
+    big = {f"u{i}": 1.0 for i in range(200)}
+    small = {"u0": 1.0, "u1": 1.0, "u2": 1.0}
+    with pytest.raises(GrpolabError, match=r"seed0 \(200 problems\) and seed1 \(3 problems\).*3 shared.*align='intersect'"):
+        aligned([big, small], ["seed0", "seed1"])
+    uids, x = aligned([big, small], ["seed0", "seed1"], align="intersect")
+    assert uids == ["u0", "u1", "u2"] and x.shape == (2, 3)
+    with pytest.raises(GrpolabError, match="share no problem"):
+        aligned([{"a": 1.0}, {"b": 1.0}], align="intersect")
+    with pytest.raises(GrpolabError, match="share no problem"):
         aligned([{"a": 1.0}, {"b": 1.0}])
-    with pytest.raises(ValueError, match=r"\(runs >= 1, 3\)"):
-        replicates([np.zeros((2, 3)), np.zeros((2, 4))], [1.0, -1.0])
+    with pytest.raises(ValueError, match="align='both'"):
+        aligned([big], align="both")
+    with pytest.raises(GrpolabError, match=r"run 1: the model and its reference were evaluated on different problems"):
+        paired_gains([({"p": 0, "q": 1, "r": 0}, {"q": 1, "p": 1}), ({"p": 0, "q": 1}, {"p": 0, "q": 0})])
+    uids, d = paired_gains([({"p": 0, "q": 1, "r": 0}, {"q": 1, "p": 1}), ({"p": 0, "q": 1}, {"p": 0, "q": 0})],
+                           align="intersect")
+    assert uids == ["p", "q"] and d.tolist() == [[1.0, 0.0], [0.0, -1.0]]
+    with pytest.raises(ValueError, match=r"\(runs >= 1, problems >= 1\)"):
+        set_difference(np.zeros((2, 3)), np.zeros((2, 4)))
     assert spread([0.5])["std"] is None
+
+
+def test_evaluations_that_differ_are_named():
+    a = {"task": "math500", "split": "test", "data_hash": "h1", "decoding": {"max_new_tokens": 512, "seed": 0, "samples": 0}}
+    b = {**a, "decoding": {"max_new_tokens": 256, "seed": 3, "samples": 0}}
+    assert evaluation_differences(a, b) == [("decoding.max_new_tokens", 512, 256)]
+    assert evaluation_differences(a, {**a, "decoding": {**a["decoding"], "seed": 9}}) == []  # the sampling seed may differ
+    check_same_evaluation(["s0", "s1"], [a, dict(a)])
+    with pytest.raises(GrpolabError, match=r"s0 and s1 were not evaluated the same way \(data_hash: 'h1' vs 'h2'"):
+        check_same_evaluation(["s0", "s1"], [a, {**a, "data_hash": "h2"}])
 
 
 def row(name: str, scores: list[float]) -> dict:
@@ -97,6 +158,10 @@ def test_set_evidence_on_eval_rows_gains_are_paired_within_each_run():
     assert set_evidence([runs[0], {"model": "x", "items": []}]) == {}
     contrast = set_contrast([runs[0]], [runs[1]])["accuracy"]
     assert contrast["mean"] == pytest.approx(0.25) and contrast["a"]["runs"] == contrast["b"]["runs"] == 1
+    short = row("s2", [1, 1])  # answered 2 of the 4 problems
+    with pytest.raises(GrpolabError, match=r"s0 \(4 problems\) and s2 \(2 problems\)"):
+        set_evidence([runs[0], short], [base, base])
+    assert set_evidence([runs[0], short], [base, base], align="intersect")["accuracy"]["gain"]["n"] == 2
 
 
 def test_recipe_groups_allow_only_the_seed_and_git_to_differ():

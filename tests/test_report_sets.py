@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 from grpolab.cli import app
 from grpolab.errors import GrpolabError
 from grpolab.evaluation.heldout import add_sets
+from grpolab.evaluation.intervals import paired_interval
 from grpolab.evaluation.sets import set_mean
 from grpolab.report import ReportOptions, build_report
 from grpolab.report.build import set_report_dir
@@ -68,7 +69,9 @@ def test_set_of_agreeing_runs_ships_and_its_interval_is_that_of_the_pooled_runs(
     one = build_report(runs[0], ReportOptions())
     assert rep["verdict"][0] == "ship", [(c.name, c.status, c.reason) for c in rep["checks"]]
     d, d1 = rep["heldout"]["diff"], one["heldout"]["diff"]
-    assert (d["mean"], d["ci_low"], d["ci_high"]) == pytest.approx((d1["mean"], d1["ci_low"], d1["ci_high"]), abs=1e-12)
+    pooled = paired_interval(np.array(pattern(0.3), float), np.array(better(11), float))  # one run's t interval
+    assert d["mean"] == pytest.approx(d1["mean"]) and d["runs"] == 2 and d["n"] == N
+    assert (d["mean"], d["ci_low"], d["ci_high"]) == pytest.approx((pooled["mean"], pooled["ci_low"], pooled["ci_high"]), abs=1e-12)
     div = next(c for c in rep["checks"] if c.name == "pass_at_k_diversity")
     assert div.status == "PASS" and "of 2 runs" in div.numbers["source"]
     assert (tmp_path / "out" / "report.html").is_file()
@@ -80,6 +83,38 @@ def test_set_report_refuses_runs_of_different_recipes_and_baselines(tmp_path):
         build_report(runs, ReportOptions())
     with pytest.raises(GrpolabError, match="--baseline: applies to the report of one run"):
         build_report(runs, ReportOptions(baselines=["base"]))
+
+
+def test_set_report_refuses_runs_evaluated_on_different_problems(tmp_path):
+    """One run of 80 problems and one of 3 used to become n = 3 (+1.000 [1.000, 1.000] PASS); now refused, naming both."""
+    runs = [seeded_run(tmp_path, "p-seed0", 0, better(11)), seeded_run(tmp_path, "p-seed1", 1, better(12))]
+    small = json.loads((runs[1] / "eval" / "base_vs_trained.json").read_text())
+    for m in small["models"]:
+        m["items"] = m["items"][:3]
+    (runs[1] / "eval" / "base_vs_trained.json").write_text(json.dumps(small))
+    with pytest.raises(GrpolabError, match=r"p-seed0 \(80 problems\) and p-seed1 \(3 problems\).*align='intersect'"):
+        build_report(runs, ReportOptions(skip_safety=True))
+
+
+def test_compare_sets_refuses_runs_decoded_differently_and_lists_what_it_skips(tmp_path):
+    a = [seeded_run(tmp_path, f"d{i}", i, better(11 + i)) for i in range(2)]
+    b = [seeded_run(tmp_path, f"e{i}", i, [True] * N, lr=1e-4) for i in range(2)]
+    other = json.loads((a[1] / "eval" / "base_vs_trained.json").read_text())
+    (a[1] / "eval" / "base_vs_trained.json").write_text(json.dumps({**other, "max_new_tokens": 64}))
+    res = CliRunner().invoke(app, ["compare", "--set", f"a={a[0]},{a[1]}", "--set", f"b={b[0]},{b[1]}"])
+    assert isinstance(res.exception, GrpolabError), res.output
+    assert "d0 and d1 were not evaluated the same way (max_new_tokens: 48 vs 64)" in str(res.exception)
+    from grpolab.report.compare import named_sets
+
+    (a[1] / "eval" / "base_vs_trained.json").write_text(json.dumps(other))
+    ckpt = a[1] / "checkpoints" / f"step-{STEPS}"  # one run of set a also has an eval the other lacks
+    extra = eval_json("extra", [(BASE, BASE, pattern(0.3)), (str(a[1]), str(ckpt), better(3))])
+    (a[1] / "eval" / "extra.json").write_text(json.dumps(extra))
+    got = named_sets({"a": a, "b": b})
+    assert [(k["set"], k["data_hash"]) for k in got["skipped"]] == [("a", "x-extra")]
+    assert "1 rows for the set's 2 runs" in got["skipped"][0]["reason"]
+    held_out = [e for s in got["sets"] for e in s["eval_sets"] if e["task"] == "arithmetic" and e["method"] == "greedy"]
+    assert [e["n"] for e in held_out] == [N, N] and got["set_differences"][0]["n"] == N  # every result says n
 
 
 def test_cli_report_takes_several_runs(tmp_path):
@@ -124,7 +159,11 @@ def test_compare_two_sets_reports_the_difference_of_means(tmp_path):
     diff = next(d for d in data["set_differences"] if d["method"] == "greedy")["metrics"]["accuracy"]
     acc_a = np.mean([np.mean(better(11)), np.mean(better(12))])
     assert diff["mean"] == pytest.approx(1.0 - acc_a) and diff["b"]["spread"]["std"] == 0.0
-    assert diff["ci_low"] > 0 and diff["a"]["runs"] == diff["b"]["runs"] == 2
+    assert diff["a"]["runs"] == diff["b"]["runs"] == 2 and diff["n"] == N
+    # two seeds of A whose accuracies differ measure the between-seed variance with about one degree of freedom: the
+    # interval is wide (t quantile 12.7 at 1 df), as it must be with two seeds
+    a_means = diff["a"]["per_run"]
+    assert a_means[0] != a_means[1] and diff["df"] < 3 and diff["ci_low"] < 0 < diff["mean"] < diff["ci_high"]
     set_a = next(s for s in data["sets"] if s["name"] == "a")
     greedy = next(e for e in set_a["eval_sets"] if e["method"] == "greedy")
     assert greedy["metrics"]["accuracy"]["gain"]["per_run"] == pytest.approx(gains([better(11), better(12)]))

@@ -1,10 +1,12 @@
 """Held-out evaluation: decoding on problems the model never trained on, scored by math-verify -- or, for code
 tasks, by running all of the problem's tests in the sandbox -- in grpolab.evaluation.scoring, which shares no scoring code
-with the training reward, with bootstrap intervals.
+with the training reward, with 95% intervals.
 
-Per problem i (one "item"), every metric is a number s_i; a model's metric is mean_i s_i with a 95% percentile
-bootstrap interval over problems (grpolab.evaluation.scoring.bootstrap_ci), and two models are compared on the same
-problems by the paired bootstrap of d_i = s_i(model) - s_i(first model). Metrics:
+Per problem i (one "item"), every metric is a number s_i; a model's metric is mean_i s_i with a 95% interval over
+problems, and two models are compared on the same problems by the paired interval of d_i = s_i(model) - s_i(first
+model): t over problems for binary scores, the studentised bootstrap for graded ones (pass@j from more than j
+samples, mean@k) -- grpolab.evaluation.intervals.score_interval / paired_score_interval, coverage measured by
+benchmarks/interval_coverage.py. Metrics:
 
 - ``accuracy``: greedy completion correct (math-verify equivalence of its final answer with gold; for code: every
   test passes, i.e. greedy pass@1).
@@ -13,7 +15,8 @@ problems by the paired bootstrap of d_i = s_i(model) - s_i(first model). Metrics
   (c = correct samples); ``maj@k`` = the majority answer (math-verify clusters) is correct;
   ``mean@k`` = c / k (code: no maj@k, programs have no final answer to vote on).
 
-Slices: the task's own label (``digits=2``, ``level=3``) and, for MATH-500, ``subject=<name>`` read from the uid.
+Slices: the task's own label (``digits=2``, ``level=3``) and, for MATH-500, ``subject=<name>`` read from the uid; an
+item's slices are its ``slices`` list (in_slice), not its ``slice`` label alone.
 Length is counted in completion tokens (the EOS included); truncated = hit max_new_tokens without EOS.
 """
 
@@ -29,7 +32,8 @@ import numpy as np
 from ..tasks.prompting import prompt_ids
 from ..rollout.base import RolloutEngine, SamplingParams
 from .scoring import (code_passes, extract_final, gsm8k_flexible, gsm8k_strict, held_out_job, is_correct,
-                      maj_at_k, mean_at_k, paired_bootstrap_diff, pass_at_k, program_text)
+                      maj_at_k, mean_at_k, pass_at_k, program_text)
+from .intervals import paired_score_interval
 from ..tasks.base import Problem
 from ..agents.env import is_agent_problem
 from .episodes import evaluate_episodes
@@ -171,21 +175,34 @@ def evaluate_model(engine: RolloutEngine, tokenizer, problems: list[Problem], se
 
 def greedy_eval(engine: RolloutEngine, tokenizer, problems: list[Problem], max_new_tokens: int, batch_size: int = 64,
                 task: str = "") -> EvalResult:
-    """Greedy completions for every problem, batched; accuracy with a 95% percentile-bootstrap interval."""
+    """Greedy completions for every problem, batched; accuracy with its 95% interval (t over problems)."""
     return evaluate_model(engine, tokenizer, problems, EvalSettings(max_new_tokens, batch_size, task=task))
 
 
-def paired_diffs(first: list[dict[str, Any]], other: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
-    """Paired bootstrap of other - first for every metric both have, on the problems (uids) both have."""
-    a = {it["uid"]: it["scores"] for it in first}
-    b = {it["uid"]: it["scores"] for it in other}
+def in_slice(item: dict[str, Any], label: str) -> bool:
+    """Whether an eval item belongs to a slice: the label is among its ``slices`` (its ``slice`` when it has none).
+    MATH-500 items carry ``subject=<s>`` only in ``slices``; their ``slice`` is the level.
+
+    >>> it = {"slice": "level=2", "slices": ["level=2", "subject=algebra"]}
+    >>> in_slice(it, "subject=algebra"), in_slice(it, "level=2"), in_slice({"slice": "easy"}, "easy")
+    (True, True, True)
+    """
+    return label in (item.get("slices") or [item.get("slice")])
+
+
+def paired_diffs(first: list[dict[str, Any]], other: list[dict[str, Any]], slice_: str | None = None) -> dict[str, dict[str, Any]]:
+    """Paired interval of other - first (intervals.paired_score_interval) for every metric both have, on the problems
+    (uids) both have -- only those of one slice when ``slice_`` is given (in_slice); each with n, method and
+    degenerate. {} when they share no problem."""
+    a = {it["uid"]: it["scores"] for it in first if slice_ is None or in_slice(it, slice_)}
+    b = {it["uid"]: it["scores"] for it in other if slice_ is None or in_slice(it, slice_)}
     uids = [u for u in a if u in b]
     if not uids:
         return {}
     out = {}
     for m in (m for m in a[uids[0]] if m in b[uids[0]]):
-        d, lo, hi = paired_bootstrap_diff([a[u][m] for u in uids], [b[u][m] for u in uids])
-        out[m] = {"mean": d, "ci_low": lo, "ci_high": hi, "n": len(uids)}
+        r = paired_score_interval([a[u][m] for u in uids], [b[u][m] for u in uids])
+        out[m] = {k: r[k] for k in ("mean", "ci_low", "ci_high", "n", "method", "degenerate")}
     return out
 
 
@@ -224,7 +241,7 @@ def eval_header(task: str, options: dict[str, Any], split: str, problems: list[P
 def add_sets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The sets among the rows after the first: runs whose manifests (found by the held-out check) differ only in
     the seed (grpolab.evaluation.sets.recipe_groups), each with every metric's mean over runs and problems and its
-    gain over the first row, hierarchical intervals (grpolab.evaluation.sets.set_evidence)."""
+    gain over the first row, two-stage (runs, problems) intervals (grpolab.evaluation.sets.set_evidence)."""
     from .sets import recipe_groups, set_evidence
 
     def manifest(row: dict[str, Any]) -> dict[str, Any] | None:
@@ -241,7 +258,7 @@ def add_sets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def run_eval(models: list[str], task: str, options: dict[str, Any], split: str, limit: int,
              max_new_tokens: int, batch_size: int, dtype: str, samples: int = 0, temperature: float = 1.0,
              top_p: float = 1.0, seed: int = 0, progress: Progress | None = None) -> dict[str, Any]:
-    """Evaluate each model on the same problems; paired bootstrap differences against the first model, and the
+    """Evaluate each model on the same problems; paired differences (with intervals) against the first model, and the
     evidence of every set of runs (seeds of one recipe) among the others (add_sets).
 
     Every model's held-out integrity is checked (grpolab.evaluation.overlap) before any model is loaded. ``progress(what,

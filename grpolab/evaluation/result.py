@@ -1,5 +1,7 @@
 """The records of a held-out evaluation: how to decode (EvalSettings), a completion, and the result (EvalResult)
-with its summary -- mean and a 95% percentile-bootstrap interval per metric and per slice (summarise)."""
+with its summary -- mean and a 95% interval per metric and per slice (summarise; the interval of
+grpolab.evaluation.intervals.score_interval: t over problems for binary scores, the studentised bootstrap for graded
+ones such as pass@j from more than j samples), with n, the method and any degenerate case named."""
 
 from __future__ import annotations
 
@@ -11,7 +13,9 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from .scoring import bootstrap_ci
+from .intervals import score_interval
+
+
 @dataclass(frozen=True)
 class EvalSettings:
     """How to decode. samples = 0: greedy only; k > 0: also k samples per problem at `temperature`."""
@@ -50,9 +54,9 @@ class EvalResult:
         return {k: v for k, v in self.__dict__.items() if k != "items"}
 
 
-def _ci(values: list[float] | np.ndarray) -> dict[str, float]:
-    m, lo, hi = bootstrap_ci(np.asarray(values, dtype=float))
-    return {"mean": m, "ci_low": lo, "ci_high": hi}
+def _ci(values: list[float] | np.ndarray) -> dict[str, Any]:
+    """mean, ci_low, ci_high, n, method and degenerate of one metric's per-problem values (score_interval)."""
+    return score_interval(np.asarray(values, dtype=float))
 
 
 def summarise(items: list[dict[str, Any]], elapsed: float) -> EvalResult:

@@ -226,6 +226,9 @@ def bootstrap_ci(
     """(mean, lo, hi): percentile bootstrap of the mean, resampling items with replacement.
 
     lo/hi are the alpha/2 and 1-alpha/2 quantiles of n_boot resampled means (indices from bootstrap_indices).
+    grpolab eval reports grpolab.evaluation.intervals.score_interval instead (t, or the studentised bootstrap for
+    graded scores): this percentile interval covers 0.91-0.93 for pass@k from more samples than k at 30 problems
+    (benchmarks/interval_coverage.py).
     """
     v = np.asarray(values, dtype=float).ravel()
     if v.size == 0:

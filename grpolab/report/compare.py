@@ -1,6 +1,12 @@
 """Runs and baselines side by side (grpolab compare, grpolab.compare): rows of evaluation JSONs and run directories,
 paired differences per evaluation set, seeds of one recipe summarised over runs and problems, and named sets of runs
-contrasted by the difference of their means (grpolab.evaluation.sets)."""
+contrasted by the difference of their means (grpolab.evaluation.sets).
+
+Runs are only ever combined when they were evaluated alike: seed groups form within one evaluation (data hash,
+method, samples and decoding settings), and a named set is refused when its runs' evaluations of a data set differ
+in decoding (grpolab.evaluation.sets.check_same_evaluation) or in their problems -- unless the caller passes
+align="intersect", which keeps the problems every run has. An evaluation set that not every run of a set has is
+listed under ``skipped`` with the reason, never dropped silently."""
 
 from __future__ import annotations
 
@@ -29,6 +35,7 @@ def _entries_from_json(file: Path) -> list[dict[str, Any]]:
         out.append({**row, "label": _label(row, found[0] if found else None), "source": str(file),
                     "data_hash": data["data_hash"], "task": data["task"], "split": data["split"],
                     "samples": data.get("decoding", {}).get("samples", 0) if isinstance(data.get("decoding"), dict) else 0,
+                    "evaluation": {k: data.get(k) for k in ("task", "task_options", "split", "data_hash", "max_new_tokens", "decoding")},
                     "manifest": found[1] if found else None, "last": i == len(data["models"]) - 1,
                     "reference_row": data["models"][0] if i else None})  # the base it was evaluated beside
     return out
@@ -78,21 +85,29 @@ def load_entries(sources: list[Path]) -> list[dict[str, Any]]:
     return entries
 
 
+def decoding_key(entry: dict[str, Any]) -> str:
+    """The decoding settings an entry was evaluated with, as a comparable string (sampling seed excepted)."""
+    from ..evaluation.sets import DECODING_KEYS
+
+    decoding = (entry.get("evaluation") or {}).get("decoding")
+    return json.dumps({k: decoding.get(k) for k in DECODING_KEYS} if isinstance(decoding, dict) else decoding, sort_keys=True)
+
+
 def seed_groups(entries: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
-    """Groups (size >= 2) of runs on the same set and method that are seeds of one recipe
+    """Groups (size >= 2) of runs on the same set, method and decoding that are seeds of one recipe
     (grpolab.evaluation.sets.recipe_groups: manifests differ only in config.train.seed and the git state)."""
     from ..evaluation.sets import recipe_groups
 
     by_set: dict[tuple, list[dict[str, Any]]] = {}
     for e in entries:
         if e.get("manifest"):
-            by_set.setdefault((e["data_hash"], e.get("method"), e["samples"]), []).append(e)
+            by_set.setdefault((e["data_hash"], e.get("method"), e["samples"], decoding_key(e)), []).append(e)
     return [[rows[i] for i in g] for rows in by_set.values() for g in recipe_groups([e["manifest"] for e in rows])]
 
 
 def seed_summary(group: list[dict[str, Any]]) -> dict[str, Any]:
     """mean, std (ddof 1), min, max across the group's runs of every metric they all have, and ``evidence``: the
-    hierarchical intervals over runs and problems (grpolab.evaluation.sets.set_evidence; {} without per-problem records)."""
+    two-stage (runs, problems) intervals (grpolab.evaluation.sets.set_evidence; {} without per-problem records)."""
     from ..evaluation.sets import set_evidence, spread
 
     names = [m for m in group[0]["metrics"] if all(m in e["metrics"] for e in group)]
@@ -116,26 +131,57 @@ def set_members(src: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def named_sets(sets: dict[str, list[Path]]) -> dict[str, Any]:
-    """Each named set's evidence per evaluation set every member has, and every set after the first against the first
-    (difference of means, hierarchical interval: grpolab.evaluation.sets.set_contrast)."""
-    from ..evaluation.sets import set_contrast, set_evidence
+def named_sets(sets: dict[str, list[Path]], align: str = "exact") -> dict[str, Any]:
+    """Each named set's evidence per evaluation set (data hash, method, samples) every member has, and every set after
+    the first against the first (difference of means: grpolab.evaluation.sets.set_contrast). Runs evaluated with
+    different decoding settings, or on different problems, are refused unless align="intersect" (module docstring);
+    evaluation sets that not every run of a set has are listed in ``skipped``."""
+    from ..evaluation.sets import check_same_evaluation, set_contrast, set_evidence
 
     members = {name: [e for src in srcs for e in set_members(src)] for name, srcs in sets.items()}
     runs = {name: len(srcs) for name, srcs in sets.items()}
+    hashes = list(dict.fromkeys((e["data_hash"], e.get("method"), e["samples"]) for rows in members.values() for e in rows))
+    skipped = []
 
     def on(name: str, h: tuple) -> list[dict[str, Any]]:
         rows = [e for e in members[name] if (e["data_hash"], e.get("method"), e["samples"]) == h]
-        return rows if len(rows) == runs[name] else []  # every run of the set, once
+        if rows and len(rows) != runs[name]:
+            skipped.append({"set": name, "data_hash": h[0], "method": h[1], "samples": h[2],
+                            "reason": f"{len(rows)} rows for the set's {runs[name]} runs (each run needs this evaluation exactly once)"})
+            return []
+        if rows:
+            check_same_evaluation([e["label"] for e in rows], [e.get("evaluation") or {} for e in rows])
+        return rows
 
-    hashes = list(dict.fromkeys((e["data_hash"], e.get("method"), e["samples"]) for rows in members.values() for e in rows))
-    evidence = [{"name": n, "runs": [e["label"] for e in members[n]], "eval_sets": [
-        {"data_hash": h[0], "method": h[1], "task": on(n, h)[0]["task"], "metrics": set_evidence(on(n, h), [e["reference_row"] for e in on(n, h)])}
-        for h in hashes if on(n, h)]} for n in sets]
+    rows_on = {(n, h): on(n, h) for n in sets for h in hashes}
+    evidence = []
+    for n in sets:
+        eval_sets = []
+        for h in hashes:
+            rows = rows_on[(n, h)]
+            if rows:
+                metrics = set_evidence(rows, [e.get("reference_row") for e in rows], align)
+                eval_sets.append({"data_hash": h[0], "method": h[1], "task": rows[0]["task"], "runs": len(rows),
+                                  "n": _problems(metrics), "metrics": metrics})
+        evidence.append({"name": n, "runs": [e["label"] for e in members[n]], "eval_sets": eval_sets})
     first, *rest = list(sets)
-    diffs = [{"a": first, "b": n, "data_hash": h[0], "method": h[1], "task": on(n, h)[0]["task"], "metrics": set_contrast(on(first, h), on(n, h))}
-             for n in rest for h in hashes if on(first, h) and on(n, h)]
-    return {"sets": evidence, "set_differences": diffs}
+    diffs = []
+    for n in rest:
+        for h in hashes:
+            a, b = rows_on[(first, h)], rows_on[(n, h)]
+            if a and b:
+                check_same_evaluation([e["label"] for e in (*a, *b)], [e.get("evaluation") or {} for e in (*a, *b)])
+                metrics = set_contrast(a, b, align)
+                diffs.append({"a": first, "b": n, "data_hash": h[0], "method": h[1], "task": b[0]["task"],
+                              "n": _problems(metrics), "metrics": metrics})
+    return {"sets": evidence, "set_differences": diffs, "skipped": skipped}
+
+
+def _problems(metrics: dict[str, Any]) -> int | None:
+    """n (problems) of a metrics dict of set_evidence or set_contrast: that of its first metric; None without one."""
+    for m in metrics.values():
+        return m["value"]["n"] if "value" in m else m["n"]
+    return None
 
 
 def compare_entries(entries: list[dict[str, Any]], baseline: str = "") -> dict[str, Any]:
