@@ -88,7 +88,23 @@ def versions() -> dict[str, str | None]:
 
 
 def machine() -> dict[str, Any]:
-    return {"platform": platform.platform(), "processor": platform.processor(), "cpus": os.cpu_count()}
+    """Where the run computes: OS and kernel, processor, CPU model (Linux: /proc/cpuinfo's "model name", the CPU
+    kind that decides which kernels run) and CPU count. A resume compares them with the run's (grpolab.runs)."""
+    return {"platform": platform.platform(), "processor": platform.processor(), "cpu_model": cpu_model(),
+            "cpus": os.cpu_count()}
+
+
+def cpu_model(cpuinfo: str = "/proc/cpuinfo") -> str | None:
+    """The first "model name" of /proc/cpuinfo (None where there is none: not Linux, or an ARM kernel's)."""
+    try:
+        with open(cpuinfo, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name":
+                    return value.strip()
+    except OSError:
+        return None
+    return None
 
 
 def write_json_atomic(path: Path, data: Any) -> None:

@@ -4,20 +4,39 @@ A resume reads the config from RUN_DIR/manifest.json (plus any --set overrides),
 fresh manifest, and refuses -- naming every difference -- when the resolved config, objective, model weights,
 tokenizer, chat template, reward code, data or package versions differ from the recorded ones, unless the
 user passes --allow-changes. Every resume is recorded in the manifest's "resumes" list (time, checkpoint step,
-accepted differences, git state of the resuming code); accepted changes also update the manifest's own sections, so the next resume compares
-against what the run now is.
+accepted differences, git state of the resuming code, machine and torch thread count); accepted changes also update
+the manifest's own sections, so the next resume compares against what the run now is. A resume on another machine
+or thread count is accepted, but the manifest's ``reproducibility`` claim is downgraded to ``bitwise: false``
+(``resumed_reproducibility``): the run's bytes then depend on where each part of it ran.
+
+One writer per run directory: a new run and a resume hold an exclusive lock (``fcntl.flock``) on
+RUN_DIR/.grpolab.lock for the life of their trainer (``trainer.run_lock``); the kernel releases it when the
+process ends, however it ends, so a crashed run never leaves it stuck. A second writer is refused with the
+directory and the holder's pid. Within one process the lock is shared (the Python API may build a run and then
+resume it while the first trainer object still exists).
+
+Before anything is loaded, a resume verifies the newest checkpoint against its checksums
+(grpolab.models.checkpoint.verify_checkpoint). A corrupt or truncated one is an error naming the file and the
+newest intact earlier step; with ``from_intact`` the corrupt ones are renamed corrupt-step-N (kept, never deleted)
+and the run continues from that step.
 """
 
 from __future__ import annotations
 
 import copy
+import fcntl
 import json
+import os
 import sys
 import time
+import weakref
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
+
+import torch
 
 from . import manifest as mf
+from .models import checkpoint as ckpt
 from .training import reproducibility
 from .card import objective_card
 from .config import Config, from_dict, parse_override, set_path, to_dict
@@ -35,10 +54,108 @@ def plan_run_dir(cfg: Config) -> Path:
     """The run directory a new run will use; refuses one that already holds something (nothing is created)."""
     name = cfg.run.name or f"{cfg.task.name}-{cfg.algorithm.preset}-{time.strftime('%Y%m%d-%H%M%S')}"
     path = Path(cfg.run.output_dir) / name
-    if path.exists() and (not path.is_dir() or any(path.iterdir())):
+    if path.exists() and (not path.is_dir() or any(p.name != LOCK_FILE for p in path.iterdir())):
         raise GrpolabError(f"run.name: {path} already exists and is not empty; choose another name, "
                            f"or continue it with: grpolab train --resume {path}")
     return path
+
+
+# ------------------------------------------------------------------------------------- one writer per run directory
+
+LOCK_FILE = ".grpolab.lock"
+_HELD: "weakref.WeakValueDictionary[str, RunLock]" = weakref.WeakValueDictionary()  # this process's locks
+
+
+class RunLock:
+    """An exclusive ``flock`` on RUN_DIR/.grpolab.lock, held while this object lives (or until ``release``); the
+    file holds the holder's pid. The kernel drops the lock with the process, so a killed run leaves none."""
+
+    def __init__(self, run_dir: Path, fd: int):
+        self.run_dir, self._fd = run_dir, fd
+
+    @property
+    def held(self) -> bool:
+        return self._fd >= 0
+
+    def release(self, _close: Callable[[int], None] = os.close) -> None:  # bound now: __del__ may run at exit
+        if self._fd >= 0:
+            _close(self._fd)  # closing the descriptor releases the flock
+            self._fd = -1
+
+    def __del__(self) -> None:
+        self.release()
+
+    def __copy__(self) -> "RunLock":  # a copied trainer shares the lock; a copy must never close it
+        return self
+
+    def __deepcopy__(self, memo: dict) -> "RunLock":
+        return self
+
+    def __reduce__(self):
+        raise TypeError(f"the writer lock of {self.run_dir} belongs to this process; it cannot be pickled")
+
+
+def lock_run_dir(run_dir: Path) -> RunLock:
+    """Take RUN_DIR's writer lock (this process's own one when it already holds it); a GrpolabError naming the
+    directory and the holder's pid when another process holds it, or when the lock file cannot be created."""
+    run_dir = Path(run_dir)
+    key = os.path.realpath(run_dir)
+    held = _HELD.get(key)
+    if held is not None and held.held:
+        return held
+    path = run_dir / LOCK_FILE
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError as e:
+        raise GrpolabError(f"{run_dir}: cannot create its lock file {LOCK_FILE} ({e.strerror or e}); a run "
+                           f"directory must be writable") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        holder = os.pread(fd, 64, 0).decode("ascii", "replace").strip()
+        os.close(fd)
+        who = f"process {holder}" if holder.isdigit() else "another process"
+        raise GrpolabError(f"{run_dir}: {who} is already writing this run directory (it holds {path}); two runs "
+                           f"in one directory would interleave their steps and checkpoints -- wait for it to end "
+                           f"or stop it, or use another run.name") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    lock = _HELD[key] = RunLock(run_dir, fd)
+    return lock
+
+
+def claim_new_run_dir(run_dir: Path) -> RunLock:
+    """Create a new run's directory and take its lock; refuses one that another run filled in the meantime (two
+    runs of one name started together: the second one sees the first one's files)."""
+    run_dir = Path(run_dir)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise GrpolabError(f"run.output_dir: cannot create {run_dir} ({e.strerror or e})") from None
+    ours = _HELD.get(os.path.realpath(run_dir)) is None
+    lock = lock_run_dir(run_dir)
+    if any(p.name != LOCK_FILE for p in run_dir.iterdir()):
+        if ours:
+            lock.release()
+        raise GrpolabError(f"run.name: {run_dir} already exists and is not empty (another run of this name "
+                           f"started meanwhile); choose another name, or continue it with: grpolab train --resume {run_dir}")
+    return lock
+
+
+def on_main(world, fn: Callable[[], Any]) -> Any:
+    """fn() on rank 0; a GrpolabError it raises is raised on every rank (the others get its message)."""
+    result, error = None, None
+    if world.main:
+        try:
+            result = fn()
+        except GrpolabError as e:
+            error = e
+    message = gather_objects(str(error) if error else None, world)[0]
+    if error is not None:
+        raise error
+    if message is not None:
+        raise GrpolabError(message)
+    return result
 
 
 def build_manifest(cfg: Config, model_path: str, tokenizer, train: list[Problem], held_out: list[Problem],
@@ -97,22 +214,40 @@ def trainer_manifest(trainer: "Trainer") -> dict[str, Any]:
 
 
 def start_run(cfg: Config, rewards: dict[str, Any] | None = None,
-              problems: tuple[list[Problem], list[Problem], dict[str, Any]] | None = None) -> tuple["Trainer", dict[str, Any]]:
+              problems: tuple[list[Problem], list[Problem], dict[str, Any]] | None = None,
+              progress: Callable[[str], None] | None = None) -> tuple["Trainer", dict[str, Any]]:
     """A new run: check the directory is free, build the trainer (bad input fails here, before anything is
-    written), then create the directory and write its manifest. Over several ranks, rank 0 names and writes the
-    directory (its name, with a timestamp, is the one every rank uses). ``rewards`` and ``problems``: Python
-    callables and in-memory problems (grpolab.api, Trainer)."""
+    written), then create the directory, take its writer lock (``trainer.run_lock``) and write its manifest. Over
+    several ranks, rank 0 names, locks and writes the directory (its name, with a timestamp, is the one every rank
+    uses). ``rewards`` and ``problems``: Python callables and in-memory problems (grpolab.api, Trainer);
+    ``progress``: the trainer's progress lines (grpolab.training.trainer)."""
     from .baselines.ppo import trainer_class  # the GRPO Trainer, or PPO's for algorithm.estimator = gae
 
     world = init_world(resolve_device(cfg.train.device))
     run_dir = gather_objects(plan_run_dir(cfg) if world.main else None, world)[0]
-    trainer = trainer_class(cfg)(cfg, run_dir, world, rewards=rewards, problems=problems)
+    trainer = trainer_class(cfg)(cfg, run_dir, world, rewards=rewards, problems=problems, **_progress(progress))
     manifest = trainer_manifest(trainer)
+    try:
+        trainer.run_lock = on_main(world, lambda: claim_new_run_dir(run_dir))
+    except GrpolabError:
+        _close(trainer)
+        raise
     if world.main:
-        run_dir.mkdir(parents=True, exist_ok=True)
         mf.write_json_atomic(run_dir / "manifest.json", manifest)
     barrier(world)
     return trainer, manifest
+
+
+def _close(trainer: "Trainer") -> None:
+    """Give back what a trainer that will not train holds (its process settings: Trainer.close, where it has one)."""
+    close = getattr(trainer, "close", None)
+    if close is not None:
+        close()
+
+
+def _progress(progress: Callable[[str], None] | None) -> dict[str, Any]:
+    """The trainer's ``progress`` keyword when one is given (a trainer without the hook is built as before)."""
+    return {"progress": progress} if progress is not None else {}
 
 
 def resume_config(run_dir: Path, overrides: list[str] | dict[str, Any]) -> tuple[Config, dict[str, Any]]:
@@ -150,29 +285,96 @@ def check_resume(recorded: dict[str, Any], current: dict[str, Any], run_dir: Pat
 
 
 def resume_run(run_dir: Path, overrides: list[str] | dict[str, Any], allow_changes: bool, rewards: dict[str, Any] | None = None,
-               problems: tuple[list[Problem], list[Problem], dict[str, Any]] | None = None) -> tuple["Trainer", Path | None]:
-    """Rebuild the trainer of RUN_DIR, check it against the manifest, restore the newest complete checkpoint
-    (step 0 when there is none) and record the resume. Returns (trainer, checkpoint resumed from). A run started
-    with Python rewards or in-memory problems (grpolab.api) is resumed with the same ``rewards`` / ``problems``."""
+               problems: tuple[list[Problem], list[Problem], dict[str, Any]] | None = None,
+               progress: Callable[[str], None] | None = None, from_intact: bool = False) -> tuple["Trainer", Path | None]:
+    """Lock RUN_DIR, verify its newest checkpoint (``intact_checkpoints``; ``from_intact``: set corrupt newest ones
+    aside and continue from the newest intact step), rebuild the trainer, check it against the manifest, restore
+    the newest complete checkpoint (step 0 when there is none) and record the resume. Returns (trainer, checkpoint
+    resumed from). A run started with Python rewards or in-memory problems (grpolab.api) is resumed with the same
+    ``rewards`` / ``problems``."""
     from .baselines.ppo import trainer_class  # the GRPO Trainer, or PPO's for algorithm.estimator = gae
 
     run_dir = Path(run_dir)
     cfg, recorded = resume_config(run_dir, overrides)
-    trainer = trainer_class(cfg)(cfg, run_dir, init_world(resolve_device(cfg.train.device)), rewards=rewards, problems=problems,
-                      precision=recorded.get("precision"))  # an "auto" keeps its recorded choice: no new probe
+    world = init_world(resolve_device(cfg.train.device))
+    lock = on_main(world, lambda: lock_run_dir(run_dir))
+    corrupt = on_main(world, lambda: intact_checkpoints(run_dir, from_intact)) or []
+    trainer = trainer_class(cfg)(cfg, run_dir, world, rewards=rewards, problems=problems,
+                                 precision=recorded.get("precision"),  # an "auto" keeps its recorded choice: no new probe
+                                 **_progress(progress))
+    trainer.run_lock = lock
     current = trainer_manifest(trainer)
-    diffs = check_resume(recorded, current, run_dir, allow_changes)
+    try:
+        diffs = check_resume(recorded, current, run_dir, allow_changes)
+    except GrpolabError:
+        _close(trainer)
+        raise
+    set_aside = [ckpt.set_aside(p).name for p, _ in corrupt] if world.main else []
+    barrier(world)  # no rank looks for the newest checkpoint before the corrupt ones are out of the way
     path = trainer.resume()
     if not trainer.world.main:
         return trainer, path
     updated = dict(recorded, precision=current["precision"])  # the recorded one unless an override changed it
     if diffs:
         updated.update({k: current[k] for k in RESUME_GUARDED})
+    threads = torch.get_num_threads()
+    updated["reproducibility"] = resumed_reproducibility(recorded.get("reproducibility") or {}, recorded.get("machine") or {},
+                                                         current["machine"], threads, trainer.step)
     updated["resumes"] = [*recorded.get("resumes", []), {
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "step": trainer.step,
         "checkpoint": path.name if path else None, "command": " ".join(["grpolab", *sys.argv[1:]]),
         "allow_changes": allow_changes, "differences": [{"field": k, "recorded": a, "now": b} for k, a, b in diffs],
-        "git": current.get("git"),
+        "git": current.get("git"), "machine": current["machine"], "threads": threads,
+        **({"corrupt_set_aside": [{"checkpoint": name, "problem": why} for name, (_, why) in zip(set_aside, corrupt)]}
+           if set_aside else {}),
     }]
     mf.write_json_atomic(run_dir / "manifest.json", updated)
     return trainer, path
+
+
+def intact_checkpoints(run_dir: Path, from_intact: bool) -> list[tuple[Path, str]]:
+    """Restore what an interrupted re-save moved aside (ckpt.remove_partial), then verify the newest checkpoint:
+    [] when it is intact (or there is none); the corrupt newer ones, newest first, when ``from_intact`` and an
+    intact earlier one exists; else a GrpolabError naming the corrupt file and the newest intact step."""
+    ckpt.remove_partial(run_dir)
+    intact, corrupt = ckpt.newest_intact(run_dir)
+    if not corrupt:
+        return []
+    newest, why = corrupt[0]
+    bad = f"--resume {run_dir}: checkpoint {newest.name} is corrupt ({why})"
+    others = "".join(f"; {p.name} too ({w})" for p, w in corrupt[1:])
+    if intact is None:
+        raise GrpolabError(f"{bad}{others}; no earlier checkpoint is intact, so there is nothing to resume from: start "
+                           f"a new run (the corrupt checkpoints are left as they are)")
+    if not from_intact:
+        raise GrpolabError(f"{bad}{others}; the newest intact checkpoint is {intact.name}: resume from it with "
+                           f"grpolab train --resume {run_dir} --from-intact (the corrupt one is kept, renamed "
+                           f"{ckpt.CORRUPT_PREFIX}{newest.name}; steps after {intact.name} are trained again)")
+    return corrupt
+
+
+def resumed_reproducibility(claim: dict[str, Any], machine_then: dict[str, Any], machine_now: dict[str, Any],
+                            threads_now: int, step: int) -> dict[str, Any]:
+    """The manifest's ``reproducibility`` after a resume at ``step``: ``claim`` itself when the machine (every
+    field both records) and the torch thread count are the run's own; else ``bitwise: false`` with ``why`` naming
+    the resume and what changed, the first claim kept under ``original`` (later resumes add to ``changes``).
+
+    >>> claim = {"bitwise": True, "threads": 2}
+    >>> resumed_reproducibility(claim, {"cpus": 2}, {"cpus": 2}, 2, 3) is claim
+    True
+    >>> r = resumed_reproducibility(claim, {"cpus": 2}, {"cpus": 4}, 4, 3)
+    >>> r["bitwise"], r["changes"], r["original"] == claim
+    (False, ['step 3: machine.cpus 2 -> 4', 'step 3: torch threads 2 -> 4'], True)
+    """
+    original = claim.get("original", claim)
+    found = [f"step {step}: machine.{k} {machine_then[k]!r} -> {machine_now[k]!r}"
+             for k in sorted(set(machine_then) & set(machine_now)) if machine_then[k] != machine_now[k]]
+    threads_then = original.get("threads")
+    if threads_then is not None and threads_then != threads_now:
+        found.append(f"step {step}: torch threads {threads_then} -> {threads_now}")
+    if not found:
+        return claim
+    changes = [*claim.get("changes", []), *found]
+    return {"bitwise": False, "original": original, "changes": changes,
+            "why": "resumed on another machine or thread count (" + "; ".join(changes) + "); the original claim "
+                   "held only for " + str(original.get("holds_for", "the same machine, thread count and versions"))}

@@ -13,7 +13,9 @@ reused as it fills) and writes the buffer with O_DIRECT at its offset, straight 
 `close` the last partial block is padded to the alignment, the file truncated to its true length and fsync'ed.
 Where O_DIRECT is not available (not Linux) or the filesystem refuses it (tmpfs, some network filesystems: EINVAL
 at open or at any write), it goes on through the page cache from where it was, with the same bytes and the same
-fsync. The files are ordinary: `torch.load` and safetensors read them as they are.
+fsync. The files are ordinary: `torch.load` and safetensors read them as they are. Each `DirectFile` also keeps the
+CRC-32 of what it was given (zlib's, computed as the bytes come in, so the file is never read back), which
+the checkpoint records in its checksums.json so a resume can tell a damaged file from an intact one.
 
 `save_safetensors` writes the safetensors layout (8-byte little-endian header length, the JSON header padded with
 spaces to 8 bytes, then each tensor's bytes at its offsets; https://huggingface.co/docs/safetensors) into a
@@ -33,6 +35,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import zlib
+
 import torch
 
 ALIGN = 4096  # O_DIRECT offsets, lengths and buffer addresses: a multiple of the device's logical block size
@@ -47,7 +51,9 @@ _DTYPE_RANK = {dtype: rank for rank, dtype in enumerate(SAFETENSORS_DTYPES)}
 
 class DirectFile:
     """A write-only binary file written with O_DIRECT through a page-aligned buffer (see the module text); `close`
-    (or leaving the `with` block without an error) pads, truncates and fsyncs. `direct` says which way it writes."""
+    (or leaving the `with` block without an error) pads, truncates and fsyncs. `direct` says which way it writes;
+    `size` and `crc32` are the length and the CRC-32 (zlib's, of every byte given to `write`) of the file's content,
+    which a checkpoint records to verify the file on resume (grpolab.models.checkpoint)."""
 
     def __init__(self, path: str | os.PathLike, direct: bool = True):
         self.path = Path(path)
@@ -62,6 +68,7 @@ class DirectFile:
         self._filled = 0
         self._on_disk = 0  # bytes written to the file so far
         self.size = 0  # bytes given to `write`
+        self.crc32 = 0  # zlib.crc32 of those bytes, updated as they come
 
     def _open(self) -> int:
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
@@ -76,6 +83,7 @@ class DirectFile:
 
     def write(self, data) -> int:
         source = memoryview(data).cast("B")
+        self.crc32 = zlib.crc32(source, self.crc32)
         done = 0
         while done < len(source):
             n = min(BUFFER_BYTES - self._filled, len(source) - done)
@@ -146,15 +154,17 @@ def _write_all(fd: int, view: memoryview, offset: int) -> None:
         done += n
 
 
-def torch_save(obj: Any, path: str | os.PathLike, direct: bool = True) -> None:
-    """`torch.save(obj, path)` through a `DirectFile` (fsync'ed on return)."""
+def torch_save(obj: Any, path: str | os.PathLike, direct: bool = True) -> tuple[int, int]:
+    """`torch.save(obj, path)` through a `DirectFile` (fsync'ed on return); returns the file's (size, CRC-32)."""
     with DirectFile(path, direct) as f:
         torch.save(obj, f)
+    return f.size, f.crc32
 
 
 def save_safetensors(tensors: dict[str, torch.Tensor], path: str | os.PathLike, metadata: dict[str, str] | None = None,
-                     direct: bool = True) -> None:
-    """Write `tensors` (CPU, contiguous or not) as a safetensors file through a `DirectFile` (fsync'ed on return).
+                     direct: bool = True) -> tuple[int, int]:
+    """Write `tensors` (CPU, contiguous or not) as a safetensors file through a `DirectFile` (fsync'ed on return);
+    returns the file's (size, CRC-32).
     The header lists the tensors with their [begin, end) byte offsets into the data that follows, ordered as the
     library orders them (by dtype, last in the format's enumeration first, then by name): the file is byte for byte
     what safetensors' `save_file` writes (tested). A dtype it does not list (unsigned 16-64 bit, float8, complex) or
@@ -164,7 +174,7 @@ def save_safetensors(tensors: dict[str, torch.Tensor], path: str | os.PathLike, 
 
         save_file({k: v.contiguous() for k, v in tensors.items()}, str(path), metadata=metadata)
         fsync_path(path)
-        return
+        return file_crc32(path)
     header: dict[str, Any] = {"__metadata__": metadata} if metadata else {}
     names, offset = sorted(tensors, key=lambda n: (-_DTYPE_RANK[tensors[n].dtype], n)), 0
     for name in names:
@@ -180,6 +190,22 @@ def save_safetensors(tensors: dict[str, torch.Tensor], path: str | os.PathLike, 
         for name in names:
             t = tensors[name].detach().cpu().contiguous()
             f.write(t.view(-1).view(torch.uint8).numpy() if t.numel() else b"")
+    return f.size, f.crc32
+
+
+def file_crc32(path: str | os.PathLike) -> tuple[int, int]:
+    """(size in bytes, zlib CRC-32) of a file's content, read in 4 MiB pieces.
+
+    >>> import tempfile; p = Path(tempfile.mkdtemp()) / "x"; _ = p.write_bytes(b"123456789")
+    >>> file_crc32(p)[0], hex(file_crc32(p)[1])
+    (9, '0xcbf43926')
+    """
+    size, crc = 0, 0
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(4 << 20), b""):
+            crc = zlib.crc32(chunk, crc)
+            size += len(chunk)
+    return size, crc
 
 
 def fsync_path(path: str | os.PathLike) -> None:

@@ -9,7 +9,9 @@ problems) -> list``) that scores many completions at once -- the code rewards ru
 the sandbox pool that way. ``RewardSet`` combines the named ones as ``total = sum(weights[name] * value)``;
 ``score_many`` scores a batch, ``score`` one completion. A reward that raises, times out or returns None / NaN /
 a non-number makes the result invalid (``total`` is NaN and ``error`` says which reward failed and why); it is
-never silently counted as 0. An answer reward (``correct``, ``format``) given a code problem is such an error.
+never silently counted as 0. A log-only reward (weight 0) never invalidates a sample: its failure is kept in
+``failures`` and counted as ``reward/<name>/failed_frac`` (``result_metrics``). A reward that fails on every sample
+step after step stops the run (grpolab.rewards.health). An answer reward (``correct``, ``format``) given a code problem is such an error.
 A user's function declared batched (``@grpolab.batched``, grpolab.rewards.user) gets such a batched form: one call
 per batch under one time limit; a return that is not one value per completion makes the whole batch invalid.
 
@@ -110,6 +112,8 @@ class RewardResult:
     ``"<name>: <ExceptionType>: <message>"`` (several joined by ``"; "``) or None. ``reason`` says why a valid
     result is not full marks where a reward knows (code: syntax, error, wrong_answer, timeout, limit, exit);
     ``extras`` holds per-sample numbers for metrics (code: ``code/shown_pass``, ``code/hidden_pass``, ``code/run_s``).
+    ``failures`` maps every reward that failed on this completion to ``"<ExceptionType>: <message>"`` -- a weighted
+    one makes the result invalid, a log-only one (weight 0, named in ``log_only``) does not.
     """
 
     total: float
@@ -118,6 +122,8 @@ class RewardResult:
     error: str | None = None
     reason: str | None = None
     extras: dict[str, float] = field(default_factory=dict)
+    failures: dict[str, str] = field(default_factory=dict)
+    log_only: tuple[str, ...] = field(default=(), compare=False)  # the reward set's, not this result's own
 
 
 REWARD_FUNCTIONS: dict[str, RewardSpec] = {
@@ -301,8 +307,11 @@ class RewardSet:
         return out
 
     def _combine(self, outputs: dict[str, Any]) -> RewardResult:
+        """One completion's result: total = sum over the weighted rewards (weight != 0) of weight * value; invalid
+        when one of them failed. A failed log-only reward (weight 0) is NaN in ``components`` and named in
+        ``failures`` only."""
         components: dict[str, float] = {}
-        errors: list[str] = []
+        failures: dict[str, str] = {}
         reason, extras = None, {}
         for name, out in outputs.items():
             if isinstance(out, Scored):
@@ -315,16 +324,22 @@ class RewardSet:
                 components[name] = _as_reward(out)
             except Exception as exc:
                 components[name] = float("nan")
-                errors.append(f"{name}: {type(exc).__name__}: {exc}")
-        if errors:
-            return RewardResult(float("nan"), components, True, "; ".join(errors), reason, extras)
-        total = sum(self.weights[name] * components[name] for name in self.weights)
-        return RewardResult(float(total), components, False, None, reason, extras)
+                failures[name] = f"{type(exc).__name__}: {exc}"
+        log_only = tuple(name for name in self.weights if self.weights[name] == 0)
+        weighted_failures = [name for name in failures if name not in log_only]
+        if weighted_failures:
+            error = "; ".join(f"{name}: {failures[name]}" for name in weighted_failures)
+            return RewardResult(float("nan"), components, True, error, reason, extras, failures, log_only)
+        total = sum(self.weights[name] * components[name] for name in self.weights if name not in log_only)
+        return RewardResult(float(total), components, False, None, reason, extras, failures, log_only)
 
 
 def result_metrics(results: Sequence[RewardResult]) -> dict[str, float]:
-    """Metrics of the reasons and extras a batch's rewards reported (empty when none did, e.g. math rewards).
+    """Metrics of the reasons, extras and log-only failures of a batch's rewards (empty when there are none, e.g.
+    math rewards, all weighted).
 
+    - ``reward/<name>/failed_frac`` for every log-only reward (weight 0): the share of the completions it failed on
+      (a failure of a weighted reward makes the sample invalid: ``reward/invalid_frac``);
     - ``reward/code/<reason>_frac`` for every reason (syntax, error, wrong_answer, timeout, limit, exit) and
       ``reward/code/pass_frac`` (no failing test): the share of the batch's completions, invalid ones included in
       the denominator;
@@ -335,12 +350,14 @@ def result_metrics(results: Sequence[RewardResult]) -> dict[str, float]:
     >>> result_metrics([ok, bad])["reward/code/syntax_frac"], result_metrics([ok, bad])["reward/code/pass_frac"]
     (0.5, 0.5)
     """
+    n = len(results)
+    log_only = sorted({name for r in results for name in r.log_only})
+    failed = {f"reward/{name}/failed_frac": sum(name in r.failures for r in results) / n for name in log_only}
     coded = [r for r in results if r.reason is not None or any(k.startswith("code/") for k in r.extras)]
     if not results or not (coded or any(r.extras for r in results)):
-        return {}
-    n = len(results)
+        return failed
     counts = Counter(r.reason for r in coded if not r.invalid)
-    out = {f"reward/code/{reason}_frac": counts.get(reason, 0) / n for reason in REASONS} if coded else {}
+    out = {**failed, **({f"reward/code/{reason}_frac": counts.get(reason, 0) / n for reason in REASONS} if coded else {})}
     if coded:  # other extras (the reward model's model/raw) are no code outcome
         out["reward/code/pass_frac"] = counts.get(None, 0) / n
     for key in sorted({k for r in results for k in r.extras}):
