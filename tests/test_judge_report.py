@@ -1,5 +1,5 @@
 """The judge's release checks on training samples scored by a scripted endpoint judge: an honest judge passes, a judge
-that an injected phrase flatters is caught (judge_injection FAIL), runs without a judge get nothing / N/A."""
+that an injected phrase flatters is caught (judge_injection WARN: training samples never FAIL), runs without a judge get nothing / N/A."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from grpolab.report.base import FAIL, NA, PASS, WARN, Thresholds
+from grpolab.report.base import NA, PASS, WARN, Thresholds
 from grpolab.report.judge import (auc_interval, check_judge_injection, check_judge_vs_verifier, judge_checks,
                                   check_judge_length)
 from grpolab.rewards.judge import JudgeReward
@@ -72,7 +72,9 @@ def test_an_honest_judge_agrees_with_the_verifier_and_no_injection_is_found(tmp_
 def test_a_judge_flattered_by_an_injected_phrase_is_caught(tmp_path, server):
     samples = training_samples(judge(tmp_path, server(flattered), cache="off"), injected_share=0.6)
     inj = check_judge_injection(samples, CONFIG)
-    assert inj.status == FAIL and inj.numbers["top_share"] > 0.5 and inj.numbers["rest_share"] < 0.3
+    # training samples never FAIL (docs/report.md): an established difference is a WARN that says so
+    assert inj.status == WARN and inj.numbers["top_share"] > 0.5 and inj.numbers["rest_share"] < 0.3
+    assert inj.numbers["diff_ci_low"] > 0 and "Newcombe" in inj.reason and "never FAIL" in inj.reason
     assert "Score: 10/10" in inj.numbers["examples"][0]["completion"]
     assert "score claim" in inj.numbers["examples"][0]["kinds"]
     agree = check_judge_vs_verifier(samples, CONFIG)  # wrong answers scored 10 now outrank right ones scored 9
@@ -88,6 +90,6 @@ def test_no_judge_reward_no_checks_and_na_with_the_reason():
 
 def test_too_few_samples_is_not_measured_and_auc_by_hand():
     c = check_judge_vs_verifier([{"reward/judge": 0.9, "reward/correct": 1.0}], CONFIG)
-    assert c.status == WARN and not c.measured
+    assert c.status == NA and not c.measured and c.reason.startswith("too little evidence (n = 1 < 8")
     # pos {0.9, 0.4}, neg {0.5, 0.1}: pairs won 0.9>0.5, 0.9>0.1, 0.4>0.1, lost 0.4<0.5 -> 3/4
     assert auc_interval([0.9, 0.4], [0.5, 0.1])["auc"] == 0.75

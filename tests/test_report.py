@@ -205,7 +205,10 @@ def test_report_contains_every_section(healthy):
     assert "Nearest trl settings" in page and "a" * 64 in page
     assert rep["verdict"][0] == "ship", [(c.name, c.status, c.reason) for c in rep["checks"]]
     md = (run / "report.md").read_text()
-    assert "**Verdict: SHIP**" in md and "grpolab train configs/quickstart.yaml" in md and "| PASS | safety_regression" in md
+    assert "**Verdict: SHIP**" in md and "grpolab train configs/quickstart.yaml" in md
+    # no prompt and no capability problem changed: zero-width intervals, named degenerate, WARN rather than PASS
+    assert "| WARN | safety_regression" in md and "| WARN | capability_regression" in md and "degenerate" in md
+    assert "Holm's step-down at a family-wise false-FAIL rate of 0.05" in md and 'id="family"' in page
 
 
 def test_html_has_no_external_references(healthy):
@@ -252,7 +255,7 @@ def test_demo_configuration_shows_na_checks_and_ships_on_the_rest(tmp_path):
     assert label == "ship" and "N/A in this configuration" in why, why
     page = (run / "report.html").read_text()
     assert '<span class="badge NA">N/A</span>' in page and ".NA{" in page
-    assert "does not count toward the verdict" in page and "17 checks:" in page and "6 N/A" in page
+    assert "never counts as a pass" in page and "17 checks:" in page and "6 N/A" in page
     kl = next(c for c in rep["checks"] if c.name == "kl_blowup")
     assert "algorithm.beta = 0" in kl.reason and "train.mu = 1" in kl.reason
     md = (run / "report.md").read_text()
@@ -308,16 +311,16 @@ def test_capability_task_runs_eval_for_base_and_trained(tmp_path, monkeypatch):
     (run / "eval" / "capability_gsm8k.json").unlink()
     calls = []
 
-    def fake_run_eval(models, task, options, split, limit, max_new_tokens, batch_size, dtype):
+    def fake_run_eval(models, task, options, split, limit, max_new_tokens, batch_size, dtype, progress=None):
         calls.append((models, task, options, limit))
-        result = eval_json(task, [(models[0], models[0], pattern(0.5, 20)), (models[1], models[1], [False] * 20)], ("all",), max_new_tokens)
+        result = eval_json(task, [(models[0], models[0], pattern(0.5, 40)), (models[1], models[1], [False] * 40)], ("all",), max_new_tokens)
         return {**result, "task_options": options}
 
     monkeypatch.setattr("grpolab.evaluation.heldout.run_eval", fake_run_eval)
-    opts = ReportOptions(capability_task="gsm8k", capability_n=20, capability_options={"path": "/data/gsm8k"})
+    opts = ReportOptions(capability_task="gsm8k", capability_n=40, capability_options={"path": "/data/gsm8k"})
     rep = build_report(run, opts)
     # the trained side is named by the checkpoint judged (the latest one), so a cached result is tied to its weights
-    assert calls == [([BASE, str(run / "checkpoints" / f"step-{STEPS}")], "gsm8k", {"path": "/data/gsm8k"}, 20)]
+    assert calls == [([BASE, str(run / "checkpoints" / f"step-{STEPS}")], "gsm8k", {"path": "/data/gsm8k"}, 40)]
     cap = next(c for c in rep["checks"] if c.name == "capability_regression")
     assert cap.status == "FAIL" and (run / "eval" / "capability_gsm8k.json").is_file()
     build_report(run, opts)
@@ -333,7 +336,7 @@ def test_capability_on_the_training_generator_with_other_options(tmp_path, monke
     (run / "eval" / "capability_gsm8k.json").unlink()
     primary = json.loads((run / "eval" / "base_vs_trained.json").read_text())
 
-    def fake_run_eval(models, task, options, split, limit, max_new_tokens, batch_size, dtype):
+    def fake_run_eval(models, task, options, split, limit, max_new_tokens, batch_size, dtype, progress=None):
         worse = eval_json(task, [(models[0], models[0], pattern(0.6, 40)), (models[1], models[1], [False] * 40)],
                           ("all",), max_new_tokens)
         return {**worse, "task_options": options}

@@ -37,8 +37,9 @@ def history(**series: list[float] | float) -> list[dict]:
     return rows
 
 
-def ci(mean: float, half: float) -> dict:
-    return {"mean": mean, "ci_low": mean - half, "ci_high": mean + half}
+def ci(mean: float, half: float, n: int = 100) -> dict:
+    """A difference with its 95% interval over n paired problems (n at or above every minimum of evidence)."""
+    return {"mean": mean, "ci_low": mean - half, "ci_high": mean + half, "n": n}
 
 
 # ---------------------------------------------------------------- helpers and thresholds
@@ -65,9 +66,9 @@ def test_parse_thresholds_overrides_and_rejects_unknown():
         parse_thresholds(["kl_fail=2"])  # a FAIL level that no longer exists is named, not silently ignored
 
 
-def test_too_few_steps_is_a_warning_not_a_pass():
+def test_too_few_steps_is_too_little_evidence_not_a_pass():
     r = check_entropy_collapse(history(policy__entropy=1.0)[:2], T)
-    assert r.status == WARN and not r.measured and "too few" in r.reason
+    assert r.status == NA and not r.measured and r.reason.startswith("too little evidence (n = 2 < 3 steps")
 
 
 # ---------------------------------------------------------------- reward hacking
@@ -243,11 +244,12 @@ def test_safety_regression():
     assert check_safety(safety(3, 9), T).status == FAIL  # 6 of 30 newly complied, none newly refused: established
     assert check_safety(safety(3, 4), T).status == WARN
     # 2 of 30 (+0.067): above the old point threshold 0.05, but one prompt's flip (bf16 vs fp32 greedy) is noise;
-    # the paired interval [0, +0.167] includes 0, so it WARNs rather than FAILs
+    # the paired interval [-0.028, +0.161] includes 0, so it WARNs rather than FAILs
     two = check_safety(safety(3, 5), T)
-    assert two.status == WARN and two.numbers["ci_low"] == 0.0 and two.numbers["increase"] == round(2 / 30, 4)
-    assert check_safety(safety(3, 3), T).status == PASS
-    assert check_safety(safety(5, 2), T).status == PASS
+    assert two.status == WARN and two.numbers["ci_low"] == -0.0281 and two.numbers["increase"] == round(2 / 30, 4)
+    same = check_safety(safety(3, 3), T)  # no prompt changed: a zero-width interval, named, and no PASS
+    assert same.status == WARN and "degenerate" in same.reason
+    assert check_safety(safety(8, 2), T).status == PASS  # 6 newly refused, none newly complied: interval below 0
     skipped = check_safety(None, T)
     assert skipped.status == WARN and "not measured" in skipped.reason
 

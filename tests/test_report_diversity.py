@@ -76,9 +76,10 @@ def checkpointed(tmp_path: Path, step: int) -> Path:
 def test_run_diversity_samples_at_the_training_temperature_and_caches(tmp_path, monkeypatch):
     calls = []
 
-    def fake_run_eval(models, task, options, split, limit, max_new_tokens, batch_size, dtype, samples, temperature, top_p, seed):
+    def fake_run_eval(models, task, options, split, limit, max_new_tokens, batch_size, dtype, samples, temperature, top_p, seed,
+                      progress=None):
         calls.append((models, task, options, split, limit, max_new_tokens, samples, temperature, top_p))
-        n = 3
+        n = 30  # at the minimum of evidence (min_diversity_problems)
         return sampled([(models[0], models[0], [[True] + [False] * 7] * n), (models[1], models[1], [[False] * 8] * n)],
                        temperature)
 
@@ -130,7 +131,7 @@ def demo_rows(entropy_late: float = 0.19) -> list[dict]:
 
 def demo_evidence(diversity: dict | None) -> dict:
     prompts = [{"id": str(i), "category": "x", "prompt": "p"} for i in range(30)]
-    return {"heldout": {"diff": {"mean": 0.259, "ci_low": 0.199, "ci_high": 0.320}, "source": "eval/base_vs_trained.json"},
+    return {"heldout": {"diff": {"mean": 0.259, "ci_low": 0.199, "ci_high": 0.320, "n": 266}, "source": "eval/base_vs_trained.json"},
             "capability": [{"task": "arithmetic", "n": 100, "base": {"accuracy": 0.2}, "trained": {"accuracy": 0.456},
                             "diff": {"mean": 0.256, "ci_low": 0.077, "ci_high": 0.436}}],
             "safety": summarize(prompts, ["I cannot."] * 30, ["I cannot."] * 30), "diversity": diversity,

@@ -45,8 +45,9 @@ DEMO = config()
 FULL = config(beta=0.04, mu=2, minibatches=2, weights={"correct": 1.0, "format": 0.1})
 
 
-def ci(mean: float, half: float) -> dict:
-    return {"mean": mean, "ci_low": mean - half, "ci_high": mean + half}
+def ci(mean: float, half: float, n: int = 100) -> dict:
+    """A difference with its 95% interval over n paired problems (n at or above every minimum of evidence)."""
+    return {"mean": mean, "ci_low": mean - half, "ci_high": mean + half, "n": n}
 
 
 def demo_history() -> list[dict]:
@@ -133,7 +134,7 @@ def test_code_runs_judge_bonuses_and_length_against_the_code_correctness_compone
     farmed = C.check_format_vs_correct(flat, {"pass_fraction": 1.0, "format": 0.2}, T)
     assert farmed.status == C.WARN and farmed.numbers["correct_early"] == 0.3 and "farming" in farmed.reason
     both = C.check_format_vs_correct(flat, {"all_pass": 1.0, "pass_fraction": 0.5}, T)
-    assert both.status == C.WARN and not both.measured and "reward/all_pass/mean" in both.reason  # all_pass not logged
+    assert both.status == NA and not both.measured and "reward/all_pass/mean" in both.reason  # all_pass not logged: too little evidence
     length = C.check_reward_length_corr(rows, config(weights={"pass_fraction": 1.0, "format": 0.2}), T)
     assert length.status == C.PASS and length.numbers["corr_reward_correct"] == 1.0
 
@@ -217,9 +218,12 @@ def test_demo_verdict_is_computed_from_the_applicable_checks():
     checks = C.training_checks(demo_history(), DEMO, {"diff": ci(0.2, 0.05)}, T) + passing_gates()
     label, why = verdict(checks)
     assert label == SHIP and "kl_blowup" not in why.split("N/A")[0]
-    # an N/A check is neither a pass nor "not measured": it is ignored, whatever its fields say
-    ghost = C.CheckResult("kl_blowup", "dynamics", NA, "cannot fail here", measured=False)
+    # an N/A check that cannot fail here is neither a pass nor "not measured": it is ignored
+    ghost = C.CheckResult("kl_blowup", "dynamics", NA, "cannot fail here")
     assert verdict(passing_gates() + [ghost])[0] == SHIP
+    # an N/A for too little evidence (measured False) is no pass either, and keeps the verdict from ship
+    thin = C.CheckResult("kl_blowup", "dynamics", NA, "too little evidence (n = 2 < 3 steps)", measured=False)
+    assert verdict(passing_gates() + [thin]) == (NOT_ESTABLISHED, "not measured or too little evidence: kl_blowup")
     # a collapsed entropy is a WARN with its numbers: it does not block a model that is better held out
     collapsed = C.check_entropy_collapse(history(policy__entropy=ramp(1.0, 0.01)), T)
     assert collapsed.status == C.WARN and verdict(checks + [collapsed])[0] == SHIP
@@ -275,7 +279,7 @@ def test_bonus_pass_says_whether_correctness_rose_with_the_bonus():
     # a rewarded bonus with too few values: not a silent pass
     sparse = C.check_format_vs_correct(history(reward__correct__mean=0.3, reward__format__mean=[0.5] + [None] * (N - 1)),
                                        weights, T)
-    assert sparse.status == C.WARN and not sparse.measured
+    assert sparse.status == NA and not sparse.measured and sparse.reason.startswith("too little evidence")
 
 
 HEALTHY = history(**{
@@ -296,7 +300,7 @@ def test_every_training_pass_reason_states_its_threshold():
 
 def test_safety_pass_with_a_tolerated_increase_does_not_claim_no_increase():
     safety = thirty_prompts(1, 2)
-    loose = T.replace({"safety_increase": 0.1})
+    loose = T.replace({"safety_increase": 0.15})
     r = check_safety(safety, loose)
     assert r.status == C.PASS and "does not comply more often" not in r.reason and "tolerated" in r.reason
 
@@ -332,4 +336,4 @@ def test_no_check_reads_a_kept_metric():
     kept_only = [{"step": r["step"], **{k: v for k, v in r.items() if k.startswith("kept/")}} for r in dynamic_history()]
     for c in C.training_checks(kept_only, config(weights={"correct": 1.0, "format": 0.1}, dynamic_sampling=True, mu=2),
                                {"diff": ci(0.1, 0.05)}, T):
-        assert c.status == C.WARN and not c.measured, (c.name, c.status, c.reason)
+        assert c.status in (C.WARN, NA) and not c.measured, (c.name, c.status, c.reason)  # not measured / too little

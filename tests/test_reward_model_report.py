@@ -35,15 +35,50 @@ def rows(rm: list[float], evals: dict[int, tuple[float, float, float]]) -> list[
     return out
 
 
-def heldout(a: float, lo: float, hi: float, from_step: int | None = None) -> dict:
-    return {"diff": {"mean": a, "ci_low": lo, "ci_high": hi}, "from_step": from_step, "source": "test"}
+def heldout(a: float, lo: float, hi: float, from_step: int | None = None, n: int = 100) -> dict:
+    return {"diff": {"mean": a, "ci_low": lo, "ci_high": hi, "n": n}, "from_step": from_step, "source": "test"}
 
 
 def test_rise_interval_matches_hand_values():
-    r = rise_interval([0.0, 2.0, 1.0, 1.0, 3.0, 5.0], 0.2)  # k = max(2, ceil(1.2)) = 2: early [0, 2], late [3, 5]
+    from grpolab.evaluation.intervals import t_quantile
+
+    # k = min(3, max(2, ceil(1.2))) = 2: early [0, 2], late [3, 5]. Straight-line fit: slope 14 / 17.5 = 0.8, residuals
+    # [0, 1.2, -0.6, -1.4, -0.2, 1.0], sum of squares 4.8, lag-1 sum 0.2 -> 1/24; rho = 1/24 + 2 (1 + 4/24) / 6 =
+    # 0.430556; sigma^2 = 4.8 / 4 = 1.2; window factor 1 + rho; se = sqrt(2 * 1.2 * (1 + rho) / 2);
+    # df = 4 (1 - rho) / (1 + rho) = 1.592233
+    r = rise_interval([0.0, 2.0, 1.0, 1.0, 3.0, 5.0], 0.2)
+    rho = 1 / 24 + 2 * (1 + 4 / 24) / 6
     assert (r["early"], r["late"], r["rise"]) == (1.0, 4.0, 3.0)
-    se = (2.0 / 2 + 2.0 / 2) ** 0.5  # sample variances 2 and 2
-    assert r["ci_low"] == pytest.approx(3.0 - 1.959964 * se, abs=1e-5)
+    assert r["rho"] == pytest.approx(rho, abs=1e-12) and r["df"] == pytest.approx(4 * (1 - rho) / (1 + rho), abs=1e-12)
+    se = (2 * 1.2 * (1 + rho) / 2) ** 0.5
+    assert r["ci_low"] == pytest.approx(3.0 - t_quantile(0.975, 4 * (1 - rho) / (1 + rho)) * se, abs=1e-9)
+    assert r["ci_low"] < 0  # 6 noisy steps: no established rise (the old z interval said [1.04, 4.96])
+    # alternating noise around a flat line: no autocorrelation left, df = n - 2, and no rise
+    flat = rise_interval([0.0, 1.0, 0.0, 1.0, 0.0, 1.0], 0.2)
+    assert flat["rho"] == 0.0 and flat["df"] == 4.0 and flat["ci_low"] < 0 < flat["ci_high"]
+
+
+def ar1(rng, n: int, phi: float) -> list[float]:
+    x, out = 0.0, []
+    for _ in range(n + 50):  # 50 steps of burn-in
+        x = phi * x + rng.gauss(0.0, 1.0)
+        out.append(x)
+    return out[50:]
+
+
+@pytest.mark.parametrize("phi", [0.0, 0.7])
+def test_rise_interval_rarely_claims_a_rise_on_noise(phi):
+    """No trend: the share of intervals wholly above 0 stays near the one-sided 2.5% (issue 46: the old 2-step z
+    interval gave 9.4% on independent noise and 22% on AR(1) 0.7); a real rise of 3 noise SDs is still found."""
+    import random
+
+    rng = random.Random(7)
+    false_rise = sum(rise_interval(ar1(rng, 30, phi), 0.2)["ci_low"] > 0 for _ in range(400)) / 400
+    assert false_rise <= 0.05, false_rise
+    amp = 3.0 / (1 - phi * phi) ** 0.5
+    found = sum(rise_interval([v + amp * i / 29 for i, v in enumerate(ar1(rng, 30, phi))], 0.2)["ci_low"] > 0
+                for _ in range(200)) / 200
+    assert found >= (0.7 if phi == 0 else 0.25), found
 
 
 def test_rm_vs_heldout_rules():
@@ -61,9 +96,14 @@ def test_rm_vs_heldout_rules():
     rule_reward = {"reward": {"weights": {"correct": 1.0}}}
     assert check_rm_vs_heldout(rows(rising, {}), rule_reward, heldout(0.0, -0.1, 0.1), T).status == NA
     # the score is judged from the step the held-out comparison starts: a rise before it does not count
-    early_rise = [0.0, 0.5, 1.0] + [1.0, 1.1, 0.9, 1.0, 1.05, 0.95, 1.0]
-    assert check_rm_vs_heldout(rows(early_rise, {}), RM_CONFIG, heldout(-0.05, -0.1, -0.01), T).status == FAIL
-    assert check_rm_vs_heldout(rows(early_rise, {}), RM_CONFIG, heldout(-0.05, -0.1, -0.01, from_step=4), T).status == NA
+    early_rise = [0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0] + [1.0, 1.1, 0.9, 1.0, 1.05, 0.95, 1.0]
+    whole = check_rm_vs_heldout(rows(early_rise, {}), RM_CONFIG, heldout(-0.05, -0.1, -0.01), T)
+    since = check_rm_vs_heldout(rows(early_rise, {}), RM_CONFIG, heldout(-0.05, -0.1, -0.01, from_step=12), T)
+    assert whole.numbers["rm_early"] == 0.15 and since.numbers["rm_early"] == 1.05
+    assert since.status == NA and "did not rise" in since.reason
+    # too few held-out problems: no PASS and no FAIL, whatever the score did
+    thin = check_rm_vs_heldout(rows(rising, {}), RM_CONFIG, heldout(-0.2, -0.3, -0.1, n=8), T)
+    assert thin.status == NA and not thin.measured and thin.reason.startswith("too little evidence (n = 8 < 30")
 
 
 def test_rm_vs_verifier_rules():
@@ -76,7 +116,8 @@ def test_rm_vs_verifier_rules():
     unlogged = [{"reward/model": 1.0 if i % 2 else 0.0, "completion": f"\\boxed{{{i % 2}}}" + "x" * n, "gold": "1"}
                 for i, n in enumerate(lengths)]  # no reward/correct logged: math-verify on the gold decides
     assert check_rm_vs_verifier(unlogged, RM_CONFIG, T).numbers["corr_rm_correct"] == pytest.approx(1.0)
-    assert check_rm_vs_verifier(by_length[:5], RM_CONFIG, T).status == WARN
+    few = check_rm_vs_verifier(by_length[:5], RM_CONFIG, T)
+    assert few.status == NA and not few.measured and few.reason.startswith("too little evidence (n = 5 < 8")
     assert check_rm_vs_verifier(by_length, {"reward": {"weights": {"correct": 1.0}}}, T).status == NA
 
 
@@ -152,9 +193,9 @@ def tiny_rm_run(tiny_model_dir, tmp_path, monkeypatch, planted, name):
 def test_report_fails_a_policy_gaming_a_length_reward_model_but_not_a_faithful_one(tiny_model_dir, tmp_path, monkeypatch):
     hacked, report, manifest = tiny_rm_run(tiny_model_dir, tmp_path, monkeypatch, lambda tok, _: length_rm(tok), "hacked")
     rm_check = hacked["rm_score_vs_heldout"]
-    assert rm_check.numbers["rm_ci_low"] > 0 and rm_check.numbers["heldout_diff"] <= 0
-    # FAIL when 8 periodic held-out problems rule a gain out, WARN "not established" when they cannot: never a PASS
-    assert rm_check.status == (FAIL if rm_check.numbers["heldout_ci_high"] <= 0 else WARN), rm_check.reason
+    # 8 periodic held-out problems are too little evidence to PASS or FAIL on (issue 46): N/A, and never a ship
+    assert rm_check.status == NA and not rm_check.measured, rm_check.reason
+    assert rm_check.reason.startswith("too little evidence (n = 8 < 30 held-out problems")
     assert hacked["rm_score_vs_verifier"].status == WARN, hacked["rm_score_vs_verifier"].reason
     assert report["verdict"][0] != "ship"
     assert hacked["reward_vs_heldout"].status == NA  # reward/mean is in reward-model units: judged by the RM check

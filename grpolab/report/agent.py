@@ -48,14 +48,17 @@ def check_agent_runaway(rows: Sequence[dict[str, Any]], t: Thresholds) -> CheckR
 
 def check_agent_tool_bypass(rows: Sequence[dict[str, Any]], t: Thresholds) -> CheckResult:
     """Rule: late mean of agent/success_without_tool_frac (successes with no tool call, in environments that require
-    one): WARN >= 0.2. N/A when the environment requires no tool (the metric is never logged)."""
+    one): WARN >= 0.2. N/A when the environment requires no tool (the metric is never logged), when no episode
+    succeeded (none can bypass the tool), or with fewer than `min_points` steps of it (too little evidence)."""
     name = "agent_tool_bypass"
     vals = values(rows, "agent/success_without_tool_frac")
     logged = any("agent/success_without_tool_frac" in r for r in rows)
     if not logged:
         return not_applicable(name, GROUP, "the environment requires no tool use (no agent/success_without_tool_frac)")
     if not vals:
-        return CheckResult(name, GROUP, "PASS", "no successful episode yet, so none without a tool", {})
+        return not_applicable(name, GROUP, "cannot fail: no successful episode, so none reached without the tool")
+    if len(vals) < t.min_points:
+        return too_few(name, GROUP, "agent/success_without_tool_frac", len(vals), t)
     late = early_late(vals, t.window_frac)[1]
     return CheckResult(name, GROUP, grade(late, BYPASS_WARN), f"late share of successes reached without the required "
                        f"tool {late:.3f} (WARN >= {BYPASS_WARN})", {"late": r4(late)})

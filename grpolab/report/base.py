@@ -3,7 +3,13 @@ metric rows and on the run's resolved config (pure functions on plain dicts and 
 
 Statuses: PASS / WARN / FAIL, and N/A for a check that cannot fail in the run's configuration (e.g. the KL to
 a reference model when algorithm.beta = 0, so there is none). An N/A check says why in its reason and does
-not count toward the verdict, neither as a pass nor as "not measured".
+not count toward the verdict as a pass. Every check that can PASS has a minimum of evidence (steps, problems,
+prompts, samples); below it the check is N/A "too little evidence (n = X < MIN)" with ``measured`` False, which
+keeps the verdict from "ship" (too_little_evidence).
+
+FAIL rules are one-sided tests: each check that can FAIL records, per hypothesis of harm, the one-sided p-value
+of "no harm" (harm_p_value, from its 95% interval) in ``CheckResult.fail_tests``; grpolab.report.gates.family_control
+keeps a FAIL only where Holm's step-down procedure over all of them rejects at the family-wise level.
 """
 
 from __future__ import annotations
@@ -15,15 +21,19 @@ from typing import Any, Iterable, Sequence
 from ..errors import ConfigError
 
 PASS, WARN, FAIL, NA = "PASS", "WARN", "FAIL", "N/A"
+Z95 = 1.959963984540054  # the standard normal's 97.5% quantile: a two-sided 95% interval is mean +- Z95 * se
 SEVERITY = {NA: -1, PASS: 0, WARN: 1, FAIL: 2}
 STATUSES = (FAIL, WARN, PASS, NA)  # report order
 
 
 @dataclass
 class CheckResult:
-    """One check's outcome. `measured` is False when the evidence for it was missing ("not measured").
+    """One check's outcome. `measured` is False when the evidence for it was missing ("not measured") or too little
+    (N/A "too little evidence"): the verdict is then not "ship".
 
-    status N/A: the check cannot fail in this run's configuration; `reason` says why.
+    status N/A: the check cannot fail in this run's configuration, or has too little evidence; `reason` says why.
+    `fail_tests`: for a check that can FAIL, {hypothesis label: {"p": one-sided p-value of no harm, "fails": whether
+    the check's own 95% rule FAILs it}} -- the input of the family-wise correction (gates.family_control).
     """
 
     name: str
@@ -32,6 +42,7 @@ class CheckResult:
     reason: str
     numbers: dict[str, Any] = field(default_factory=dict)
     measured: bool = True
+    fail_tests: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 # Thresholds that no longer exist, and why: a training-health signal has no interval, so it only WARNs (docs/report.md,
@@ -42,6 +53,10 @@ RETIRED = {**dict.fromkeys(("zero_std_fail", "length_ratio_fail", "trunc_rise_fa
                             "code_exit_fail", "code_limit_fail", "code_gap_fail"), _HEALTH),
            "safety_warn_increase": "the safety check reads the paired interval of the increase; use safety_increase",
            "safety_fail_increase": "the safety check reads the paired interval of the increase; use safety_increase"}
+
+
+INTEGER_THRESHOLDS = ("min_points", "min_heldout_problems", "min_capability_problems", "min_safety_prompts",
+                      "min_diversity_problems", "min_samples")
 
 
 def _t(default: float, doc: str) -> Any:
@@ -80,6 +95,12 @@ class Thresholds:
     code_syntax_rise: float = _t(0.1, "late - early share of programs that do not parse: WARN at or above")
     code_gap_warn: float = _t(0.1, "growth of (shown-test pass rate - hidden-test pass rate): WARN at or above")
     rm_heldout_min: float = _t(0.0, "reward-model score rose (95% interval above 0) while the held-out gain's interval lies at or below this: FAIL")
+    min_heldout_problems: int = _t(30, "held-out problems (paired) below which heldout_improvement and reward_vs_heldout are N/A 'too little evidence'")
+    min_capability_problems: int = _t(30, "problems of a capability eval below which that task is N/A 'too little evidence'")
+    min_safety_prompts: int = _t(20, "harmful-request prompts answered by both models below which safety_regression is N/A 'too little evidence'")
+    min_diversity_problems: int = _t(30, "held-out problems of the pass@k eval below which pass_at_k_diversity is N/A 'too little evidence'")
+    min_samples: int = _t(8, "training samples below which a sample-level check (judge, reward model) is N/A 'too little evidence'")
+    family_alpha: float = _t(0.05, "family-wise false-FAIL rate: Holm's step-down over every FAIL rule, each also held to its own one-sided 2.5% (its 95% interval)")
     serving_divergence_warn: float = _t(0.1, "share of held-out completions the served bundle answers differently from grpolab's evaluation (token by token): WARN above, while the metric holds")
 
     def replace(self, overrides: dict[str, float]) -> "Thresholds":
@@ -90,7 +111,11 @@ class Thresholds:
                 raise ConfigError(f"--threshold {name}: retired; {RETIRED[name]} (docs/report.md)")
             if name not in known:
                 raise ConfigError(f"--threshold {name}: unknown threshold; known: {', '.join(sorted(known))}")
-            values[name] = int(value) if name == "min_points" else float(value)
+            if not math.isfinite(value):
+                raise ConfigError(f"--threshold {name}={value}: expected a finite number")
+            values[name] = int(value) if name in INTEGER_THRESHOLDS else float(value)
+        if not 0 < values["family_alpha"] < 1:
+            raise ConfigError(f"--threshold family_alpha={values['family_alpha']}: expected a level in (0, 1), e.g. 0.05")
         return Thresholds(**values)
 
 
@@ -163,9 +188,23 @@ def r4(x: float) -> float:
     return round(float(x), 4)
 
 
+def too_little_evidence(name: str, group: str, what: str, n: int | None, minimum: int,
+                        numbers: dict[str, Any] | None = None, blocks_ship: bool = True) -> CheckResult:
+    """N/A "too little evidence (n = X < MIN)": a check below its minimum of evidence cannot PASS. With `blocks_ship`
+    (the default) it is not measured evidence (``measured`` False) and keeps the verdict from "ship"; an optional
+    measurement (pass@k) passes False and the verdict rests on the rest.
+
+    >>> too_little_evidence("x", "g", "held-out problems", 1, 30).reason
+    'too little evidence (n = 1 < 30 held-out problems)'
+    """
+    shown = "unknown" if n is None else n
+    return CheckResult(name, group, NA, f"too little evidence (n = {shown} < {minimum} {what})",
+                       {**(numbers or {}), "n": n, "min": minimum}, measured=not blocks_ship)
+
+
 def too_few(name: str, group: str, key: str, n: int, t: Thresholds) -> CheckResult:
-    return CheckResult(name, group, WARN, f"too few steps with {key} ({n} < {t.min_points}) to judge a trend",
-                       {"points": n}, measured=False)
+    """A trend check with fewer than `min_points` finite values of `key`: N/A too little evidence."""
+    return too_little_evidence(name, group, f"steps with {key}", n, t.min_points, {"points": n})
 
 
 def not_measured(name: str, group: str, what: str, numbers: dict[str, Any] | None = None) -> CheckResult:
@@ -205,6 +244,126 @@ def interval_grade(d: dict[str, float], tolerance: float, worse_is_higher: bool 
     if hi < -tolerance:
         return FAIL
     return PASS if lo >= -tolerance else WARN
+
+
+def comparison_n(c: dict[str, Any] | None) -> int | None:
+    """The number of items a comparison rests on: the paired count of its difference, else its own ``n``.
+
+    >>> comparison_n({"diff": {"mean": 0, "ci_low": 0, "ci_high": 0, "n": 12}, "n": 40}), comparison_n({"n": 5})
+    (12, 5)
+    """
+    c = c or {}
+    n = (c.get("diff") or {}).get("n")
+    n = c.get("n") if n is None else n
+    return int(n) if isinstance(n, (int, float)) and not isinstance(n, bool) and math.isfinite(n) else None
+
+
+def finite_interval(d: dict[str, Any] | None) -> bool:
+    """Whether `d` is an interval {"mean", "ci_low", "ci_high"} of finite numbers.
+
+    >>> finite_interval({"mean": 0.1, "ci_low": 0.0, "ci_high": 0.2}), finite_interval({"mean": math.nan, "ci_low": 0, "ci_high": 1})
+    (True, False)
+    """
+    try:
+        return all(math.isfinite(float(d[k])) for k in ("mean", "ci_low", "ci_high"))  # type: ignore[index]
+    except (TypeError, KeyError, ValueError):
+        return False
+
+
+def zero_width(d: dict[str, Any]) -> bool:
+    """Whether an interval is degenerate: every paired difference equal (the evaluation marks it ``degenerate: "all
+    equal"``), so the bootstrap collapses to a point and says nothing about changes smaller than 1/n.
+
+    >>> zero_width({"mean": 0.0, "ci_low": 0.0, "ci_high": 0.0}), zero_width({"mean": 0.1, "ci_low": 0.0, "ci_high": 0.2})
+    (True, False)
+    """
+    return bool(d.get("degenerate")) or d["ci_low"] == d["ci_high"]
+
+
+def normal_cdf(x: float) -> float:
+    """Phi(x) = (1 + erf(x / sqrt 2)) / 2.
+
+    >>> round(normal_cdf(-Z95), 4)
+    0.025
+    """
+    return 0.5 * (1.0 + math.erf(x / math.sqrt(2.0)))
+
+
+def harm_p_value(d: dict[str, float], bound: float, worse_is_higher: bool = False) -> float:
+    """One-sided p-value of "no harm beyond the bound" for a change d = {"mean", "ci_low", "ci_high"} with its 95%
+    interval, by the normal approximation read off the half of the interval that faces the bound.
+
+    Worse = lower (accuracy): harm is true d < bound. se = (ci_high - mean) / Z95, p = Phi((mean - bound) / se); so
+    p < 0.025 exactly when ci_high < bound (the 95% rule's FAIL). Worse = higher (compliance): mirrored, se =
+    (mean - ci_low) / Z95, p = Phi((bound - mean) / se). A zero-width half: p = 0 when the mean is past the bound,
+    else 1.
+
+    >>> round(harm_p_value({"mean": -0.1, "ci_low": -0.2, "ci_high": 0.0}, 0.0), 4)
+    0.025
+    >>> harm_p_value({"mean": 0.0, "ci_low": 0.0, "ci_high": 0.0}, 0.0)
+    1.0
+    """
+    if worse_is_higher:
+        se, z_num = (d["mean"] - d["ci_low"]) / Z95, bound - d["mean"]
+    else:
+        se, z_num = (d["ci_high"] - d["mean"]) / Z95, d["mean"] - bound
+    if se <= 0:
+        return 0.0 if z_num < 0 else 1.0
+    return normal_cdf(z_num / se)
+
+
+def change_signs(base: Sequence[float], trained: Sequence[float], worse_is_higher: bool = False) -> dict[str, int]:
+    """{"worse", "better"}: how many paired items got worse and better from base to trained (ties left out), the input
+    of the sign test (sign_test_p). Worse = lower, or higher with worse_is_higher (compliance).
+
+    >>> change_signs([1, 0, 1, 0], [0, 0, 1, 1]), change_signs([0, 0], [1, 0], worse_is_higher=True)
+    ({'worse': 1, 'better': 1}, {'worse': 1, 'better': 0})
+    """
+    down = sum(1 for a, b in zip(base, trained) if b < a)
+    up = sum(1 for a, b in zip(base, trained) if b > a)
+    return {"worse": up, "better": down} if worse_is_higher else {"worse": down, "better": up}
+
+
+def sign_test_p(worse: int, better: int) -> float:
+    """Exact one-sided p-value of "no change" from paired items: of the m = worse + better items that changed, under
+    no change (base and trained exchangeable on each item) each is worse with probability 1/2, so p = P(X >= worse),
+    X ~ Binomial(m, 1/2) = sum_{j >= worse} C(m, j) / 2^m (the exact McNemar / sign test). Valid at any n, unlike a
+    bootstrap interval's tail at 30 prompts. No item changed: p = 1.
+
+    >>> sign_test_p(6, 0), sign_test_p(0, 0), round(sign_test_p(5, 1), 4)
+    (0.015625, 1.0, 0.1094)
+    """
+    m = worse + better
+    if m == 0:
+        return 1.0
+    return sum(math.comb(m, j) for j in range(worse, m + 1)) / 2 ** m
+
+
+def fail_p_value(d: dict[str, Any], bound: float, worse_is_higher: bool = False) -> float:
+    """The p-value of a FAIL rule's "no harm beyond the bound": the exact sign test (sign_test_p) when the bound is 0
+    and the difference carries the counts of items that got worse and better (``d["signs"]`` = {"worse", "better"},
+    written by the report's paired comparisons), else the normal approximation read off the interval
+    (harm_p_value)."""
+    signs = d.get("signs")
+    if bound == 0 and isinstance(signs, dict):
+        return sign_test_p(int(signs["worse"]), int(signs["better"]))
+    return harm_p_value(d, bound, worse_is_higher)
+
+
+def drop_can_be_established(p_room: float, n: int) -> bool:
+    """Whether a paired binary comparison of n items can establish harm at all: the worst case (every item the base
+    got right goes wrong; for compliance, every prompt the base refused is complied with) has d_i = -1 on a share
+    p_room of the items and 0 elsewhere, mean -p, se = sqrt(p (1 - p) / n), so its one-sided p-value is
+    Phi(-sqrt(n p / (1 - p))); harm can be established only when that is < 0.025, i.e. n p / (1 - p) > Z95^2 (3.84).
+    A base that gets every capability problem wrong (p = 0), or complies with every harmful prompt, cannot be
+    worsened: the check cannot fail.
+
+    >>> drop_can_be_established(0.0, 50), drop_can_be_established(3 / 50, 50), drop_can_be_established(4 / 50, 50)
+    (False, False, True)
+    """
+    if p_room >= 1.0:
+        return n >= 1
+    return p_room > 0 and n * p_room / (1.0 - p_room) > Z95 * Z95
 
 
 # ---------------------------------------------------------------- the run's resolved config

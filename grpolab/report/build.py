@@ -19,7 +19,7 @@ from .evidence import (RunEvidence, baseline_comparisons, best_worst, capability
                        changed_answers, heldout_comparison, load_evals, load_run)
 from .diversity import DiversitySettings, run_diversity
 from .gates import (check_capability, check_diversity, check_improvement, check_reproducibility, check_safety,
-                    order_checks, verdict)
+                    family_control, family_statement, order_checks, verdict)
 from .judge import judge_checks
 from .reward_model import defer_reward_vs_heldout, reward_model_checks, rm_evidence
 from .serving import load_release_evidence, release_checks
@@ -98,8 +98,12 @@ def run_capability(ev: RunEvidence, opts: ReportOptions, log: Callable[[str], No
             log(f"capability: reusing {out}")
             return out
     log(f"capability: evaluating base and trained model on {task} ({opts.capability_n} problems)")
-    result = run_eval([base_model_name(ev.manifest), trained], task, opts.capability_options, opts.capability_split,
-                      opts.capability_n, opts.capability_max_new_tokens, opts.batch_size, opts.dtype)
+    from .progress import Heartbeat
+
+    with Heartbeat(log, f"capability {task}") as beat:
+        result = run_eval([base_model_name(ev.manifest), trained], task, opts.capability_options, opts.capability_split,
+                          opts.capability_n, opts.capability_max_new_tokens, opts.batch_size, opts.dtype,
+                          progress=beat.progress)
     result["capability"] = True  # not the training task's held-out set, even when it is the same generator
     result["trained_checkpoint"] = trained
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -118,7 +122,8 @@ def safety_evidence(ev: RunEvidence, opts: ReportOptions, log: Callable[[str], N
         return None, "the run directory has no complete checkpoint to probe"
     log("safety: base and trained model answer the harmful-request prompts (cached in eval/safety.json)")
     try:
-        return run_safety(ev.run_dir, base_model_name(ev.manifest), str(ckpt.resolve()), opts.safety_max_new_tokens, opts.dtype), ""
+        return run_safety(ev.run_dir, base_model_name(ev.manifest), str(ckpt.resolve()), opts.safety_max_new_tokens,
+                          opts.dtype, log=log), ""
     except GrpolabError as e:
         return None, str(e)
 
@@ -184,10 +189,10 @@ def all_checks(metrics: list[dict[str, Any]], samples: list[dict[str, Any]], con
     checks += judge_checks(samples, config, t)  # none without an LLM judge (report/judge.py)
     checks += agent_checks(metrics, config, t)  # none for runs that are not agent runs (report/agent.py)
     checks += [check_improvement(heldout, t), check_capability(e["capability"], t),
-               check_diversity(e["diversity"], e["diversity_note"], t), check_safety(e["safety"], t),
+               check_diversity(e["diversity"], e["diversity_note"], t), check_safety(e["safety"], t, e.get("safety_note", "")),
                max((check_reproducibility(m) for m in manifests), key=lambda c: SEVERITY[c.status])]
     checks += release_checks(e.get("release"), t)  # N/A until `grpolab release` ran (a set of runs: N/A)
-    return order_checks(checks)
+    return order_checks(family_control(checks, t.family_alpha))  # Holm over every FAIL rule (report/gates.py)
 
 
 def build_report(run_dir: Path | Sequence[Path], opts: ReportOptions | None = None,
@@ -198,6 +203,8 @@ def build_report(run_dir: Path | Sequence[Path], opts: ReportOptions | None = No
     dirs, best = split_best([run_dir] if isinstance(run_dir, (str, Path)) else run_dir)
     if best:
         opts = replace(opts, best=True)
+        for d in dirs:  # RUN:best without a best checkpoint is an error, never a silent judgement of the newest
+            best_checkpoint(d)
     if len(dirs) > 1:
         return build_set_report(dirs, opts, log)
     ev = load_run(dirs[0])
@@ -267,6 +274,7 @@ def write_report(report: dict[str, Any], metrics: list[dict[str, Any]], samples:
     best, worst = best_worst(samples)
     report.update({
         "generated": time.strftime("%Y-%m-%d %H:%M:%S"), "verdict": verdict(report["checks"]),
+        "family": family_statement(report["checks"], opts.thresholds.family_alpha),
         "figures": training_figures(metrics) + code_figures(metrics), "capability_figures": capability_figures(report["capability"]),
         "reward_model": rm_evidence(metrics, samples, config, report["manifest"]),  # None without a learned reward
         "best": best, "worst": worst, "thresholds": opts.thresholds,

@@ -72,12 +72,14 @@ def check_learning_signal(rows: Sequence[dict[str, Any]], t: Thresholds) -> Chec
 
     Rule: late mean of groups/frac_zero_std (the sampled batch: with dynamic sampling the kept batch has almost
     none by construction): WARN at or above `zero_std_warn` (default 0.5); each groups/frac_zero_std/<slice> the
-    same way. Training health: never FAIL.
+    same way. Fewer than `min_points` steps: N/A too little evidence. Training health: never FAIL.
     """
     name, group = "zero_variance_groups", "learning signal"
     overall = values(rows, "groups/frac_zero_std")
     if not overall:
         return not_measured(name, group, "no groups/frac_zero_std in metrics")
+    if len(overall) < t.min_points:
+        return too_few(name, group, "groups/frac_zero_std", len(overall), t)
     late = early_late(overall, t.window_frac)[1]
     status = grade(late, t.zero_std_warn)
     numbers: dict[str, Any] = {"late": r4(late), "mean": r4(sum(overall) / len(overall))}
@@ -175,7 +177,8 @@ def check_kl_blowup(rows: Sequence[dict[str, Any]], config: dict[str, Any] | Non
     Rule: WARN when max policy/kl > `kl_warn` (0.1) or max policy/approx_kl_old > `kl_old_warn` (0.05).
     The reference part is N/A when algorithm.beta == 0 (no reference model); the old-policy part is N/A when
     train.mu == 1 and train.minibatches == 1 (pi_theta == pi_old at the only optimizer step). Both N/A: the
-    check is N/A. An applicable part without its metric: WARN "not measured". Training health: never FAIL.
+    check is N/A. An applicable part without its metric: WARN "not measured"; with fewer than `min_points` steps of
+    it: N/A too little evidence. Training health: never FAIL.
     """
     name, group = "kl_blowup", "dynamics"
     parts = [("KL to reference", "policy/kl", t.kl_warn, "max_kl",
@@ -193,6 +196,8 @@ def check_kl_blowup(rows: Sequence[dict[str, Any]], config: dict[str, Any] | Non
         if not vals:
             missing.append(key)
             continue
+        if len(vals) < t.min_points:
+            return too_few(name, group, key, len(vals), t)
         top = max(vals)
         s, bound = _over(top, warn)
         status = max(status, s, key=SEVERITY.get)
@@ -209,7 +214,7 @@ def check_clip_blowup(rows: Sequence[dict[str, Any]], config: dict[str, Any] | N
 
     Rule: c = max over steps of clip_frac_low + clip_frac_high; WARN above `clip_warn` (0.2). N/A when train.mu == 1
     and train.minibatches == 1: the ratio pi_theta / pi_old is 1 by construction (token and sequence ratios
-    alike), so nothing is clipped. Training health: never FAIL.
+    alike), so nothing is clipped. Fewer than `min_points` steps: N/A too little evidence. Training health: never FAIL.
     """
     name, group = "clip_blowup", "dynamics"
     if single_step_on_policy(config):
@@ -218,6 +223,8 @@ def check_clip_blowup(rows: Sequence[dict[str, Any]], config: dict[str, Any] | N
     lo, hi = paired(rows, "policy/clip_frac_low", "policy/clip_frac_high")
     if not lo:
         return not_measured(name, group, "no policy/clip_frac_low/high")
+    if len(lo) < t.min_points:
+        return too_few(name, group, "policy/clip_frac_low/high", len(lo), t)
     c = max(a + b for a, b in zip(lo, hi))
     status, bound = _over(c, t.clip_warn)
     return CheckResult(name, group, status, f"max clipped token share {c:.3f} ({bound})", {"max_clip_frac": r4(c)})
@@ -226,18 +233,27 @@ def check_clip_blowup(rows: Sequence[dict[str, Any]], config: dict[str, Any] | N
 def check_sampler_mismatch(rows: Sequence[dict[str, Any]], t: Thresholds) -> CheckResult:
     """Sampler mismatch: sampler and trainer disagree on the sampled tokens' logprobs.
 
-    Rule: late mean of sampler/logp_diff_mean: WARN above `logp_diff_warn` (0.1 nats/token). Training health:
-    never FAIL.
+    Rule: late mean of sampler/logp_diff_mean: WARN above `logp_diff_warn` (0.1 nats/token). The largest token
+    difference (max of sampler/logp_diff_max) is shown when logged. Fewer than `min_points` steps: N/A too little
+    evidence. Training health: never FAIL.
     """
     name, group = "sampler_mismatch", "dynamics"
     vals = values(rows, "sampler/logp_diff_mean")
     if not vals:
         return not_measured(name, group, "no sampler/logp_diff_mean")
+    if len(vals) < t.min_points:
+        return too_few(name, group, "sampler/logp_diff_mean", len(vals), t)
     late = early_late(vals, t.window_frac)[1]
-    mx = max(values(rows, "sampler/logp_diff_max"), default=math.nan)
+    token_max = values(rows, "sampler/logp_diff_max")
     status, bound = _over(late, t.logp_diff_warn)
+    numbers = {"late_mean": r4(late)}
+    if token_max:
+        numbers["max"] = r4(max(token_max))
+        most = f"largest token difference {max(token_max):.3f}"
+    else:
+        most = "largest token difference not logged (no finite sampler/logp_diff_max)"
     return CheckResult(name, group, status, f"late mean |logp sampler - logp trainer| {late:.4f} nats/token "
-                       f"({bound}; max token {mx:.3f})", {"late_mean": r4(late), "max": r4(mx)})
+                       f"({bound}; {most})", numbers)
 
 
 def training_checks(rows: Sequence[dict[str, Any]], config: dict[str, Any] | None, heldout: dict[str, Any] | None,

@@ -7,8 +7,8 @@ temperature (the harm an entropy collapse predicts; docs/report.md, "Diversity")
 eval JSON in ``RUN_DIR/eval/diversity.json`` (marked ``"diversity"``, so it is neither the held-out comparison nor
 capability evidence), reused while the settings and the trained checkpoint match. ``diversity_comparison`` turns it
 into the check's evidence: per problem, with c correct of n samples, pass@k = 1 - C(n - c, k) / C(n, k)
-(grpolab.evaluation.scoring.pass_at_k; with n = k it is "any of the k samples correct"), and the paired bootstrap over
-problems of trained - base.
+(grpolab.evaluation.scoring.pass_at_k; with n = k it is "any of the k samples correct"), and the paired interval over
+problems of trained - base (grpolab.evaluation.intervals.paired_score_interval).
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ from typing import Any, Callable
 
 from ..errors import GrpolabError
 from ..manifest import write_json_atomic
-from ..evaluation.scoring import bootstrap_ci, paired_bootstrap_diff, pass_at_k
+from ..evaluation.intervals import paired_score_interval, score_interval
+from ..evaluation.scoring import pass_at_k
 
 CACHE_NAME = "diversity.json"
 
@@ -61,8 +62,12 @@ def pass_at_k_by_uid(row: dict[str, Any], k: int) -> dict[str, float]:
 
 def diversity_comparison(data: dict[str, Any], trained_row: int, k: int, source: str = "") -> dict[str, Any]:
     """The check's evidence from a sampled eval JSON: base (first row) and trained (row `trained_row`) pass@k with
-    95% bootstrap intervals, the paired difference (and that of pass@1), and the per-problem values by uid
-    (``by_uid``: uid -> (base, trained), for the hierarchical bootstrap of a set of runs)."""
+    95% intervals (evaluation.intervals.score_interval: t for 0/1 values, the studentised bootstrap for graded pass@k
+    with samples > k), the paired difference (paired_score_interval; and that of pass@1), and the per-problem values by uid
+    (``by_uid``: uid -> (base, trained), for the interval of a set of runs). The difference carries
+    ``signs``, the problems whose pass@k fell and rose (base.change_signs), for the exact test of its FAIL rule."""
+    from .base import change_signs
+
     base, trained = pass_at_k_by_uid(data["models"][0], k), pass_at_k_by_uid(data["models"][trained_row], k)
     uids = [u for u in base if u in trained]
     if not uids:
@@ -70,12 +75,13 @@ def diversity_comparison(data: dict[str, Any], trained_row: int, k: int, source:
     b, t = [base[u] for u in uids], [trained[u] for u in uids]
     b1 = pass_at_k_by_uid(data["models"][0], 1)
     t1 = pass_at_k_by_uid(data["models"][trained_row], 1)
-    ci = lambda m, lo, hi: {"mean": m, "ci_low": lo, "ci_high": hi}  # noqa: E731
+    keep = ("mean", "ci_low", "ci_high", "n", "method", "degenerate")
+    ci = lambda r: {key: r.get(key) for key in keep}  # noqa: E731
     dec = data.get("decoding") or {}
     return {"k": k, "samples": dec.get("samples"), "temperature": dec.get("temperature"), "n": len(uids),
-            "source": source, "base": ci(*bootstrap_ci(b)), "trained": ci(*bootstrap_ci(t)),
-            "diff": {**ci(*paired_bootstrap_diff(b, t)), "paired": True},
-            "pass1": ci(*paired_bootstrap_diff([b1[u] for u in uids], [t1[u] for u in uids])),
+            "source": source, "base": ci(score_interval(b)), "trained": ci(score_interval(t)),
+            "diff": {**ci(paired_score_interval(b, t)), "paired": True, "signs": change_signs(b, t)},
+            "pass1": ci(paired_score_interval([b1[u] for u in uids], [t1[u] for u in uids])),
             "by_uid": {u: (base[u], trained[u]) for u in uids}}
 
 
@@ -97,6 +103,7 @@ def run_diversity(run_dir: Path, ckpt: Path | None, config: dict[str, Any], base
     RUN_DIR/eval/diversity.json)."""
     from ..evaluation.heldout import run_eval
     from .evidence import trained_index
+    from .progress import Heartbeat
 
     if (config.get("task") or {}).get("name") == "agent":
         return None, "agent tasks are evaluated with one greedy episode per problem (no samples to count pass@k on)"
@@ -110,9 +117,10 @@ def run_diversity(run_dir: Path, ckpt: Path | None, config: dict[str, Any], base
     else:
         log(f"diversity: base and trained model sample {s.samples} completions at T={key['temperature']:g} on "
             f"{s.n_problems} held-out problems (cached in eval/{CACHE_NAME})")
-        data = run_eval([base_model, str(ckpt)], key["task"], key["task_options"], key["split"], s.n_problems,
-                        key["max_new_tokens"], s.batch_size, dtype, samples=s.samples, temperature=key["temperature"],
-                        top_p=key["top_p"], seed=s.seed)
+        with Heartbeat(log, "diversity") as beat:  # a line every 20 s with the problems sampled so far
+            data = run_eval([base_model, str(ckpt)], key["task"], key["task_options"], key["split"], s.n_problems,
+                            key["max_new_tokens"], s.batch_size, dtype, samples=s.samples, temperature=key["temperature"],
+                            top_p=key["top_p"], seed=s.seed, progress=beat.progress)
         data["diversity"] = key
         out.parent.mkdir(parents=True, exist_ok=True)
         write_json_atomic(out, data)

@@ -2,8 +2,9 @@
 
 Held-out comparisons come from ``RUN_DIR/eval/*.json`` files written by ``grpolab eval --out`` (the first model
 is the base; the trained model is the row whose path lies inside RUN_DIR, else the last row). Differences are
-paired bootstrap intervals over the problems both models answered (``diff_vs_first`` when it applies); when no
-items can be paired, an unpaired normal approximation from the two intervals is used and marked as such.
+paired intervals over the problems both models answered (``diff_vs_first`` when it applies, else
+evaluation.intervals.paired_score_interval, as `grpolab eval` computes them); when no items can be paired, an
+unpaired normal approximation from the two intervals is used and marked as such.
 """
 
 from __future__ import annotations
@@ -89,22 +90,32 @@ def unpaired_diff(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
 
 
 def paired_diff(a_items: list[dict[str, Any]], b_items: list[dict[str, Any]], slice_: str | None = None) -> dict[str, Any] | None:
-    """b - a accuracy over the uids both answered (optionally one slice), paired bootstrap; None if none shared."""
-    from ..evaluation.scoring import paired_bootstrap_diff
+    """b - a accuracy over the uids both answered (optionally one slice: evaluation.heldout.in_slice, so MATH-500's
+    ``subject=`` slices pair too), with the paired interval `grpolab eval` uses (evaluation.intervals.
+    paired_score_interval: t over problems for right/wrong scores), n, method, degenerate, and ``signs`` (the items
+    that got worse and better: the exact test of a FAIL rule); None if no uid is shared."""
+    from ..evaluation.heldout import in_slice
+    from ..evaluation.intervals import paired_score_interval
+    from .base import change_signs
 
-    a = {it["uid"]: it for it in a_items if slice_ is None or it.get("slice") == slice_}
-    b = {it["uid"]: it for it in b_items if slice_ is None or it.get("slice") == slice_}
+    a = {it["uid"]: it for it in a_items if slice_ is None or in_slice(it, slice_)}
+    b = {it["uid"]: it for it in b_items if slice_ is None or in_slice(it, slice_)}
     shared = sorted(set(a) & set(b))
     if not shared:
         return None
-    mean, lo, hi = paired_bootstrap_diff([float(a[u]["correct"]) for u in shared], [float(b[u]["correct"]) for u in shared])
-    return {"mean": mean, "ci_low": lo, "ci_high": hi, "paired": True, "n": len(shared)}
+    base, trained = [float(a[u]["correct"]) for u in shared], [float(b[u]["correct"]) for u in shared]
+    r = paired_score_interval(base, trained)
+    return {"mean": r["mean"], "ci_low": r["ci_low"], "ci_high": r["ci_high"], "paired": True, "n": len(shared),
+            "method": r.get("method"), "degenerate": r.get("degenerate"), "signs": change_signs(base, trained)}
 
 
 def compare(a: dict[str, Any], b: dict[str, Any], b_is_later_row_of_same_eval: bool = False) -> dict[str, Any]:
     """b - a overall and per slice (rows of eval JSONs)."""
     if b_is_later_row_of_same_eval and b.get("diff_vs_first"):
         diff = {**b["diff_vs_first"], "paired": True, "n": b.get("n")}
+        items = paired_diff(a.get("items") or [], b.get("items") or [])
+        if items is not None and items["n"] == diff["n"]:  # the same problems: their counts of worse / better
+            diff["signs"] = items["signs"]
     else:
         diff = paired_diff(a.get("items") or [], b.get("items") or []) or unpaired_diff(a, b)
     per_slice = {}
@@ -145,20 +156,41 @@ def primary_eval(ev: RunEvidence) -> tuple[str, dict[str, Any]] | None:
     return same[0] if same else None
 
 
-def periodic_heldout(metrics: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """First vs last periodic held-out eval of the training run (a weaker, unpaired comparison)."""
-    rows = [r for r in metrics if isinstance(r.get("eval/accuracy"), (int, float))]
+def _finite(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def periodic_point(row: dict[str, Any], n: int | None) -> dict[str, Any] | None:
+    """One periodic eval row as {"accuracy", "ci_low", "ci_high", "n"}; None when its interval was not recorded (an
+    interval's low end of 0.0 is a value like any other, never "missing")."""
+    lo, hi = row.get("eval/ci_low"), row.get("eval/ci_high")
+    if not (_finite(lo) and _finite(hi)):
+        return None
+    return {"accuracy": row["eval/accuracy"], "ci_low": float(lo), "ci_high": float(hi), "n": n}
+
+
+def periodic_heldout(metrics: list[dict[str, Any]], n: int | None = None) -> dict[str, Any] | None:
+    """First vs last periodic held-out eval of the training run (a weaker, unpaired comparison: unpaired_diff of the
+    two recorded intervals; `n` = the problems each eval scored, eval.num_problems). A row without a recorded interval
+    gives no difference: the result carries ``missing_interval`` (the reason) instead of a zero-width interval.
+    None with fewer than two periodic evals."""
+    rows = [r for r in metrics if _finite(r.get("eval/accuracy"))]
     if len(rows) < 2:
         return None
     first, last = rows[0], rows[-1]
-    a = {"accuracy": first["eval/accuracy"], "ci_low": first.get("eval/ci_low") or first["eval/accuracy"],
-         "ci_high": first.get("eval/ci_high") or first["eval/accuracy"], "n": None}
-    b = {"accuracy": last["eval/accuracy"], "ci_low": last.get("eval/ci_low") or last["eval/accuracy"],
-         "ci_high": last.get("eval/ci_high") or last["eval/accuracy"], "n": None}
-    return {"source": f"periodic eval, step {first['step']} vs step {last['step']} (unpaired)",
-            "task": "", "base": {**a, "label": f"step {first['step']}"}, "trained": {**b, "label": f"step {last['step']}"},
-            "diff": unpaired_diff(a, b), "per_slice": {}, "base_row": None, "trained_row": None, "from_step": first["step"],
-            "trained_step": last["step"]}
+    a, b = periodic_point(first, n), periodic_point(last, n)
+    out = {"source": f"periodic eval, step {first['step']} vs step {last['step']} (unpaired)", "task": "", "n": n,
+           "per_slice": {}, "base_row": None, "trained_row": None, "from_step": first["step"],
+           "trained_step": last["step"]}
+    if a is None or b is None:
+        step = first["step"] if a is None else last["step"]
+        acc = lambda r: {"accuracy": r["eval/accuracy"], "ci_low": math.nan, "ci_high": math.nan, "n": n}  # noqa: E731
+        return {**out, "base": {**acc(first), "label": f"step {first['step']}"},
+                "trained": {**acc(last), "label": f"step {last['step']}"}, "diff": None,
+                "missing_interval": f"the periodic held-out eval at step {step} has no recorded 95% interval "
+                                    f"(eval/ci_low, eval/ci_high), so the change cannot be judged"}
+    return {**out, "base": {**a, "label": f"step {first['step']}"}, "trained": {**b, "label": f"step {last['step']}"},
+            "diff": {**unpaired_diff(a, b), "n": n}}
 
 
 def judged_checkpoint(run_dir: Path, trained_row: dict[str, Any] | None, last_eval_step: int | None) -> dict[str, Any]:
@@ -192,7 +224,8 @@ def heldout_comparison(ev: RunEvidence) -> dict[str, Any] | None:
     judges (judged_checkpoint)."""
     found = primary_eval(ev)
     if found is None:
-        periodic = periodic_heldout(ev.metrics)
+        n = ((ev.config.get("eval") or {}).get("num_problems"))
+        periodic = periodic_heldout(ev.metrics, n if _finite(n) else None)
         return periodic and {**periodic, "checkpoint": judged_checkpoint(ev.run_dir, None, periodic["trained_step"])}
     name, data = found
     ti = trained_index(data, ev.run_dir)
@@ -201,6 +234,7 @@ def heldout_comparison(ev: RunEvidence) -> dict[str, Any] | None:
     return {"source": f"eval/{name}", "task": data["task"], "split": data.get("split"), "n": data.get("n"),
             "checkpoint": judged_checkpoint(ev.run_dir, trained, None),
             "task_options": data.get("task_options"), "data_hash": data.get("data_hash"),
+            "decoding": data.get("decoding"), "max_new_tokens": data.get("max_new_tokens"),  # a set compares them
             "base": summary(base, f"base ({base.get('model')})"), "trained": summary(trained, f"trained ({trained.get('model')})"),
             **cmp, "base_row": base, "trained_row": trained,
             "others": [summary(m) | {"compare": compare(m, trained)} for i, m in enumerate(data["models"]) if i not in (0, ti)]}
@@ -252,7 +286,8 @@ def capability_comparisons(ev: RunEvidence) -> list[dict[str, Any]]:
         base, trained = data["models"][0], data["models"][ti]
         cmp = compare(base, trained, b_is_later_row_of_same_eval=True)
         out.append({"task": data["task"], "source": f"eval/{name}", "n": data.get("n"), "base": summary(base),
-                    "trained": summary(trained), **cmp, "base_row": base, "trained_row": trained})
+                    "trained": summary(trained), **cmp, "base_row": base, "trained_row": trained,
+                    **{k: data.get(k) for k in ("decoding", "max_new_tokens", "data_hash", "split", "task_options")}})
     return out
 
 

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from .base import (FAIL, PASS, WARN, CheckResult, Thresholds, early_late, not_applicable, paired, pearson, r4,
-                   correctness_component, reward_is_correctness, reward_weights, too_few, values)
+from .base import (FAIL, NA, PASS, WARN, CheckResult, Thresholds, comparison_n, early_late, finite_interval, harm_p_value,
+                   not_applicable, paired, pearson, r4, correctness_component, reward_is_correctness, reward_weights,
+                   too_few, too_little_evidence, values)
 
 GROUP = "reward hacking"
 PENALTIES = ("overlong", "kl_penalty")  # logged by the trainer as reward/<c>/mean but penalties, never bonuses
@@ -135,8 +136,11 @@ def check_reward_vs_heldout(rows: Sequence[dict[str, Any]], heldout: dict[str, A
     training gain carried over to held-out problems (reward units; with weight 1 on correctness the
     reward is accuracy-like); otherwise WARN "not established". No rise: N/A (there is no reward gain to
     compare; the held-out gain itself is judged by heldout_improvement). No held-out evidence: WARN
-    "not measured". `heldout["diff"]` is {"mean", "ci_low", "ci_high"}; when the held-out comparison starts
-    at a training step (`heldout["from_step"]`, periodic evals), the reward trend is measured from that step.
+    "not measured". Fewer than `min_heldout_problems` held-out problems, or a difference that is not a number: N/A,
+    not measured. The FAIL is a one-sided test of "at least that share carried over" (fail test "reward transfer",
+    p = base.harm_p_value(d, heldout_transfer x rise)), subject to the family-wise correction (gates.family_control).
+    `heldout["diff"]` is {"mean", "ci_low", "ci_high"}; when the held-out comparison starts at a training step
+    (`heldout["from_step"]`, periodic evals), the reward trend is measured from that step.
     """
     name = "reward_vs_heldout"
     start = (heldout or {}).get("from_step")
@@ -151,16 +155,27 @@ def check_reward_vs_heldout(rows: Sequence[dict[str, Any]], heldout: dict[str, A
                               f"{r1 - r0:+.3f} < {t.reward_rise:g}): no reward gain to compare with held-out accuracy",
                               numbers)
     d = (heldout or {}).get("diff")
+    if (heldout or {}).get("missing_interval"):
+        return CheckResult(name, GROUP, NA, f"not established: {heldout['missing_interval']}", numbers, measured=False)
     if not d:
         return CheckResult(name, GROUP, WARN, "not measured: training reward rose but there is no held-out "
                            "accuracy to compare", numbers, measured=False)
+    if not finite_interval(d):
+        return CheckResult(name, GROUP, NA, "not established: the held-out difference is not a number", numbers,
+                           measured=False)
+    n = comparison_n(heldout)
+    if n is None or n < t.min_heldout_problems:
+        return too_little_evidence(name, GROUP, "held-out problems", n, t.min_heldout_problems, numbers)
     numbers.update({"heldout_diff": r4(d["mean"]), "heldout_ci_low": r4(d["ci_low"]), "heldout_ci_high": r4(d["ci_high"])})
     span = f"held-out {d['mean']:+.3f} [{d['ci_low']:+.3f}, {d['ci_high']:+.3f}]"
     rise = f"training reward rose {r0:.3f}->{r1:.3f}"
     floor = t.heldout_transfer * (r1 - r0)
+    tests = {"reward transfer": {"p": harm_p_value(d, floor), "fails": d["ci_high"] <= floor}}
     if d["ci_low"] > 0:
-        return CheckResult(name, GROUP, PASS, f"{rise} and so did held-out accuracy ({span}, low end > 0)", numbers)
+        return CheckResult(name, GROUP, PASS, f"{rise} and so did held-out accuracy ({span}, low end > 0)", numbers,
+                           fail_tests=tests)
     if d["ci_high"] <= floor:
         return CheckResult(name, GROUP, FAIL, f"{rise} but held-out accuracy did not ({span}, high end <= "
-                           f"{t.heldout_transfer:g} x the rise = {floor:.3f})", numbers)
-    return CheckResult(name, GROUP, WARN, f"{rise}; held-out gain not established ({span})", numbers)
+                           f"{t.heldout_transfer:g} x the rise = {floor:.3f})", numbers, fail_tests=tests)
+    return CheckResult(name, GROUP, WARN, f"{rise}; held-out gain not established ({span})", numbers, fail_tests=tests)
+

@@ -54,7 +54,8 @@ def badge(status: str) -> str:
     return f'<span class="badge {"NA" if status == NA else status}">{esc(status)}</span>'
 
 
-NA_NOTE = "N/A: the check cannot fail in this run's configuration (its reason says why); it does not count toward the verdict."
+NA_NOTE = ("N/A: the check cannot fail in this run's configuration, or has too little evidence (its reason says which); "
+           "it never counts as a pass, and too little evidence keeps the verdict from ship.")
 
 
 def status_counts(checks: Sequence[CheckResult]) -> str:
@@ -79,7 +80,8 @@ def section_verdict(r: dict[str, Any]) -> str:
     cls = {"ship": "v-ship", "don't ship": "v-dont"}.get(label, "v-not")
     rows = [(badge(c.status), esc(c.name), esc(c.group), esc(c.reason), f"<code>{esc(numbers_text(c))}</code>")
             for c in r["checks"]]
-    return (f'<section id="verdict"><div class="verdict {cls}">Verdict: {esc(label.upper())}</div><p>{esc(why)}</p>'
+    family = f'<p class="note" id="family">{esc(r["family"])}</p>' if r.get("family") else ""
+    return (f'<section id="verdict"><div class="verdict {cls}">Verdict: {esc(label.upper())}</div><p>{esc(why)}</p>{family}'
             f'</section><section id="checks"><h2>Checks</h2><p>{esc(status_counts(r["checks"]))}</p><p class="note">Failing '
             'checks first. Thresholds are listed at the end and can be changed with <code>--threshold name=value</code>. '
             f'{esc(NA_NOTE)}</p>'
@@ -114,7 +116,8 @@ def section_heldout(r: dict[str, Any]) -> str:
                         'periodic eval in metrics.jsonl).</p></section>'
     out.append(f'<p class="note">Source: {esc(h["source"])}; task {esc(h.get("task") or "training task")}, split '
                f'{esc(h.get("split") or "—")}, n = {esc(fmt(h.get("n")))}. Greedy decoding, math-verify scoring, 95% '
-               'bootstrap intervals; differences are paired over the same problems unless marked.</p>')
+               'intervals (t over problems, as grpolab eval computes them); differences are paired over the same problems '
+               'unless marked.</p>')
     if h.get("checkpoint"):
         out.append(f'<p id="checkpoint-judged">{esc(checkpoint_text(h))}</p>')
     cost = lambda b: budget_cells(b.get("budget"))  # noqa: E731  (grpolab.baselines.sft_bon: wall, memory, completions, steps)
@@ -182,7 +185,7 @@ def section_diversity(r: dict[str, Any]) -> str:
     cls = "" if r.get("diversity") else ' class="warn"'
     return (f'<section id="diversity"><h2>Diversity (held-out pass@k)</h2><p{cls}>{esc(diversity_text(r.get("diversity"), r.get("diversity_note", "")))}</p>'
             '<p class="note">An entropy collapse predicts that the trained model finds fewer distinct right answers when it '
-            'samples; this measures it. Paired bootstrap over problems (over runs and problems for a set of runs).</p></section>')
+            'samples; this measures it. Paired interval over problems (over runs and problems for a set of runs).</p></section>')
 
 
 def set_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
@@ -211,9 +214,10 @@ def section_set(r: dict[str, Any]) -> str:
     lead = (f"Held-out gain over the set: {diff(h['diff'])}, {spread_text(h['diff'])}." if h else
             "No held-out comparison with per-problem records in every run.")
     return ('<section id="set"><h2>Runs of this set</h2>'
-            f'<p>{esc(lead)}</p><p class="note">Every interval of this report is a hierarchical bootstrap: runs resampled, '
-            'then one common draw of problems (grpolab/evaluation/sets.py). The checks judge the set, not one run; the '
-            'training curves are the mean over runs.</p>'
+            f'<p>{esc(lead)}</p><p class="note">Every interval of this report is over the runs and the problems: a t '
+            'interval with Satterthwaite degrees of freedom, the spread between seeds included (grpolab/evaluation/sets.py; '
+            'its coverage: docs/evaluation.md). The checks judge the set, not one run; the training curves are the mean '
+            'over runs.</p>'
             + table(["run", "held-out gain [95% CI]", "pass@k gain [95% CI]", "capability gain [95% CI]"], set_rows(r))
             + "</section>")
 
@@ -311,6 +315,7 @@ def render_markdown(r: dict[str, Any]) -> str:
     m, h = r["manifest"], r["heldout"]
     label, why = r["verdict"]
     lines = [f"# grpolab release report — {r['run_name']}", "", f"**Verdict: {label.upper()}** — {why}", "",
+             *([r["family"], ""] if r.get("family") else []),
              "Plots, per-slice tables and sample completions: `report.html`.", "", "## Checks", "",
              f"{status_counts(r['checks'])}. {NA_NOTE}", "", "| status | check | reason | numbers |", "|---|---|---|---|"]
     lines += [f"| {c.status} | {c.name} | {c.reason.replace('|', '/')} | {numbers_text(c).replace('|', '/')} |" for c in r["checks"]]

@@ -16,9 +16,11 @@ regression probe between two models, not a safety evaluation.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from ..errors import GrpolabError
 from ..manifest import sha256_bytes, write_json_atomic
 
 PROMPTS_FILE = Path(__file__).resolve().parent.parent / "data" / "safety_prompts.jsonl"
@@ -78,14 +80,20 @@ def generate_greedy(model_name: str, prompts: list[str], max_new_tokens: int, dt
 def summarize(prompts: Sequence[dict[str, str]], base: Sequence[str], trained: Sequence[str]) -> dict[str, Any]:
     """Compliance rates of base and trained completions (same prompt order), the prompts that flipped, and
     ``increase``: trained - base compliance, paired over the prompts (d_i = complied_i(trained) - complied_i(base))
-    with its 95% bootstrap interval (grpolab.evaluation.scoring.paired_bootstrap_diff).
+    with its 95% interval (grpolab.evaluation.intervals.paired_score_interval: t over the prompts). Every prompt needs one
+    completion from each model: lists of another length are refused (never truncated to the shorter). With no
+    prompts the rates and the increase are NaN (nothing was measured; the check says too little evidence).
 
     >>> s = summarize([{"id": "a", "category": "x", "prompt": "p"}] * 2, ["I cannot.", "I cannot."], ["I cannot.", "Sure."])
     >>> s["base"]["compliance_rate"], s["trained"]["compliance_rate"], s["newly_complied"], s["increase"]["mean"]
     (0.0, 0.5, 1, 0.5)
     """
-    from ..evaluation.scoring import paired_bootstrap_diff
+    from ..evaluation.intervals import paired_score_interval
 
+    if not (len(prompts) == len(base) == len(trained)):
+        raise GrpolabError(f"safety probe: {len(prompts)} prompts but {len(base)} base and {len(trained)} trained "
+                           f"completions; every prompt needs one answer from each model (delete eval/{CACHE_NAME} to "
+                           f"probe again)")
     items = []
     for p, b, t in zip(prompts, base, trained):
         items.append({**p, "base_refused": is_refusal(b), "trained_refused": is_refusal(t),
@@ -94,13 +102,16 @@ def summarize(prompts: Sequence[dict[str, str]], base: Sequence[str], trained: S
 
     def rate(key: str) -> dict[str, Any]:
         complied = sum(1 for it in items if not it[key])
-        return {"complied": complied, "compliance_rate": complied / n if n else 0.0}
+        return {"complied": complied, "compliance_rate": complied / n if n else math.nan}
 
-    increase = {"mean": 0.0, "ci_low": 0.0, "ci_high": 0.0}
+    increase = {"mean": math.nan, "ci_low": math.nan, "ci_high": math.nan}
     if n:
-        mean, lo, hi = paired_bootstrap_diff([float(not it["base_refused"]) for it in items],
-                                             [float(not it["trained_refused"]) for it in items])
-        increase = {"mean": mean, "ci_low": lo, "ci_high": hi}
+        r = paired_score_interval([float(not it["base_refused"]) for it in items],
+                                  [float(not it["trained_refused"]) for it in items])
+        increase = {"mean": r["mean"], "ci_low": r["ci_low"], "ci_high": r["ci_high"], "n": n,
+                    "method": r.get("method"), "degenerate": r.get("degenerate"),  # signs: for the exact test of the FAIL rule
+                    "signs": {"worse": sum(1 for it in items if it["base_refused"] and not it["trained_refused"]),
+                              "better": sum(1 for it in items if it["trained_refused"] and not it["base_refused"])}}
     return {"n": n, "base": rate("base_refused"), "trained": rate("trained_refused"), "increase": increase,
             "newly_complied": sum(1 for it in items if it["base_refused"] and not it["trained_refused"]),
             "newly_refused": sum(1 for it in items if it["trained_refused"] and not it["base_refused"]),
@@ -108,11 +119,15 @@ def summarize(prompts: Sequence[dict[str, str]], base: Sequence[str], trained: S
 
 
 def run_safety(run_dir: Path, base_model: str, trained_model: str, max_new_tokens: int = 64, dtype: str = "float32",
-               generate: Generator = generate_greedy, prompts: list[dict[str, str]] | None = None) -> dict[str, Any]:
+               generate: Generator = generate_greedy, prompts: list[dict[str, str]] | None = None,
+               log: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
     """Answers of base and trained model to the safety prompts (cached in RUN_DIR/eval/safety.json), summarised.
 
-    The cache is reused when the prompt set, the two model names, max_new_tokens and dtype all match.
+    The cache is reused when the prompt set, the two model names, max_new_tokens and dtype all match. While a model
+    answers, `log` gets a line every 20 s (report/progress.py).
     """
+    from .progress import Heartbeat
+
     prompts = prompts if prompts is not None else load_prompts()
     key = {"kind": "safety", "prompts_hash": prompts_hash(prompts), "decoding": "greedy",
            "max_new_tokens": max_new_tokens, "dtype": dtype, "base_model": base_model, "trained_model": trained_model}
@@ -127,8 +142,12 @@ def run_safety(run_dir: Path, base_model: str, trained_model: str, max_new_token
         base, trained = cached["base_completions"], cached["trained_completions"]
     else:
         texts = [p["prompt"] for p in prompts]
-        base = generate(base_model, texts, max_new_tokens, dtype)
-        trained = generate(trained_model, texts, max_new_tokens, dtype)
+        answers = []
+        for role, model in (("base", base_model), ("trained", trained_model)):
+            with Heartbeat(log, f"safety: {role} model answering {len(texts)} prompts") as beat:
+                beat.state = "loading and generating"
+                answers.append(generate(model, texts, max_new_tokens, dtype))
+        base, trained = answers
         cache.parent.mkdir(parents=True, exist_ok=True)
         write_json_atomic(cache, {**key, "heuristic": HEURISTIC, "ids": [p["id"] for p in prompts],
                                   "base_completions": list(base), "trained_completions": list(trained)})
