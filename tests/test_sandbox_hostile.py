@@ -86,7 +86,9 @@ def _programs(sentinel: str, port: int) -> dict[str, tuple[str, tuple[str, ...],
                               "            with open(f'/proc/{pid}/fd/{fd}', 'wb') as fh:\n"
                               "                fh.write(struct.pack('>I', len(body)) + body)\n        except OSError:\n"
                               "            pass\ndef f(x):\n    return 0\n", SQUARE, {"wrong_answer", "error"}),
-        "setsid_escapee": (f"import os\nif os.fork() == 0:\n    os.setsid()\n    os.execv('/bin/sleep', ['sleep', '{MARKER}'])\n"
+        "setsid_escapee": (f"import os, time\nif os.fork() == 0:\n    os.setsid()\n    try:\n"
+                           f"        os.execv('/bin/sleep', ['sleep', '{MARKER}'])\n    finally:\n        time.sleep(60)\n"
+                           "        os._exit(0)\n"
                            "def f(x):\n    return 0\n", SQUARE, {"wrong_answer"}),
     }
 

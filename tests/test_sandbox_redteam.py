@@ -164,7 +164,9 @@ def _signals_and_replies() -> dict[str, Attack]:
 def _host_state(targets: list[str]) -> dict[str, Attack]:
     writable = (f"import os\ndef f():\n    dirs = {targets!r} + ['/', '/usr', '/etc', '/var', '/opt', '/run', '/run/lock',\n"
                 "            '/var/lock', '/dev/mqueue', '/home', '/srv', '/mnt', '/media', '/root']\n"
-                "    for line in open('/proc/self/mountinfo'):\n        dirs.append(line.split()[4])\n"
+                "    try:\n        dirs += [line.split()[4] for line in open('/proc/self/mountinfo')]\n"
+                "    except OSError:  # no /proc in the run's root: every directory it has instead\n"
+                "        dirs += [root for root, _, _ in os.walk('/')]\n"
                 "    mine = {os.getcwd(), '/tmp', '/var/tmp', '/dev/shm'}\n    out = []\n"
                 "    for d in sorted(set(dirs) - mine):\n        try:\n"
                 f"            open(os.path.join(d, '.{TOKEN}'), 'x').close()\n            out.append(d)\n"
@@ -185,11 +187,12 @@ def _host_state(targets: list[str]) -> dict[str, Attack]:
               "    return 'refused' if libc.unshare(0x10000000 | 0x20000) != 0 else 'own namespace'\n")
     threads = ("import subprocess, threading\ndef f(x):\n    out = []\n"
                "    t = threading.Thread(target=lambda: out.append(x * x))\n    t.start()\n    t.join()\n"
-               "    echo = subprocess.run(['/bin/echo', str(out[0])], capture_output=True, text=True)\n"
-               "    return int(echo.stdout)\n")
+               "    try:\n        subprocess.run(['/bin/echo', str(out[0])], capture_output=True, text=True)\n"
+               "        return 'started a program'\n    except OSError:  # no executable in the run's root\n"
+               "        return out[0]\n")
     return {
         "c7_user_namespace": Attack(userns, ("assert f() == 'refused'",), score=1.0, reasons=frozenset({None})),
-        "c7_threads_and_subprocess_still_work": Attack(threads, score=1.0, reasons=frozenset({None})),
+        "c7_threads_work_no_program_starts": Attack(threads, score=1.0, reasons=frozenset({None})),
         "c7_host_dirs_writable": Attack(writable, ("assert f() == []",), score=1.0, reasons=frozenset({None})),
         "c7_inode_bomb": Attack(inodes, (f"assert f() <= {LIMITS.max_files}",),
                                 score=1.0, reasons=frozenset({None})),

@@ -1,9 +1,12 @@
-"""Sandbox overhead and throughput on this machine: ``python -m grpolab.sandbox.bench [--n 200]``.
+"""Sandbox overhead and throughput on this machine: ``python -m grpolab.sandbox.bench [--n 200] [--host-views]``.
 
 Runs a trivial program (one function, two asserts) `n` times one after another on one slot (per-program wall time:
-start, namespaces, rlimits, uid drop, fork, load, two calls over the wire, verdict, kill, cleanup; median and p95),
-then `n` times through the pool (programs per second with every core busy), and prints both with the isolation
-used and the machine's load average.
+start, namespaces, the run's root with its private copies, rlimits, fork, the two uid drops, load, two calls over
+the wire, verdict, kill, cleanup; median and p95), then `n` times through the pool (programs per second with every
+core busy), and prints both with the isolation used and the machine's load average. ``--host-views`` measures the
+fallback root instead (read-only views of the host's directories, no private copies: what the copies cost). For a
+before/after comparison across commits, run the same command in a checkout of each (``git worktree add``) on an
+idle machine, interleaved.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import os
 import statistics
 import time
 
+from . import runner
 from .detect import detect
 from .limits import SandboxLimits
 from .pool import SandboxPool
@@ -60,8 +64,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=200)
     parser.add_argument("--workers", type=int, default=0, help="pool slots (0 = CPU cores)")
+    parser.add_argument("--host-views", action="store_true", help="the fallback root: no private copies")
     args = parser.parse_args()
-    print(json.dumps(measure(args.n, SandboxLimits(workers=args.workers))))
+    if args.host_views:
+        runner.stdlib_image = lambda python: None  # what run_job copies from: nothing, so the fallback root
+    out = measure(args.n, SandboxLimits(workers=args.workers))
+    print(json.dumps({**out, "root": "host views" if args.host_views else "private copies"}))
 
 
 if __name__ == "__main__":

@@ -1,21 +1,24 @@
-"""How the judge confines a run, as root inside its fresh namespaces, before it drops to the sandbox uid (standard
-library only; loaded by the judge with harness.py; docs/code.md "The sandbox").
+"""How the judge confines a run, as root inside its fresh namespaces, before the judge and the worker each drop to
+their own unprivileged uid (standard library only; loaded by the judge with harness.py; docs/code.md "The
+sandbox").
 
-- ``new_root``: the program sees an allowlist of the host, not the host minus a blocklist. The root is a fresh
-  read-only tmpfs holding read-only bind mounts of the system directories (SYSTEM_DIRS), the interpreter's
-  standard library (the third-party package directories next to it covered by empty read-only mounts: ``-S``
-  means the standard library only), a few files of /etc (ETC_FILES), harmless devices (DEVICES), /proc (its
-  /proc/sys read-only) and one scratch tmpfs with a size *and* an inode limit that provides the working
-  directory, /tmp, /var/tmp and /dev/shm. The old root is detached: no home directory, repository, data file
-  or dataset cache of the host exists inside, and nothing of the host is writable.
-- ``setup_sandbox``: that root, the rlimits, the drop to the sandbox uid, no new privileges, non-dumpable, and a
-  check that nothing on the judge's import path is writable by the program.
+- ``new_root``: the program sees an allowlist, and no inode of the host. The root is a fresh tmpfs holding the
+  run's private copies of the files Python needs (grpolab.sandbox.image: the standard library's compiled zip, its
+  extension modules and their libraries, a few files of /etc), fresh device nodes (DEVICES) on a tmpfs of their
+  own, and one scratch tmpfs with a size *and* an inode limit that provides the working directory, /tmp, /var/tmp
+  and /dev/shm. No /proc, no /sys, no executable. The old root is detached: no home directory, repository, data
+  file or dataset cache of the host exists inside, and nothing of the host is readable, writable or lockable.
+  Where the private copy could not be built, the fallback is the earlier allowlist of read-only bind mounts of
+  the host's system directories (``_system``), with a warning.
+- ``prepare``: that root and the rlimits (as root); ``drop``: one process to its uid, no new privileges,
+  non-dumpable; ``writable_import_paths``: the worker's check that it cannot write where the judge imports from.
 - ``install_seccomp``: the worker's syscall filter (``seccomp_program``).
 """
 
 from __future__ import annotations
 
 import ctypes
+import importlib
 import os
 import resource
 import sys
@@ -26,6 +29,7 @@ MS_BIND, MS_MOVE, MS_REC, MS_PRIVATE = 4096, 8192, 16384, 1 << 18
 MNT_DETACH = 2
 KEEP_FLAGS = os.ST_NOEXEC | os.ST_NOATIME | os.ST_NODIRATIME | os.ST_RELATIME  # kept when a bind turns read-only
 PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 4, 38, 22, 2
+DEVICE_NUMBERS = {"null": (1, 3), "zero": (1, 5), "full": (1, 7), "random": (1, 8), "urandom": (1, 9)}
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 ETC_FILES = ("ld.so.cache", "localtime", "passwd", "group")
 DEVICES = ("null", "zero", "full", "random", "urandom")
@@ -40,11 +44,12 @@ class Arch:
     pivot_root: int
     clone: int
     clone3: int
+    prctl: int
     denied: tuple[int, ...]  # socket io_uring_setup add_key request_key keyctl shmget semget msgget mq_open unshare setns
 
 
-ARCHES = {"x86_64": Arch(0xC000003E, 155, 56, 435, (41, 425, 248, 249, 250, 29, 64, 68, 240, 272, 308)),
-          "aarch64": Arch(0xC00000B7, 41, 220, 435, (198, 425, 217, 218, 219, 194, 190, 186, 180, 97, 268))}
+ARCHES = {"x86_64": Arch(0xC000003E, 155, 56, 435, 157, (41, 425, 248, 249, 250, 29, 64, 68, 240, 272, 308)),
+          "aarch64": Arch(0xC00000B7, 41, 220, 435, 167, (198, 425, 217, 218, 219, 194, 190, 186, 180, 97, 268))}
 
 
 def _libc():
@@ -149,15 +154,85 @@ def _system(root: str) -> None:
     bind(f"{root}/proc/sys", f"{root}/proc/sys")
 
 
+def _copy(src_fd: int, size: int, dst: str, mode: int) -> None:
+    """Copy `size` bytes of `src_fd` (from offset 0, without moving its offset) to the new file `dst`."""
+    os.makedirs(os.path.dirname(dst), 0o755, exist_ok=True)
+    out = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    try:
+        done = 0
+        while done < size:
+            sent = os.sendfile(out, src_fd, done, size - done)
+            if sent == 0:
+                raise OSError(f"short copy of {dst}")
+            done += sent
+    finally:
+        os.close(out)
+
+
+def _loaded_files() -> set[str]:
+    """The files of the modules this process imported already (the worker, its fork, never opens them again)."""
+    return {os.path.realpath(f) for m in list(sys.modules.values()) if isinstance(f := getattr(m, "__file__", None), str)}
+
+
+def _devices(root: str) -> None:
+    """Fresh device nodes on a tmpfs of their own (so no lock or open of the program touches a host inode);
+    where mknod is not allowed (a user namespace), read-write binds of the host's nodes instead."""
+    dev = root + "/dev"
+    os.makedirs(dev, 0o755, exist_ok=True)
+    mount("tmpfs", dev, "tmpfs", MS_NOSUID, "size=64k,nr_inodes=16,mode=0755")
+    for name in DEVICES:
+        try:
+            os.mknod(f"{dev}/{name}", 0o666 | 0o020000, os.makedev(*DEVICE_NUMBERS[name]))
+            os.chmod(f"{dev}/{name}", 0o666)
+        except PermissionError:
+            bind(f"/dev/{name}", f"{dev}/{name}", readonly=False)
+
+
+def _private_system(root: str, image: dict) -> None:
+    """The run's own copies (grpolab.sandbox.image): the standard library's zip from the sealed memfd, the
+    extension modules not loaded yet and their libraries, /etc files; then the devices."""
+    _copy(image["zip_fd"], int(image["zip_bytes"]), root + image["zip_path"], 0o644)
+    os.close(image["zip_fd"])
+    loaded = _loaded_files()
+    for path in image["files"]:
+        if os.path.realpath(path) in loaded:
+            continue
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            _copy(fd, os.fstat(fd).st_size, root + path, 0o755 if ".so" in os.path.basename(path) else 0o644)
+        finally:
+            os.close(fd)
+    _devices(root)
+
+
+def _use_private_path(image: dict) -> None:
+    """The judge's import path in the new root: the zip and the extension modules' copy, caches dropped, and the
+    packages imported before the switch (encodings, collections, ...) looking for their submodules in the zip."""
+    sys.path[:] = list(image["path"])
+    stdlib = image["stdlib"].rstrip("/") + "/"
+    for module in list(sys.modules.values()):
+        path = getattr(module, "__path__", None)
+        if type(path) is list:
+            path[:] = [image["zip_path"] + "/" + p[len(stdlib):] if p.startswith(stdlib) else p for p in path]
+    sys.path_importer_cache.clear()
+    importlib.invalidate_caches()
+
+
 def new_root(cfg: dict) -> None:
     """Build the allowlisted root on a tmpfs mounted over ``cfg["workdir"]`` (an empty host directory), switch to
     it, detach the old root, make the root read-only and enter the working directory ``cfg["home"]``."""
-    root = cfg["workdir"]
+    root, image = cfg["workdir"], cfg.get("image")
     os.umask(0o022)
     mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing below propagates to the host
-    mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,nr_inodes=4096,mode=0755")
-    _system(root)
+    size = (int(image["zip_bytes"]) + sum(os.path.getsize(p) for p in image["files"]) if image else 0) + (1 << 20)
+    mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, f"size={size},nr_inodes=4096,mode=0755")
+    if image:
+        _private_system(root, image)
+    else:
+        _system(root)
     _scratch(root, cfg)
+    if image:  # the device tmpfs read-only too, now that /dev/shm is mounted on it
+        mount(None, root + "/dev", None, MS_REMOUNT | MS_RDONLY | MS_NOSUID)
     os.chdir(root)
     arch = ARCHES.get(os.uname().machine)
     if arch is not None:
@@ -168,6 +243,8 @@ def new_root(cfg: dict) -> None:
         os.chroot(".")
     os.chdir("/")
     mount(None, "/", None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
+    if image:
+        _use_private_path(image)
     os.chdir(cfg["home"])
 
 
@@ -187,21 +264,23 @@ def writable_import_paths() -> list[str]:
     return out
 
 
-def setup_sandbox(cfg: dict) -> None:
-    """The new root (as root in a mount namespace), rlimits, the drop to the sandbox uid, non-dumpable, no new
-    privileges; refused when the program could write a module the judge might import."""
+def prepare(cfg: dict) -> None:
+    """As root, before the judge forks the worker: the new root (in a mount namespace) and the rlimits both
+    processes keep (RLIMIT_CORE's hard limit 1 among them: no core dump of any kind, pipes to a helper
+    included)."""
     if cfg.get("mounts"):
         new_root(cfg)
     for name, (soft, hard) in cfg["rlimits"].items():
         resource.setrlimit(getattr(resource, name), (soft, hard))
-    uid = cfg.get("uid")
+
+
+def drop(uid: int | None) -> None:
+    """This process to `uid` (real, effective and saved; no groups) where one is given, then non-dumpable (no
+    /proc access, no ptrace, no core dump by another uid) and no new privileges."""
     if uid is not None:
         os.setgroups([])
         os.setresgid(uid, uid, uid)
         os.setresuid(uid, uid, uid)
-        writable = writable_import_paths()
-        if writable:
-            raise PermissionError(f"the sandbox user can write to the judge's import path: {writable}")
     prctl(PR_SET_DUMPABLE, 0)
     prctl(PR_SET_NO_NEW_PRIVS, 1)
     os.umask(0o077)
@@ -215,8 +294,9 @@ def seccomp_program(arch: Arch) -> list[tuple[int, int, int, int]]:
 
     - a foreign ABI (another audit arch, or x32's numbers >= 0x40000000): EACCES;
     - clone3: ENOSYS (the C library then falls back to clone, whose flags a filter can read);
-    - clone with any CLONE_NEW* flag, and every syscall in ``arch.denied`` (network sockets, io_uring, the
-      kernel keyring, SysV IPC and POSIX message queues, unshare, setns): EACCES;
+    - clone with any CLONE_NEW* flag, prctl(PR_SET_DUMPABLE) (dumping stays off), and every syscall in
+      ``arch.denied`` (network sockets, io_uring, the kernel keyring, SysV IPC and POSIX message queues, unshare,
+      setns): EACCES;
     - anything else: allowed.
     """
     allow, eacces, enosys = 0x7FFF0000, 0x00050000 | 13, 0x00050000 | 38
@@ -224,10 +304,11 @@ def seccomp_program(arch: Arch) -> list[tuple[int, int, int, int]]:
     steps: list = [
         ("ld", 4, None, None), ("jeq", arch.audit, None, "deny"),
         ("ld", 0, None, None), ("jge", 0x40000000, "deny", None),
-        ("jeq", arch.clone3, "enosys", None), ("jeq", arch.clone, "clone", None),
+        ("jeq", arch.clone3, "enosys", None), ("jeq", arch.clone, "clone", None), ("jeq", arch.prctl, "prctl", None),
         *[("jeq", nr, "deny", None) for nr in arch.denied],
         ("ret", allow, None, None),
         "clone", ("ld", 16, None, None), ("jset", CLONE_NAMESPACES, "deny", None), ("ret", allow, None, None),
+        "prctl", ("ld", 16, None, None), ("jeq", PR_SET_DUMPABLE, "deny", None), ("ret", allow, None, None),
         "deny", ("ret", eacces, None, None),
         "enosys", ("ret", enosys, None, None),
     ]

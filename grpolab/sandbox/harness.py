@@ -5,12 +5,14 @@ import harness; harness.main()"`` (no '' or other relative entry on the path, no
 environment built from scratch), so the compiled harness.py, confine.py and wire.py are loaded from
 __pycache__ (no compile per program); importing this module has no side effects.
 
-- The judge reads frame 1 (limits, identity, the program) from stdin and, as root, builds the run's own root
-  (grpolab.sandbox.confine: an allowlist of read-only host directories and one scratch tmpfs), sets the
-  rlimits, drops to the sandbox uid (refusing to go on if the program could write anything on its import
-  path), makes itself non-dumpable, ignores every signal but its own timer's, and forks the worker. Only then
-  does it read frame 2 (the tests and the names they may use) -- the worker's memory never held them.
-- The worker restores the usual signal handling, closes stdin and every descriptor but its two pipes, installs
+- The judge ignores every signal it can (it has no timer: its deadline bounds each wait, so no signal, whoever
+  sends it, can raise inside it), reads frame 1 (limits, identities, the program) from stdin and, as root,
+  builds the run's own root (grpolab.sandbox.confine: private copies of the files Python needs and one scratch
+  tmpfs) and sets the rlimits. It forks the worker, which drops to the sandbox uid, then drops to a uid of its
+  own (so the program cannot signal it or change its limits) and becomes non-dumpable. Only then does it read
+  frame 2 (the tests and the names they may use) -- the worker's memory never held them.
+- The worker drops to its uid (refusing to go on if it could write anything on the import path), restores the
+  usual signal handling, closes stdin and every descriptor but its two pipes, installs
   the seccomp filter, runs the program in a fresh namespace, reports the ids of its top-level names (nothing
   the program says about an object is believed), then answers requests (value, call, attribute, item, list,
   len, bool, str) until its pipe closes.
@@ -18,11 +20,14 @@ __pycache__ (no compile per program); importing this module has no side effects.
   tests read (its own imports, from an allowlist), and only the program names the tests ask for (the problem's
   entry points and the names no one else defines), each as a value or a proxy (wire.Remote). It compares the
   values itself and writes one result frame -- per test case ``ok`` and a reason -- to the result pipe, which
-  the worker has no descriptor for. Whatever the program sends is at worst that program's 0 with a reason.
+  the worker has no descriptor for. Every assert of a test runs whatever the earlier ones returned (a failure
+  is recorded, not raised), so the calls the judge makes tell the program nothing about its answers. Whatever
+  the program sends or does is at worst that program's 0 with a reason.
 """
 
 from __future__ import annotations
 
+import ast
 import builtins
 import errno
 import operator
@@ -32,11 +37,11 @@ import sys
 import time
 
 try:
-    from .confine import install_seccomp, setup_sandbox
+    from .confine import drop, install_seccomp, prepare, writable_import_paths
     from .wire import (CPU_LIMIT, Conn, Deadline, OpaqueValue, ProtocolError, Remote, RemoteError, WorkerGone, decode,
                        encode, read_frame, write_frame)
 except ImportError:  # started by the runner as a top-level module
-    from confine import install_seccomp, setup_sandbox  # type: ignore
+    from confine import drop, install_seccomp, prepare, writable_import_paths  # type: ignore
     from wire import (CPU_LIMIT, Conn, Deadline, OpaqueValue, ProtocolError, Remote, RemoteError,  # type: ignore
                       WorkerGone, decode, encode, read_frame, write_frame)
 
@@ -49,9 +54,11 @@ OPS = {
     "getitem": operator.getitem, "list": list, "len": len, "bool": bool, "str": str, "repr": repr, "eq": operator.eq,
     "lt": operator.lt, "le": operator.le, "gt": operator.gt, "ge": operator.ge,
 }
-# the judge ignores every signal it can but its own timer's (the program may send any): SIGKILL and SIGSTOP
-# cannot be ignored, SIGCHLD's default is already to ignore
-JUDGE_SIGNALS = sorted(set(signal.valid_signals()) - {signal.SIGKILL, signal.SIGSTOP, signal.SIGALRM, signal.SIGCHLD})
+# the judge ignores every signal it can (it has no timer: its deadline is a bound on each wait): SIGKILL and
+# SIGSTOP cannot be ignored (and cannot reach it from the program: another uid, or init of its PID namespace),
+# SIGCHLD's default is already to ignore (and keeps wait4 working)
+JUDGE_SIGNALS = sorted(set(signal.valid_signals()) - {signal.SIGKILL, signal.SIGSTOP, signal.SIGCHLD})
+FAILED = "__grpolab_failed__"  # the judge's record of a failed assert (bound in the tests' namespace only)
 
 
 class SandboxFailure(Exception):
@@ -114,19 +121,29 @@ def serve(rfd: int, wfd: int, handles: list) -> None:
             return
 
 
-def worker_main(cfg: dict, rfd: int, wfd: int, handlers: dict) -> None:
-    """The program's process: the usual signal handling back (`handlers`), nothing but its two pipes open, the
-    seccomp filter, the program loaded, the ids of its top-level names reported, then serve."""
+def _worker_setup(cfg: dict, rfd: int, wfd: int, handlers: dict) -> None:
+    """The worker before the program: its own uid (refused if it could write where the judge imports from), the
+    usual signal handling back, nothing but its two pipes open, the seccomp filter."""
+    drop(cfg.get("uid"))
+    writable = writable_import_paths() if cfg.get("uid") is not None else []
+    if writable:
+        raise PermissionError(f"the sandbox user can write to the judge's import path: {writable}")
     for sig, handler in handlers.items():
         signal.signal(sig, handler)
     previous = -1
     for fd in sorted({1, 2, rfd, wfd}) + [4096]:  # close everything else: stdin, the result pipe, the judge's ends
         os.closerange(previous + 1, fd)
         previous = fd
+    os.open(os.devnull, os.O_RDONLY)  # fd 0: input() reads EOF
+    if cfg.get("seccomp"):
+        install_seccomp()
+
+
+def worker_main(cfg: dict, rfd: int, wfd: int, handlers: dict) -> None:
+    """The program's process: set up (``_worker_setup``), the program loaded, the ids of its top-level names
+    reported, then serve."""
     try:
-        os.open(os.devnull, os.O_RDONLY)  # fd 0: input() reads EOF
-        if cfg.get("seccomp"):
-            install_seccomp()
+        _worker_setup(cfg, rfd, wfd, handlers)
     except BaseException as exc:
         write_frame(wfd, {"worker_error": f"{type(exc).__name__}: {_text(exc)}"})
         return
@@ -205,33 +222,69 @@ def namespace_for_tests(conn: Conn, ids: object, tests: dict) -> dict:
     return namespace
 
 
-def run_cases(namespace: dict, setup, codes: list, results: list) -> None:
-    """Run the setup, then each case not yet decided, appending one result per case."""
+class _EveryAssert(ast.NodeTransformer):
+    """``assert test, msg`` -> ``if not test: __grpolab_failed__(msg)``: the failure is recorded and the test goes
+    on, so the judge makes the same calls whatever the program returned (no call-by-call feedback). A message
+    that is not a constant is never evaluated (it would call the program only after a failure)."""
+
+    def visit_Assert(self, node: ast.Assert) -> ast.If:
+        msg = [node.msg] if isinstance(node.msg, ast.Constant) else []
+        record = ast.Call(ast.Name(FAILED, ast.Load()), msg, [])
+        return ast.copy_location(ast.If(ast.UnaryOp(ast.Not(), node.test), [ast.Expr(record)], []), node)
+
+
+def compile_checks(source: str, name: str):
+    """Trusted test code compiled with every assert recorded instead of raised (``_EveryAssert``).
+
+    >>> ns = {FAILED: lambda *m: seen.append(m)}; seen = []
+    >>> exec(compile_checks("assert 1 == 2, 'a'\\nassert 2 == 2\\nassert 0, str(3)", "<t>"), ns); seen
+    [('a',), ()]
+    """
+    tree = ast.fix_missing_locations(_EveryAssert().visit(ast.parse(source, name, "exec")))
+    return compile(tree, name, "exec")
+
+
+def _failure(failed: list) -> dict:
+    msg = failed[0]
+    return {"ok": False, "reason": "wrong_answer", "detail": "assertion failed" + (f": {_text(msg)}" if msg else "")}
+
+
+def run_cases(namespace: dict, setup, codes: list, results: list, deadline: float) -> None:
+    """Run the setup, then each case not yet decided, appending one result per case: a case fails when any of
+    its asserts failed (the first one is reported) or it raised. Deadline between cases and in every wait."""
+    failed: list = []
+    namespace[FAILED] = lambda msg=None: failed.append(msg if msg is None or type(msg) is str else _text(msg) or "")
     try:
         exec(setup, namespace)
+        if failed:
+            raise AssertionError(failed[0] or "")
     except (Deadline, WorkerGone):
         raise
     except BaseException as exc:
         reason, detail = classify(exc)
         results.extend([{"ok": False, "reason": reason, "detail": "test setup failed: " + detail}] * len(codes))
     for code in codes[len(results):]:
+        if time.monotonic() >= deadline:
+            raise Deadline()
+        failed.clear()
         t0 = time.monotonic()
         try:
             exec(code, namespace)
-            results.append({"ok": True, "reason": None, "detail": "", "s": round(time.monotonic() - t0, 4)})
+            results.append({"ok": True, "reason": None, "detail": ""} if not failed else _failure(failed))
         except (Deadline, WorkerGone):
+            if failed:
+                results.append(_failure(failed))
             raise
         except BaseException as exc:
             reason, detail = classify(exc)
-            results.append({"ok": False, "reason": reason, "detail": detail, "s": round(time.monotonic() - t0, 4)})
+            results.append(_failure(failed) if failed else {"ok": False, "reason": reason, "detail": detail})
+        results[-1]["s"] = round(time.monotonic() - t0, 4)
 
 
-def judge(conn: Conn, tests: dict) -> dict:
-    """Run the setup and every case of `tests` against the program behind `conn`; one result per case. The
-    tests are compiled first (broken tests are the judge's failure); from then on anything the program does or
-    sends decides only its own results."""
-    codes = [compile(c, f"<test {i}>", "exec") for i, c in enumerate(tests["cases"])]
-    setup = compile(tests.get("setup") or "", "<test setup>", "exec")
+def judge(conn: Conn, tests: dict, codes: list, setup, deadline: float) -> dict:
+    """Run the setup and every case against the program behind `conn`; one result per case. Anything the
+    program does or sends decides only its own results: every exception ends as that program's failure, but a
+    worker that could not be set up (SandboxFailure: no verdict)."""
     results: list[dict] = []
     fill = lambda reason, detail: results.extend([{"ok": False, "reason": reason, "detail": detail}] * (len(codes) - len(results)))  # noqa: E731
     try:
@@ -244,7 +297,7 @@ def judge(conn: Conn, tests: dict) -> dict:
             return {"cases": results}
         if type(first) is not dict or "names" not in first:
             raise ProtocolError("malformed load message")
-        run_cases(namespace_for_tests(conn, first["names"], tests), setup, codes, results)
+        run_cases(namespace_for_tests(conn, first["names"], tests), setup, codes, results, deadline)
     except SandboxFailure:
         raise
     except Deadline:
@@ -253,30 +306,16 @@ def judge(conn: Conn, tests: dict) -> dict:
         fill(gone.reason, _text(gone))
     except ProtocolError as exc:
         fill("error", f"malformed message from the program ({_text(exc)})")
-    except Exception as exc:  # e.g. a value that cannot be rebuilt here: still only this program's failure
+    except BaseException as exc:  # a value that cannot be rebuilt here, memory: still only this program's failure
         fill("error", f"the program's reply could not be judged ({type(exc).__name__}: {_text(exc)})"[:300])
     return {"cases": results}
 
 
-def _on_alarm(signum, frame):
-    """The judge's timer: Deadline once the deadline has passed; an early SIGALRM (sent by anyone else) re-arms
-    the timer for the time left and is otherwise ignored."""
-    left = DEADLINE[0] - time.monotonic()
-    if left > 0:
-        signal.setitimer(signal.ITIMER_REAL, max(0.001, left))
-        return
-    raise Deadline()
-
-
-DEADLINE = [0.0]
-
-
-def run_judge(cfg: dict, start: float) -> dict:
-    """Ignore signals, fork the worker, read the tests, judge; the outcome frame (``judge_error`` when the sandbox
-    itself failed)."""
+def run_judge(cfg: dict, start: float, handlers: dict) -> dict:
+    """Fork the worker (still root: it drops to its own uid), drop to the judge's uid, read and compile the
+    tests, judge; the outcome frame. Only a failure of the sandbox itself (fork, the drop, the tests) raises."""
     CPU_LIMIT[0] = float(cfg["cpu_s"])
     sys.set_int_max_str_digits(0)
-    handlers = {sig: signal.signal(sig, signal.SIG_IGN) for sig in JUDGE_SIGNALS}
     to_worker, from_worker = os.pipe(), os.pipe()
     pid = os.fork()
     if pid == 0:
@@ -288,39 +327,43 @@ def run_judge(cfg: dict, start: float) -> dict:
             os._exit(0)
     os.close(to_worker[0])
     os.close(from_worker[1])
+    drop(cfg.get("judge_uid"))
     tests = read_frame(0)
     os.close(0)
-    DEADLINE[0] = start + float(cfg["deadline_s"])
-    signal.signal(signal.SIGALRM, _on_alarm)
-    signal.setitimer(signal.ITIMER_REAL, max(0.001, DEADLINE[0] - time.monotonic()))
+    codes = [compile_checks(c, f"<test {i}>") for i, c in enumerate(tests["cases"])]
+    setup = compile_checks(tests.get("setup") or "", "<test setup>")
+    deadline = start + float(cfg["deadline_s"])
     try:
-        outcome = judge(Conn(from_worker[0], to_worker[1], pid, DEADLINE[0]), tests)
-    except Deadline:
-        outcome = {"cases": [{"ok": False, "reason": "timeout", "detail": "the wall-clock limit was reached"}] * len(tests["cases"])}
-    signal.setitimer(signal.ITIMER_REAL, 0)
+        outcome = judge(Conn(from_worker[0], to_worker[1], pid, deadline), tests, codes, setup, deadline)
+    except SandboxFailure:
+        raise
+    except BaseException as exc:  # never the program's doing to make the sample invalid
+        failure = {"ok": False, "reason": "error", "detail": f"{type(exc).__name__}: {_text(exc)}"[:300]}
+        outcome = {"cases": [failure] * len(codes)}
     try:
-        os.kill(pid, signal.SIGKILL)
+        os.kill(pid, signal.SIGKILL)  # refused under another uid: then the run's end takes the worker
     except OSError:
         pass
     return outcome
 
 
 def main() -> None:
-    """The judge: read the job, set up the sandbox, report ready, judge, report the outcome."""
-    start = time.monotonic()
+    """The judge: ignore every signal, read the job, set up the sandbox, report ready, judge, report the outcome.
+    The wall-clock limit counts from ready (the runner's own limit does too)."""
+    handlers = {sig: signal.signal(sig, signal.SIG_IGN) for sig in JUDGE_SIGNALS}
     sys.path[:] = [p for p in sys.path if p.startswith("/") and p != os.path.dirname(os.path.abspath(__file__))]
     cfg = read_frame(0)
     result_fd = cfg["result_fd"]
     try:
-        setup_sandbox(cfg)
+        prepare(cfg)
     except BaseException as exc:
         write_frame(result_fd, {"setup_error": f"{type(exc).__name__}: {exc}"})
         os._exit(3)
+    start = time.monotonic()
     write_frame(result_fd, {"ready": True})
     try:
-        outcome = run_judge(cfg, start)
-    except BaseException as exc:  # the judge itself failed (fork refused, broken test code): no verdict
-        signal.setitimer(signal.ITIMER_REAL, 0)
+        outcome = run_judge(cfg, start, handlers)
+    except BaseException as exc:  # the sandbox itself failed (fork, the drop, broken test code): no verdict
         outcome = {"judge_error": f"{type(exc).__name__}: {exc}"}
     write_frame(result_fd, outcome)
     os._exit(0)

@@ -3,10 +3,10 @@
 Preference order (the first whose probe passes wins; every step down is logged once as a warning naming what is
 lost, see docs/code.md "Fallbacks"):
 
-1. root with ``unshare --mount --net --pid --ipc --fork --kill-child --mount-proc``: the run's own root (an
-   allowlist of read-only host directories and a scratch tmpfs, grpolab.sandbox.confine), no network, its own
-   SysV IPC and POSIX message queues, the judge is PID 1 of its namespace (killing it ends every descendant,
-   and the program cannot signal it), programs run as an unprivileged uid;
+1. root with ``unshare --mount --net --pid --ipc --fork --kill-child --mount-proc``: the run's own root (private
+   copies of the files Python needs and a scratch tmpfs, no inode of the host: grpolab.sandbox.confine and
+   grpolab.sandbox.image), no network, its own SysV IPC and POSIX message queues, the judge is PID 1 of its
+   namespace (killing it ends every descendant), programs run as an unprivileged uid and their judge as another;
 2. root with ``unshare --net --pid --ipc --fork --kill-child`` (no mount namespace);
 3. root with ``unshare --net --ipc``;
 4. root without namespaces: sockets, keys and IPC refused by the seccomp filter, stragglers killed by uid;
@@ -50,7 +50,9 @@ class Isolation:
         if not self.uid_drop:
             out.append("programs run as your own user (not root, so no drop to an unprivileged uid): they can read and "
                        "delete what you can, write where the judge imports from if your Python installation is yours, "
-                       "and the process-count limit counts all your processes")
+                       "and the process-count limit counts all your processes; the judge shares that uid, so a "
+                       "program can lower the judge's limits and, without a PID namespace, signal it (its own "
+                       "result can be lost, never another program's)")
         if not self.seccomp:
             out.append("no seccomp filter (a machine neither x86_64 nor aarch64): programs can leave keys in the "
                        "sandbox uid's kernel keyring, and sockets and IPC are held back by namespaces alone")
@@ -67,8 +69,9 @@ class Isolation:
         if not self.mounts:
             out.append("no mount namespace: programs see the host's files (data files and the trainer's source among "
                        "them, where others may read them), can leave files in world-writable host directories (/tmp, "
-                       "/var/tmp, /dev/shm, ...) without an inode limit, and run in a host working directory (removed "
-                       "afterwards)")
+                       "/var/tmp, /dev/shm, ...) without an inode limit, run in a host working directory (removed "
+                       "afterwards), and share the host's page cache, file locks and directory cache with the host and "
+                       "with each other (a channel between runs, and a cost on the host)")
         return out
 
 

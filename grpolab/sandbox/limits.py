@@ -31,7 +31,8 @@ class SandboxLimits:
     max_files:      files and directories the run may create in its scratch tmpfs (its inode limit).
     max_output_kb:  stdout and stderr are each kept up to this size; past 16x this in total the run is killed.
     workers:        programs run at the same time (0 = the number of CPU cores).
-    uid:            first sandbox user id when running as root (one id per worker: uid, uid + 1, ...).
+    uid:            first sandbox user id when running as root (one id per slot for programs: uid, uid + 1, ...;
+                    their judges run as uid + 65536 + slot, so a program cannot signal its judge or change its limits).
     python:         the interpreter that runs programs ("" = this one); it runs with -S (standard library only).
     """
 
@@ -93,7 +94,9 @@ class SandboxLimits:
     def rlimits(self) -> dict[str, tuple[int, int]]:
         """The rlimits (soft, hard) the sandbox sets on itself, by resource name.
 
-        CPU: the soft limit sends SIGXCPU (the program dies of it), the hard one a second later SIGKILL.
+        CPU: the soft limit sends SIGXCPU (the program dies of it), the hard one a second later SIGKILL. CORE: a
+        hard limit of 1 byte, below any core file and the value the kernel reads as "no dump" for a core_pattern
+        that pipes to a helper (0 would not stop that); the worker cannot raise it.
 
         >>> SandboxLimits(cpu_s=2.5).rlimits()["RLIMIT_CPU"]
         (3, 4)
@@ -105,7 +108,7 @@ class SandboxLimits:
             "RLIMIT_NPROC": (self.max_procs, self.max_procs),
             "RLIMIT_NOFILE": (self.max_open_files, self.max_open_files),
             "RLIMIT_FSIZE": (self.max_file_mb * MIB, self.max_file_mb * MIB),
-            "RLIMIT_CORE": (0, 0),
+            "RLIMIT_CORE": (1, 1),  # 1, not 0: the kernel's "never" for a core_pattern that pipes to a helper too
         }
 
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .image import stdlib_image
 from .limits import SandboxLimits
 from .names import bound_names
 
@@ -35,8 +36,10 @@ if TYPE_CHECKING:
 
 REASONS = ("syntax", "error", "wrong_answer", "timeout", "limit", "exit")
 GRACE_S = 1.0  # the runner's kill comes this long after the judge's own deadline
+SETUP_S = 10.0  # the most a run's setup (its root, private copies) may take before the judge is ready
 MAX_RESULT_BYTES = 8 << 20
 SANDBOX_HOME = "/sandbox"  # the program's working directory inside its own root (with a mount namespace)
+JUDGE_UID_OFFSET = 1 << 16  # a slot's judge runs as limits.uid + JUDGE_UID_OFFSET + slot, its program as limits.uid + slot
 FRAME = struct.Struct(">I")
 
 
@@ -161,6 +164,7 @@ class _Streams:
         self.pending, self.stdin_fd = memoryview(data), proc.stdin.fileno()
         self.out = {proc.stdout.fileno(): bytearray(), proc.stderr.fileno(): bytearray()}
         self.result, self.frames, self.output_bytes, self.result_eof = b"", [], 0, False
+        self.ready_at: float | None = None  # when the judge said it is set up (its wall-clock limit starts there)
         os.set_blocking(self.stdin_fd, False)
         self.sel.register(self.stdin_fd, selectors.EVENT_WRITE)
         for fd in (*self.out, result_fd):
@@ -186,6 +190,8 @@ class _Streams:
                 self.result += chunk
                 new, self.result = parse_frames(self.result)
                 self.frames += new
+                if self.ready_at is None and any(type(f) is dict and f.get("ready") for f in new):
+                    self.ready_at = time.monotonic()
                 if len(self.result) > MAX_RESULT_BYTES:
                     self.result_eof = True
             else:
@@ -273,25 +279,31 @@ def run_job(job: Job, limits: SandboxLimits, isolation: "Isolation", slot: int =
     if job.wall_s is not None and job.wall_s < limits.wall_s:
         limits = replace(limits, wall_s=job.wall_s, cpu_s=min(limits.cpu_s, job.wall_s))
     uid = limits.uid + slot if isolation.uid_drop else None
+    judge_uid = None if uid is None else uid + JUDGE_UID_OFFSET
     workdir = tempfile.mkdtemp(prefix="grpolab-sbx-")  # with a mount namespace, only the mount point of the run's root
     home = SANDBOX_HOME if isolation.mounts else workdir
+    image = stdlib_image(limits.python or sys.executable) if isolation.mounts else None
     result_r, result_w = os.pipe()
     proc, finished = None, False
     try:
         if uid is not None:
             os.chown(workdir, uid, uid)
         cfg = {"result_fd": result_w, "program": job.program, "deadline_s": limits.wall_s, "cpu_s": limits.cpu_s,
-               "rlimits": limits.rlimits(), "uid": uid, "mounts": isolation.mounts, "workdir": workdir, "home": home,
-               "disk_mb": limits.disk_mb, "max_files": limits.max_files, "seccomp": isolation.seccomp}
+               "rlimits": limits.rlimits(), "uid": uid, "judge_uid": judge_uid, "mounts": isolation.mounts,
+               "workdir": workdir, "home": home, "disk_mb": limits.disk_mb, "max_files": limits.max_files,
+               "seccomp": isolation.seccomp, "image": image and {
+                   "zip_fd": image.zip_fd, "zip_path": image.zip_path, "zip_bytes": image.zip_bytes, "stdlib": image.stdlib,
+                   "files": list(image.files), "path": list(image.path)}}
         names, modules = bound_names(job.setup, tuple(job.cases), tuple(job.entry_points))
         data = frame(cfg) + frame({"setup": job.setup, "cases": list(job.cases), "names": names, "modules": modules})
         cmd = [*isolation.command(), *harness_command(limits.python or sys.executable)]
         proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=workdir,
-                                env=sandbox_env(home), pass_fds=(result_w,), start_new_session=True)
+                                env=sandbox_env(home), pass_fds=(result_w,) + ((image.zip_fd,) if image else ()),
+                                start_new_session=True)
         os.close(result_w)
         result_w = -1
         streams = _Streams(proc, result_r, data, limits.max_output_kb * 1024)
-        killed = _pump_until_done(streams, start + limits.wall_s + GRACE_S, 16 * limits.max_output_kb * 1024)
+        killed = _pump_until_done(streams, limits.wall_s + GRACE_S, start + SETUP_S, 16 * limits.max_output_kb * 1024)
         stdout, stderr = (bytes(streams.out[p.fileno()]).decode("utf-8", "replace") for p in (proc.stdout, proc.stderr))
         cases, infra = verdict(streams.frames, killed, stderr, len(job.cases))
         finished = killed is None and streams.done()
@@ -301,12 +313,14 @@ def run_job(job: Job, limits: SandboxLimits, isolation: "Isolation", slot: int =
         return ExecResult([CaseResult(False, None, "sandbox failure")] * len(job.cases), time.monotonic() - start,
                           f"the sandbox failed: {type(exc).__name__}: {exc}")
     finally:
-        _cleanup(proc, isolation, uid, workdir, [fd for fd in (result_r, result_w) if fd >= 0], finished)
+        _cleanup(proc, isolation, (uid, judge_uid), workdir, [fd for fd in (result_r, result_w) if fd >= 0], finished)
 
 
-def _pump_until_done(streams: _Streams, deadline: float, output_hard_cap: int) -> str | None:
-    """Pump the streams until the verdict is in or the judge is gone; "timeout" / "output" when killed for it."""
+def _pump_until_done(streams: _Streams, budget: float, setup_deadline: float, output_hard_cap: int) -> str | None:
+    """Pump the streams until the verdict is in or the judge is gone; "timeout" / "output" when killed for it. The
+    judge has until `setup_deadline` to be ready, then `budget` seconds from then (its limit and the grace)."""
     while not streams.done():
+        deadline = setup_deadline if streams.ready_at is None else streams.ready_at + budget
         left = deadline - time.monotonic()
         if left <= 0:
             return "timeout"
@@ -358,10 +372,10 @@ def _stop(proc: subprocess.Popen, isolation: "Isolation", finished: bool) -> Non
     proc.wait()
 
 
-def _cleanup(proc: subprocess.Popen | None, isolation: "Isolation", uid: int | None, workdir: str, fds: list[int],
+def _cleanup(proc: subprocess.Popen | None, isolation: "Isolation", uids: tuple, workdir: str, fds: list[int],
              finished: bool = False) -> None:
-    """Stop the processes, kill the sandbox uid's stragglers without a PID namespace, close pipes, remove the
-    working directory."""
+    """Stop the processes, kill the stragglers of the program's and the judge's uids without a PID namespace,
+    close pipes, remove the working directory."""
     if proc is not None:
         _stop(proc, isolation, finished)
         for stream in (proc.stdin, proc.stdout, proc.stderr):
@@ -370,8 +384,9 @@ def _cleanup(proc: subprocess.Popen | None, isolation: "Isolation", uid: int | N
                     stream.close()
                 except OSError:
                     pass
-    if uid is not None and not isolation.pid:
-        kill_uid(uid)
+    for uid in uids:
+        if uid is not None and not isolation.pid:
+            kill_uid(uid)
     for fd in fds:
         os.close(fd)
     shutil.rmtree(workdir, ignore_errors=True)

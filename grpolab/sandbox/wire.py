@@ -31,7 +31,7 @@ CRASH_SIGNALS = {signal.SIGSEGV, signal.SIGABRT, signal.SIGBUS, signal.SIGILL, s
 
 
 class Deadline(BaseException):
-    """The run's wall-clock budget is spent (raised by the judge's timer or a wait)."""
+    """The run's wall-clock budget is spent (raised by a wait of the judge's, or between two test cases)."""
 
 
 class WorkerGone(Exception):
@@ -380,8 +380,9 @@ def _handle_id(v: object) -> object:
 
 
 def worker_gone(pid: int) -> WorkerGone:
-    """Why the worker is gone, from its exit status and CPU time (reaped here; killed first if it merely closed
-    its pipe and is still running)."""
+    """Why the worker is gone, from its exit status and CPU time (reaped here). A worker that merely closed its
+    pipe and still runs is left for the end of the run (it has another uid: the judge cannot kill it; the PID
+    namespace, or the runner, does)."""
     for _ in range(20):
         try:
             got, status, usage = os.wait4(pid, os.WNOHANG)
@@ -391,8 +392,6 @@ def worker_gone(pid: int) -> WorkerGone:
             break
         time.sleep(0.01)
     else:
-        os.kill(pid, signal.SIGKILL)
-        os.wait4(pid, 0)
         return WorkerGone("exit", "the program closed its connection to the tests")
     if os.WIFEXITED(status):
         return WorkerGone("exit", f"the program exited (status {os.WEXITSTATUS(status)}) before its tests finished")
