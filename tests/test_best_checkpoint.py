@@ -55,7 +55,8 @@ def test_reward_rises_while_held_out_falls_the_early_checkpoint_is_the_best(tiny
     run = tmp_path / "falls"
     rows = read_jsonl(run / "metrics.jsonl")
     reward = {r["step"]: r["reward/mean"] for r in rows}
-    assert reward[6] > reward[2], reward  # the premise: training reward rose over the run ...
+    # the premise: a pick by training reward at the evaluated steps would not be step 2 (reward rose after it) ...
+    assert max(reward[4], reward[6]) > reward[2], list(reward.values())
     assert [r["eval/accuracy"] for r in rows if "eval/accuracy" in r] == [0.75, 0.5, 0.25]  # ... held-out fell
     best = ckpt.best_record(run)
     assert (best["step"], best["value"], best["ci_low"], best["metric"]) == (2, 0.75, 0.65, "eval/accuracy")

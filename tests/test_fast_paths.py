@@ -200,12 +200,13 @@ def test_two_level_inverse_cdf_equals_one_cumulative_sum(vocab):
     cdf = p.double().cumsum(-1)
     mass = cdf[:, -1]
     edges = [e for e in (1023, 2047) if e < vocab - 1]
-    us = [torch.rand(6, generator=g) for _ in range(50)]
-    us += [(cdf[:, e] / mass).float() for e in edges]  # within float32 rounding of a block's end
+    us = [torch.rand(6, generator=g, dtype=torch.float64) for _ in range(50)]  # float64, as the decode loop draws
+    us += [(cdf[:, e] / mass).float().double() for e in edges]  # within float32 rounding of a block's end
+    us += [cdf[:, e] / mass for e in edges]  # at a block's end to float64 rounding
     for u in us:
-        u = u.clamp(max=1 - 2**-24)  # float32 uniforms in [0, 1), as the decode loop draws them
+        u = u.clamp(max=1 - 2**-53)  # uniforms in [0, 1)
         tok, got_mass = inverse_cdf(p, u)
-        want = torch.searchsorted(cdf, (u.double() * mass).unsqueeze(-1), right=True).squeeze(-1).clamp(max=vocab - 1)
+        want = torch.searchsorted(cdf, (u * mass).unsqueeze(-1), right=True).squeeze(-1).clamp(max=vocab - 1)
         assert torch.equal(tok, want), (u, tok, want)
         assert torch.allclose(got_mass, mass, rtol=1e-12, atol=0)
         assert (p[torch.arange(6), tok] > 0).all()  # never a truncated entry

@@ -100,3 +100,15 @@ def test_a_log_only_reward_failing_everywhere_never_stops_and_warns_once(caplog)
 def test_the_limit_must_be_at_least_one():
     with pytest.raises(ValueError, match="limit: expected an integer >= 1, got 0"):
         RewardFailureStreak(limit=0)
+
+
+def test_a_log_only_component_that_failed_on_some_samples_is_averaged_over_the_rest():
+    import torch
+
+    from grpolab.training.metrics import reward_metrics
+    nan = float("nan")
+    m = reward_metrics(torch.tensor([1.0, 0.0, 1.0, 0.5]), {"correct": torch.tensor([1.0, 0.0, 1.0, 0.5]),
+                                                             "log_only": torch.tensor([0.2, nan, 0.4, 9.0], dtype=torch.float64)},
+                       invalid=torch.tensor([False, False, False, True]))
+    assert m["reward/log_only/mean"] == pytest.approx(0.3, abs=1e-15)  # (0.2 + 0.4) / 2: NaN and the invalid row out
+    assert m["reward/correct/mean"] == pytest.approx(2 / 3, abs=1e-15) and m["reward/invalid_frac"] == 0.25

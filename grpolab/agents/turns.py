@@ -124,7 +124,7 @@ def decode_turn(
     with prepacked_linears(model, n, enabled=prepack):
         for t in range(max_new_tokens):
             u = None if greedy else uniforms(n, 1, generators).to(dev)[rows]
-            tok, lp, lp_full = sample_tokens(logits, temperature, u, top_k, top_p)
+            tok, lp, lp_full = sample_tokens(logits, temperature, u, top_k, top_p, rows)
             tokens[rows, t], logprobs[rows, t] = tok, lp
             if cut:
                 logprobs_full[rows, t] = lp_full

@@ -8,9 +8,14 @@ work per token:
   G times (`generate` with num_return_sequences=G prefills every copy);
 - **finished rows leave the batch**: a row that emitted a stop token is dropped from the batch and the cache, so
   later steps run only the rows still sampling;
-- **inverse-CDF sampling**: one uniform number per row and a cumulative sum, instead of `torch.multinomial`, which
-  draws one exponential per vocabulary entry (on this CPU that was 40 ms of a ~130 ms decode step); the cumulative
-  sum in two levels (block sums, then inside one block), not cast to float64 and summed over the whole vocabulary;
+- **inverse-CDF sampling**: one float64 uniform number per row and a cumulative sum, instead of `torch.multinomial`,
+  which draws one exponential per vocabulary entry (on this CPU that was 40 ms of a ~130 ms decode step); the
+  cumulative sum in two levels (block sums, then inside one block), accumulated in float64 but never cast and summed
+  over the whole vocabulary. The uniform is float64 (53 random bits): a float32 one lies on a 2^-24 grid, on which
+  a token of probability below ~6e-8 is drawn with probability 0 or 6e-8 whatever its own (logits
+  log([0.5, 1e-9, 0.5]) drew the middle token 60x too often);
+- **non-finite logits are an error** (NonFiniteLogitsError, naming the row), never a token: a NaN or +inf logit, or
+  a row whose every logit is -inf, has no distribution to sample from;
 - the sampled token's log-probability comes out of the same log-sum-exp, never a second pass: under the
   distribution actually sampled (after top-k / top-p) and, when truncating, also untruncated.
 - **the KV cache grows in place** (grpolab/rollout/cache.py): each layer's keys and values are written into buffers
@@ -31,6 +36,7 @@ from typing import Callable
 
 import torch
 
+from ..errors import GrpolabError
 from .cache import cache_kwarg, preallocate
 from .prepack import prepacked_linears
 
@@ -66,12 +72,35 @@ def truncate_logits(z: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
     return z
 
 
+class NonFiniteLogitsError(GrpolabError):
+    """The logits of a sampled row have no distribution: a NaN or +inf entry, or every entry -inf."""
+
+
+def check_finite(z: torch.Tensor, lse: torch.Tensor, rows: torch.Tensor | None = None) -> None:
+    """Raise NonFiniteLogitsError naming the first bad row (and how many there are) when logsumexp(z) [B] is not
+    finite; one [B]-sized check when every row is fine. ``rows`` maps batch rows to the output rows named."""
+    bad = ~torch.isfinite(lse)
+    if not bool(bad.any()):
+        return
+    where = bad.nonzero().flatten().tolist()
+    b = where[0]
+    row = int(rows[b]) if rows is not None else b
+    kind = ("a NaN logit" if bool(torch.isnan(z[b]).any()) else
+            "a +inf logit" if bool(torch.isposinf(z[b]).any()) else "every logit -inf")
+    more = f" (and {len(where) - 1} more row{'s' if len(where) > 2 else ''})" if len(where) > 1 else ""
+    raise NonFiniteLogitsError(
+        f"sampling: row {row} of the batch{more} has {kind} (logits / temperature); there is no distribution to "
+        f"sample from -- the model's weights or activations are not finite (a diverged update, e.g. too high a "
+        f"learning rate) or the temperature is not a positive finite number")
+
+
 CDF_BLOCK = 1024  # vocabulary entries per block of the two-level inverse CDF
 
 
 def inverse_cdf(p: torch.Tensor, uniform: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(token [B], mass [B] float64): the first v with F(v) > u * F(V), F(v) = sum_{w <= v} p_w in float64, for
-    unnormalised probabilities p [B, V] (float32, >= 0) and uniforms u [B] in [0, 1); mass = F(V).
+    unnormalised probabilities p [B, V] (float32, >= 0) and uniforms u [B] in [0, 1) (float64: `uniforms`; a
+    float32 u would put its 2^-24 grid on the CDF); mass = F(V).
 
     Two levels, so the vocabulary is read once more and never cast or cumulatively summed whole: the block sums
     S_j = sum of p over block j (CDF_BLOCK entries, float64 accumulation) and their cumulative sums locate the
@@ -96,7 +125,8 @@ def inverse_cdf(p: torch.Tensor, uniform: torch.Tensor) -> tuple[torch.Tensor, t
 
 
 def sample_tokens(
-    logits: torch.Tensor, temperature: float, uniform: torch.Tensor | None, top_k: int = 0, top_p: float = 1.0
+    logits: torch.Tensor, temperature: float, uniform: torch.Tensor | None, top_k: int = 0, top_p: float = 1.0,
+    rows: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One decode step: (token [B], log q(token) [B], log q_full(token) [B]) from logits [B, V].
 
@@ -107,9 +137,15 @@ def sample_tokens(
     log q(v) = zt_v - logsumexp(zt) = log q_full(v) - log F(V), F(V) being the kept probability mass (no second
     pass over the vocabulary). Without truncation q = q_full and the same tensor is returned twice.
     uniform None = greedy (argmax of z).
+
+    P(token = v) = p_v / F(V) up to float64 rounding of F and u, p_v being the float32 probability (relative error
+    ~1e-7 of the exact softmax): a 53-bit uniform resolves probabilities down to ~1e-16. A row whose logsumexp is
+    not finite (a NaN or +inf logit, or every logit -inf) raises NonFiniteLogitsError naming it: ``rows`` [B] gives
+    each batch row's output row for the message (None: the batch row itself).
     """
     z = logits.float().div_(temperature) if logits.dtype != torch.float32 else logits / temperature  # no extra copy
     lse = torch.logsumexp(z, dim=-1)
+    check_finite(z, lse, rows)
     if uniform is None:
         token = z.argmax(-1)
         logp = z.gather(-1, token.unsqueeze(-1)).squeeze(-1) - lse
@@ -152,10 +188,11 @@ def step_logits(model, tok: torch.Tensor, attn: torch.Tensor, pos: torch.Tensor,
 
 
 def uniforms(n: int, group_size: int, generators: list[torch.Generator] | None) -> torch.Tensor:
-    """One uniform per row for a decode step: group_size from each group's generator, or n from the global RNG."""
+    """One float64 uniform in [0, 1) per row for a decode step (torch.rand in float64: k * 2^-53 for a 53-bit random
+    k, one 64-bit draw of the generator each): group_size from each group's generator, or n from the global RNG."""
     if generators is None:
-        return torch.rand(n)
-    return torch.cat([torch.rand(group_size, generator=g) for g in generators])
+        return torch.rand(n, dtype=torch.float64)
+    return torch.cat([torch.rand(group_size, generator=g, dtype=torch.float64) for g in generators])
 
 
 @torch.no_grad()
@@ -211,7 +248,7 @@ def decode_groups(
     with prepacked_linears(model, n, enabled=prepack):
         for t in range(max_new_tokens):
             u = None if greedy else uniforms(n, group_size, generators).to(dev)[rows]
-            tok, lp, lp_full = sample_tokens(logits, temperature, u, top_k, top_p)
+            tok, lp, lp_full = sample_tokens(logits, temperature, u, top_k, top_p, rows)
             live = ~finished
             tokens[rows[live], t], logprobs[rows[live], t] = tok[live], lp[live]
             if cut:

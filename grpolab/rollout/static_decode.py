@@ -37,7 +37,7 @@ import warnings
 import torch
 
 from .cache import cache_kwarg
-from .decode import Decoded, TextStop, sample_tokens, truncates, uniforms
+from .decode import Decoded, NonFiniteLogitsError, TextStop, sample_tokens, truncates, uniforms
 from .prepack import prepacked_linears
 
 try:
@@ -172,6 +172,8 @@ class StaticDecoder:
         lengths = [layer.cumulative_length.clone() for layer in cache.layers]
         try:
             return step(model, cache, attn, tok, pos, u, temperature, top_k, top_p)
+        except NonFiniteLogitsError:  # the model's numbers, not the compiler: the eager step would say the same
+            raise
         except Exception as err:  # noqa: BLE001 - any failure of the compiler: decode eagerly instead
             self._fall_back(err)
             for layer, length in zip(cache.layers, lengths):

@@ -6,6 +6,8 @@
 - ``update``: the policy update (micro-batches, the loss of grpolab.algo, gradient steps); ``forward``: the logprob
   passes (shared prompt, packed completions); ``packing``, ``attention``: their building blocks;
 - ``precision``: fp32 / bf16 (the probe, GRPOLAB_PRECISION); ``reproducibility``: deterministic kernels;
+  ``cpu_memory``: freed memory kept (mallopt); ``process_settings``: both held for a run and put back after it;
+  ``schedule``: the learning-rate schedule;
 - ``distributed``, ``sharding``: torchrun ranks (DDP / FSDP2); ``faults``: interrupts and non-finite steps;
 - ``metrics``: metrics.jsonl / samples.jsonl and the metric names.
 

@@ -14,20 +14,35 @@ The numbers computed are the same (it changes where memory comes from, not what 
 memory may grow by what is kept (Intel AMX: +250 MiB over 6 bf16 quickstart steps, -50 MiB in fp32, +0.7 GiB over
 the 30-step bf16 quickstart). What TRL users get from LD_PRELOADing jemalloc or tcmalloc, without a library to
 install. Only glibc (Linux) has mallopt; elsewhere the run says so in one line and goes on with the system allocator.
+
+The settings are the run's, not the process's (grpolab.training.process_settings): when the run ends they are put
+back (`restore_freed_memory`) and what was kept is returned to the system (malloc_trim). glibc has no way to read a
+mallopt value back, so "back" means what glibc started the process with: its defaults (M_MMAP_MAX 65536,
+M_TRIM_THRESHOLD 128 KiB, M_TOP_PAD 128 KiB), or the process environment's MALLOC_MMAP_MAX_ /
+MALLOC_TRIM_THRESHOLD_ / MALLOC_TOP_PAD_ or GLIBC_TUNABLES (glibc.malloc.mmap_max, trim_threshold, top_pad) where
+set. Two things cannot be put back: a value another library set with mallopt before the run (it becomes the start
+value), and glibc's sliding mmap threshold, which any of these mallopt calls turns off for the rest of the process
+(allocations above 128 KiB are then mmapped again, as with the sliding threshold at its start).
 """
 
 from __future__ import annotations
 
 import ctypes
 import logging
+import os
 import platform
-from typing import Any
+from typing import Any, Mapping
 
 log = logging.getLogger(__name__)
 
 M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_MAX = -1, -2, -4  # glibc's malloc.h
 SETTINGS = {"M_MMAP_MAX": (M_MMAP_MAX, 0), "M_TRIM_THRESHOLD": (M_TRIM_THRESHOLD, 1 << 30),
             "M_TOP_PAD": (M_TOP_PAD, 256 << 20)}
+GLIBC_DEFAULTS = {"M_MMAP_MAX": 65536, "M_TRIM_THRESHOLD": 128 << 10, "M_TOP_PAD": 128 << 10}
+# where the environment sets each at process start: (the environment variable, the GLIBC_TUNABLES name)
+STARTUP_SOURCES = {"M_MMAP_MAX": ("MALLOC_MMAP_MAX_", "glibc.malloc.mmap_max"),
+                   "M_TRIM_THRESHOLD": ("MALLOC_TRIM_THRESHOLD_", "glibc.malloc.trim_threshold"),
+                   "M_TOP_PAD": ("MALLOC_TOP_PAD_", "glibc.malloc.top_pad")}
 
 
 def glibc() -> Any | None:
@@ -48,4 +63,33 @@ def keep_freed_memory(libc: Any | None = None) -> bool:
     refused = [name for name, (param, value) in SETTINGS.items() if libc.mallopt(param, value) != 1]
     if refused:
         log.warning("train.keep_freed_memory: mallopt refused %s; freed memory may be returned to the system", refused)
+    return not refused
+
+
+def startup_values(environ: Mapping[str, str] | None = None) -> dict[str, int]:
+    """The values glibc started the process with, by SETTINGS name: GLIBC_TUNABLES (``name=value`` pairs joined by
+    ``:``) over the MALLOC_*_ variable over glibc's default. A value that is not a whole number is skipped (glibc
+    ignores it too)."""
+    env = os.environ if environ is None else environ
+    tunables = dict(item.split("=", 1) for item in env.get("GLIBC_TUNABLES", "").split(":") if "=" in item)
+    values = dict(GLIBC_DEFAULTS)
+    for name, (variable, tunable) in STARTUP_SOURCES.items():
+        for given in (env.get(variable), tunables.get(tunable)):  # the tunable wins
+            if given is not None and given.strip().isdigit():
+                values[name] = int(given)
+    return values
+
+
+def restore_freed_memory(libc: Any | None = None, environ: Mapping[str, str] | None = None) -> bool:
+    """Put the three SETTINGS back to what the process started with (`startup_values`) and return what malloc kept
+    to the system (malloc_trim(0)); True when all took. Nothing to do without glibc."""
+    libc = libc if libc is not None else glibc()
+    if libc is None:
+        return False
+    start = startup_values(environ)
+    refused = [name for name, (param, _) in SETTINGS.items() if libc.mallopt(param, start[name]) != 1]
+    if refused:
+        log.warning("train.keep_freed_memory: mallopt refused to restore %s", refused)
+    if hasattr(libc, "malloc_trim"):
+        libc.malloc_trim(0)
     return not refused

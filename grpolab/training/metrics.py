@@ -23,7 +23,10 @@ def peak_rss_mb() -> float:
 
 
 def reward_metrics(rewards: torch.Tensor, components: dict[str, torch.Tensor], invalid: torch.Tensor) -> dict[str, float]:
-    """reward/mean, reward/std (population, over valid samples), reward/<c>/mean, reward/invalid_frac."""
+    """reward/mean, reward/std (population, over valid samples), reward/<c>/mean, reward/invalid_frac.
+
+    A component's mean is over the valid samples where it is finite: a log-only (weight 0) reward that failed on some
+    samples is NaN there without invalidating them (its failures are reward/<c>/failed_frac)."""
     valid = ~invalid
     r = rewards[valid].double()
     out = {
@@ -33,6 +36,7 @@ def reward_metrics(rewards: torch.Tensor, components: dict[str, torch.Tensor], i
     }
     for name, values in components.items():
         v = values[valid].double()
+        v = v[torch.isfinite(v)]
         out[f"reward/{name}/mean"] = v.mean().item() if v.numel() else math.nan
     return out
 

@@ -21,6 +21,9 @@ What it takes, beyond seeding every RNG (grpolab.models.checkpoint.seed_everythi
   packed length. Decoding and no-grad passes keep the default backend: their forward is deterministic.
 - Reductions grpolab owns (group statistics, metrics, the KL penalty) run in a fixed order in float64.
 
+torch's two settings are process-wide: a Trainer sets them for its run (off for a non-deterministic one) and puts
+back what it found when the run ends (grpolab.training.process_settings).
+
 What it does not cover, and the manifest says so (``reproducibility``): another thread count, CPU kind or library
 version (other kernels, other rounding); CUDA kernels without a deterministic version (torch warns: the run is
 then recorded as not verified).
@@ -37,11 +40,30 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from .attention import grouped_passes
 
 
-def enable(deterministic: bool) -> None:
-    """Switch torch's deterministic algorithms on (warn only) for a deterministic run; leave them as they are else."""
+DeterministicState = tuple[bool, bool, bool]  # (deterministic algorithms, warn only, fill_uninitialized_memory)
+
+
+def deterministic_state() -> DeterministicState:
+    """torch's process-wide deterministic settings as they are now."""
+    return (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
+            bool(torch.utils.deterministic.fill_uninitialized_memory))
+
+
+def set_deterministic_state(state: DeterministicState) -> None:
+    """Put torch's deterministic settings to ``state`` (a `deterministic_state`)."""
+    enabled, warn_only, fill = state
+    torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
+    torch.utils.deterministic.fill_uninitialized_memory = fill
+
+
+def enable(deterministic: bool) -> DeterministicState:
+    """Switch torch's deterministic algorithms on (warn only, without the NaN fill: see the module text) for a
+    deterministic run; leave them as they are else. Returns the state before, for `set_deterministic_state`: the
+    settings are process-wide, and a run puts them back when it ends (grpolab.training.process_settings)."""
+    before = deterministic_state()
     if deterministic:
-        torch.use_deterministic_algorithms(True, warn_only=True)
-        torch.utils.deterministic.fill_uninitialized_memory = False  # see the module text
+        set_deterministic_state((True, True, False))
+    return before
 
 
 @contextlib.contextmanager

@@ -7,6 +7,8 @@
 
 Checkpoint contents and exact resume: grpolab.models.checkpoint and `state_dict` / `load` below. Ctrl-C and SIGTERM:
 grpolab.training.faults. Experiment trackers (run.report_to) and completions tables: grpolab.training.trackers.
+Process-wide settings (deterministic algorithms, mallopt) are held for the run and put back after it:
+grpolab.training.process_settings. ``progress(message)``: one line before each phase that can take over ~20 s.
 """
 
 from __future__ import annotations
@@ -23,7 +25,6 @@ from typing import Any, Callable
 import torch
 
 from ..models import checkpoint as ckpt
-from . import reproducibility
 from ..algo.kl import KLPlacement, token_kl
 from .agent_batch import collector_class
 from .batch import Batch
@@ -34,50 +35,27 @@ from .distributed import World, all_reduce_max, all_reduce_sum, barrier, gather_
 from ..errors import DataError, GrpolabError
 from ..evaluation.heldout import EvalResult, greedy_eval
 from .faults import InterruptGuard, NonFiniteTracker, TrainingInterrupted
-from .cpu_memory import keep_freed_memory
+from .process_settings import ProcessSettings
+from .schedule import align_schedule, lr_lambda
 from .metrics import JsonlSink, completion_table, peak_rss_mb, truncate_log
 from ..models.load import load_weights, make_reference
 from ..models.lora import apply_lora, trainable_parameters
 from ..models.load import DTYPES, load_causal_lm, load_tokenizer, resolve_model_path
 from .attention import NAME as ATTENTION_FP32, use_training_attention
-from .precision import model_dims, probe_shapes, resolve
+from .precision import model_dims, probe, probe_shapes, resolve
 from .reproducibility import training_attention
 from .prompt_sampler import PromptSampler
 from .trackers import Trackers, check_installed
 from ..rewards import RewardSet
+from ..rewards.health import RewardFailureStreak
 from ..rollout.hf import HFEngine
 from ..tasks import make_task
 from ..tasks.base import Problem
 from .update import PolicyUpdater
 
 log = logging.getLogger("grpolab")
+Progress = Callable[[str], None]  # told one line before each phase that can take over ~20 s (Trainer.progress)
 LOGS = ("metrics.jsonl", "samples.jsonl")  # truncated to their checkpointed length on resume
-
-
-def lr_lambda(cfg: Config) -> Callable[[int], float]:
-    """LR factor of optimizer step i of the plan (train.steps * mu * minibatches steps): linear warmup over
-    warmup_steps, then constant or cosine down to min_lr_ratio."""
-    t = cfg.train
-    total = t.steps * t.mu * t.minibatches
-
-    def f(i: int) -> float:
-        if i < t.warmup_steps:
-            return (i + 1) / t.warmup_steps
-        if t.schedule == "constant":
-            return 1.0
-        progress = min(1.0, (i - t.warmup_steps) / max(1, total - t.warmup_steps))
-        return t.min_lr_ratio + (1 - t.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
-
-    return f
-
-
-def align_schedule(scheduler: torch.optim.lr_scheduler.LambdaLR, planned_steps: int) -> None:
-    """Put the LR schedule where the plan says it is after `planned_steps` optimizer steps, whatever the update
-    actually took (fewer when dynamic sampling kept fewer groups than minibatches, or a non-finite step was
-    skipped), so the LR of training step s never depends on earlier steps' batch sizes."""
-    if scheduler.last_epoch != planned_steps:
-        scheduler.last_epoch = planned_steps - 1
-        scheduler.step()
 
 
 def load_problems(cfg: Config) -> tuple[list[Problem], list[Problem], dict[str, int]]:
@@ -131,27 +109,47 @@ class Trainer:
 
     ``precision``: a resumed run's recorded resolution of train.precision / rollout.dtype (its manifest's
     ``precision``), reused instead of probing again. ``self.precision`` is the resolution; ``self.cfg`` is the
-    config with it applied (never "auto"), ``self.config_given`` the config as given (what the manifest records)."""
+    config with it applied (never "auto"), ``self.config_given`` the config as given (what the manifest records).
+
+    ``progress(message)``: told (rank 0) before each phase that can take over ~20 s -- loading the models, the
+    precision probe, a checkpoint's restore, the first step's sampling and update, each held-out eval and
+    checkpoint write; None is silent; may be set as ``trainer.progress`` later.
+
+    Process-wide settings (train.deterministic, train.keep_freed_memory; grpolab.training.process_settings) are
+    applied here and put back when ``fit`` ends, on ``close()`` or on leaving ``with Trainer(...) as trainer``."""
 
     def __init__(self, cfg: Config, run_dir: Path, world: World | None = None,
                  rewards: dict[str, Callable[..., Any]] | None = None,
                  problems: tuple[list[Problem], list[Problem], dict[str, Any]] | None = None,
-                 precision: dict[str, Any] | None = None):
+                 precision: dict[str, Any] | None = None, progress: Progress | None = None):
         self.cfg = self.config_given = cfg
         self.run_dir = Path(run_dir)
+        self.progress = progress
         check_installed(cfg.run.report_to)  # a tracker asked for but not installed: one line, before any model loads
         self.device = resolve_device(cfg.train.device)
-        if self.device.type == "cpu" and cfg.train.keep_freed_memory:
-            keep_freed_memory()  # before the models load: every allocation from here on
+        keep_freed = self.device.type == "cpu" and cfg.train.keep_freed_memory
+        self.settings = ProcessSettings(cfg.train.deterministic, keep_freed)
+        self.settings.apply()  # before the models load: every allocation from here on
+        try:
+            self.build(cfg, world, rewards, problems, precision)
+        except BaseException:
+            self.settings.restore()  # a trainer that failed to build leaves the process as it found it
+            raise
+
+    def build(self, cfg: Config, world: World | None, rewards: dict[str, Callable[..., Any]] | None,
+              problems: tuple[list[Problem], list[Problem], dict[str, Any]] | None,
+              precision: dict[str, Any] | None) -> None:
+        """The rest of __init__ (after the process settings): data, rewards, models, sampler, optimizer."""
         self.world = world or init_world(self.device)
         seed_everything(cfg.train.seed)
-        reproducibility.enable(cfg.train.deterministic)
         self.rewards = RewardSet(cfg.reward.weights, cfg.reward.functions, cfg.reward.time_limit_s,  # before any model
                                  cfg.reward.sandbox, callables=rewards, model=cfg.reward.model, device=self.device,
                                  judge=cfg.reward.judge)
         self.train_problems, self.eval_problems, self.data_summary = problems or load_problems(cfg)
         self.rewards.probe(self.train_problems[0])  # a reward returning a non-number fails here, before any model
+        self.reward_failures, self.reward_results = RewardFailureStreak(fields=dict(self.rewards.fields)), []
         self.model_path = resolve_model_path(cfg.model.name)
+        self.tell(f"loading the model {self.model_path}")
         self.tokenizer = load_tokenizer(self.model_path)
         self.policy = apply_lora(load_causal_lm(self.model_path, cfg.model.dtype), cfg.model, self.model_path,
                                  cfg.train.seed).to(self.device)  # a peft model when model.lora.rank > 0
@@ -160,9 +158,12 @@ class Trainer:
         self.cfg = cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, precision=self.precision["update"]),
                                              rollout=dataclasses.replace(cfg.rollout, dtype=self.precision["sampling"]))
         compute_dtype = torch.bfloat16 if cfg.train.precision == "bf16" else DTYPES[cfg.model.dtype]
+        if cfg.algorithm.beta > 0:
+            self.tell("making the reference model (algorithm.beta > 0)")
         self.reference = make_reference(self.policy, compute_dtype) if cfg.algorithm.beta > 0 else None  # LoRA: adapters off
         t = cfg.train
         self.sharded = t.strategy == Strategy.FSDP2  # the sampler and reference copies are made before sharding
+        self.tell("preparing the sampler's copy of the model")
         self.engine = HFEngine(self.policy, self.tokenizer, DTYPES[cfg.rollout.dtype], cfg.rollout.decoder, self.sharded,
                                cfg.rollout.cpu_fast_paths, cfg.rollout.preallocate_kv_cache)
         fp32_inside = t.attention_fp32 and t.precision == "bf16"  # grpolab/training/attention.py; after the copies
@@ -190,6 +191,22 @@ class Trainer:
         self.best: dict[str, Any] | None = None  # the best checkpoint by held-out accuracy (checkpoints/best.json)
         self.table: tuple[list[str], list[list[Any]]] | None = None  # the last step's completions table, when due
         self.trackers = Trackers(self.run_dir, {}, {})  # opened by fit (rank 0)
+        self.told_first_step = False  # the first step this trainer takes is announced phase by phase
+
+    def tell(self, message: str) -> None:
+        """``progress(message)`` on rank 0 (before a phase that can take over ~20 s)."""
+        if self.progress is not None and getattr(self, "world", None) is not None and self.world.main:
+            self.progress(message)
+
+    def close(self) -> None:
+        """Put back the process-wide settings this trainer applied (idempotent; ``fit`` does it when it ends)."""
+        self.settings.restore()
+
+    def __enter__(self) -> "Trainer":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def resolve_precision(self, recorded: dict[str, Any] | None) -> dict[str, Any]:
         """train.precision / rollout.dtype resolved by grpolab.training.precision (explicit wins; auto: CUDA support or the
@@ -197,12 +214,22 @@ class Trainer:
         c = self.cfg
         shapes = probe_shapes(*model_dims(self.policy), c.train.micro_batch_size, c.rollout.max_new_tokens,
                               c.rollout.group_size)
-        mine = resolve(c.train.precision, c.rollout.dtype, self.device, shapes, recorded) if self.world.main else None
+        def probe_told(probe_shapes: dict[str, list[int]]) -> dict[str, Any]:
+            self.tell("choosing fp32 or bf16 for this model (precision auto: measured once per machine and shape, "
+                      "then cached)")
+            return probe(probe_shapes)
+
+        mine = resolve(c.train.precision, c.rollout.dtype, self.device, shapes, recorded,
+                       run_probe=probe_told) if self.world.main else None
         return gather_objects(mine, self.world)[0]
 
     # ------------------------------------------------------------------------------------------ one step
 
     def collect(self) -> Batch:
+        if not self.told_first_step:
+            c = self.cfg
+            self.tell(f"step {self.step + 1}/{c.train.steps}: sampling {c.train.prompts_per_step} prompts x "
+                      f"{c.rollout.group_size} completions")
         return self.collector.collect(self.step)
 
     def train_step(self) -> tuple[dict[str, float], list[dict[str, Any]]]:
@@ -230,7 +257,11 @@ class Trainer:
         """Update the policy on a collected batch and return (metrics, samples) of the completed step."""
         t1 = time.perf_counter()
         rollout, scores, t = batch.rollout, batch.scores, self.cfg.train
+        self.reward_results = scores.results  # gathered on every rank: every rank takes the same stop decision
         skipped = self.updater.skipped_steps
+        if not self.told_first_step:
+            self.tell(f"step {self.step + 1}/{t.steps}: updating the policy")
+            self.told_first_step = True
         with training_attention(t.deterministic, self.device):  # PPO's critic update runs in kl_in_reward
             ref, old = self.kl_in_reward(batch)
             update_metrics = self.updater.update(rollout, batch.advantages, ~scores.invalid, ref_logp=ref, old_logp=old,
@@ -273,6 +304,7 @@ class Trainer:
 
     def evaluate(self) -> EvalResult:
         max_new = self.cfg.eval.max_new_tokens or self.cfg.rollout.max_new_tokens
+        self.tell(f"step {self.step}/{self.cfg.train.steps}: held-out eval on {len(self.eval_problems)} problems")
         self.last_eval = greedy_eval(self.engine, self.tokenizer, self.eval_problems, max_new, self.cfg.eval.batch_size)
         return self.last_eval
 
@@ -287,7 +319,9 @@ class Trainer:
         """Run to train.steps, logging every step, evaluating every eval.every_steps, checkpointing.
 
         Ctrl-C: see grpolab.training.faults (raises TrainingInterrupted after writing a checkpoint). Non-finite steps are
-        skipped and stop the run after train.max_nonfinite_steps in a row (GrpolabError)."""
+        skipped and stop the run after train.max_nonfinite_steps in a row (GrpolabError). The process-wide settings
+        are (re)applied for the loop and put back when it returns or raises."""
+        self.settings.apply()
         metrics: dict[str, float] = {}
         sinks = {name: JsonlSink(self.run_dir / name) if self.world.main else NullSink() for name in LOGS}
         if self.world.main and self.cfg.run.report_to:
@@ -315,6 +349,7 @@ class Trainer:
             for sink in sinks.values():
                 sink.close()
             self.trackers.close()
+            self.settings.restore()
         return metrics
 
     def tracker_texts(self) -> dict[str, str]:
@@ -348,6 +383,9 @@ class Trainer:
                 f"step {step}: {self.nonfinite.streak} consecutive steps with a non-finite loss or gradient "
                 f"(train.max_nonfinite_steps = {self.nonfinite.limit}); stopped. "
                 + (f"The last good checkpoint is {last}" if last else "No checkpoint was written"))
+        if (stop := self.reward_failures.record(step, self.reward_results)) is not None:
+            last = ckpt.latest_checkpoint(self.run_dir)
+            raise GrpolabError(stop + (f" The last checkpoint is {last}." if last else " No checkpoint was written."))
         if evaluated:
             self.keep_if_best(metrics)
         if self.checkpoint_due() and step < cfg.train.steps and not self.nonfinite.streak and self.saved_step != step:
@@ -410,6 +448,7 @@ class Trainer:
         state = self.state_dict()  # a collective: every rank's RNG state goes into rank 0's checkpoint
         weights = full_model_state(self.policy) if self.sharded else None  # fsdp2: gathered (a collective)
         path = ckpt.checkpoint_path(self.run_dir, self.step)
+        self.tell(f"step {self.step}/{self.cfg.train.steps}: writing checkpoint {path.name}")
         try:
             if self.world.main:
                 path = ckpt.save_checkpoint(self.run_dir, self.step, self.policy, self.tokenizer, state,
@@ -425,6 +464,7 @@ class Trainer:
 
     def load(self, path: Path) -> None:
         """Restore a checkpoint. The RNG states are restored last, after everything that could draw from them."""
+        self.tell(f"restoring {path}")
         state = ckpt.load_state(path)
         saved_world = state.get("world_size", 1)
         if saved_world != self.world.size:
