@@ -48,7 +48,11 @@ class PPOTrainer(Trainer):
         if cfg.train.strategy == "fsdp2":
             raise ConfigError("algorithm.estimator: gae (PPO) runs with train.strategy ddp; fsdp2 shards only the policy")
         super().__init__(cfg, run_dir, *args, **kwargs)
-        self.critic = Critic(self.cfg, self.policy, self.model_path, self.device, self.world)
+        try:
+            self.critic = Critic(self.cfg, self.policy, self.model_path, self.device, self.world)
+        except BaseException:
+            self.close()  # put the process-wide settings back, as a failed Trainer build does
+            raise
 
     def kl_in_reward(self, batch: Batch) -> tuple[torch.Tensor | None, torch.Tensor]:
         """The PPO advantage step (module docstring): replaces batch.advantages by per-token GAE advantages, trains
