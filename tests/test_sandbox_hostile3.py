@@ -174,7 +174,23 @@ def _feedback() -> dict[str, Attack]:
     }
 
 
-ATTACKS = {**_late_deadline(), **_judge_uid(), **_core_dumps(), **_feedback()}
+def _kernel_objects() -> dict[str, Attack]:
+    """Found by a red team after the redesign: a socket pair kept files in flight after the run (memory held on the
+    host, a count read by the next run on the slot), memfd pages outside every limit, and a StopIteration that ended
+    the test's own ``map`` loop."""
+    made = LIBC + "def f():\n    fds = (ctypes.c_int * 2)()\n"
+    return {
+        "c3_socketpair_refused": Attack(made + "    return libc.socketpair(1, 1, 0, fds)\n",
+                                        ("assert f() == -1",), score=1.0, reasons=frozenset()),
+        "c3_memfd_refused": Attack(made + "    return libc.memfd_create(b'm', 0)\n", ("assert f() == -1",), score=1.0,
+                                   reasons=frozenset()),
+        "a1_stop_iteration_does_not_end_a_map": Attack("def f(x):\n    raise StopIteration\n",
+                                                       ("assert all(map(f, [2, 3]))", "assert sum(map(f, [2])) == 0"),
+                                                       score=0.0, reasons=frozenset({"error"})),
+    }
+
+
+ATTACKS = {**_late_deadline(), **_judge_uid(), **_core_dumps(), **_feedback(), **_kernel_objects()}
 
 
 @pytest.fixture(scope="module")

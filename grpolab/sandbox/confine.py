@@ -45,11 +45,15 @@ class Arch:
     clone: int
     clone3: int
     prctl: int
-    denied: tuple[int, ...]  # socket io_uring_setup add_key request_key keyctl shmget semget msgget mq_open unshare setns
+    # socket io_uring_setup add_key request_key keyctl shmget semget msgget mq_open unshare setns socketpair
+    # memfd_create: a socket pair can hold files in flight past the run (and carry a count to the next run on the
+    # slot); a memfd's pages count toward no rlimit
+    denied: tuple[int, ...]
 
 
-ARCHES = {"x86_64": Arch(0xC000003E, 155, 56, 435, 157, (41, 425, 248, 249, 250, 29, 64, 68, 240, 272, 308)),
-          "aarch64": Arch(0xC00000B7, 41, 220, 435, 167, (198, 425, 217, 218, 219, 194, 190, 186, 180, 97, 268))}
+ARCHES = {"x86_64": Arch(0xC000003E, 155, 56, 435, 157, (41, 425, 248, 249, 250, 29, 64, 68, 240, 272, 308, 53, 319)),
+          "aarch64": Arch(0xC00000B7, 41, 220, 435, 167, (198, 425, 217, 218, 219, 194, 190, 186, 180, 97, 268, 199,
+                                                         279))}
 
 
 def _libc():
@@ -295,7 +299,7 @@ def seccomp_program(arch: Arch) -> list[tuple[int, int, int, int]]:
     - a foreign ABI (another audit arch, or x32's numbers >= 0x40000000): EACCES;
     - clone3: ENOSYS (the C library then falls back to clone, whose flags a filter can read);
     - clone with any CLONE_NEW* flag, prctl(PR_SET_DUMPABLE) (dumping stays off), and every syscall in
-      ``arch.denied`` (network sockets, io_uring, the kernel keyring, SysV IPC and POSIX message queues, unshare,
+      ``arch.denied`` (network sockets, socket pairs, memfds, io_uring, the kernel keyring, SysV IPC and POSIX message queues, unshare,
       setns): EACCES;
     - anything else: allowed.
     """

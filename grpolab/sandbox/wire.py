@@ -317,11 +317,13 @@ _REMOTE_CLASSES: dict[str, type] = {}
 
 def remote_exception(name: object, message: object) -> RemoteError:
     """An exception standing for one the program raised: a RemoteError that is also the built-in exception class
-    of that name (so a test's ``except ValueError`` still works)."""
+    of that name (so a test's ``except ValueError`` still works). StopIteration and StopAsyncIteration become
+    RuntimeErrors, as inside a generator (PEP 479): raised from a call in ``map``/``filter`` they would end the test's
+    iteration silently and let ``all(map(f, ...))`` pass."""
     name = name if type(name) is str else "Exception"
     cls = _REMOTE_CLASSES.get(name)
     if cls is None:
-        base = getattr(builtins, name, None)
+        base = RuntimeError if name in ("StopIteration", "StopAsyncIteration") else getattr(builtins, name, None)
         bases = (RemoteError,)
         if isinstance(base, type) and issubclass(base, Exception) and base is not Exception:
             bases = (RemoteError, base)
