@@ -1,5 +1,7 @@
 """The Python API: the runs, evaluations, comparisons and reports of the `grpolab` command as function calls that
-return result objects and print nothing (docs/api.md).
+return result objects (docs/api.md). Long calls (``train``, ``evaluate_models``, ``release_report``) print progress
+lines to stderr -- each slow phase before it starts, one line per training step or evaluated batch -- unless
+``verbose=False``; stdout is left to the caller.
 
     import grpolab
 
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
@@ -121,7 +124,7 @@ def load_config(source: Any = None, overrides: Mapping[str, Any] | Sequence[str]
         load_yaml(source)  # the command's own checks and messages for the file
         import yaml
 
-        raw = yaml.safe_load(Path(source).read_text()) or {}
+        raw = yaml.safe_load(Path(source).read_text(encoding="utf-8")) or {}
     if isinstance(overrides, (str, bytes)):
         overrides = [overrides]
     if isinstance(overrides, Mapping):
@@ -133,6 +136,11 @@ def load_config(source: Any = None, overrides: Mapping[str, Any] | Sequence[str]
     for key, value in fields.items():
         set_path(raw, key.replace("__", "."), value)
     return from_dict(raw)
+
+
+def _say(verbose: bool) -> Callable[[str], None] | None:
+    """The progress printer of a call: one flushed line to stderr when `verbose`, else None (silent)."""
+    return (lambda message: print(message, file=sys.stderr, flush=True)) if verbose else None
 
 
 def _with_run_dir(cfg: "Config", run_dir: str | Path | None) -> "Config":
@@ -209,26 +217,36 @@ def in_memory_problems(cfg: "Config", problems: Any, eval_problems: Any = None,
 def train(config: Any = None, *, rewards: Mapping[str, Callable[..., Any]] | None = None, problems: Any = None,
           eval_problems: Any = None, fields: Mapping[str, Any] | None = None, run_dir: str | Path | None = None,
           on_step: Callable[[int, dict[str, float]], None] | None = None, resume: str | Path | None = None,
-          allow_changes: bool = False) -> TrainResult:
+          allow_changes: bool = False, from_intact: bool = False, verbose: bool = True) -> TrainResult:
     """Train with GRPO as `grpolab train` does and return the run (module docstring for ``rewards`` and ``problems``).
 
     ``config``: a Config, a YAML path or a dict (load_config). ``run_dir``: the new run's directory (else
     run.output_dir / run.name). ``on_step(step, metrics)`` is called after every step. ``resume=RUN_DIR`` continues a
     run from its newest checkpoint instead, as `grpolab train --resume` (its config comes from its manifest, and
     ``config`` may only be a mapping of overrides; ``allow_changes`` as --allow-changes); pass the same ``rewards``
-    and ``problems`` it was started with. Everything the run is given is checked before any model is loaded; errors
-    are GrpolabError subclasses with one-line messages.
+    and ``problems`` it was started with (``from_intact`` as --from-intact: past a corrupt newest checkpoint).
+    ``verbose`` (default): progress to stderr -- the slow phases (model load, first sampling, held-out evals,
+    checkpoint writes) and one line per step with reward, loss, KL, entropy and step time. Everything the run is
+    given is checked before any model is loaded; errors are GrpolabError subclasses with one-line messages.
     """
     from .models.checkpoint import latest_checkpoint
     from .config import TaskConfig
-    from .errors import ConfigError
+    from .errors import ConfigError, writable_dir
     from .runs import start_run
+    from .training.progress_lines import trainer_step_line
 
     rewards = dict(rewards or {})
+    say = _say(verbose)
     if resume is not None:
-        trainer, manifest = _resume(Path(resume), config, rewards, problems, eval_problems, fields, allow_changes)
+        if Path(resume).is_dir():
+            writable_dir(resume, "resume")
+        trainer, manifest = _resume(Path(resume), config, rewards, problems, eval_problems, fields, allow_changes,
+                                    from_intact, say)
     else:
+        if from_intact:
+            raise ConfigError("from_intact: only with resume=RUN_DIR")
         cfg = _with_run_dir(config if _is_config(config) else load_config(config), run_dir)
+        writable_dir(cfg.run.output_dir, "run.output_dir")
         prepared = None
         if problems is not None:
             prepared = in_memory_problems(cfg, problems, eval_problems, fields)
@@ -236,14 +254,22 @@ def train(config: Any = None, *, rewards: Mapping[str, Callable[..., Any]] | Non
             cfg = dataclasses.replace(cfg, task=TaskConfig(name=IN_MEMORY_TASK, options=options))
         elif eval_problems is not None or fields:
             raise ConfigError("eval_problems / fields: only with problems=...; otherwise the config's task supplies them")
-        trainer, manifest = start_run(cfg, rewards=rewards, problems=prepared)
-    metrics = trainer.fit(on_step)
+        trainer, manifest = start_run(cfg, rewards=rewards, problems=prepared, progress=say)
+
+    def step_done(step: int, m: dict[str, float]) -> None:
+        if say:
+            say(trainer_step_line(trainer, step, m))
+        if on_step:
+            on_step(step, m)
+
+    metrics = trainer.fit(step_done)
     return TrainResult(run_dir=trainer.run_dir, metrics=metrics, checkpoint=latest_checkpoint(trainer.run_dir),
                        manifest=manifest, steps=trainer.step)
 
 
 def _resume(run_dir: Path, overrides: Any, rewards: dict[str, Any], problems: Any, eval_problems: Any,
-            fields: Mapping[str, Any] | None, allow_changes: bool):
+            fields: Mapping[str, Any] | None, allow_changes: bool, from_intact: bool,
+            progress: Callable[[str], None] | None):
     """(trainer, manifest) of a resumed run (grpolab.runs.resume_run, with the in-memory problems prepared)."""
     from .errors import ConfigError
     from .manifest import read_manifest
@@ -258,7 +284,8 @@ def _resume(run_dir: Path, overrides: Any, rewards: dict[str, Any], problems: An
         raise ConfigError(f"problems: {run_dir} was trained on problems passed in memory; pass the same problems= "
                           "(and eval_problems=) to resume it")
     prepared = in_memory_problems(cfg, problems, eval_problems, fields) if problems is not None else None
-    trainer, _ = resume_run(run_dir, overrides, allow_changes, rewards=rewards, problems=prepared)
+    trainer, _ = resume_run(run_dir, overrides, allow_changes, rewards=rewards, problems=prepared, progress=progress,
+                            from_intact=from_intact)
     return trainer, read_manifest(run_dir)
 
 
@@ -271,23 +298,38 @@ def _is_config(obj: Any) -> bool:
 def evaluate_models(models: str | Sequence[str], task: str = "arithmetic", options: Mapping[str, Any] | None = None,
              split: str = "test", limit: int = 0, max_new_tokens: int = 64, batch_size: int = 64, samples: int = 0,
              temperature: float = 1.0, top_p: float = 1.0, seed: int = 0, dtype: str = "float32",
-             out: str | Path | None = None) -> EvalReport:
+             out: str | Path | None = None, verbose: bool = True) -> EvalReport:
     """Held-out accuracy of one or more models (hub id, path, run directory or bundled: alias) on a task's split, as
     `grpolab eval` (same defaults): bootstrap intervals, paired differences against the first model, the held-out
-    check of every model's recorded training set. ``out``: also write the JSON there."""
+    check of every model's recorded training set. ``out``: also write the JSON there (checked writable, its folders
+    created, before anything is evaluated). The settings, every model and its chat template are checked before the
+    first model is evaluated. ``verbose``: one stderr line per generated batch."""
+    from .errors import writable_file
+    from .evaluation.eval_checks import check_dtype, check_eval_settings, check_models_loadable
     from .evaluation.heldout import run_eval
 
     names = [models] if isinstance(models, (str, Path)) else list(models)
+    check_eval_settings("", limit=limit, max_new_tokens=max_new_tokens, batch_size=batch_size, samples=samples,
+                        temperature=temperature, top_p=top_p)
+    check_dtype(dtype, prefix="")
+    if out is not None:
+        writable_file(out, "out")
+    check_models_loadable([str(m) for m in names])
+    say = _say(verbose)
+    progress = (lambda what, done, total: say(f"eval {what}: {done}/{total} problems")) if say else None
     data = run_eval([str(m) for m in names], task, dict(options or {}), split, limit, max_new_tokens, batch_size, dtype,
-                    samples=samples, temperature=temperature, top_p=top_p, seed=seed)
+                    samples=samples, temperature=temperature, top_p=top_p, seed=seed, progress=progress)
     return EvalReport(data, write_result(out, data))
 
 
 def compare(sources: str | Path | Sequence[str | Path], baseline: str = "", out: str | Path | None = None) -> Comparison:
     """Runs and evaluation JSONs side by side per evaluation set, with paired differences and seed groups, as
     `grpolab compare`. ``baseline``: the reference row is the first whose label contains it."""
+    from .errors import writable_file
     from .report.compare import compare_entries, load_entries
 
+    if out is not None:
+        writable_file(out, "out")
     paths = [Path(sources)] if isinstance(sources, (str, Path)) else [Path(s) for s in sources]
     data = compare_entries(load_entries(paths), baseline)
     return Comparison(data, write_result(out, data))
@@ -298,18 +340,23 @@ def release_report(run_dir: str | Path, baselines: Sequence[str] = (), threshold
            capability_n: int = 50, capability_options: Mapping[str, Any] | None = None,
            capability_max_new_tokens: int = 256, dtype: str = "float32", skip_diversity: bool = False,
            diversity_n: int | None = None, diversity_samples: int | None = None,
-           log: Callable[[str], None] | None = None) -> Report:
+           log: Callable[[str], None] | None = None, verbose: bool = True) -> Report:
     """The release report of a run (``"RUN:best"``: judged at its best checkpoint), as `grpolab report` (same defaults):
     writes report.html and report.md into the run directory and returns the verdict, the checks and the paths.
     ``thresholds``: {name: value} overrides.
     ``skip_diversity`` / ``diversity_n`` / ``diversity_samples``: the pass@k diversity check's switch, problems and
-    samples per problem (grpolab.report.diversity; defaults as the CLI's)."""
+    samples per problem (grpolab.report.diversity; defaults as the CLI's). ``log``: told each step of the report
+    (its evaluations, the safety probe, ...); by default those lines go to stderr, or nowhere with ``verbose=False``.
+    ``dtype`` and the run directory (writable) are checked before any model runs."""
     import dataclasses
 
+    from .errors import writable_dir
+    from .evaluation.eval_checks import check_dtype
     from .report import ReportOptions, build_report
     from .report.base import Thresholds
     from .report.diversity import DiversitySettings
 
+    check_dtype(dtype, prefix="")
     opts = ReportOptions(baselines=list(baselines), thresholds=Thresholds().replace(dict(thresholds or {})),
                          skip_safety=skip_safety, safety_max_new_tokens=safety_max_new_tokens, dtype=dtype,
                          capability_task=capability_task or None, capability_n=capability_n,
@@ -317,7 +364,10 @@ def release_report(run_dir: str | Path, baselines: Sequence[str] = (), threshold
                          capability_max_new_tokens=capability_max_new_tokens, skip_diversity=skip_diversity,
                          diversity=dataclasses.replace(DiversitySettings(), **{k: v for k, v in (
                              ("n_problems", diversity_n), ("samples", diversity_samples)) if v is not None}))
-    data = build_report(Path(run_dir), opts, log=log or (lambda s: None))
+    run_path = Path(str(run_dir).removesuffix(":best"))
+    if run_path.is_dir():
+        writable_dir(run_path, "run_dir")
+    data = build_report(Path(run_dir), opts, log=log or _say(verbose) or (lambda s: None))
     label, why = data["verdict"]
     return Report(verdict=label, reason=why, checks=list(data["checks"]), paths=dict(data["paths"]), data=data)
 

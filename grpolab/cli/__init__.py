@@ -11,6 +11,8 @@ from __future__ import annotations
 import sys
 
 import click
+import typer
+from rich.markup import escape
 
 from ..errors import GrpolabError
 from ..sandbox.errors import SandboxError
@@ -18,23 +20,44 @@ from ..training.faults import TrainingInterrupted
 from . import train, evaluate, baseline, report, export, release, manifest, score, rm  # noqa: F401, I001  (register the verbs on `app`, in help order)
 from .app import app, console, err_console
 
+# typer >= 0.20 ships its own copy of click (typer._click): its exceptions are not click's, so both are caught
+USAGE_ERRORS: tuple[type[Exception], ...] = (click.ClickException,
+                                             getattr(typer, "TyperException", click.ClickException))
+ABORTS: tuple[type[BaseException], ...] = (click.exceptions.Abort, typer.Abort)
+
 __all__ = ["app", "console", "main"]
 
 
 def main() -> None:
-    """Entry point: user errors print one line to stderr and exit 2; usage errors are click's own messages;
-    Ctrl-C exits 130 (during training after writing a checkpoint, whose path is printed)."""
+    """Entry point: user errors print one line to stderr and exit 2; a usage error (unknown option, missing or
+    malformed argument) is typer's usage line plus one `error:` line, exit 2; Ctrl-C exits 130 (during training after
+    writing a checkpoint, whose path is printed)."""
     try:
-        app(standalone_mode=False)
+        code = app(standalone_mode=False)
     except TrainingInterrupted as e:
         err_console.print(str(e), highlight=False, soft_wrap=True)
         sys.exit(130)
     except (GrpolabError, SandboxError) as e:
-        err_console.print(f"[red]error:[/] {e}", highlight=False, soft_wrap=True)
+        err_console.print(f"[red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
         sys.exit(2)
-    except click.ClickException as e:
-        e.show()
-        sys.exit(e.exit_code)
-    except click.exceptions.Abort:
+    except USAGE_ERRORS as e:
+        sys.exit(show_usage_error(e))
+    except ABORTS:
         err_console.print("aborted")
         sys.exit(130)
+    if isinstance(code, int) and code:  # typer.Exit(n) and Ctrl-C (Exit(130)) come back as the return value here
+        sys.exit(code)
+
+
+def show_usage_error(e: Exception) -> int:
+    """Print a usage error as the command's usage line (when known) and one `error:` line; its exit code (2 for a
+    usage error). A bare `grpolab` / `grpolab manifest` prints the help, as before."""
+    if type(e).__name__ == "NoArgsIsHelpError":
+        e.show()  # type: ignore[attr-defined]
+        return int(getattr(e, "exit_code", 2))
+    ctx = getattr(e, "ctx", None)
+    if ctx is not None:
+        err_console.print(ctx.get_usage().strip(), highlight=False, soft_wrap=True, markup=False)
+    message = " ".join(e.format_message().split())  # type: ignore[attr-defined]
+    err_console.print(f"[red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
+    return int(getattr(e, "exit_code", 2))

@@ -4,6 +4,7 @@ another; grpolab/cli/__init__.py imports them all)."""
 from __future__ import annotations
 
 import logging
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -15,6 +16,22 @@ baseline_app = typer.Typer(no_args_is_help=True, help="Baselines on the same pro
 app.add_typer(baseline_app, name="baseline")
 console = Console()
 err_console = Console(stderr=True)
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from .. import __version__
+
+        console.print(f"grpolab {__version__}", highlight=False)
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[bool, typer.Option("--version", callback=_print_version, is_eager=True,
+                                          help="print the package version and exit")] = False,
+) -> None:
+    """GRPO post-training with held-out evidence."""
 
 
 class _WarningLine(logging.Handler):

@@ -21,14 +21,14 @@ from __future__ import annotations
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any, Callable, Optional, Sequence
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from .app import app, baseline_app, console
-from ..errors import GrpolabError
+from ..errors import GrpolabError, writable_file
 
 WIDE = 250  # columns for a table printed to a file or a pipe (rich would squeeze it into 80)
 
@@ -42,11 +42,12 @@ def show(table: Table) -> None:
 
 
 @contextmanager
-def eval_progress():
+def eval_progress(models: Sequence[str] = ()):
     """A Progress (grpolab.evaluation.heldout) for a long evaluation: a status line on a terminal; one plain line per batch,
-    flushed, in a file or a pipe, so a log is never silent for minutes."""
-    start = time.perf_counter()
-    text = lambda what, done, total: f"eval {what}: {done}/{total} problems, {time.perf_counter() - start:.0f}s"  # noqa: E731
+    flushed, in a file or a pipe, so a log is never silent for minutes. The seconds shown are the current model's
+    own (model_clock), not the command's."""
+    seconds = model_clock(models)
+    text = lambda what, done, total: f"eval {what}: {done}/{total} problems, {seconds(what):.0f}s"  # noqa: E731
     if console.is_terminal:
         with console.status("eval: loading") as status:
             yield lambda what, done, total: status.update(text(what, done, total))
@@ -57,6 +58,28 @@ def eval_progress():
         console.file.flush()
 
     yield line
+
+
+def model_clock(models: Sequence[str], clock: Callable[[], float] = time.perf_counter) -> Callable[[str], float]:
+    """seconds(what): time spent on the model that `what` ("<model> greedy", "<model> 8 samples") names, counted
+    from the previous model's last report (its load included), or from the start for the first model.
+
+    >>> ticks = iter([0.0, 5.0, 9.0, 12.0]); s = model_clock(["a", "b"], lambda: next(ticks))
+    >>> s("a greedy"), s("b greedy"), s("b 8 samples")
+    (5.0, 4.0, 7.0)
+    """
+    state = {"model": None, "start": clock(), "last": None}
+
+    def seconds(what: str) -> float:
+        now = clock()
+        model = next((m for m in models if what == m or what.startswith(f"{m} ")), what)
+        if model != state["model"]:
+            state["start"] = state["last"] if state["last"] is not None else state["start"]
+            state["model"] = model
+        state["last"] = now
+        return now - state["start"]
+
+    return seconds
 
 
 def _options(task_option: list[str]) -> dict[str, Any]:
@@ -148,10 +171,18 @@ def eval_(
 ) -> None:
     """Held-out accuracy (math-verify) with 95% bootstrap intervals and paired differences, for one or more models;
     several run directories of one recipe (seeds) also give the set's mean gain over runs and problems."""
+    from ..evaluation.eval_checks import check_dtype, check_eval_settings, check_models_loadable
     from ..evaluation.heldout import run_eval
 
-    with eval_progress() as progress:
-        result = run_eval(models, task, _options(task_option), split, limit, max_new_tokens, batch_size, dtype,
+    check_eval_settings(limit=limit, max_new_tokens=max_new_tokens, batch_size=batch_size, samples=samples,
+                        temperature=temperature, top_p=top_p)
+    check_dtype(dtype)
+    if out is not None:
+        writable_file(out, "--out")  # before the evaluation, not after it (parents created)
+    options = _options(task_option)
+    check_models_loadable(models)  # every model's chat template before the first one is evaluated
+    with eval_progress(models) as progress:
+        result = run_eval(models, task, options, split, limit, max_new_tokens, batch_size, dtype,
                           samples=samples, temperature=temperature, top_p=top_p, seed=seed, progress=progress)
     print_eval(result)
     _write(out, result)
@@ -179,12 +210,18 @@ def best_of_n(
     from ..models.load import DTYPES, load_causal_lm, load_tokenizer, resolve_model_path
     from ..evaluation.overlap import check_held_out
     from ..rollout.hf import HFEngine
+    from ..config import number_map
+    from ..evaluation.eval_checks import check_dtype, check_eval_settings
 
+    check_eval_settings(n=n, limit=limit, max_new_tokens=max_new_tokens, batch_size=batch_size, temperature=temperature)
+    check_dtype(dtype)
+    if out is not None:
+        writable_file(out, "--out")
     weights = dict(RewardConfig().weights)
     if reward_from:
         weights = read_manifest(reward_from)["config"]["reward"]["weights"]
     if reward_weight:
-        weights = {k: float(v) for k, v in _options(reward_weight).items()}
+        weights = number_map("--reward-weight", _options(reward_weight), sep=" ")
     options = _options(task_option)
     problems = load_eval_problems(task, options, split, limit)
     path = resolve_model_path(model)
@@ -266,6 +303,8 @@ def compare(
     named = parse_sets(set_)
     if not sources and not named:
         raise GrpolabError("compare: give run directories or eval JSONs, or --set NAME=SOURCE,... (twice for two recipes)")
+    if out is not None:
+        writable_file(out, "--out")
     result = compare_entries(load_entries(list(sources or []) + [p for ps in named.values() for p in ps]), baseline)
     if named:
         result.update(named_sets(named))

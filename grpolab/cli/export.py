@@ -19,6 +19,12 @@ def export(
 ) -> None:
     """Write a run's model with its tokenizer: a full fine-tuning run as a Hugging Face model; a LoRA run as its
     adapter (peft format), or with --merge as a plain Hugging Face model (AutoModelForCausalLM.from_pretrained)."""
+    from ..errors import writable_dir
+    from ..evaluation.eval_checks import check_dtype
     from ..models.export import export_model
 
+    if dtype is not None:
+        check_dtype(dtype)
+    if not out.exists():
+        writable_dir(out.parent, "--out")  # the export is written next to it, then renamed into place
     console.print(export_model(str(run), out, merge, dtype), highlight=False, soft_wrap=True)

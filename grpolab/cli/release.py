@@ -42,6 +42,7 @@ def release(
         raise GrpolabError(f"--stack: expected transformers, gguf or both, got {stack!r}")
     if gguf_type not in GGUF_TYPES:
         raise GrpolabError(f"--gguf-type: expected one of {', '.join(GGUF_TYPES)}, got {gguf_type!r}")
+    check_release_options(source, out, dtype, n, rollback_n, serve_threads)
     log = lambda s: console.print(s, highlight=False, soft_wrap=True)  # noqa: E731
     if (source / RELEASE_FILE).is_file():
         bundle = source
@@ -59,3 +60,23 @@ def release(
     rollback = check_rollback_ready(run_rollback_check(run_dir, str(rollback_to) if rollback_to else None, rollback_n, log=log), t)
     for c in (serving, rollback):
         log(f"{c.status} {c.name}: {c.reason}")
+
+
+def check_release_options(source: Path, out: Optional[Path], dtype: Optional[str], n: int, rollback_n: int,
+                          serve_threads: int) -> None:
+    """The numbers and dtype in range, and the places the bundle and the check results go writable, before any
+    model is loaded (a read-only run directory is one error, not a traceback after the bundle was built)."""
+    from ..errors import ConfigError, writable_dir
+    from ..evaluation.eval_checks import check_dtype
+
+    if dtype is not None:
+        check_dtype(dtype)
+    for option, value, low, meaning in (("--n", n, 0, " (0 = every problem the evaluation had)"),
+                                        ("--rollback-n", rollback_n, 1, ""),
+                                        ("--serve-threads", serve_threads, 0, " (0 = the stack's default)")):
+        if value < low:
+            raise ConfigError(f"{option}: expected an integer >= {low}{meaning}, got {value}")
+    if (source / "manifest.json").is_file():
+        writable_dir(source / "release", "release")
+    if out is not None and not out.exists():
+        writable_dir(out.parent, "--out")

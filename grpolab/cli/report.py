@@ -36,10 +36,13 @@ def report(
     """Release gate: checks (reward hacking, learning signal, drift, regressions, diversity, uncertainty) -> report.html +
     report.md. Several run directories (seeds of one recipe): every interval over runs and problems, one verdict."""
     from ..config import parse_option
+    from ..evaluation.eval_checks import check_dtype
     from ..report import ReportOptions, build_report
     from ..report.checks import parse_thresholds
     from ..report.diversity import DiversitySettings
 
+    check_dtype(dtype)
+    check_report_outputs(run_dirs, out)
     opts = ReportOptions(
         baselines=list(baseline), thresholds=parse_thresholds(threshold), skip_safety=skip_safety,
         safety_max_new_tokens=safety_max_new_tokens, dtype=dtype, capability_task=capability_task or None,
@@ -54,6 +57,20 @@ def report(
     label, why = result["verdict"]
     style = {"ship": "bold green", "don't ship": "bold red"}.get(label, "bold yellow")
     console.print(f"[{style}]verdict: {label}[/] — {why}", highlight=False, soft_wrap=True)
+    console.print(f"[dim]{result['family']}[/]", highlight=False, soft_wrap=True)  # the FAIL rules' error rate
     console.print(f"wrote {result['paths']['html']} and {result['paths']['md']}")
     if strict and label != "ship":
         sys.exit(1)
+
+
+def check_report_outputs(run_dirs: list[Path], out: Optional[Path]) -> None:
+    """Where the report will be written accepts files, before any model runs: one run's report.html / report.md go
+    into its directory; a set's into ``--out`` (else a new directory beside the runs). A missing run directory is
+    left to build_report's own error."""
+    from ..errors import writable_dir
+
+    runs = [Path(str(run).removesuffix(":best")) for run in run_dirs]
+    if len(runs) > 1 and out is not None:
+        writable_dir(out, "--out")
+    elif runs and runs[0].is_dir():
+        writable_dir(runs[0] if len(runs) == 1 else runs[0].parent, f"report {runs[0]}")

@@ -5,9 +5,10 @@ Rules:
   ``completion`` text. Ids are the task's uids (``mbpp/601``, ``pyfunc/int.add:7``, ``gsm8k/test/3`` ...), looked
   up in every split the task has (or only ``--split``); a task with a ``uid_of`` also takes the ids its data set's
   own completion files carry (HumanEval's ``HumanEval/0``; MBPP's integer task_id and evalplus's ``Mbpp/601``).
-- The reward is the task's training reward: the weights of ``--reward-weight NAME=W`` (repeatable), else those of
-  the run given with ``--reward-from RUN``, else ``pass_fraction`` for a code task and the default reward weights
-  of the config for an answer task. Code runs in the sandbox with ``--sandbox-option KEY=VALUE`` limits.
+- The reward is the task's training reward: the weights of ``--reward-weight NAME=W`` (repeatable), else the reward
+  the run given with ``--reward-from RUN`` was trained with (its weights with its own ``reward.functions``, time
+  limit, sandbox limits, reward model and judge), else ``pass_fraction`` for a code task and the default reward
+  weights of the config for an answer task. Code runs in the sandbox with ``--sandbox-option KEY=VALUE`` limits.
 - Printed: per row the reward, its components and the reason (why a code reward is not full marks; the error for
   an invalid one), then totals. ``--json-out`` writes ``{"task", "weights", "rows": [{"id", "reward", "components",
   "reason", "error"}, ...] (input order), "totals"}``.
@@ -25,7 +26,7 @@ from typing import Annotated, Any, Optional
 import typer
 from rich.table import Table
 
-from ..errors import ConfigError, DataError
+from ..errors import ConfigError, DataError, writable_file
 from .app import app, console
 
 ALL_SPLITS = ("train", "test", "validation", "prompt")
@@ -74,17 +75,35 @@ def read_rows(path: Path, index: dict[str, Any], task: str, source: Any) -> list
     return out
 
 
-def default_weights(problems: list[Any], reward_from: Optional[Path]) -> dict[str, float]:
+def default_weights(problems: list[Any]) -> dict[str, float]:
+    """``pass_fraction`` for code problems, else the config's default reward weights."""
     from ..config import RewardConfig
     from ..tasks.code import is_code_problem
 
-    if reward_from:
-        from ..manifest import read_manifest
-
-        return dict(read_manifest(reward_from)["config"]["reward"]["weights"])
     if problems and all(is_code_problem(p) for p in problems):
         return {"pass_fraction": 1.0}
     return dict(RewardConfig().weights)
+
+
+def run_reward(run_dir: Path, sandbox: dict[str, Any]) -> tuple[dict[str, float], Any]:
+    """(weights, RewardSet) of the reward `run_dir` was trained with: its manifest's reward.weights with its own
+    reward.functions (custom rewards, loaded again from the references the config gives), time limit, sandbox
+    limits (``--sandbox-option`` on top), reward model and judge. A run trained with Python callables
+    (``python_rewards``, grpolab.train(rewards=...)) cannot be rebuilt from its manifest: one clear error."""
+    from ..config import from_dict
+    from ..manifest import read_manifest
+    from ..rewards import RewardSet
+
+    manifest = read_manifest(run_dir)
+    if manifest.get("python_rewards"):
+        names = ", ".join(manifest["python_rewards"])
+        raise ConfigError(f"--reward-from {run_dir}: the run was trained with Python reward callables ({names}) passed "
+                          "to grpolab.train, which its manifest cannot call again; score in Python with "
+                          "grpolab.rewards.RewardSet, or give --reward-weight NAME=W for the built-in ones")
+    reward = from_dict(manifest["config"]).reward
+    weights = dict(reward.weights)
+    return weights, RewardSet(weights, reward.functions, reward.time_limit_s, sandbox={**reward.sandbox, **sandbox},
+                              model=reward.model, judge=reward.judge)
 
 
 def totals(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -116,9 +135,18 @@ def score(
 
     source = make_task(task, **_options(task_option))
     rows = read_rows(completions, problem_index(source, split), task, source)
-    weights = ({k: float(v) for k, v in _options(reward_weight).items()} if reward_weight
-               else default_weights([p for _, _, p in rows], reward_from))
-    rewards = RewardSet(weights, sandbox=_options(sandbox_option))
+    if json_out:
+        writable_file(json_out, "--json-out")
+    if reward_weight:
+        from ..config import number_map
+
+        weights = number_map("--reward-weight", _options(reward_weight), sep=" ")
+        rewards = RewardSet(weights, sandbox=_options(sandbox_option))
+    elif reward_from:
+        weights, rewards = run_reward(reward_from, _options(sandbox_option))
+    else:
+        weights = default_weights([p for _, _, p in rows])
+        rewards = RewardSet(weights, sandbox=_options(sandbox_option))
     results = rewards.score_many([c for _, c, _ in rows], [p for _, _, p in rows])
     out = [{"id": uid, "reward": None if r.invalid or math.isnan(r.total) else r.total,
             "components": {k: (None if math.isnan(v) else v) for k, v in r.components.items()},
@@ -136,6 +164,5 @@ def score(
     console.print(f"total: {summary['n']} rows, mean reward {mean}, invalid {summary['invalid']}, "
                   f"by reason {summary['reasons']}", highlight=False)
     if json_out:
-        json_out.parent.mkdir(parents=True, exist_ok=True)
         json_out.write_text(json.dumps({"task": task, "weights": weights, "rows": out, "totals": summary}, indent=1) + "\n")
         console.print(f"wrote {json_out}")

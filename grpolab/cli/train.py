@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -10,9 +11,11 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from ..errors import GrpolabError
+from ..errors import GrpolabError, writable_dir
+from ..training.progress_lines import step_line, trainer_step_line  # noqa: F401  (step_line: part of this module's interface)
 from .app import _show_warnings, app, console
 
 
@@ -32,10 +35,13 @@ def train(
     seeds: Annotated[Optional[str], typer.Option("--seeds", help="repeat the run once per seed, e.g. 1,2,3 (one run directory each)")] = None,
     nproc: Annotated[int, typer.Option("--nproc", help="data-parallel processes on this machine: launches torchrun "
                                                       "--nproc-per-node N -m grpolab train ...")] = 1,
+    from_intact: Annotated[bool, typer.Option("--from-intact", help="with --resume: when the newest checkpoint is "
+                                              "corrupt, resume from the newest intact one; the corrupt one is kept, "
+                                              "renamed checkpoints/corrupt-step-N")] = False,
 ) -> None:
     """Train with GRPO and write a run directory (manifest, metrics, samples, checkpoints)."""
     from ..config import load_config
-    from ..runs import resume_run, start_run
+    from ..runs import start_run
 
     if nproc != 1:
         raise typer.Exit(launch_torchrun(nproc))
@@ -45,27 +51,74 @@ def train(
         if config is not None:
             raise GrpolabError("--resume RUN_DIR reads its config from RUN_DIR/manifest.json; pass no config file "
                                "(change fields with --set ... --allow-changes)")
-        trainer, ckpt = resume_run(resume, set_, allow_changes)
-        console.print(f"[bold]resume[/] {resume} from " + (f"{ckpt.name}" if ckpt else "step 0 (no checkpoint yet)"),
-                      highlight=False, soft_wrap=True)
-        _fit(trainer)
+        if seeds is not None:
+            raise GrpolabError("--seeds starts one new run per seed and cannot be combined with --resume RUN_DIR; "
+                               "resume each seed's run directory with its own `grpolab train --resume RUN_DIR`")
+        _resume(resume, set_, allow_changes, from_intact)
         return
-    if allow_changes:
-        raise GrpolabError("--allow-changes only applies with --resume RUN_DIR")
+    for flag, given in (("--allow-changes", allow_changes), ("--from-intact", from_intact)):
+        if given:
+            raise GrpolabError(f"{flag} only applies with --resume RUN_DIR")
     if seeds is None:
-        trainer, _ = start_run(load_config(config, set_))
+        cfg = load_config(config, set_)
+        writable_dir(cfg.run.output_dir, "run.output_dir")
+        trainer, _ = start_run(cfg, progress=show_progress)
         console.print(f"[bold]run[/] {trainer.run_dir}", highlight=False, soft_wrap=True)
         _fit(trainer)
         return
+    seed_list = _parse_seeds(seeds)
     base = load_config(config, set_)
+    writable_dir(base.run.output_dir, "run.output_dir")
     name = base.run.name or f"{base.task.name}-{base.algorithm.preset}-{time.strftime('%Y%m%d-%H%M%S')}"
     run_dirs = []
-    for seed in _parse_seeds(seeds):
-        trainer, _ = start_run(load_config(config, [*set_, f"train.seed={seed}", f"run.name={name}-seed{seed}"]))
+    for seed in seed_list:
+        trainer, _ = start_run(load_config(config, [*set_, f"train.seed={seed}", f"run.name={name}-seed{seed}"]),
+                               progress=show_progress)
         console.print(f"[bold]run[/] {trainer.run_dir} (seed {seed})", highlight=False, soft_wrap=True)
         _fit(trainer)
         run_dirs.append(str(trainer.run_dir))
-    console.print(f"compare the seeds: grpolab compare {' '.join(run_dirs)}", highlight=False, soft_wrap=True)
+    for line in seeds_next_steps(base, run_dirs, name):
+        console.print(line, highlight=False, soft_wrap=True, markup=False)
+
+
+def show_progress(message: str) -> None:
+    """A phase of the run that can take a while (grpolab.training.trainer.Progress: loading the model, the first
+    step's sampling, a held-out eval, a checkpoint write), one dim indented line (told apart from the step lines),
+    flushed at once into a log or a pipe."""
+    console.print(f"[dim]  {escape(message)}[/]", highlight=False, soft_wrap=True)
+    console.file.flush()
+
+
+def _resume(run_dir: Path, set_: list[str], allow_changes: bool, from_intact: bool) -> None:
+    """`grpolab train --resume RUN_DIR`: its directory writable, then the run continued from its newest (intact)
+    checkpoint."""
+    from ..runs import resume_run
+
+    if run_dir.is_dir():
+        writable_dir(run_dir, "--resume")
+    trainer, ckpt = resume_run(run_dir, set_, allow_changes, progress=show_progress, from_intact=from_intact)
+    console.print(f"[bold]resume[/] {run_dir} from " + (f"{ckpt.name}" if ckpt else "step 0 (no checkpoint yet)"),
+                  highlight=False, soft_wrap=True)
+    _fit(trainer)
+
+
+def seeds_next_steps(cfg, run_dirs: list[str], name: str) -> list[str]:
+    """What to run after `train --seeds`: with a periodic held-out eval, `grpolab compare` of the run directories
+    (their last periodic evals side by side, a seed group with mean and spread); without one, compare has nothing
+    to read, so first `grpolab eval` of the base model and every seed's run on the run's held-out task (which
+    prints the set's mean gain over runs and problems) into one JSON, then `grpolab compare` of it."""
+    import shlex
+
+    if cfg.eval.every_steps > 0:
+        return [f"compare the seeds: grpolab compare {' '.join(map(shlex.quote, run_dirs))}"]
+    options = [a for k, v in cfg.task.options.items()
+               for a in ("--task-option", f"{k}={v if isinstance(v, str) else json.dumps(v)}")]
+    out = str(Path(cfg.run.output_dir) / f"{name}-seeds-eval.json")
+    tokens = cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens
+    evaluate = ["grpolab", "eval", cfg.model.name, *run_dirs, "--task", cfg.task.name, *options, "--split",
+                cfg.eval.split, "--max-new-tokens", str(tokens), "--out", out]
+    return [f"evaluate the seeds against the base model: {shlex.join(evaluate)}",
+            f"then compare them: grpolab compare {shlex.quote(out)}"]
 
 
 def torchrun_command(nproc: int, argv: list[str]) -> list[str]:
@@ -105,18 +158,6 @@ def _parse_seeds(text: str) -> list[int]:
     return seeds
 
 
-def step_line(step: int, total: int, m: dict[str, float], held_out: float | None) -> str:
-    """The progress of one step as one line (reward, held-out accuracy when measured, step time).
-
-    >>> step_line(3, 30, {"reward/mean": 0.5, "time/step_s": 9.25}, 0.625)
-    'step 3/30  reward 0.500  held-out 0.625  9.2s/step'
-    """
-    text = f"step {step}/{total}  reward {m['reward/mean']:.3f}"
-    if held_out is not None:
-        text += f"  held-out {held_out:.3f}"
-    return text + f"  {m['time/step_s']:.1f}s/step"
-
-
 def _fit(trainer) -> None:
     """Train `trainer` to its configured steps: a live progress bar on a terminal; one plain line per step when
     stdout is a file or a pipe (CI, nohup, a log), so a long run is never silent."""
@@ -130,7 +171,7 @@ def _fit(trainer) -> None:
         return
 
     def line(step: int, m: dict[str, float]) -> str:
-        return step_line(step, cfg.train.steps, m, trainer.last_eval.accuracy if trainer.last_eval else None)
+        return trainer_step_line(trainer, step, m)
 
     def plain(step: int, m: dict[str, float]) -> None:
         console.print(line(step, m), highlight=False, soft_wrap=True)
