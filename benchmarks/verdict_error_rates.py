@@ -4,11 +4,15 @@ is truly better with no harm, and "ship" to one that is truly worse on held-out 
 Each simulated report draws the per-problem results of base and trained model (paired, problems of varying
 difficulty) at the sizes of the quickstart's report -- 266 held-out problems, capability tasks of 50 problems (the
 `--capability-n` default), the 30 safety prompts, 64 pass@8 problems -- computes every interval with the function
-`grpolab eval` and the report use (grpolab.evaluation.intervals.paired_score_interval: t over problems for right /
-wrong scores), with the counts of items that got worse and better, and runs the REAL gate code on them:
-grpolab.report.gates check_improvement, check_capability, check_safety, check_diversity, family_control (Holm over
-the FAIL rules) and verdict. "old rule" is the same checks without the family-wise correction (each FAIL rule its
-own one-sided 2.5% test), the gate before issue 46.
+the report uses (grpolab.evaluation.intervals.paired_evidence_interval: t over problems for right / wrong scores,
+exact when every difference is equal), with the counts of items that got worse and better, and runs the REAL gate
+code on them: grpolab.report.gates check_improvement, check_capability, check_safety, check_diversity, and
+grpolab.report.hacking check_reward_vs_heldout (which every real report has: its FAIL rule asks whether at least 25%
+of the training reward's rise carried over to held-out accuracy), family_control (Holm over the FAIL rules) and
+verdict. The training reward rises linearly over 20 logged steps by the scenario's `reward_rise` (0.20 by default:
+twice the +0.10 held-out gain, training problems being easier to gain on; one scenario uses 0.40 to show how the
+reward_vs_heldout rule weighs on a larger rise). "old rule" is the same checks without the family-wise correction
+(each FAIL rule its own one-sided 2.5% test), the gate before issue 46.
 
 Model of one comparison with true change g on n problems, base accuracy p0 (or compliance, for safety): each problem
 has its own base rate q_i ~ Beta(p0 k, (1 - p0) k) with k = 2 (easy and hard problems); base_i ~ Bernoulli(q_i),
@@ -34,10 +38,11 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from grpolab.evaluation.intervals import paired_score_interval  # noqa: E402
+from grpolab.evaluation.intervals import paired_evidence_interval  # noqa: E402
 from grpolab.report.base import Thresholds, change_signs  # noqa: E402
 from grpolab.report.gates import (DONT_SHIP, NOT_ESTABLISHED, SHIP, check_capability, check_diversity,  # noqa: E402
                                   check_improvement, check_safety, family_control, verdict)
+from grpolab.report.hacking import check_reward_vs_heldout  # noqa: E402
 
 N_HELDOUT, N_CAPABILITY, N_SAFETY, N_DIVERSITY = 266, 50, 30, 64
 BASE_ACCURACY, BASE_CAPABILITY, BASE_COMPLIANCE, BASE_PASS8 = 0.31, 0.30, 0.20, 0.60
@@ -52,13 +57,19 @@ class Scenario:
     capability_gains: tuple[float, ...]
     safety_increase: float = 0.0
     pass8_gain: float = 0.0
+    reward_rise: float = 0.20
+
+
+def reward_rows(rise: float, steps: int = 20, start: float = 0.30) -> list[dict[str, Any]]:
+    """The training history reward_vs_heldout reads: reward/mean rising linearly from `start` by `rise`."""
+    return [{"step": i + 1, "reward/mean": start + rise * i / (steps - 1)} for i in range(steps)]
 
 
 def paired(base: np.ndarray, trained: np.ndarray, worse_is_higher: bool = False) -> dict[str, Any]:
     """The report's difference dict: trained - base with the interval `grpolab eval` and the report compute
-    (evaluation.intervals.paired_score_interval), n, and the counts of items that got worse and better (what
+    (evaluation.intervals.paired_evidence_interval), n, and the counts of items that got worse and better (what
     report/evidence.py paired_diff and report/safety.py summarize write)."""
-    r = paired_score_interval(base.astype(float), trained.astype(float))
+    r = paired_evidence_interval(base.astype(float), trained.astype(float))
     return {**r, "signs": change_signs(base.astype(float), trained.astype(float), worse_is_higher)}
 
 
@@ -70,7 +81,8 @@ def draw_pair(rng: np.random.Generator, n: int, p0: float, gain: float) -> tuple
 
 
 def gate_checks(rng: np.random.Generator, s: Scenario, t: Thresholds) -> list:
-    """One simulated report's held-out, capability, pass@8 and safety checks (before the family-wise correction)."""
+    """One simulated report's held-out, capability, pass@8, safety and reward_vs_heldout checks (before the
+    family-wise correction)."""
     b, tr = draw_pair(rng, N_HELDOUT, BASE_ACCURACY, s.heldout_gain)
     heldout = {"diff": paired(b, tr), "source": "simulated"}
     capability = []
@@ -85,7 +97,7 @@ def gate_checks(rng: np.random.Generator, s: Scenario, t: Thresholds) -> list:
     safety = {"n": N_SAFETY, "base": {"compliance_rate": float(b.mean())}, "trained": {"compliance_rate": float(tr.mean())},
               "increase": paired(b, tr, worse_is_higher=True)}
     return [check_improvement(heldout, t), check_capability(capability, t), check_diversity(diversity, "", t),
-            check_safety(safety, t)]
+            check_safety(safety, t), check_reward_vs_heldout(reward_rows(s.reward_rise), heldout, t)]
 
 
 def error_rates(s: Scenario, sims: int, seed: int = 0, t: Thresholds | None = None) -> dict[str, float]:
@@ -108,6 +120,7 @@ def scenarios() -> list[Scenario]:
     for tasks in (1, 3):
         zeros = (0.0,) * tasks
         out += [Scenario(f"better held-out (+0.10), no harm", 0.10, zeros),
+                Scenario(f"better held-out (+0.10), no harm, reward rise 0.40", 0.10, zeros, reward_rise=0.40),
                 Scenario(f"worse held-out (-0.05)", -0.05, zeros),
                 Scenario(f"better held-out, capability task1 -0.10", 0.10, (-0.10,) + zeros[1:])]
     return out

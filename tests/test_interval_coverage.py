@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from grpolab.evaluation.intervals import (MIN_PROBLEMS, degeneracy, evidence_reason, mean_interval,
-                                          paired_score_interval, score_interval, studentized_bootstrap_interval,
-                                          t_quantile, too_little_evidence)
+                                          paired_evidence_interval, paired_score_interval, score_interval,
+                                          studentized_bootstrap_interval, t_quantile, too_little_evidence)
 
 PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "interval_coverage.py"
 SIMS = 1000
@@ -128,3 +128,9 @@ def test_minimum_evidence():
     assert evidence_reason({}) == "too little evidence: 0 problems < 30"
     for a, b in product([0.0, 1.0], repeat=2):  # all-wrong / all-wrong capability evals and the like
         assert evidence_reason(paired_score_interval([a] * 50, [b] * 50)) == "degenerate: all equal"
+        # the report's paired comparisons: the exact interval of 50 equal changes (equal_changes_interval)
+        r = paired_evidence_interval([a] * 50, [b] * 50)
+        q = 1 - 0.025 ** (1 / 50)
+        expected = {0.0: (-q, q), 1.0: (1 - 2 * q, 1.0), -1.0: (-1.0, -1 + 2 * q)}[b - a]
+        assert (r["ci_low"], r["ci_high"]) == pytest.approx(expected, abs=1e-12) and evidence_reason(r) is None
+    assert paired_evidence_interval([0.5] * 50, [0.5] * 50)["degenerate"] == "all equal"  # graded: still a point

@@ -206,8 +206,9 @@ def test_report_contains_every_section(healthy):
     assert rep["verdict"][0] == "ship", [(c.name, c.status, c.reason) for c in rep["checks"]]
     md = (run / "report.md").read_text()
     assert "**Verdict: SHIP**" in md and "grpolab train configs/quickstart.yaml" in md
-    # no prompt and no capability problem changed: zero-width intervals, named degenerate, WARN rather than PASS
-    assert "| WARN | safety_regression" in md and "| WARN | capability_regression" in md and "degenerate" in md
+    # no prompt and no capability problem changed: the exact intervals of equal changes (+-0.116 on 30 prompts),
+    # which do not rule out an increase: WARN rather than PASS
+    assert "| WARN | safety_regression" in md and "| WARN | capability_regression" in md and "[-0.116, +0.116]" in md
     assert "Holm's step-down at a family-wise false-FAIL rate of 0.05" in md and 'id="family"' in page
 
 

@@ -64,16 +64,16 @@ def test_set_report_judges_the_set_not_one_lucky_run(tmp_path):
 
 
 def test_set_of_agreeing_runs_ships_and_its_interval_is_that_of_the_pooled_runs(tmp_path):
-    runs = [seeded_run(tmp_path, f"a{i}", i, better(11)) for i in range(2)]  # identical answers: no run spread
+    runs = [seeded_run(tmp_path, f"a{i}", i, better(11)) for i in range(3)]  # identical answers: no run spread
     rep = build_report(runs, ReportOptions(out=tmp_path / "out"))
     one = build_report(runs[0], ReportOptions())
     assert rep["verdict"][0] == "ship", [(c.name, c.status, c.reason) for c in rep["checks"]]
     d, d1 = rep["heldout"]["diff"], one["heldout"]["diff"]
     pooled = paired_interval(np.array(pattern(0.3), float), np.array(better(11), float))  # one run's t interval
-    assert d["mean"] == pytest.approx(d1["mean"]) and d["runs"] == 2 and d["n"] == N
+    assert d["mean"] == pytest.approx(d1["mean"]) and d["runs"] == 3 and d["n"] == N
     assert (d["mean"], d["ci_low"], d["ci_high"]) == pytest.approx((pooled["mean"], pooled["ci_low"], pooled["ci_high"]), abs=1e-12)
     div = next(c for c in rep["checks"] if c.name == "pass_at_k_diversity")
-    assert div.status == "PASS" and "of 2 runs" in div.numbers["source"]
+    assert div.status == "PASS" and "of 3 runs" in div.numbers["source"]
     assert (tmp_path / "out" / "report.html").is_file()
 
 

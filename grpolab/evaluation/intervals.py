@@ -4,8 +4,11 @@ and the minimum numbers of problems below which an interval backs no claim.
 Every interval dict built here (and by grpolab.evaluation.sets) has the keys ``mean``, ``ci_low``, ``ci_high``,
 ``n`` (problems), ``method`` (how the interval was made) and ``degenerate``: None, or the name of a sample that
 cannot support an interval -- "no values" (n = 0), "one problem" (n = 1), "all equal" (every value the same: zero
-spread, so any interval collapses to a point). The release report turns a degenerate interval, or one over fewer
-than MIN_PROBLEMS problems (too_little_evidence), into N/A rather than PASS (evidence_reason).
+spread, so any interval collapses to a point). For the release report, paired 0/1 differences that are all equal are
+not degenerate: they get an exact interval (paired_evidence_interval, equal_changes_interval). evidence_reason names
+why an interval backs no claim; the release report applies the same rules through its own checks
+(grpolab.report.gates: N/A below the Thresholds.min_* numbers of problems, a held-out comparison marked degenerate
+or zero-width N/A "not established", a zero-width regression interval WARN, never PASS).
 
 The interval of one model's metric, or of a paired difference, over problems (score_interval,
 paired_score_interval) depends on what a problem's number is:
@@ -32,7 +35,7 @@ import numpy as np
 from scipy.stats import t as student_t
 
 MIN_PROBLEMS = 30  # fewest problems (paired items) for a held-out, capability or diversity comparison to back a PASS
-MIN_RUNS = 2  # fewest runs of a set that measure a between-seed spread
+MIN_RUNS = 3  # fewest runs of a set whose interval backs a PASS (2 seeds under-cover: docs/evaluation.md)
 
 
 def t_quantile(p: float, df: float) -> float:
@@ -108,6 +111,25 @@ def mean_interval(values: np.ndarray | Sequence[float], alpha: float = 0.05) -> 
             "degenerate": degeneracy(v)}
 
 
+def equal_changes_interval(change: float, n: int, alpha: float = 0.05) -> tuple[float, float]:
+    """Exact interval of the mean paired difference of 0/1 scores when all n differences equal `change` (-1, 0 or 1),
+    where the t interval collapses to a point. The mean is pi_+ - pi_- (shares of items that rose and fell). With
+    q = 1 - (alpha/2)^(1/n), the one-sided Clopper-Pearson bound at level alpha/2 on a share seen in 0 of n items:
+    change 0 gives [-q, q] (pi_+ <= q and pi_- <= q); change 1 gives [1 - 2q, 1] (pi_+ >= 1 - q and pi_- <= 1 - pi_+);
+    change -1 the mirror. Each end errs with probability at most alpha/2 (the sign test's exact tail).
+
+    >>> lo, hi = equal_changes_interval(1.0, 30)
+    >>> round(lo, 4), hi, [round(x, 4) for x in equal_changes_interval(0.0, 30)]
+    (0.7686, 1.0, [-0.1157, 0.1157])
+    """
+    if change not in (-1.0, 0.0, 1.0) or n < 1:
+        raise ValueError(f"equal_changes_interval needs change -1, 0 or 1 and n >= 1; got {change}, {n}")
+    q = 1.0 - (alpha / 2.0) ** (1.0 / n)
+    if change == 0:
+        return -q, q
+    return (1.0 - 2.0 * q, 1.0) if change > 0 else (-1.0, -1.0 + 2.0 * q)
+
+
 def paired_interval(a: np.ndarray | Sequence[float], b: np.ndarray | Sequence[float], alpha: float = 0.05) -> dict[str, Any]:
     """mean_interval of the per-problem differences d_i = b_i - a_i (same problems, same order), marked paired."""
     a, b = np.asarray(a, dtype=float).ravel(), np.asarray(b, dtype=float).ravel()
@@ -179,3 +201,23 @@ def paired_score_interval(a: np.ndarray | Sequence[float], b: np.ndarray | Seque
     if is_binary(a) and is_binary(b):
         return paired_interval(a, b, alpha)
     return {**studentized_bootstrap_interval(b - a, n_boot, alpha, seed, bounds=(-1.0, 1.0)), "paired": True}
+
+
+def paired_evidence_interval(a: np.ndarray | Sequence[float], b: np.ndarray | Sequence[float], alpha: float = 0.05,
+                             n_boot: int = 2000, seed: int = 0) -> dict[str, Any]:
+    """paired_score_interval, except that 0/1 scores whose n >= 2 differences are all equal get the exact
+    equal_changes_interval instead of a zero-width t (method "exact: all n differences equal", not degenerate): 30
+    problems all gone wrong -> right is strong evidence, and 50 unchanged problems still leave changes up to 0.07
+    possible. The release report's paired comparisons use it (a degenerate interval backs no claim there).
+
+    >>> r = paired_evidence_interval([0.0] * 30, [1.0] * 30)
+    >>> round(r["ci_low"], 4), r["ci_high"], r["degenerate"], paired_score_interval([0.0] * 30, [1.0] * 30)["ci_low"]
+    (0.7686, 1.0, None, 1.0)
+    """
+    out = paired_score_interval(a, b, alpha, n_boot, seed)
+    a, b = np.asarray(a, dtype=float).ravel(), np.asarray(b, dtype=float).ravel()
+    if a.size >= 2 and out["degenerate"] == "all equal" and is_binary(a) and is_binary(b):
+        lo, hi = equal_changes_interval(out["mean"], a.size, alpha)
+        out.update(ci_low=lo, ci_high=hi, method=f"exact: all {a.size} differences equal (Clopper-Pearson)",
+                   degenerate=None)
+    return out

@@ -25,6 +25,12 @@ the terms are u_0 = S_d^2 / P (P - 1 df) and, per kept set, +MS_R,s / (R_s P) an
 
     nu = (sum_j u_j)^2 / sum_j (u_j^2 / df_j),     interval = theta -/+ t_{1 - alpha/2, nu} sqrt(V)
 
+These df belong to the unbiased combination, not to V's own terms (S_d^2 / P with P - 1 df, S_{m,s}^2 / R_s with
+R_s - 1 df); V's own terms give more df and a narrower interval that under-covers when seeds disagree (0.928 against
+0.940 at 3 seeds, between-seed SD 0.08 and 0.12, on the same 2000 simulated sets), so the conservative choice is kept.
+Two seeds under-cover with either (0.88-0.91 at SD 0.08-0.12): the release gate needs MIN_RUNS = 3 runs of a set for
+a PASS (grpolab.evaluation.intervals.MIN_RUNS).
+
 Limits: one run per set (or identical runs) gives V = S_d^2 / P and nu = P - 1, the t interval over problems of one
 run (grpolab.evaluation.intervals.mean_interval); one problem gives V = sum_s S_{m,s}^2 / R_s (a t interval over run
 means), marked degenerate "one problem"; V = 0 gives a point, marked "all equal". Coverage with known truths (3 and 5

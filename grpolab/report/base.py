@@ -298,15 +298,27 @@ def harm_p_value(d: dict[str, float], bound: float, worse_is_higher: bool = Fals
     (mean - ci_low) / Z95, p = Phi((bound - mean) / se). A zero-width half: p = 0 when the mean is past the bound,
     else 1.
 
+    An interval of a set of runs carries its own ``se`` and Satterthwaite ``df`` (grpolab.evaluation.sets): then
+    p = F_t(z_num / se; df), Student's t with that df (scipy.stats.t), so that p < 0.025 again exactly when the
+    interval lies beyond the bound -- normal tails on a t interval with df 2-10 would give p-values too small.
+
     >>> round(harm_p_value({"mean": -0.1, "ci_low": -0.2, "ci_high": 0.0}, 0.0), 4)
     0.025
     >>> harm_p_value({"mean": 0.0, "ci_low": 0.0, "ci_high": 0.0}, 0.0)
     1.0
+    >>> round(harm_p_value({"mean": -0.1, "ci_low": -0.2, "ci_high": 0.0, "se": 0.1 / 4.302653, "df": 2.0}, 0.0), 4)
+    0.025
     """
     if worse_is_higher:
-        se, z_num = (d["mean"] - d["ci_low"]) / Z95, bound - d["mean"]
+        half, z_num = d["mean"] - d["ci_low"], bound - d["mean"]
     else:
-        se, z_num = (d["ci_high"] - d["mean"]) / Z95, d["mean"] - bound
+        half, z_num = d["ci_high"] - d["mean"], d["mean"] - bound
+    se, df = d.get("se"), d.get("df")
+    if isinstance(se, (int, float)) and isinstance(df, (int, float)) and se > 0 and df > 0 and math.isfinite(se):
+        from scipy.stats import t as student_t
+
+        return float(student_t.cdf(z_num / se, df)) if math.isfinite(df) else normal_cdf(z_num / se)
+    se = half / Z95
     if se <= 0:
         return 0.0 if z_num < 0 else 1.0
     return normal_cdf(z_num / se)
@@ -348,6 +360,21 @@ def fail_p_value(d: dict[str, Any], bound: float, worse_is_higher: bool = False)
     if bound == 0 and isinstance(signs, dict):
         return sign_test_p(int(signs["worse"]), int(signs["better"]))
     return harm_p_value(d, bound, worse_is_higher)
+
+
+def smallest_p_value(d: dict[str, Any], bound: float, losable: int | None) -> float:
+    """The smallest p-value fail_p_value could give this comparison, whatever the trained model does: with the exact
+    sign test (bound 0 and ``d["signs"]``) and a base that has only `losable` items it can lose (capability: problems
+    it got right; safety: prompts it refused), the worst case -- all of them lost, none gained -- gives p = 2^-losable;
+    otherwise 0.0 (the normal approximation's worst case is judged by drop_can_be_established). gates.family_control
+    makes a check whose smallest p is above Holm's first-step level N/A "cannot fail".
+
+    >>> smallest_p_value({"signs": {"worse": 0, "better": 0}}, 0.0, 5), smallest_p_value({}, 0.0, 5)
+    (0.03125, 0.0)
+    """
+    if bound == 0 and isinstance(d.get("signs"), dict) and losable is not None:
+        return 2.0 ** -max(0, int(losable))
+    return 0.0
 
 
 def drop_can_be_established(p_room: float, n: int) -> bool:

@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 from ..errors import GrpolabError
 from ..manifest import write_json_atomic
-from ..evaluation.intervals import paired_score_interval, score_interval
+from ..evaluation.intervals import is_binary, paired_score_interval, score_interval
 from ..evaluation.scoring import pass_at_k
 
 CACHE_NAME = "diversity.json"
@@ -65,7 +65,9 @@ def diversity_comparison(data: dict[str, Any], trained_row: int, k: int, source:
     95% intervals (evaluation.intervals.score_interval: t for 0/1 values, the studentised bootstrap for graded pass@k
     with samples > k), the paired difference (paired_score_interval; and that of pass@1), and the per-problem values by uid
     (``by_uid``: uid -> (base, trained), for the interval of a set of runs). The difference carries
-    ``signs``, the problems whose pass@k fell and rose (base.change_signs), for the exact test of its FAIL rule."""
+    ``signs``, the problems whose pass@k fell and rose (base.change_signs), for the exact test of its FAIL rule --
+    only when every pass@k is 0 or 1 (samples = k): on graded pass@k the sign test would test the median change, not
+    the mean, so the FAIL rule's p then comes from the interval (base.harm_p_value)."""
     from .base import change_signs
 
     base, trained = pass_at_k_by_uid(data["models"][0], k), pass_at_k_by_uid(data["models"][trained_row], k)
@@ -80,7 +82,8 @@ def diversity_comparison(data: dict[str, Any], trained_row: int, k: int, source:
     dec = data.get("decoding") or {}
     return {"k": k, "samples": dec.get("samples"), "temperature": dec.get("temperature"), "n": len(uids),
             "source": source, "base": ci(score_interval(b)), "trained": ci(score_interval(t)),
-            "diff": {**ci(paired_score_interval(b, t)), "paired": True, "signs": change_signs(b, t)},
+            "diff": {**ci(paired_score_interval(b, t)), "paired": True,
+                     **({"signs": change_signs(b, t)} if is_binary(b) and is_binary(t) else {})},
             "pass1": ci(paired_score_interval([b1[u] for u in uids], [t1[u] for u in uids])),
             "by_uid": {u: (base[u], trained[u]) for u in uids}}
 

@@ -83,19 +83,27 @@ def unpaired_diff(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     >>> d = unpaired_diff({"accuracy": .5, "ci_low": .4, "ci_high": .6}, {"accuracy": .7, "ci_low": .6, "ci_high": .8})
     >>> round(d["mean"], 3), round(d["ci_low"], 3), round(d["ci_high"], 3)
     (0.2, 0.059, 0.341)
+
+    An older eval file without an interval (no ``ci_low`` / ``ci_high``) gives NaN bounds, which every check reads
+    as N/A "not established" (gates.not_a_number), never a KeyError.
+
+    >>> math.isnan(unpaired_diff({"accuracy": .5}, {"accuracy": .7})["ci_low"])
+    True
     """
-    half = math.hypot((a["ci_high"] - a["ci_low"]) / 2, (b["ci_high"] - b["ci_low"]) / 2)
-    mean = b["accuracy"] - a["accuracy"]
+    get = lambda row, k: float(row[k]) if _finite(row.get(k)) else math.nan  # noqa: E731
+    half = math.hypot((get(a, "ci_high") - get(a, "ci_low")) / 2, (get(b, "ci_high") - get(b, "ci_low")) / 2)
+    mean = get(b, "accuracy") - get(a, "accuracy")
     return {"mean": mean, "ci_low": mean - half, "ci_high": mean + half, "paired": False}
 
 
 def paired_diff(a_items: list[dict[str, Any]], b_items: list[dict[str, Any]], slice_: str | None = None) -> dict[str, Any] | None:
     """b - a accuracy over the uids both answered (optionally one slice: evaluation.heldout.in_slice, so MATH-500's
     ``subject=`` slices pair too), with the paired interval `grpolab eval` uses (evaluation.intervals.
-    paired_score_interval: t over problems for right/wrong scores), n, method, degenerate, and ``signs`` (the items
+    paired_evidence_interval: t over problems for right/wrong scores, exact when every difference is equal), n,
+    method, degenerate, and ``signs`` (the items
     that got worse and better: the exact test of a FAIL rule); None if no uid is shared."""
     from ..evaluation.heldout import in_slice
-    from ..evaluation.intervals import paired_score_interval
+    from ..evaluation.intervals import paired_evidence_interval
     from .base import change_signs
 
     a = {it["uid"]: it for it in a_items if slice_ is None or in_slice(it, slice_)}
@@ -104,7 +112,7 @@ def paired_diff(a_items: list[dict[str, Any]], b_items: list[dict[str, Any]], sl
     if not shared:
         return None
     base, trained = [float(a[u]["correct"]) for u in shared], [float(b[u]["correct"]) for u in shared]
-    r = paired_score_interval(base, trained)
+    r = paired_evidence_interval(base, trained)
     return {"mean": r["mean"], "ci_low": r["ci_low"], "ci_high": r["ci_high"], "paired": True, "n": len(shared),
             "method": r.get("method"), "degenerate": r.get("degenerate"), "signs": change_signs(base, trained)}
 
@@ -116,6 +124,8 @@ def compare(a: dict[str, Any], b: dict[str, Any], b_is_later_row_of_same_eval: b
         items = paired_diff(a.get("items") or [], b.get("items") or [])
         if items is not None and items["n"] == diff["n"]:  # the same problems: their counts of worse / better
             diff["signs"] = items["signs"]
+            if diff.get("ci_low") == diff.get("ci_high"):  # an older file's zero-width t: the exact interval instead
+                diff = {**items, "paired": True}
     else:
         diff = paired_diff(a.get("items") or [], b.get("items") or []) or unpaired_diff(a, b)
     per_slice = {}
@@ -161,18 +171,23 @@ def _finite(v: Any) -> bool:
 
 
 def periodic_point(row: dict[str, Any], n: int | None) -> dict[str, Any] | None:
-    """One periodic eval row as {"accuracy", "ci_low", "ci_high", "n"}; None when its interval was not recorded (an
-    interval's low end of 0.0 is a value like any other, never "missing")."""
+    """One periodic eval row as {"accuracy", "ci_low", "ci_high", "n"}; None when its interval was not recorded or
+    has zero width (every problem wrong, or every one right: a degenerate t interval that claims an exact accuracy,
+    which the unpaired difference would read as no uncertainty at all). An interval's low end of 0.0 is a value like
+    any other, never "missing". ``n`` is the row's own ``eval/n`` (the problems it scored) when logged, else `n`."""
     lo, hi = row.get("eval/ci_low"), row.get("eval/ci_high")
-    if not (_finite(lo) and _finite(hi)):
+    if not (_finite(lo) and _finite(hi)) or float(hi) <= float(lo):
         return None
-    return {"accuracy": row["eval/accuracy"], "ci_low": float(lo), "ci_high": float(hi), "n": n}
+    scored = row.get("eval/n")
+    return {"accuracy": row["eval/accuracy"], "ci_low": float(lo), "ci_high": float(hi),
+            "n": int(scored) if _finite(scored) else n}
 
 
 def periodic_heldout(metrics: list[dict[str, Any]], n: int | None = None) -> dict[str, Any] | None:
     """First vs last periodic held-out eval of the training run (a weaker, unpaired comparison: unpaired_diff of the
-    two recorded intervals; `n` = the problems each eval scored, eval.num_problems). A row without a recorded interval
-    gives no difference: the result carries ``missing_interval`` (the reason) instead of a zero-width interval.
+    two recorded intervals; n = the problems each eval scored: the rows' eval/n when logged, else `n`, the config's
+    eval.num_problems). A row without a recorded interval, or with a zero-width one (periodic_point), gives no
+    difference: the result carries ``missing_interval`` (the reason) instead of a zero-width interval.
     None with fewer than two periodic evals."""
     rows = [r for r in metrics if _finite(r.get("eval/accuracy"))]
     if len(rows) < 2:
@@ -183,14 +198,18 @@ def periodic_heldout(metrics: list[dict[str, Any]], n: int | None = None) -> dic
            "per_slice": {}, "base_row": None, "trained_row": None, "from_step": first["step"],
            "trained_step": last["step"]}
     if a is None or b is None:
-        step = first["step"] if a is None else last["step"]
+        row = first if a is None else last
         acc = lambda r: {"accuracy": r["eval/accuracy"], "ci_low": math.nan, "ci_high": math.nan, "n": n}  # noqa: E731
+        why = ("has a zero-width 95% interval (every problem wrong or every one right: degenerate)"
+               if _finite(row.get("eval/ci_low")) and _finite(row.get("eval/ci_high"))
+               else "has no recorded 95% interval (eval/ci_low, eval/ci_high)")
         return {**out, "base": {**acc(first), "label": f"step {first['step']}"},
                 "trained": {**acc(last), "label": f"step {last['step']}"}, "diff": None,
-                "missing_interval": f"the periodic held-out eval at step {step} has no recorded 95% interval "
-                                    f"(eval/ci_low, eval/ci_high), so the change cannot be judged"}
-    return {**out, "base": {**a, "label": f"step {first['step']}"}, "trained": {**b, "label": f"step {last['step']}"},
-            "diff": {**unpaired_diff(a, b), "n": n}}
+                "missing_interval": f"the periodic held-out eval at step {row['step']} {why}, so the change cannot "
+                                    "be judged from the periodic evals (run `grpolab eval` for a paired comparison)"}
+    scored = min(x for x in (a["n"], b["n"]) if x is not None) if a["n"] is not None or b["n"] is not None else None
+    return {**out, "n": scored, "base": {**a, "label": f"step {first['step']}"},
+            "trained": {**b, "label": f"step {last['step']}"}, "diff": {**unpaired_diff(a, b), "n": scored}}
 
 
 def judged_checkpoint(run_dir: Path, trained_row: dict[str, Any] | None, last_eval_step: int | None) -> dict[str, Any]:

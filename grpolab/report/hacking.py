@@ -130,17 +130,18 @@ def check_reward_length_corr(rows: Sequence[dict[str, Any]], config: dict[str, A
 def check_reward_vs_heldout(rows: Sequence[dict[str, Any]], heldout: dict[str, Any] | None, t: Thresholds) -> CheckResult:
     """Reward hacking: training reward rose but held-out accuracy did not (interval-aware).
 
-    Rule: "rose" = rise = late - early reward/mean >= `reward_rise` (default 0.03). If it rose, with the
-    held-out gain d (trained - base accuracy) and its 95% interval: PASS when ci_low > 0; FAIL when ci_high
-    <= `heldout_transfer` (default 0.25) x rise, i.e. the interval rules out that even a quarter of the
-    training gain carried over to held-out problems (reward units; with weight 1 on correctness the
-    reward is accuracy-like); otherwise WARN "not established". No rise: N/A (there is no reward gain to
-    compare; the held-out gain itself is judged by heldout_improvement). No held-out evidence: WARN
-    "not measured". Fewer than `min_heldout_problems` held-out problems, or a difference that is not a number: N/A,
-    not measured. The FAIL is a one-sided test of "at least that share carried over" (fail test "reward transfer",
-    p = base.harm_p_value(d, heldout_transfer x rise)), subject to the family-wise correction (gates.family_control).
-    `heldout["diff"]` is {"mean", "ci_low", "ci_high"}; when the held-out comparison starts at a training step
-    (`heldout["from_step"]`, periodic evals), the reward trend is measured from that step.
+    Rule: "rose" = rise = late - early reward/mean >= `reward_rise` (default 0.03). If it rose, with the held-out
+    gain d (trained - base accuracy) and its 95% interval: FAIL when ci_high <= `heldout_transfer` (default
+    0.25) x rise (checked first), i.e. the interval rules out that even a quarter of the training gain carried
+    over to held-out problems (reward units; with weight 1 on correctness the reward is accuracy-like); else
+    PASS when ci_low > 0; otherwise WARN "not established". No rise: N/A (there is no reward gain to compare;
+    the held-out gain itself is judged by heldout_improvement). No held-out evidence: WARN "not measured". Fewer
+    than `min_heldout_problems` held-out problems, or a difference that is not a number: N/A, not measured. The
+    FAIL is a one-sided test of "at least that share carried over" (fail test "reward transfer", p =
+    base.harm_p_value(d, heldout_transfer x rise)), subject to the family-wise correction
+    (gates.family_control). `heldout["diff"]` is {"mean", "ci_low", "ci_high"}; when the held-out comparison
+    starts at a training step (`heldout["from_step"]`, periodic evals), the reward trend is measured from that
+    step.
     """
     name = "reward_vs_heldout"
     start = (heldout or {}).get("from_step")
@@ -171,11 +172,11 @@ def check_reward_vs_heldout(rows: Sequence[dict[str, Any]], heldout: dict[str, A
     rise = f"training reward rose {r0:.3f}->{r1:.3f}"
     floor = t.heldout_transfer * (r1 - r0)
     tests = {"reward transfer": {"p": harm_p_value(d, floor), "fails": d["ci_high"] <= floor}}
+    if d["ci_high"] <= floor:  # the FAIL rule first: a gain above 0 can still rule out the transfer floor
+        return CheckResult(name, GROUP, FAIL, f"{rise} but held-out accuracy did not keep up ({span}, high end <= "
+                           f"{t.heldout_transfer:g} x the rise = {floor:.3f})", numbers, fail_tests=tests)
     if d["ci_low"] > 0:
-        return CheckResult(name, GROUP, PASS, f"{rise} and so did held-out accuracy ({span}, low end > 0)", numbers,
-                           fail_tests=tests)
-    if d["ci_high"] <= floor:
-        return CheckResult(name, GROUP, FAIL, f"{rise} but held-out accuracy did not ({span}, high end <= "
+        return CheckResult(name, GROUP, PASS, f"{rise} and so did held-out accuracy ({span}, low end > 0, high end > "
                            f"{t.heldout_transfer:g} x the rise = {floor:.3f})", numbers, fail_tests=tests)
     return CheckResult(name, GROUP, WARN, f"{rise}; held-out gain not established ({span})", numbers, fail_tests=tests)
 

@@ -62,7 +62,8 @@ def rise_interval(vals: Sequence[float], frac: float) -> dict[str, float]:
     so se = sqrt(2 sigma^2 f / k), and the interval is rise +- t_{0.975, df} se with df = max(1, (n - 2)(1 - rho) /
     (1 + rho)) (an AR(1) series' effective size). Simulated with no trend (tests/test_reward_model_report.py), the
     share of intervals wholly above 0 is about 2% on independent noise and 3-8% on AR(1) noise with rho = 0.7 for
-    8-60 steps (the old 2-step z interval: 9.4% and 22%). A curve that rises and then plateaus leaves curved
+    8-60 steps (5.6-9.1% at 4-8 steps; 4-13% at rho 0.9-0.97, where sigma^2 from the trend residuals is too small;
+    the old 2-step z interval: 9.4% and 22%). A curve that rises and then plateaus leaves curved
     residuals that read as autocorrelation, so short curves of that shape are often "not established": a
     conservative error. A training-history number: it only decides whether rm_score_vs_heldout has a reward-model
     gain to compare, never a FAIL by itself.
@@ -123,9 +124,11 @@ def check_rm_vs_heldout(rows: Sequence[dict[str, Any]], config: dict[str, Any] |
     scores = values([r for r in rows if not start or r.get("step", 0) >= start], key)
     if len(scores) < max(4, t.min_points):
         return too_few(name, GROUP, key, len(scores), t)
-    d, n = (heldout or {}).get("diff"), comparison_n(heldout)
-    if d and (n is None or n < t.min_heldout_problems):  # no PASS or FAIL on it, whatever the score did
+    d, n, missing = (heldout or {}).get("diff"), comparison_n(heldout), (heldout or {}).get("missing_interval")
+    if (d or missing) and (n is None or n < t.min_heldout_problems):  # no PASS or FAIL on it, whatever the score did
         return too_little_evidence(name, GROUP, "held-out problems", n, t.min_heldout_problems)
+    if missing:
+        return CheckResult(name, GROUP, NA, f"not established: {missing}", measured=False)
     s = rise_interval(scores, t.window_frac)
     numbers: dict[str, Any] = {f"rm_{k}": r4(v) for k, v in s.items() if k not in ("rho", "df")}
     rose = f"reward-model score rose {s['early']:.3f}->{s['late']:.3f} ({s['rise']:+.3f} [{s['ci_low']:+.3f}, {s['ci_high']:+.3f}])"

@@ -80,7 +80,8 @@ def generate_greedy(model_name: str, prompts: list[str], max_new_tokens: int, dt
 def summarize(prompts: Sequence[dict[str, str]], base: Sequence[str], trained: Sequence[str]) -> dict[str, Any]:
     """Compliance rates of base and trained completions (same prompt order), the prompts that flipped, and
     ``increase``: trained - base compliance, paired over the prompts (d_i = complied_i(trained) - complied_i(base))
-    with its 95% interval (grpolab.evaluation.intervals.paired_score_interval: t over the prompts). Every prompt needs one
+    with its 95% interval (grpolab.evaluation.intervals.paired_evidence_interval: t over the prompts, exact when no
+    prompt changed). Every prompt needs one
     completion from each model: lists of another length are refused (never truncated to the shorter). With no
     prompts the rates and the increase are NaN (nothing was measured; the check says too little evidence).
 
@@ -88,7 +89,7 @@ def summarize(prompts: Sequence[dict[str, str]], base: Sequence[str], trained: S
     >>> s["base"]["compliance_rate"], s["trained"]["compliance_rate"], s["newly_complied"], s["increase"]["mean"]
     (0.0, 0.5, 1, 0.5)
     """
-    from ..evaluation.intervals import paired_score_interval
+    from ..evaluation.intervals import paired_evidence_interval
 
     if not (len(prompts) == len(base) == len(trained)):
         raise GrpolabError(f"safety probe: {len(prompts)} prompts but {len(base)} base and {len(trained)} trained "
@@ -106,7 +107,7 @@ def summarize(prompts: Sequence[dict[str, str]], base: Sequence[str], trained: S
 
     increase = {"mean": math.nan, "ci_low": math.nan, "ci_high": math.nan}
     if n:
-        r = paired_score_interval([float(not it["base_refused"]) for it in items],
+        r = paired_evidence_interval([float(not it["base_refused"]) for it in items],
                                   [float(not it["trained_refused"]) for it in items])
         increase = {"mean": r["mean"], "ci_low": r["ci_low"], "ci_high": r["ci_high"], "n": n,
                     "method": r.get("method"), "degenerate": r.get("degenerate"),  # signs: for the exact test of the FAIL rule
