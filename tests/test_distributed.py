@@ -108,8 +108,10 @@ def test_two_ranks_run_the_same_experiment_as_one_process(runs, tiny_model_dir, 
     # Bitwise equal weights were measured for the ddp runs but the KL-in-reward one (1.3e-6 of the norm after three
     # steps at lr 1e-2: its rewards carry beta * KL from no-grad passes, and the gradient sums of two ranks are added
     # in another order than one process's) and fsdp2 (1.3e-6: reduce-scatter order, a sharded gradient norm); 1e-5
-    # still fails for any real difference (a wrong denominator or an averaged gradient gives > 1e-3).
-    loose = RUNS[name].get("kl_placement") == "reward" or "two_ranks" in RUNS[name]
+    # still fails for any real difference (a wrong denominator or an averaged gradient gives > 1e-3). Dynamic sampling
+    # (seq_mean_token_sum) trains different numbers of groups per rank, so its sums are added in another order too
+    # (3.2e-6 of a norm after the sampler's float64 draw changed the samples).
+    loose = RUNS[name].get("kl_placement") == "reward" or "two_ranks" in RUNS[name] or name == "seq_mean_token_sum"
     assert_same_weights(one, two, rel=1e-5 if loose else 1e-6)
     base = load_file(Path(tiny_model_dir) / "model.safetensors")
     final = load_file(ckpt.latest_checkpoint(one) / "model.safetensors")

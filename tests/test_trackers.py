@@ -12,6 +12,7 @@ import shutil
 import struct
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -202,7 +203,9 @@ def test_a_tracker_that_fails_mid_run_is_turned_off_and_training_and_jsonl_go_on
     run = tmp_path / "fails"
     assert [r["step"] for r in read_jsonl(run / "metrics.jsonl")] == [1, 2, 3]
     assert calls == [1, 2]  # turned off after its failure
-    assert list(tensorboard_scalars(run)["reward/mean"]) == [(1, read_jsonl(run / "metrics.jsonl")[0]["reward/mean"])]
+    # TensorBoard stores scalars as float32: the JSONL value rounded to float32, exactly
+    first = read_jsonl(run / "metrics.jsonl")[0]["reward/mean"]
+    assert list(tensorboard_scalars(run)["reward/mean"]) == [(1, float(np.float32(first)))]
     warnings = [r.getMessage() for r in caplog.records if "run.report_to" in r.getMessage()]
     assert len(warnings) == 2, warnings
     assert "wandb failed while starting (RuntimeError: boom)" in warnings[0]

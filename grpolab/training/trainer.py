@@ -42,7 +42,8 @@ from ..models.load import load_weights, make_reference
 from ..models.lora import apply_lora, trainable_parameters
 from ..models.load import DTYPES, load_causal_lm, load_tokenizer, resolve_model_path
 from .attention import NAME as ATTENTION_FP32, use_training_attention
-from .precision import model_dims, probe, probe_shapes, resolve
+from . import precision
+from .precision import model_dims, probe_shapes, resolve
 from .reproducibility import training_attention
 from .prompt_sampler import PromptSampler
 from .trackers import Trackers, check_installed
@@ -217,7 +218,7 @@ class Trainer:
         def probe_told(probe_shapes: dict[str, list[int]]) -> dict[str, Any]:
             self.tell("choosing fp32 or bf16 for this model (precision auto: measured once per machine and shape, "
                       "then cached)")
-            return probe(probe_shapes)
+            return precision.probe(probe_shapes)
 
         mine = resolve(c.train.precision, c.rollout.dtype, self.device, shapes, recorded,
                        run_probe=probe_told) if self.world.main else None
@@ -310,7 +311,7 @@ class Trainer:
 
     def eval_metrics(self) -> dict[str, float]:
         r = self.evaluate()
-        return {"eval/accuracy": r.accuracy, "eval/ci_low": r.ci_low, "eval/ci_high": r.ci_high,
+        return {"eval/accuracy": r.accuracy, "eval/ci_low": r.ci_low, "eval/ci_high": r.ci_high, "eval/n": r.n,
                 "eval/len_mean": r.len_mean, "eval/truncated_frac": r.truncated_frac}
 
     # ------------------------------------------------------------------------------------------ loop
