@@ -8,9 +8,8 @@ Gradients (upstream g for log p, h for H; p = softmax(z)):
 The forward keeps only the logits and the log-normaliser of each row; the backward recomputes each chunk's
 softmax, so no float32 tensor of every row's vocabulary is built or kept (with bf16 logits, half the memory
 held for the backward).
-On a CPU a chunk is about 1 MiB of float32 and stays in the core's cache across its passes: forward + backward in
-0.34-0.38x the time of autograd through a full float32 log_softmax (bf16 logits, 2-vCPU Intel Xeon with AMX;
-benchmarks/levers.py --only-kernels, docs/performance.md). On a GPU chunks are large (few launches).
+On a CPU a chunk is about 1 MiB of float32, so it stays in the core's cache across its passes; on a GPU chunks are
+large (few launches). Speed: docs/performance.md, "Levers" (log-probabilities a chunk at a time).
 """
 
 from __future__ import annotations

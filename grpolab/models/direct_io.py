@@ -1,26 +1,20 @@
 """Checkpoint files written past the page cache (O_DIRECT): `DirectFile`, `save_safetensors`, `torch_save`.
 
-A checkpoint of a full model is the weights plus the optimizer's two moments: 1.6 GB for a 135M-parameter model in
-float32. Written the usual way (`torch.save`, safetensors' `save_file`) every byte is first copied into freshly
-allocated page-cache pages, which the kernel later writes out; a checkpoint is kept, so those pages stay in use and
-the next checkpoint allocates new ones. Measured on a 2-vCPU Intel Xeon virtual machine (idle, torch 2.13.0): one
-quickstart checkpoint took 5.6-5.7 s (trainer state 3.5 s, model 1.4 s, fsync 0.7 s), where the disk takes the same
-bytes at 1.6-1.7 GB/s with direct I/O (about 1 s); docs/performance.md has the before/after of
-`benchmarks/checkpoint_write.py`.
+A full checkpoint (weights and both optimizer moments: 1.6 GB for a 135M-parameter model in float32) written the usual
+way is first copied into freshly allocated page-cache pages, which a kept file holds on to, so every checkpoint
+allocates afresh; writing straight from memory to the disk skips that copy (docs/performance.md, "Levers"
+(checkpoints written past the page cache) and "Checkpoint writes").
 
-`DirectFile` is a write-only file that copies what it is given into a page-aligned buffer (16 MiB, one per file,
-reused as it fills) and writes the buffer with O_DIRECT at its offset, straight from memory to the disk; at
-`close` the last partial block is padded to the alignment, the file truncated to its true length and fsync'ed.
-Where O_DIRECT is not available (not Linux) or the filesystem refuses it (tmpfs, some network filesystems: EINVAL
-at open or at any write), it goes on through the page cache from where it was, with the same bytes and the same
-fsync. The files are ordinary: `torch.load` and safetensors read them as they are. Each `DirectFile` also keeps the
-CRC-32 of what it was given (zlib's, computed as the bytes come in, so the file is never read back), which
-the checkpoint records in its checksums.json so a resume can tell a damaged file from an intact one.
+`DirectFile` copies what it is given into a page-aligned 16 MiB buffer and writes it with O_DIRECT at its offset; at
+`close` the last block is padded, the file truncated to its true length and fsync'ed. Where O_DIRECT is unavailable
+(not Linux) or refused (tmpfs, some network filesystems: EINVAL at open or at any write) it goes on through the page
+cache from where it was, with the same bytes. The files are ordinary for `torch.load` and safetensors. It also keeps
+the CRC-32 of what it was given (never reading the file back), which the checkpoint records in checksums.json so a
+resume can tell a damaged file from an intact one.
 
 `save_safetensors` writes the safetensors layout (8-byte little-endian header length, the JSON header padded with
 spaces to 8 bytes, then each tensor's bytes at its offsets; https://huggingface.co/docs/safetensors) into a
-`DirectFile`: the library's `save_file` writes only through the page cache and its `save` builds the whole file
-in memory first (measured: no faster than `save_file`). Tested against safetensors' own reader.
+`DirectFile`, since the library writes only through the page cache. Tested against safetensors' own reader.
 """
 
 from __future__ import annotations

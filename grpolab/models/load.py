@@ -133,8 +133,8 @@ def frozen_copy(model: PreTrainedModel, dtype: torch.dtype) -> PreTrainedModel:
     stream -- is the same whether or not a copy exists. Every parameter and buffer, the non-persistent ones (rotary
     inv_freq) included, is then copied by name from `model`; tied weights stay tied.
 
-    Measured on this CPU: marking the copy's parameters requires_grad=False made bf16 `generate` about 2.5x
-    slower, so they are left as they are and gradients are never taken through the copy instead.
+    The copy's parameters keep requires_grad (marking them False made bf16 `generate` slower: docs/performance.md,
+    "Choices in the code, measured"); no gradient is ever taken through the copy.
     """
     with torch.device("meta"):
         copy = AutoModelForCausalLM.from_config(deepcopy(model.config), dtype=dtype)

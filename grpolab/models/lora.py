@@ -3,19 +3,17 @@
 With LoRA the trained weights are W' = W + (alpha / r) B A for every adapted module (W frozen, A [r, in] and
 B [out, r] trained; B starts at 0, so the run starts at the base model). Each part of a run uses that as follows:
 
-- **policy**: `apply_lora` wraps the loaded model with peft (`get_peft_model`); only A and B require grad and only
-  they go to the optimizer. A is drawn from a generator seeded with train.seed inside `torch.random.fork_rng`, so
-  the global RNG -- and with it everything sampled later -- is the same with and without LoRA.
-- **reference** (beta > 0): `AdapterOff(policy)`, the same modules run under peft's `disable_adapter()` -- the base
-  model exactly, with no second copy of the weights (`make_reference`; `runnable` is what a forward pass runs).
-- **sampler**: always its own plain model (rollout.dtype) holding W + (alpha / r) B A, written by parameter name
-  (`MergedWeights`, computed on access and never merged into the trained model) after every update, so decoding
-  runs at full-fine-tuning speed with no adapter matmuls and samples from exactly the weights an export holds.
-- **checkpoints**: the adapter in peft's format (adapter_config.json + adapter_model.safetensors, `save_model`)
-  plus the trainer state; `load_weights` restores it bitwise for an exact resume. The adapter config names its
-  base model as the run does (`bundled:<alias>` stays an alias, so the checkpoint does not depend on a cache path).
-- **loading and export**: `load_merged` reads an adapter checkpoint as a plain model (base + adapter, merged by
-  peft's `merge_and_unload` on that fresh copy): what `grpolab eval RUN` and `grpolab export RUN --merge` use.
+- **policy**: `apply_lora` wraps the model with peft; only A and B require grad and go to the optimizer. A is drawn
+  from a generator seeded with train.seed inside `torch.random.fork_rng`, so the global RNG is the same with and
+  without LoRA.
+- **reference** (beta > 0): `AdapterOff(policy)`, the same modules under peft's `disable_adapter()` -- the base model
+  exactly, with no second copy of the weights (`make_reference`; `runnable` is what a forward pass runs).
+- **sampler**: its own plain model holding W + (alpha / r) B A, written by name (`MergedWeights`, never merged into
+  the trained model) after every update: no adapter matmuls while decoding, and exactly the weights an export holds.
+- **checkpoints**: the adapter in peft's format plus the trainer state; `load_weights` restores it bitwise. The
+  adapter config names its base model as the run does (`bundled:<alias>` stays an alias, independent of the cache).
+- **loading and export**: `load_merged` reads an adapter checkpoint as a plain model (peft's `merge_and_unload` on a
+  fresh copy): what `grpolab eval RUN` and `grpolab export RUN --merge` use.
 
 peft is imported only when LoRA is used; a model can only be a PeftModel when peft was imported.
 """

@@ -1,20 +1,14 @@
 """Prepacked weights for the decode loop on a CPU (`prepacked_linears`, the decode loop's ``prepack`` switch).
 
-A decode step multiplies a few rows (G per prompt) by every weight matrix of the model. Called as ``F.linear``,
-the CPU BLAS re-packs each weight into its blocked layout on every call, work that a handful of rows cannot amortise
-(measured: packing once makes the whole decode step 0.62-0.78x as long, docs/performance.md). oneDNN can reorder a
-weight into its blocked layout once (``torch.ops.mkldnn._reorder_linear_weight``) and multiply against that copy
-afterwards (``torch.ops.mkldnn._linear_pointwise``): the same sum y = x W^T + b, accumulated in another order (equal
-to float32 rounding, tested), the path torch.compile's CPU backend takes for a frozen float32 linear layer.
+A decode step multiplies a few rows by every weight matrix; called as ``F.linear``, the CPU BLAS re-packs each weight
+into its blocked layout on every call, work a handful of rows cannot amortise. oneDNN reorders each weight once
+(``torch.ops.mkldnn._reorder_linear_weight``) and multiplies against that copy (``_linear_pointwise``): the same
+y = x W^T + b, summed in another order (equal to float32 rounding, tested). The weights change every optimizer step,
+so the packed copies live for one decode call (one extra copy of the linear weights while decoding).
 
-The weights change after every optimizer step, so the packed copies live for one decode call: made after the
-prefill, dropped when the loop ends (one extra copy of the linear weights, in memory only while decoding). Used for
-float32 weights on a CPU with oneDNN (0.62-0.78x the decode step on a 2-vCPU AMD EPYC, benchmarks/decode_floor.py)
-and for bfloat16 ones on a CPU with bf16 units: on a 2-vCPU Intel Xeon with AMX the packed 8-row bf16 products take
-0.56-0.76x F.linear's time and the whole bf16 decode step 0.90x (docs/performance.md); on AVX512-BF16 without AMX
-the same oneDNN path is taken but was not measured. Any other model, dtype or device is decoded as it is, and so is
-a model with a linear weight of another dtype or device than its first parameter, or one of whose weights oneDNN
-refuses to pack (all or nothing).
+Taken for float32 weights on a CPU with oneDNN and for bfloat16 ones on a CPU with bf16 units; anything else -- or a
+model with a linear weight of another dtype or device than its first parameter, or one oneDNN refuses -- decodes as
+it is (all or nothing). Measurements: docs/performance.md, "Weights packed once per decode call".
 """
 
 from __future__ import annotations

@@ -3,20 +3,16 @@
 Two implementations registered with transformers' ``AttentionInterface`` (and SDPA's mask builder), each the
 standard SDPA in every respect it does not name (masks, grouped-query heads, causal flag):
 
-- ``sdpa_fp32`` (bf16 runs, ``train.attention_fp32``). Under bf16 autocast the projections hand SDPA bfloat16
-  queries, keys and values; on a CPU PyTorch's bf16 SDPA backward is far slower than its float32 one, so on a
-  machine where bf16 products pay the attention backward could eat the gain. It computes
-      O = softmax(Q K^T * scale + mask) V    with Q, K, V upcast to float32, O cast back to bfloat16
-  i.e. exactly what float32 SDPA gives on the bf16-rounded inputs; every other product stays in bf16.
-- ``sdpa_grouped`` (deterministic runs without it): SDPA as it is, the implementation existing only for what follows.
+- ``sdpa_fp32`` (bf16 runs, ``train.attention_fp32``): on a CPU the bf16 SDPA backward is far slower than the float32
+  one, so it computes  O = softmax(Q K^T * scale + mask) V  with Q, K, V upcast to float32 and O cast back to
+  bfloat16 -- float32 SDPA on the bf16-rounded inputs; every other product stays in bf16.
+- ``sdpa_grouped`` (deterministic runs without ``sdpa_fp32``): SDPA as it is, existing only for what follows.
 
-Inside ``grouped_passes()`` (the training passes of a deterministic CPU run: grpolab.training.reproducibility)
-both compute the attention with ``grouped_attention`` instead of SDPA's math backend, which that mode needs
-(its flash backward is not deterministic) and which repeats every key and value head for each of its query
-heads (transformers' ``repeat_kv``: a copy of K and V per layer, and a sum over the copies in the backward).
-Everywhere else (sampling from a float32 policy, bf16 inputs, a mask this path does not take: none, float,
-per head) they call transformers' SDPA. grpolab switches a policy to one of them when it trains on a CPU
-(grpolab.training.trainer), after the sampler and reference copies are made.
+Inside ``grouped_passes()`` (a deterministic CPU run's training passes: grpolab.training.reproducibility) both use
+``grouped_attention`` instead of SDPA's math backend, which repeats every key/value head for each of its query heads;
+elsewhere (sampling, bf16 inputs, a mask it does not take: none, float, per head) they call SDPA. The trainer
+switches a CPU policy to one of them after the sampler and reference copies are made. Measurements:
+docs/performance.md, "Attention in float32 under bf16" and "Levers" (grouped heads).
 """
 
 from __future__ import annotations
@@ -33,7 +29,7 @@ NAME = "sdpa_fp32"
 GROUPED = "sdpa_grouped"
 SDPA_NAMES = ("sdpa", NAME, GROUPED)  # implementations that take a boolean 4-D mask as given (packing needs one)
 
-_grouped = {"on": False}  # a plain global, not a ContextVar: torch.compile (the compiled decoder) guards on it
+_grouped = {"on": False}  # a plain global, not a ContextVar: torch.compile can guard on it
 
 
 @contextlib.contextmanager

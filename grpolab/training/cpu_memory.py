@@ -1,28 +1,19 @@
 """Freed memory kept for reuse on a CPU (``train.keep_freed_memory``, on by default).
 
-glibc's malloc serves every allocation above its mmap threshold (at most 32 MiB) with a fresh ``mmap`` and returns
-it to the system on ``free``; the next tensor of that size faults in its pages again, one 4 KiB page at a time.
-A training step allocates and frees the same large tensors every micro-batch (the [vocabulary x hidden] embedding
-gradient, the bf16 casts of the weights, activations): on the quickstart the update took 0.84x its time in bf16
-and 0.79x in fp32 with freed memory kept (benchmarks/keep_freed_memory.py, Intel AMX, docs/performance.md).
-
-With these three ``mallopt`` settings malloc keeps what is freed and hands it out again:
+glibc's malloc serves every allocation above its mmap threshold (at most 32 MiB) with a fresh ``mmap`` and returns it
+on ``free``, so the next tensor of that size faults its pages in again; a training step allocates and frees the same
+large tensors every micro-batch (the embedding gradient, bf16 weight casts, activations). Three ``mallopt`` settings
+make malloc keep what is freed and hand it out again (what jemalloc or tcmalloc give, without a library to install):
     M_MMAP_MAX = 0            every allocation comes from the heap, none from a private mmap
     M_TRIM_THRESHOLD = 1 GiB  free memory at the heap's top is returned only beyond 1 GiB
     M_TOP_PAD = 256 MiB       the heap grows in steps of at least 256 MiB
-The numbers computed are the same (it changes where memory comes from, not what is computed); a run's peak resident
-memory may grow by what is kept (Intel AMX: +250 MiB over 6 bf16 quickstart steps, -50 MiB in fp32, +0.7 GiB over
-the 30-step bf16 quickstart). What TRL users get from LD_PRELOADing jemalloc or tcmalloc, without a library to
-install. Only glibc (Linux) has mallopt; elsewhere the run says so in one line and goes on with the system allocator.
+The numbers computed are the same; peak resident memory may grow by what is kept. Only glibc has mallopt; elsewhere
+the run says so in one line and goes on with the system allocator.
 
-The settings are the run's, not the process's (grpolab.training.process_settings): when the run ends they are put
-back (`restore_freed_memory`) and what was kept is returned to the system (malloc_trim). glibc has no way to read a
-mallopt value back, so "back" means what glibc started the process with: its defaults (M_MMAP_MAX 65536,
-M_TRIM_THRESHOLD 128 KiB, M_TOP_PAD 128 KiB), or the process environment's MALLOC_MMAP_MAX_ /
-MALLOC_TRIM_THRESHOLD_ / MALLOC_TOP_PAD_ or GLIBC_TUNABLES (glibc.malloc.mmap_max, trim_threshold, top_pad) where
-set. Two things cannot be put back: a value another library set with mallopt before the run (it becomes the start
-value), and glibc's sliding mmap threshold, which any of these mallopt calls turns off for the rest of the process
-(allocations above 128 KiB are then mmapped again, as with the sliding threshold at its start).
+The settings are the run's (grpolab.training.process_settings): at its end `restore_freed_memory` puts back what glibc
+started the process with (glibc cannot read a mallopt value back: its defaults, or the MALLOC_*_ / GLIBC_TUNABLES
+values of the environment) and returns what was kept (malloc_trim). What cannot be put back: docs/robustness.md,
+"Process-wide settings". Speed and memory: docs/performance.md, "Levers" (freed memory kept for reuse).
 """
 
 from __future__ import annotations

@@ -1,27 +1,19 @@
-"""Precision by measurement: ``train.precision: auto`` and ``rollout.dtype: auto`` (docs/performance.md).
-
-The rule, applied separately to the update (train.precision: fp32 | bf16 autocast) and to sampling (rollout.dtype
-of the sampler's weight copy: float32 | bfloat16):
+"""Precision by measurement: ``train.precision: auto`` and ``rollout.dtype: auto``, each resolved on its own for
+the update (fp32 | bf16 autocast) and for sampling (the sampler's weight copy: float32 | bfloat16):
 
 - an explicit setting always wins (source ``explicit``);
-- ``$GRPOLAB_PRECISION`` (``fp32`` or ``bf16``) forces what ``auto`` resolves to, without probing (source ``auto:
-  forced by GRPOLAB_PRECISION``): how the test suite runs every training path in both precisions on any machine;
+- ``$GRPOLAB_PRECISION`` (``fp32`` or ``bf16``) forces what ``auto`` resolves to, without probing: how the test
+  suite runs every training path in both precisions on any machine;
 - on a CUDA device: bf16 when ``torch.cuda.is_bf16_supported()``, without probing;
-- on a CPU: a probe times this machine's fp32 and bf16 matrix products at the model's shapes and picks bf16 when
-  its rate is clearly above fp32's, with a hysteresis band (``choose``).
+- on a CPU: a probe times fp32 and bf16 products at the model's shapes (``probe_shapes``: the update's MLP product
+  within ``MAX_PROBE_FLOP``, decoding's output head out of cache) and picks bf16 when its rate is clearly above
+  fp32's, with a hysteresis band (``choose``). Rate: GFLOP/s = 2 * m * n * k / seconds / 1e9 for [m x k] @ [k x n];
+  each dtype's seconds are the median of ``REPEATS`` samples alternated with the other dtype (a drift of the machine
+  hits both), each sample filling ``SAMPLE_S`` with back-to-back products.
 
-The probe measures one product per use: the update's ``[tokens x hidden] @ [hidden x intermediate]`` (tokens =
-micro_batch_size x (TYPICAL_PROMPT_TOKENS + max_new_tokens)), shrunk to at most ``MAX_PROBE_FLOP``, and decoding's
-``[group_size x hidden] @ [hidden x vocab]`` (one new token for each completion of a group) with its weight kept as
-large as the model's head up to ``MAX_SAMPLING_WEIGHT_BYTES``: decoding streams its weights from memory, so its
-product is measured out of cache, where bf16's halved bytes count (``streaming_shape``). Its rate is
-GFLOP/s = 2 * m * n * k / seconds / 1e9 for an [m x k] @ [k x n] product. Each dtype's seconds are the median of
-``REPEATS`` samples taken alternately with the other dtype (a drift of the machine hits both), each sample the
-mean of as many back-to-back products as fill ``SAMPLE_S`` (a 3 ms product is timed over ~7 products, never
-once). The result -- the decision, the numbers and when -- is cached per machine in ``<cache>/precision.json``
-(``$GRPOLAB_CACHE`` or ``~/.cache/grpolab``), keyed by CPU model, torch version, thread count and the shapes, so
-it is measured once. The resolution (a plain dict, see ``resolve``) is stored in the run's manifest under
-``precision`` and in the objective card's choices; a resume passes it back (``recorded``) instead of re-probing.
+The decision and its numbers are cached per machine (``<cache>/precision.json``, keyed by CPU model, torch version,
+thread count and shapes), stored in the manifest under ``precision`` and in the objective card; a resume passes it
+back (``recorded``). Measurements and the rule's history: docs/performance.md, "Precision by measurement".
 """
 
 from __future__ import annotations
@@ -40,7 +32,8 @@ from ..errors import GrpolabError
 
 BF16_MARGIN = 1.15
 """A first decision picks bf16 when its measured rate is >= 1.15 x fp32's: below that the gain would not pay for
-bf16's rounding (log-ratios of the policy against its sampler drift further apart; docs/performance.md)."""
+bf16's rounding (log-ratios of the policy against its sampler drift further apart; docs/performance.md, "Precision by
+measurement")."""
 
 HYSTERESIS = (1.05, 1.25)
 """A later measurement of the same shapes (the cache entry lost or made by an older probe) changes a recorded
@@ -56,15 +49,14 @@ the rate barely depends on it once the product is a few hundred rows tall)."""
 
 MAX_PROBE_FLOP = 1e8
 """Each probed product is shrunk (along the longer of its rows and columns) to at most 0.1 GFLOP: the rate of such
-a product is already close to the sustained one, and a single product stays short (~0.3 s) even where bf16 runs
-30-60x slower than fp32 (CPUs without bf16 units, measured in docs/performance.md)."""
+a product is already close to the sustained one, and a single product stays short even on a CPU without bf16 units,
+where bf16 runs many times slower than fp32 (docs/performance.md, "Precision by measurement")."""
 
 MAX_SAMPLING_WEIGHT_BYTES = 256 * 2**20
 """The sampling probe's fp32 weight matrix holds at most 256 MiB, and otherwise the model's whole output head. A
-decode step reads every weight once per token: its products are bound by memory, not arithmetic. The earlier probe
-cut the head to a FLOP budget ([8 x 576] @ [576 x 10850], 25 MB): the weight sat in the caches and bf16 measured
-1.08x fp32 on an AMX CPU where the real head ([576 x 49152], 113 MB) ran 4.6x faster in bf16 and the whole decode
-step 1.36x (docs/performance.md)."""
+decode step reads every weight once per token, so its products are bound by memory, not arithmetic: a head cut to a
+FLOP budget sits in the caches and hides bf16's halved bytes (docs/performance.md, "Precision by measurement": the
+sampling probe measured out of cache)."""
 
 SAMPLE_S = 0.02
 """Minimum measuring time of one sample: products are repeated back to back until it is filled."""
@@ -74,7 +66,7 @@ REPEATS = 5
 
 DTYPE_BUDGET_S = 1.0
 """A dtype stops collecting samples (after the first) once its samples of one use took this long: a product that
-runs 50x slower (bf16 without bf16 units) is still measured, without stretching the probe to many seconds."""
+runs far slower (bf16 without bf16 units) is still measured, without stretching the probe to many seconds."""
 
 WARMUP_REPS = 2
 CACHE_FILE = "precision.json"

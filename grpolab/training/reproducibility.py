@@ -1,32 +1,21 @@
-"""Bitwise reproducibility (``train.deterministic``, docs/robustness.md): the same config and seed on the same
-machine, thread count and versions give the same samples, metrics and weights, in fp32 and bf16, in one
-process and under torchrun.
+"""Bitwise reproducibility (``train.deterministic``): the same config and seed on the same machine, thread count and
+versions give the same samples, metrics and weights, in fp32 and bf16, in one process and under torchrun.
 
-What it takes, beyond seeding every RNG (grpolab.models.checkpoint.seed_everything) and each group's own sampling stream:
+Beyond seeding every RNG (grpolab.models.checkpoint.seed_everything) and each group's own sampling stream, it takes:
 
-- ``torch.use_deterministic_algorithms(True, warn_only=True)``: torch's deterministic kernel wherever it has one;
-  an op without one warns instead of stopping the run. Its companion
-  ``torch.utils.deterministic.fill_uninitialized_memory`` (on by default: every ``torch.empty`` is filled with NaN)
-  is switched off: it only makes a kernel that reads memory it never wrote repeatable, at the price of one more
-  write of every new buffer (11,617 fills in one bf16 quickstart update on Intel AMX); the rerun tests
-  (tests/test_reproducibility.py) show the same bytes without it.
-- **Attention in the training passes without CPU flash attention.** PyTorch's CPU flash-attention backward
-  (chosen by default for a masked float32 SDPA, e.g. packing's block-causal mask, and inside bf16's
-  ``sdpa_fp32``) returned different key gradients for the same inputs in one process (measured on the quickstart:
-  gradient norm 1.930695 vs 1.930619 on two identical updates; one layer's k_proj of 30). The training passes
-  compute attention with ``grouped_attention`` (grpolab/training/attention.py: matrix products and a softmax, the
-  key/value heads not repeated), and SDPA's math backend where that does not apply; both give the same bytes
-  every time. Against the flash backward: 1.02x the bf16 update, 1.00x the fp32 one (SDPA's math backend: 1.07x,
-  1.02x; benchmarks/levers.py --only-deterministic, docs/performance.md); memory grows with the square of the
-  packed length. Decoding and no-grad passes keep the default backend: their forward is deterministic.
-- Reductions grpolab owns (group statistics, metrics, the KL penalty) run in a fixed order in float64.
+- ``torch.use_deterministic_algorithms(True, warn_only=True)``, with its NaN fill of every new buffer
+  (``torch.utils.deterministic.fill_uninitialized_memory``) off: the fill only makes a kernel that reads memory it
+  never wrote repeatable, costs one write of every buffer, and the rerun tests show the same bytes without it.
+- Training passes on a CPU without the flash-attention backward, whose key gradients differ between two identical
+  updates: ``grouped_attention`` (grpolab/training/attention.py) where it applies, SDPA's math backend elsewhere;
+  both repeat. Decoding and no-grad passes keep the default backend (their forward repeats).
+- Reductions grpolab owns (group statistics, metrics, the KL penalty) in a fixed order in float64.
 
-torch's two settings are process-wide: a Trainer sets them for its run (off for a non-deterministic one) and puts
-back what it found when the run ends (grpolab.training.process_settings).
-
-What it does not cover, and the manifest says so (``reproducibility``): another thread count, CPU kind or library
-version (other kernels, other rounding); CUDA kernels without a deterministic version (torch warns: the run is
-then recorded as not verified).
+torch's settings are process-wide: a Trainer sets them for its run and puts back what it found when the run ends
+(grpolab.training.process_settings). Not covered (the manifest's ``reproducibility`` says so): another thread count,
+CPU kind or library version; CUDA kernels without a deterministic version. The bug, the cost and the tests:
+docs/robustness.md, "Determinism"; docs/performance.md, "Levers" (grouped heads) and "Deterministic mode's fill of
+new memory".
 """
 
 from __future__ import annotations
