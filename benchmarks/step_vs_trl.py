@@ -653,7 +653,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
                    help="fp32: everything fp32. bf16: grpolab train.precision=bf16 + rollout.dtype=bfloat16; TRL bf16=True")
     p.add_argument("--group-size", type=int, default=8)
-    p.add_argument("--decoder", choices=["grpolab", "static", "static_compiled", "hf"], default="grpolab",
+    p.add_argument("--decoder", choices=["grpolab", "hf"], default="grpolab",
                    help="grpolab's rollout.decoder (default: its default decode loop)")
     p.add_argument("--no-cpu-fast-paths", action="store_true",
                    help="grpolab's rollout.cpu_fast_paths off: decode without weights packed once per call")

@@ -95,9 +95,8 @@ class RewardConfig:
 
 @dataclass(frozen=True)
 class RolloutConfig:
-    # grpolab's decode loop (rollout/decode.py); static: the same samples from a fixed-shape step (rollout/
-    # static_decode.py), static_compiled: that step torch.compiled; hf: HF generate
-    decoder: Literal["grpolab", "static", "static_compiled", "hf"] = "grpolab"
+    # grpolab's decode loop (rollout/decode.py); hf: HF generate (the removed choices: REMOVED_CHOICES)
+    decoder: Literal["grpolab", "hf"] = "grpolab"
     group_size: int = 8  # G completions per prompt
     temperature: float = 1.0
     top_p: float = 1.0
@@ -282,8 +281,16 @@ def _coerce(path: str, tp: Any, value: Any) -> Any:
     else:
         ok = True
     if not ok:
-        raise ConfigError(f"{path}: expected {_expected(tp)}, got {value!r}")
+        removed = REMOVED_CHOICES.get((path, value), "") if isinstance(value, str) else ""
+        raise ConfigError(f"{path}: expected {_expected(tp)}, got {value!r}{removed and f' ({removed})'}")
     return value
+
+
+REMOVED_CHOICES = {  # (field, value) of a choice grpolab no longer has -> why, named in the error
+    ("rollout.decoder", value): f"the {value!r} decoder was removed: it sampled the same tokens as 'grpolab' and was "
+                                "no faster in a GRPO step (docs/performance.md keeps its measurement); use 'grpolab'"
+    for value in ("static", "static_compiled")
+}
 
 
 NUMBER_MAPS = ("reward.weights",)  # mapping fields whose values are numbers (names -> weight)

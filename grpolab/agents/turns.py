@@ -14,10 +14,11 @@ holds the row's first L_i - F stored positions, ending where its fed tokens begi
 tokens before each position, as in a fresh prefill, so the model computes the same function; only the rounding of
 the prefill differs (the rows are summed in other shapes).
 
-Sampling and everything after the prefill is the decode loop's (grpolab.rollout.decode: sample_tokens, uniforms,
-step_logits, the in-place cache, prepacked weights, finished rows leaving the batch): one uniform per row per step
-from its episode's generator until the slowest row stops, so both paths draw the same numbers and, given the same
-logits, the same tokens (tested: same tokens, logprobs within float32 rounding, greedy and seeded).
+Sampling and everything after the prefill is the decode loop's own code (grpolab.rollout.decode.sample_loop: the
+in-place cache, prepacked weights, finished rows leaving the batch), which hands each stopped row's cache to this
+module before the row leaves the batch: one uniform per row per step from its episode's generator until the slowest
+row stops, so both paths draw the same numbers and, given the same logits, the same tokens (tested: same tokens,
+logprobs within float32 rounding, greedy and seeded).
 
 Memory: an episode's cache lives between its turns: 2 x layers x kv_heads x head_dim numbers per token (SmolLM2-135M:
 46 KB per token in float32), freed when the episode ends.
@@ -31,9 +32,8 @@ import torch
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
 from ..rollout.cache import PreallocatedLayer, cache_kwarg, preallocate
-from ..rollout.decode import Decoded, sample_tokens, step_logits, truncates, uniforms
+from ..rollout.decode import Decoded, SamplingLoop, sample_loop
 from ..rollout.hf import left_pad
-from ..rollout.prepack import prepacked_linears
 
 
 @dataclass
@@ -110,37 +110,12 @@ def decode_turn(
                 use_cache=True, logits_to_keep=1, **(cache_kwarg(model, past) if past is not None else {}))
     cache = getattr(out, "cache", None) or out.past_key_values
     preallocate(cache, width + max_new_tokens)
-    logits, attn, next_pos = out.logits[:, -1], mask, mask.sum(-1)
-    stops = torch.tensor(stop_ids, dtype=torch.long, device=dev)
-
-    tokens = torch.full((n, max_new_tokens), pad_id, dtype=torch.long, device=dev)
-    logprobs = torch.zeros((n, max_new_tokens), dtype=torch.float32, device=dev)
-    cut = not greedy and truncates(top_k, top_p, logits.shape[-1])
-    logprobs_full = torch.zeros((n, max_new_tokens), dtype=torch.float32, device=dev) if cut else None
-    lengths = torch.full((n,), max_new_tokens, dtype=torch.long, device=dev)
-    ended = torch.zeros(n, dtype=torch.bool, device=dev)
-    rows = torch.arange(n, device=dev)  # which output row each batch row is
     caches: list[EpisodeCache | None] = [None] * n
-    with prepacked_linears(model, n, enabled=prepack):
-        for t in range(max_new_tokens):
-            u = None if greedy else uniforms(n, 1, generators).to(dev)[rows]
-            tok, lp, lp_full = sample_tokens(logits, temperature, u, top_k, top_p, rows)
-            tokens[rows, t], logprobs[rows, t] = tok, lp
-            if cut:
-                logprobs_full[rows, t] = lp_full
-            stopped = torch.isin(tok, stops)
-            for b in stopped.nonzero().flatten().tolist():
-                caches[int(rows[b])] = row_cache(cache, b, attn[b])
-            lengths[rows[stopped]], ended[rows[stopped]] = t + 1, True
-            if bool(stopped.all()) or t + 1 == max_new_tokens:
-                break
-            if bool(stopped.any()):
-                keep = (~stopped).nonzero().squeeze(-1)
-                cache.batch_select_indices(keep)
-                rows, tok, attn, next_pos = rows[keep], tok[keep], attn[keep], next_pos[keep]
-            attn = torch.cat([attn, torch.ones_like(attn[:, :1])], dim=1)
-            logits, next_pos = step_logits(model, tok, attn, next_pos, cache), next_pos + 1
-    span = int(lengths.max())
-    mask_out = (torch.arange(span, device=dev).unsqueeze(0) < lengths.unsqueeze(1)).long()
-    full = logprobs_full[:, :span] if cut else None
-    return Decoded(tokens[:, :span], mask_out, logprobs[:, :span], ~ended, full), caches
+
+    def keep_episode_caches(cache, stopped: torch.Tensor, rows: torch.Tensor, attn: torch.Tensor) -> None:
+        for b in stopped.nonzero().flatten().tolist():
+            caches[int(rows[b])] = row_cache(cache, b, attn[b])
+
+    loop = SamplingLoop(max_new_tokens, temperature, stop_ids, pad_id, greedy=greedy, top_k=top_k, top_p=top_p,
+                        group_size=1, generators=generators, prepack=prepack)  # one generator per episode
+    return sample_loop(model, out.logits[:, -1], cache, mask, loop, on_stop=keep_episode_caches), caches

@@ -9,7 +9,7 @@ work per token:
 - **finished rows leave the batch**: a row that emitted a stop token is dropped from the batch and the cache, so
   later steps run only the rows still sampling;
 - **inverse-CDF sampling**: one float64 uniform number per row and a cumulative sum, instead of `torch.multinomial`,
-  which draws one exponential per vocabulary entry (on this CPU that was 40 ms of a ~130 ms decode step); the
+  which draws one exponential per vocabulary entry (its cost: docs/performance.md); the
   cumulative sum in two levels (block sums, then inside one block), accumulated in float64 but never cast and summed
   over the whole vocabulary. The uniform is float64 (53 random bits): a float32 one lies on a 2^-24 grid, on which
   a token of probability below ~6e-8 is drawn with probability 0 or 6e-8 whatever its own (logits
@@ -22,8 +22,11 @@ work per token:
   allocated once for the prompt plus max_new_tokens, not concatenated (a copy of the whole cache) every step;
 - **weights packed once per call** (float32 on a CPU, bfloat16 on a CPU with bf16 units; grpolab/rollout/prepack.py):
   after the prefill every linear layer multiplies by a copy of its weight packed once for oneDNN, instead of the
-  BLAS re-packing it on every few-row product (0.62-0.78x the fp32 decode step of SmolLM2-135M at G = 8 on a
-  2-vCPU AVX2 CPU, 0.90x the bf16 one on a 2-vCPU Intel Xeon with AMX; docs/performance.md).
+  BLAS re-packing it on every few-row product (measured in docs/performance.md).
+
+One loop, `sample_loop`, samples after the prefill for both generation (`decode_groups`: prefill once per group)
+and agent turns (grpolab/agents/turns.py: prefill of what each episode has not read yet); each caller keeps only its
+prefill (and agent turns a hook that keeps each stopped episode's cache).
 
 The uniform numbers are drawn for every row at every step, active or not, so the tokens a row gets do not depend on
 when other rows finish (tested: compaction on and off sample identical tokens).
@@ -222,11 +225,10 @@ def decode_groups(
     are, not by copies packed once per call (prepack.py). preallocate_cache False: the KV cache grows by
     concatenation (transformers' default) instead of in place (cache.py). stop_check: a stop rule on the text
     (rollout/stop.py), asked after each token that may change its answer; a row it ends is finished like a row that
-    sampled a stop token (not truncated)."""
-    n = prompt_ids.shape[0] * group_size
-    dev = prompt_ids.device
+    sampled a stop token (not truncated). The prefill is this function's; the sampling is `sample_loop`'s."""
     positions = (prompt_mask.cumsum(-1) - 1).clamp(min=0)
-    out = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=positions, use_cache=True, logits_to_keep=1)
+    out = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=positions, use_cache=True,
+                logits_to_keep=1)
     cache = getattr(out, "cache", None) or out.past_key_values
     if group_size > 1:
         cache.batch_repeat_interleave(group_size)
@@ -234,39 +236,83 @@ def decode_groups(
         preallocate(cache, prompt_ids.shape[1] + max_new_tokens)
     logits = out.logits[:, -1].repeat_interleave(group_size, dim=0)
     attn = prompt_mask.repeat_interleave(group_size, dim=0)
-    next_pos = attn.sum(-1)
-    stops = torch.tensor(stop_ids, dtype=torch.long, device=dev)
+    loop = SamplingLoop(max_new_tokens, temperature, stop_ids, pad_id, greedy=greedy, top_k=top_k, top_p=top_p,
+                        group_size=group_size, generators=generators, prepack=prepack, compact=compact,
+                        stop_check=stop_check)
+    return sample_loop(model, logits, cache, attn, loop)
 
-    tokens = torch.full((n, max_new_tokens), pad_id, dtype=torch.long, device=dev)
-    logprobs = torch.zeros((n, max_new_tokens), dtype=torch.float32, device=dev)
-    cut = not greedy and truncates(top_k, top_p, logits.shape[-1])
-    logprobs_full = torch.zeros((n, max_new_tokens), dtype=torch.float32, device=dev) if cut else None
-    lengths = torch.full((n,), max_new_tokens, dtype=torch.long, device=dev)
+
+@dataclass(frozen=True)
+class SamplingLoop:
+    """What `sample_loop` samples: up to max_new_tokens per row from softmax(logits / temperature) (top-k / top-p
+    truncated; greedy: argmax), a row ending at a token of stop_ids (or where stop_check's text rule ends it);
+    pads are pad_id. group_size rows share each generator's stream (uniforms); compact False keeps finished rows in
+    the batch (the same tokens: tested); prepack: weights packed once per call (prepack.py)."""
+
+    max_new_tokens: int
+    temperature: float
+    stop_ids: list[int]
+    pad_id: int
+    greedy: bool = False
+    top_k: int = 0
+    top_p: float = 1.0
+    group_size: int = 1
+    generators: list[torch.Generator] | None = None
+    prepack: bool = True
+    compact: bool = True
+    stop_check: "TextStop | None" = None
+
+
+OnStop = Callable[[object, torch.Tensor, torch.Tensor, torch.Tensor], None]
+
+
+def sample_loop(model: torch.nn.Module, logits: torch.Tensor, cache, attn: torch.Tensor, loop: SamplingLoop,
+                on_stop: OnStop | None = None) -> Decoded:
+    """The sampling loop of generation (decode_groups) and agent turns (agents/turns.py), after their prefills.
+
+    logits [N, V]: each row's next-token logits; cache: the batch KV cache of the tokens read (row i attends where
+    attn [N, W] is 1). Each step draws one float64 uniform per row (`uniforms`, for every row, finished or not),
+    samples a token and its log-probabilities (`sample_tokens`), writes them into row-major buffers [N,
+    max_new_tokens], ends the rows that sampled a stop token, drops them from the batch and the cache (compact) and
+    feeds the others' tokens (`step_logits`). ``on_stop(cache, stopped [B] bool, rows [B], attn [B, W])``, when
+    given, is called each step with the rows that just stopped, before they leave the cache (agent turns keep
+    their episodes' caches). Returns the tokens, mask, log-probabilities and truncation flags (`Decoded`)."""
+    n, dev = logits.shape[0], logits.device
+    next_pos = attn.sum(-1)
+    stops = torch.tensor(loop.stop_ids, dtype=torch.long, device=dev)
+    width = loop.max_new_tokens
+    tokens = torch.full((n, width), loop.pad_id, dtype=torch.long, device=dev)
+    logprobs = torch.zeros((n, width), dtype=torch.float32, device=dev)
+    cut = not loop.greedy and truncates(loop.top_k, loop.top_p, logits.shape[-1])
+    logprobs_full = torch.zeros((n, width), dtype=torch.float32, device=dev) if cut else None
+    lengths = torch.full((n,), width, dtype=torch.long, device=dev)
     ended = torch.zeros(n, dtype=torch.bool, device=dev)  # per output row: a stop token was sampled
     rows = torch.arange(n, device=dev)  # which output row each batch row is
     finished = torch.zeros(n, dtype=torch.bool, device=dev)  # per batch row (only used when compaction is off)
-    with prepacked_linears(model, n, enabled=prepack):
-        for t in range(max_new_tokens):
-            u = None if greedy else uniforms(n, group_size, generators).to(dev)[rows]
-            tok, lp, lp_full = sample_tokens(logits, temperature, u, top_k, top_p, rows)
+    with prepacked_linears(model, n, enabled=loop.prepack):
+        for t in range(width):
+            u = None if loop.greedy else uniforms(n, loop.group_size, loop.generators).to(dev)[rows]
+            tok, lp, lp_full = sample_tokens(logits, loop.temperature, u, loop.top_k, loop.top_p, rows)
             live = ~finished
             tokens[rows[live], t], logprobs[rows[live], t] = tok[live], lp[live]
             if cut:
                 logprobs_full[rows[live], t] = lp_full[live]
             stopped = live & torch.isin(tok, stops)
-            if stop_check is not None:
-                stopped |= stop_check.ended(tokens, rows, live & ~stopped & stop_check.may_end(tok), t)
+            if loop.stop_check is not None:
+                stopped |= loop.stop_check.ended(tokens, rows, live & ~stopped & loop.stop_check.may_end(tok), t)
+            if on_stop is not None:
+                on_stop(cache, stopped, rows, attn)
             lengths[rows[stopped]], ended[rows[stopped]] = t + 1, True
             finished |= stopped
-            if bool(finished.all()) or t + 1 == max_new_tokens:
+            if bool(finished.all()) or t + 1 == width:
                 break
-            if compact and bool(stopped.any()):
+            if loop.compact and bool(stopped.any()):
                 keep = (~finished).nonzero().squeeze(-1)
                 cache.batch_select_indices(keep)
                 rows, tok, attn, next_pos, finished = rows[keep], tok[keep], attn[keep], next_pos[keep], finished[keep]
             attn = torch.cat([attn, torch.ones_like(attn[:, :1])], dim=1)
             logits, next_pos = step_logits(model, tok, attn, next_pos, cache), next_pos + 1
-    width = int(lengths.max())
-    mask = (torch.arange(width, device=dev).unsqueeze(0) < lengths.unsqueeze(1)).long()
-    full = logprobs_full[:, :width] if cut else None
-    return Decoded(tokens[:, :width], mask, logprobs[:, :width], ~ended, full)
+    span = int(lengths.max())
+    mask = (torch.arange(span, device=dev).unsqueeze(0) < lengths.unsqueeze(1)).long()
+    full = logprobs_full[:, :span] if cut else None
+    return Decoded(tokens[:, :span], mask, logprobs[:, :span], ~ended, full)

@@ -1,6 +1,5 @@
 """The rollout engine for Hugging Face models (CPU default): grpolab's decode loop (rollout/decode.py, the
-default), its fixed-shape form (rollout/static_decode.py, `rollout.decoder: static`, and compiled:
-`static_compiled`) or transformers' `generate` (`rollout.decoder: hf`).
+default) or transformers' `generate` (`rollout.decoder: hf`).
 
 When the sampler dtype differs from the policy's (bf16 sampling of an fp32 policy) the engine keeps its own
 weight copy and `sync_weights` copies the policy into it, parameter by parameter name, after each update -- the
@@ -19,10 +18,10 @@ from ..models.lora import is_lora
 from ..models.load import copy_weights_by_name, eval_mode, frozen_copy
 from .base import Rollout, SamplingParams
 from .decode import TextStop, decode_groups
-from .static_decode import StaticDecoder
 from .stop import stop_rule
 
-DECODERS = ("grpolab", "static", "static_compiled", "hf")  # config.RolloutConfig.decoder
+DECODERS = ("grpolab", "hf")  # config.RolloutConfig.decoder
+REMOVED_DECODERS = ("static", "static_compiled")  # config.REMOVED_CHOICES says why
 
 
 def left_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -53,18 +52,17 @@ def completion_mask(completion_ids: torch.Tensor, stop_ids: list[int]) -> tuple[
 
 class HFEngine:
     """decoder "grpolab": our decode loop (rollout/decode.py: prefill once per group, finished rows leave the
-    batch, inverse-CDF sampling); "static": the same samples from a fixed-shape step (rollout/static_decode.py:
-    finished rows stay in place, masked; the cache is a StaticCache); "static_compiled": that step compiled
-    (torch.compile, eager with one warning where compiling fails); "hf": `model.generate`, the plain path they are
-    tested against."""
+    batch, inverse-CDF sampling); "hf": `model.generate`, the plain path it is tested against."""
 
     def __init__(self, policy: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, dtype: torch.dtype,
                  decoder: str = "grpolab", own_copy: bool = False, cpu_fast_paths: bool = True,
                  preallocate_kv_cache: bool = True):
         if decoder not in DECODERS:
-            raise ValueError(f"rollout.decoder: expected one of {', '.join(map(repr, DECODERS))}, got {decoder!r}")
+            removed = (f" ({decoder!r} was removed: it sampled the same tokens as 'grpolab', no faster in a GRPO step; "
+                       f"docs/performance.md keeps its measurement)") if decoder in REMOVED_DECODERS else ""
+            expected = ", ".join(map(repr, DECODERS))
+            raise ValueError(f"rollout.decoder: expected one of {expected}, got {decoder!r}{removed}")
         self.decoder, self.cpu_fast_paths, self.preallocate_kv_cache = decoder, cpu_fast_paths, preallocate_kv_cache
-        self.static = StaticDecoder(compile=decoder == "static_compiled") if decoder.startswith("static") else None
         self.tokenizer = tokenizer
         # a LoRA policy always gets a plain copy holding the merged weights W + (alpha / r) B A (grpolab/models/lora.py)
         # (and so does a policy about to be sharded: own_copy=True, train.strategy fsdp2)
@@ -110,18 +108,15 @@ class HFEngine:
             kwargs = dict(greedy=params.greedy, top_k=params.top_k, top_p=params.top_p, generators=generators,
                           prepack=self.cpu_fast_paths, stop_check=self.text_stop(params.stop_rule))
             with eval_mode(self.model):
-                if self.static is not None:
-                    d = self.static.decode(*args, **kwargs)
-                else:
-                    d = decode_groups(*args, preallocate_cache=self.preallocate_kv_cache, **kwargs)
+                d = decode_groups(*args, preallocate_cache=self.preallocate_kv_cache, **kwargs)
             if not want_logp:
                 return self._rollout(ids, mask, g, d.tokens, d.mask, torch.full(d.tokens.shape, float("nan"), device=device), None,
                                      d.truncated)
             return self._rollout(ids, mask, g, d.tokens, d.mask, d.logprobs, d.logprobs_untruncated, d.truncated)
         if seeds is not None:
-            raise ValueError("per-group seeds need rollout.decoder: grpolab (or static; transformers' generate has one RNG)")
+            raise ValueError("per-group seeds need rollout.decoder: grpolab (transformers' generate has one RNG)")
         if stop_rule(params.stop_rule) is not None:
-            raise ValueError(f"rollout.stop_rule {params.stop_rule!r} needs rollout.decoder: grpolab (or static)")
+            raise ValueError(f"rollout.stop_rule {params.stop_rule!r} needs rollout.decoder: grpolab")
         return self._generate_hf(ids, mask, g, params, want_logp)
 
     def _generate_hf(self, ids, mask, g: int, params: SamplingParams, want_logp: bool) -> Rollout:
