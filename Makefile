@@ -57,7 +57,7 @@ demo: $(STAMP)
 	$(VENV)/bin/grpolab report $(DEMO_RUN) --capability-task arithmetic --capability-n $(CAPABILITY_N) \
 		--capability-option operators='*' --capability-option max_operand=12 --capability-option terms=2 \
 		--capability-max-new-tokens 48
-	@echo "This run is one draw from the recipe's spread: over seeds 0-4 the quickstart gained +0.268 [+0.211, +0.329] held-out (bf16) and +0.256 [+0.176, +0.337] (fp32), one seed as little as +0.143 (README; benchmarks/seeds_precision.py)."
+	@echo "This run is one draw from the recipe's spread: over seeds 0-4 the quickstart gained +0.268 [+0.211, +0.329] held-out (bf16) and +0.256 [+0.176, +0.337] (fp32), one seed as little as +0.143 (docs/results.md, with the earlier bootstrap interval; benchmarks/seeds_precision.py)."
 
 # The code quickstart (docs/code.md): pyfunc on the bundled model, held-out pass rate base vs trained, HumanEval pass@1.
 # HUMANEVAL: a directory with HumanEval.jsonl; left empty, the HumanEval step loads the hub data set and needs the

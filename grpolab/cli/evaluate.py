@@ -6,7 +6,7 @@
   metrics.jsonl (accuracy and interval only; no per-problem records, so no paired difference).
 - Rows are grouped by evaluation set (``data_hash``); only rows on the same set are put side by side. The same
   (model path, method, samples, set) seen twice is shown once. The reference of each set is the first row, or
-  the first whose label contains ``--baseline``; differences are paired bootstraps on the problems both have.
+  the first whose label contains ``--baseline``; differences are paired over the problems both have (t intervals; docs/evaluation.md).
 - Runs whose manifests differ only in ``config.train.seed`` (and the git state; grpolab.evaluation.sets.recipe_groups),
   evaluated on the same set with the same method, form a seed group: mean, sample std (ddof 1), min and max of every
   metric, and -- when every run kept its per-problem records -- the mean over runs and problems with the
@@ -169,8 +169,8 @@ def eval_(
     dtype: Annotated[str, typer.Option(help="float32 or bfloat16 (bf16 pays only on CPUs with bf16 matrix units, and GPUs)")] = "float32",
     out: Annotated[Optional[Path], typer.Option(help="write the JSON result here")] = None,
 ) -> None:
-    """Held-out accuracy (math-verify) with 95% bootstrap intervals and paired differences, for one or more models;
-    several run directories of one recipe (seeds) also give the set's mean gain over runs and problems."""
+    """Held-out accuracy (math-verify) with 95% intervals (t over problems; bootstrap-t for graded pass@k) and paired
+    differences, for one or more models; several run directories of one recipe (seeds) also give the set's mean gain over runs and problems."""
     from ..evaluation.eval_checks import check_dtype, check_eval_settings, check_models_loadable
     from ..evaluation.heldout import run_eval
 
