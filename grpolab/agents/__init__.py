@@ -4,9 +4,10 @@
   user environments loaded from ``path/file.py:Class``, and the ``agent`` task whose problems are initial states;
 - ``tools``: tool-call parsing, the safe calculator, and the killable tool worker process;
 - ``calc``, ``guess``, ``lookup``: the built-in environments (``lookup`` needs several tool calls in sequence);
+  ``answer_env``: their shared end (the first turn without a tool call is the answer, scored by the correctness rule);
 - ``episode``: the token-in / token-out episode runner (one token sequence per episode, ``loss_mask`` on the model's
   tokens only); ``turns``: one turn of many episodes that continues each episode's KV cache;
-- ``expert``: episodes played by an environment's scripted solver, rendered as sampled episodes are (warm starts);
+- ``expert``: episodes played by an environment's scripted solver, rendered as sampled episodes are (warm starts).
 The training-batch collector that runs episodes is grpolab.training.agent_batch; held-out episode success is
 grpolab.evaluation.episodes.
 

@@ -1,5 +1,11 @@
-"""Pure torch math of the objective. Every choice point is one registry keyed by a StrEnum.
-
+"""Pure torch math of the objective (docs/design.md section 4). Every choice point is one registry keyed by a StrEnum:
 advantages.BASELINES / SCALINGS, surrogate.SURROGATES, aggregation.AGGREGATIONS, kl.KL_ESTIMATORS,
-importance.IS_CORRECTIONS. This package imports only torch.
+importance.IS_CORRECTIONS.
+
+- ``loss``: the per-micro-batch GRPO objective over ``surrogate``, ``kl``, ``aggregation`` and ``importance``
+  (sampler/trainer mismatch correction);
+- ``advantages``: group-relative advantages; ``gae``: PPO's per-token rewards, GAE and value loss;
+- ``logprobs``: token log-probabilities and entropy from logits; ``dpo``: the direct preference losses.
+
+This package imports only torch.
 """

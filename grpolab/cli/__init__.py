@@ -1,6 +1,7 @@
 """The `grpolab` command. One module per verb group, each registering on the shared app (grpolab/cli/app.py):
-train.py (train), evaluate.py (eval, compare, baseline), report.py (report), export.py (export), release.py (release),
-manifest.py (manifest diff, models), score.py (score).
+train.py (train), evaluate.py (eval, compare, baseline best-of-n / sft), baseline.py (baseline ppo / dpo / agent-sft),
+report.py (report), export.py (export), release.py (release), manifest.py (manifest diff, models), score.py (score),
+rm.py (rm train).
 
 The CLI is a thin layer over the same functions the Python API (grpolab.api) calls; neither imports the other,
 and nothing below the CLI imports it (contracts in pyproject.toml).

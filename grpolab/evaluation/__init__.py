@@ -1,4 +1,5 @@
-"""Held-out evaluation: the evidence that does not come from the training reward (docs/design.md §3, docs/eval.md).
+"""Held-out evaluation: the evidence that does not come from the training reward (docs/design.md §3,
+docs/evaluation.md).
 
 - ``heldout``: greedy / sampled evaluation of models on held-out problems (``grpolab eval``), paired differences;
 - ``episodes``: the same for agent tasks (one greedy episode per held-out initial state);
@@ -6,6 +7,8 @@
 - ``intervals``: the intervals evaluation reports (t over problems; studentised bootstrap for graded scores), degenerate
   samples named, the minimum numbers of problems (MIN_PROBLEMS);
 - ``result``: EvalSettings, EvalResult and its summary with intervals; writing result JSONs;
+- ``eval_checks``: the evaluation options (dtype, limits, sampling settings) and the models' chat templates checked
+  before any model runs;
 - ``overlap``: the refusal to evaluate a run on its own training problems;
 - ``sets``: evidence over several runs (seeds) -- a t interval with a two-stage (runs, problems) variance; runs on
   different problems or decodings refused unless aligned explicitly.

@@ -2,7 +2,8 @@
 
 - ``base``: RolloutEngine, SamplingParams, Rollout (token ids, logprobs, finish reasons);
 - ``hf``: the engine on a transformers model; ``decode``: the batched decode loop (shared-prompt prefill, KV cache
-  in ``cache``, finished rows leaving, sampling); ``prepack``: prompt packing for prefill;
+  in ``cache``, finished rows leaving, sampling); ``prepack``: the linear weights prepacked once per
+  decode call on a CPU (oneDNN);
 - ``stop``: text stop rules (e.g. end the answer at the end of its first code block).
 
 May import: algo, models. Imported by: rewards (stop rules), agents, evaluation, training, baselines.

@@ -6,6 +6,11 @@ rlimits, an unprivileged uid, no network, an empty environment and a private tem
     [result] = pool.run_many([Job("def f(x): return x + 1", ("assert f(1) == 2",))])
     result.all_passed, result.cases[0].reason
 
+Modules: runner (one program run, from the trainer's side), pool (slots sized to the cores, each its own uid),
+limits (SandboxLimits), isolation and detect (which isolation this machine allows), confine (how the judge confines a
+run), harness (the judge and worker processes) over wire (their value-only frames), names (which names the tests
+get), image (the private copies of the files a run may read), errors, bench (overhead on this machine).
+
 Imports nothing else of grpolab (its own errors: sandbox/errors.py); checked by a contract in pyproject.toml.
 """
 

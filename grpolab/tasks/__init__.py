@@ -5,7 +5,8 @@ ConfigError naming it and listing the accepted ones. Packages above this one reg
 register_task (grpolab.agents: the ``agent`` task), so this package never imports them.
 
 Modules: base (Problem, Task, prompt rendering), prompting (chat-template token ids), code (code problems and
-their entry points), one module per data set (arithmetic, gsm8k, math500, humaneval, mbpp, pyfunc, jsonl, hf).
+their entry points), one module per data set (arithmetic, gsm8k, math500, humaneval, mbpp, pyfunc with its
+pyfunc_templates, jsonl, hf).
 May import: errors, sandbox (the names a program may bind). Imported by nearly everything.
 """
 

@@ -9,7 +9,8 @@
   ``cpu_memory``: freed memory kept (mallopt); ``process_settings``: both held for a run and put back after it;
   ``schedule``: the learning-rate schedule;
 - ``distributed``, ``sharding``: torchrun ranks (DDP / FSDP2); ``faults``: interrupts and non-finite steps;
-- ``metrics``: metrics.jsonl / samples.jsonl and the metric names.
+- ``metrics``: metrics.jsonl / samples.jsonl and the metric names; ``trackers``: TensorBoard / W&B / MLflow beside
+  them; ``progress_lines``: the one-line summary of a step printed by the CLI and the API.
 
 May import: algo, config, errors, tasks, models, rollout, rewards, agents, evaluation (periodic held-out eval).
 Never imported by: evaluation, rewards, rollout, models, tasks (layering contract in pyproject.toml).
