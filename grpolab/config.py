@@ -118,6 +118,10 @@ class RolloutConfig:
 
 @dataclass(frozen=True)
 class AlgorithmConfig:
+    """The objective's choices. These field defaults are the one definition of the algorithm defaults (DeepSeekMath
+    GRPO, the ``grpo`` preset); presets.py writes each other preset as its differences from them, and algo/'s
+    parameter classes have no defaults of their own (the trainer fills them from here)."""
+
     preset: Literal["grpo", "dapo", "dr_grpo", "rloo", "gspo"] = "grpo"
     baseline: Baseline = Baseline.GROUP_MEAN
     scaling: Scaling = Scaling.GROUP_STD
@@ -331,6 +335,7 @@ def _build(cls: type, raw: Any, path: str) -> Any:
 
 
 def _expand_preset(raw: dict) -> dict:
+    """raw with its algorithm mapping = the preset's differences from the defaults, then the user's own fields."""
     algo = raw.get("algorithm") or {}
     if not isinstance(algo, dict):
         raise ConfigError(f"algorithm: expected a mapping of fields, got {algo!r}")

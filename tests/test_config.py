@@ -14,6 +14,9 @@ import pytest
 import yaml
 
 from grpolab import config as config_mod
+from grpolab.algo.importance import ISParams
+from grpolab.algo.loss import ObjectiveParams
+from grpolab.algo.surrogate import ClipParams
 from grpolab.config import AlgorithmConfig, Config, from_dict, load_config, parse_override, set_path, to_dict
 from grpolab.errors import ConfigError
 
@@ -64,7 +67,25 @@ def test_preset_via_set_override_gives_the_same_config(preset):
 
 def test_default_config_is_the_grpo_preset():
     assert to_dict(from_dict({}))["algorithm"] == EXPECTED_PRESETS["grpo"]
-    assert from_dict({}) == Config()  # the dataclass defaults agree with the preset expansion
+    assert from_dict({}) == Config()
+    assert to_dict(Config())["algorithm"] == EXPECTED_PRESETS["grpo"]  # AlgorithmConfig's defaults are GRPO's
+
+
+@pytest.mark.parametrize("preset", sorted(EXPECTED_PRESETS))
+def test_preset_holds_only_its_differences_from_the_defaults(preset):
+    """presets.py lists a preset's fields that differ from AlgorithmConfig's defaults, and nothing else."""
+    defaults = to_dict(Config())["algorithm"]
+    expected_differences = {k: v for k, v in EXPECTED_PRESETS[preset].items() if k != "preset" and v != defaults[k]}
+    assert config_mod.PRESETS[preset] == expected_differences
+
+
+@pytest.mark.parametrize("params", [ClipParams, ISParams, ObjectiveParams])
+def test_algo_parameter_classes_have_no_defaults_of_their_own(params):
+    """The algorithm defaults are defined once (AlgorithmConfig); algo/'s parameter classes take every value."""
+    assert all(f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+               for f in dataclasses.fields(params))
+    with pytest.raises(TypeError):
+        params()
 
 
 def test_user_field_overrides_preset():

@@ -33,8 +33,11 @@ class ISMode(StrEnum):
 
 @dataclass(frozen=True)
 class ISParams:
-    c_max: float = 2.0
-    c_min: float = 0.5
+    """Bounds of the importance weight: truncated at c_max, or masked outside [c_min, c_max].
+    No defaults: the algorithm's defaults are defined once, by AlgorithmConfig (grpolab/config.py)."""
+
+    c_max: float
+    c_min: float
 
 
 def _seq_log_ratio(log_ratio: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

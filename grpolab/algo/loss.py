@@ -18,12 +18,15 @@ from .surrogate import ClipParams, Surrogate, surrogate_loss
 
 @dataclass(frozen=True)
 class ObjectiveParams:
-    surrogate: Surrogate = Surrogate.PPO_CLIP
-    clip: ClipParams = ClipParams()
-    beta: float = 0.0
-    kl_estimator: KLEstimator = KLEstimator.K3
-    kl_in_loss: bool = True
-    entropy_coef: float = 0.0
+    """The objective's scalar choices (see the formula above).
+    No defaults: the algorithm's defaults are defined once, by AlgorithmConfig (grpolab/config.py)."""
+
+    surrogate: Surrogate
+    clip: ClipParams
+    beta: float
+    kl_estimator: KLEstimator
+    kl_in_loss: bool
+    entropy_coef: float
 
 
 @dataclass(frozen=True)

@@ -32,9 +32,12 @@ class Surrogate(StrEnum):
 
 @dataclass(frozen=True)
 class ClipParams:
-    eps_low: float = 0.2
-    eps_high: float = 0.2
-    dual_clip_c: float = 3.0
+    """Clip range [1 - eps_low, 1 + eps_high] of the ratio, and the dual-clip bound c.
+    No defaults: the algorithm's defaults are defined once, by AlgorithmConfig (grpolab/config.py)."""
+
+    eps_low: float
+    eps_high: float
+    dual_clip_c: float
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ number of data-parallel ranks."
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 
@@ -117,7 +118,7 @@ def _setup(seed: int = 0):
     old = logp0 + torch.randn(B, T, generator=g, dtype=torch.float64) * 0.15
     ref = logp0 + torch.randn(B, T, generator=g, dtype=torch.float64) * 0.3
     sampler = old + torch.randn(B, T, generator=g, dtype=torch.float64) * 0.2
-    isw = is_weights(old, sampler, mask, ISMode.TOKEN_TRUNCATE, ISParams(c_max=1.5))
+    isw = is_weights(old, sampler, mask, ISMode.TOKEN_TRUNCATE, ISParams(c_max=1.5, c_min=0.5))
     return X, W0, ids, mask, adv, old, ref, isw
 
 
@@ -152,7 +153,7 @@ PARAM_GRID = list(itertools.product(list(Aggregation), list(Surrogate), list(KLE
 
 
 def _params(surrogate, kl):
-    clip = ClipParams(eps_low=0.2, eps_high=0.28) if surrogate != Surrogate.GSPO else ClipParams(eps_low=0.03, eps_high=0.04)
+    clip = ClipParams(0.2, 0.28, 3.0) if surrogate != Surrogate.GSPO else ClipParams(0.03, 0.04, 3.0)
     return ObjectiveParams(surrogate=surrogate, clip=clip, beta=0.07, kl_estimator=kl, kl_in_loss=True, entropy_coef=0.013)
 
 
@@ -223,11 +224,12 @@ def test_beta_zero_or_reward_placement_leaves_kl_out_of_the_loss():
     logits = X @ W0
     logp = token_logprobs(logits, ids, TEMPERATURE)
     w = token_weights(mask, Aggregation.TOKEN_MEAN, L_MAX)
-    base = ObjectiveParams(beta=0.0)
+    base = ObjectiveParams(surrogate=Surrogate.PPO_CLIP, clip=ClipParams(0.2, 0.2, 3.0), beta=0.0,
+                           kl_estimator=KLEstimator.K3, kl_in_loss=True, entropy_coef=0.0)
     a = objective(logp, old, None, adv, w, isw, mask, base)
     b = objective(logp, old, ref, adv, w, isw, mask, base)
-    c = objective(logp, old, ref, adv, w, isw, mask, ObjectiveParams(beta=0.5, kl_in_loss=False))
-    d = objective(logp, old, ref, adv, w, isw, mask, ObjectiveParams(beta=0.5))
+    c = objective(logp, old, ref, adv, w, isw, mask, dataclasses.replace(base, beta=0.5, kl_in_loss=False))
+    d = objective(logp, old, ref, adv, w, isw, mask, dataclasses.replace(base, beta=0.5))
     assert a.total.item() == b.total.item() == c.total.item()
     assert b.kl == c.kl == d.kl != 0.0
     assert d.total.item() == pytest.approx(a.total.item() + 0.5 * d.kl, rel=1e-12)

@@ -242,7 +242,7 @@ def test_gspo_hand():
     old = torch.full_like(lr, -0.7)
     logp = old + lr
     adv = torch.tensor([2.0, 2.0, -2.0, -1.0], dtype=torch.float64)
-    p = ClipParams(eps_low=3e-4, eps_high=4e-4)
+    p = ClipParams(eps_low=3e-4, eps_high=4e-4, dual_clip_c=3.0)
     out = surrogate_loss(Surrogate.GSPO, logp, old, adv, mask, p)
     s = [math.exp(0.1), math.exp(1e-4), math.exp(0.1), math.exp(-0.3)]
     row_loss = [-2.0 * (1 + 4e-4), -2.0 * math.exp(1e-4), 2.0 * math.exp(0.1), 1.0 * (1 - 3e-4)]
@@ -339,7 +339,7 @@ def test_ppo_clip_gradient(seed, eps):
     old = -torch.rand(B, T, generator=g, dtype=torch.float64) * 4
     logp = (old + torch.randn(B, T, generator=g, dtype=torch.float64) * 0.4).requires_grad_()
     adv = torch.randn(B, generator=g, dtype=torch.float64)
-    p = ClipParams(eps_low=eps[0], eps_high=eps[1])
+    p = ClipParams(eps_low=eps[0], eps_high=eps[1], dual_clip_c=3.0)
     out = surrogate_loss(Surrogate.PPO_CLIP, logp, old, adv, torch.ones(B, T), p)
     (grad,) = torch.autograd.grad(out.loss.sum(), logp)
     r = torch.exp(logp.detach() - old)
@@ -357,7 +357,7 @@ def test_dual_clip_gradient_zero_where_capped():
     old = torch.zeros(1, 4, dtype=torch.float64)
     logp = torch.log(torch.tensor([[0.5, 1.0, 2.5, 4.0]], dtype=torch.float64)).requires_grad_()
     adv = torch.tensor([-1.0], dtype=torch.float64)
-    out = surrogate_loss(Surrogate.DUAL_CLIP, logp, old, adv, torch.ones(1, 4), ClipParams(dual_clip_c=3.0))
+    out = surrogate_loss(Surrogate.DUAL_CLIP, logp, old, adv, torch.ones(1, 4), ClipParams(0.2, 0.2, 3.0))
     torch.testing.assert_close(out.loss, torch.tensor([[0.8, 1.0, 2.5, 3.0]], dtype=torch.float64))
     (grad,) = torch.autograd.grad(out.loss.sum(), logp)
     # r = .5: clipped low (0); r = 1, 2.5: -A r = r; r = 4: capped at 3 (0)
@@ -372,7 +372,7 @@ def test_dual_clip_gradient_zero_where_capped():
 @pytest.mark.parametrize("seed", range(5))
 def test_gspo_sequence_ratio_and_mask_independence(seed):
     logp, old, adv, mask, _ = _random_surrogate_inputs(seed)
-    p = ClipParams(eps_low=3e-4, eps_high=4e-4)
+    p = ClipParams(eps_low=3e-4, eps_high=4e-4, dual_clip_c=3.0)
     out = surrogate_loss(Surrogate.GSPO, logp, old, adv, mask, p)
     B, T = logp.shape
     for i in range(B):
@@ -399,9 +399,9 @@ def test_gspo_differs_from_token_ratio():
     old = torch.zeros(1, 2, dtype=torch.float64)
     logp = torch.tensor([[0.5, -0.5]], dtype=torch.float64)
     adv = torch.tensor([1.0], dtype=torch.float64)
-    g = surrogate_loss("gspo", logp, old, adv, torch.ones(1, 2), ClipParams())
+    g = surrogate_loss("gspo", logp, old, adv, torch.ones(1, 2), ClipParams(0.2, 0.2, 3.0))
     torch.testing.assert_close(g.loss, torch.tensor([[-1.0, -1.0]], dtype=torch.float64))
-    t = surrogate_loss("ppo_clip", logp, old, adv, torch.ones(1, 2), ClipParams())
+    t = surrogate_loss("ppo_clip", logp, old, adv, torch.ones(1, 2), ClipParams(0.2, 0.2, 3.0))
     torch.testing.assert_close(t.loss, torch.tensor([[-1.2, -math.exp(-0.5)]], dtype=torch.float64))
 
 
@@ -414,7 +414,7 @@ def test_gspo_gradient_spread_over_masked_tokens():
     adv = torch.tensor([1.0, -0.5, 2.0, -1.5], dtype=torch.float64)
     mask = torch.tensor([[1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 1, 1], [1, 0, 0, 0, 0, 0], [0, 1, 1, 0, 1, 0]])
     m = mask.double()
-    p = ClipParams(eps_low=0.2, eps_high=0.2)  # the small noise keeps every s inside the clip
+    p = ClipParams(eps_low=0.2, eps_high=0.2, dual_clip_c=3.0)  # the small noise keeps every s inside the clip
     out = surrogate_loss("gspo", logp, old, adv, mask, p)
     w = m / m.sum(-1, keepdim=True)
     (grad,) = torch.autograd.grad((w * out.loss).sum(), logp)
@@ -431,11 +431,6 @@ def test_surrogate_dispatch_accepts_str(kind):
     a = surrogate_loss(kind, logp, old, adv, mask, p)
     b = surrogate_loss(str(kind), logp, old, adv, mask, p)
     assert torch.equal(a.loss, b.loss)
-
-
-def test_clip_params_defaults_are_grpo():
-    p = ClipParams()
-    assert (p.eps_low, p.eps_high, p.dual_clip_c) == (0.2, 0.2, 3.0)
 
 
 @pytest.mark.parametrize("kind,est", list(itertools.product(list(Surrogate), list(KLEstimator))))
