@@ -188,6 +188,18 @@ def resolve_in_class(cls: ast.ClassDef, rest: list[str]) -> bool:
     return len(rest) == 1 and class_has(cls, rest[0]) if rest else True
 
 
+def imported_from(node: ast.stmt, path: Path) -> list[str] | None:
+    """The grpolab module (parts below grpolab/) that ``from X import name`` in the module at `path` reads from;
+    None for any other statement or a module outside grpolab."""
+    if not isinstance(node, ast.ImportFrom):
+        return None
+    module = (node.module or "").split(".") if node.module else []
+    if node.level:
+        package = list(path.parent.relative_to(PKG).parts)
+        return package[: len(package) - node.level + 1] + module
+    return module[1:] if module[:1] == ["grpolab"] else None
+
+
 def resolve_module_path(parts: list[str], from_root: bool = False) -> bool:
     """Rule 2, first way: module/package prefix, then module attributes, then class attributes. `from_root`: the
     name was written ``grpolab.x``, so x may also be a name of the grpolab package itself."""
@@ -204,6 +216,10 @@ def resolve_module_path(parts: list[str], from_root: bool = False) -> bool:
             node = names[rest[0]]
             if len(rest) == 1:
                 return True
+            source = imported_from(node, path)
+            if source is not None:  # a re-export (``rewards.RewardSet``): resolve it where it is defined
+                original = next(a.name for a in node.names if (a.asname or a.name) == rest[0])
+                return resolve_module_path([*source, original, *rest[1:]], from_root=True)
             return isinstance(node, ast.ClassDef) and resolve_in_class(node, rest[1:])
         lazy = _literal_names(tree, "__all__") | _literal_names(tree, "_LAZY")
         return len(rest) == 1 and rest[0] in lazy

@@ -104,3 +104,29 @@ def test_auto_stops_at_the_code_block_exactly_when_a_code_reward_reads_it():
     assert resolved(from_dict({"reward": {"weights": {"correct": 1.0}}})) == "none"
     off = from_dict({"task": {"name": "pyfunc"}, "reward": {"weights": {"pass_fraction": 1.0}}, "rollout": {"stop_rule": "none"}})
     assert resolved(off) == "none"
+
+
+@pytest.mark.parametrize("setting", ["auto", "none", "code_block"])
+@pytest.mark.parametrize("reads_first_block", [True, False])
+def test_resolving_the_setting_changes_only_auto(setting, reads_first_block):
+    """The rollout's resolution: auto follows the reward (code_block iff it reads only the first code block);
+    an explicit setting is kept whatever the reward; every result is a registered rule."""
+    from grpolab.rollout.stop import resolve_stop_rule
+
+    got = resolve_stop_rule(setting, reads_first_block)
+    expected = setting if setting != "auto" else ("code_block" if reads_first_block else "none")
+    assert got == expected and type(got) is str
+    stop_rule(got)  # registered: raises otherwise
+
+
+def test_a_logged_code_reward_still_reads_the_first_block():
+    """A code reward weighted 0 (logged, not trained on) is still computed on the first code block, so auto stops
+    there too -- the rewards' side of the resolution (grpolab.rewards.card.stop_rule)."""
+    from grpolab.config import from_dict
+    from grpolab.rewards import stop_rule as run_stop_rule
+
+    logged = from_dict({"task": {"name": "pyfunc"}, "reward": {"weights": {"all_pass": 1.0, "pass_fraction": 0.0}}})
+    assert run_stop_rule(logged) == "code_block"
+    only_logged = from_dict({"reward": {"weights": {"correct": 1.0, "all_pass": 0.0}}})
+    assert run_stop_rule(only_logged) == "code_block"
+    assert run_stop_rule(from_dict({"reward": {"weights": {"correct": 1.0, "format": 0.1}}})) == "none"

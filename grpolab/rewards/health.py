@@ -20,7 +20,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from . import RewardResult
+from .reward_set import RewardResult
 
 log = logging.getLogger("grpolab")
 

@@ -4,7 +4,9 @@
 - ``hf``: the engine on a transformers model; ``decode``: the batched decode loop (shared-prompt prefill, KV cache
   in ``cache``, finished rows leaving, sampling); ``prepack``: the linear weights prepacked once per
   decode call on a CPU (oneDNN);
-- ``stop``: text stop rules (e.g. end the answer at the end of its first code block).
+- ``stop``: text stop rules (e.g. end the answer at the end of its first code block) and the resolution of
+  ``rollout.stop_rule: auto`` from what the run's reward reads.
 
-May import: algo, models. Imported by: rewards (stop rules), agents, evaluation, training, baselines.
+May import: algo, models. Imported by: rewards (stop rules, the code blocks they read), agents, evaluation,
+training, baselines.
 """

@@ -8,7 +8,8 @@ the whole answer, nothing after it is sampled, trained on or served.
 
 A rule is a pure function of the completion text so far: True = the completion is finished. The decode loop
 (rollout/decode.py) asks it only after a token whose text holds a character the rule reacts to (``TRIGGERS``), so
-it costs a decode of one row now and then, not every row every step.
+it costs a decode of one row now and then, not every row every step. ``resolve_stop_rule`` turns the config's
+``auto`` into a rule (code_block when the run's reward reads only the first code block).
 """
 
 from __future__ import annotations
@@ -70,3 +71,16 @@ def stop_rule(name: str | StopRule) -> tuple[Callable[[str], bool], str] | None:
         return RULES[StopRule(name)]
     except ValueError:
         raise ValueError(f"rollout.stop_rule: expected one of {[r.value for r in StopRule]}, got {name!r}") from None
+
+
+def resolve_stop_rule(setting: str, reward_reads_first_code_block: bool) -> str:
+    """``rollout.stop_rule`` resolved for a run: ``auto`` is ``code_block`` when the run's reward reads only the first
+    Python block of a completion (a code reward: nothing after that block is sampled), else ``none``; ``none`` and
+    ``code_block`` stay as set.
+
+    >>> resolve_stop_rule("auto", True), resolve_stop_rule("auto", False), resolve_stop_rule("none", True)
+    ('code_block', 'none', 'none')
+    """
+    if setting != "auto":
+        return setting
+    return StopRule.CODE_BLOCK.value if reward_reads_first_code_block else StopRule.NONE.value
