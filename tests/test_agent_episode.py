@@ -21,7 +21,7 @@ from grpolab.rollout.base import SamplingParams
 from grpolab.rollout.decode import Decoded
 from grpolab.rollout.hf import eos_ids
 from grpolab.tasks.base import Problem
-from grpolab.training.update import PolicyUpdater
+from grpolab.training.update import PolicyUpdater, UpdateBatch
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -208,7 +208,7 @@ def _loss_and_logit_grads(model, ro, advantages):
     sums = defaultdict(float)
     try:
         mask = upd.loss_mask(ro, torch.ones(len(ro), dtype=torch.bool))
-        upd.minibatch((ro, advantages, mask, None, None), torch.arange(len(ro)), sums, None)
+        upd.minibatch(UpdateBatch(ro, advantages, mask, None, None), torch.arange(len(ro)), sums, None)
     finally:
         handle.remove()
     return sums["loss/total"], grads["logits"].grad

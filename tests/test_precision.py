@@ -289,13 +289,34 @@ def test_a_run_records_setting_resolution_and_probe_numbers(tiny_model_dir, tmp_
                     "rank_invariant_samples": precision.RANK_INVARIANCE["float32"]} and "0.5x" in card["source"]
     assert manifest["config"]["train"]["precision"] == "auto" and manifest["config"]["rollout"]["dtype"] == "auto"
     assert json.loads((tmp_path / "auto" / "manifest.json").read_text())["precision"] == p
-    assert trainer.cfg.train.precision == "fp32" and sampler_dtype(trainer) == torch.float32
+    assert trainer.update_precision == "fp32" and sampler_dtype(trainer) == torch.float32
+    assert trainer.cfg is trainer.config_given and trainer.cfg.train.precision == "auto"  # the config as given
 
     monkeypatch.setattr(precision, "probe", FakeProbe(1.3))  # bf16 clearly faster: the run uses it
     trainer, manifest = start_run(from_dict(tiny(tiny_model_dir, tmp_path, "fast-bf16")))
-    assert trainer.cfg.train.precision == "bf16" and trainer.updater.cfg.train.precision == "bf16"
+    assert trainer.update_precision == "bf16" and trainer.updater.precision == "bf16"
+    assert trainer.sampling_dtype == "bfloat16" and trainer.cfg.rollout.dtype == "auto"
     assert sampler_dtype(trainer) == torch.bfloat16 and manifest["precision"]["sampling"] == "bfloat16"
     assert manifest["objective"]["choices"]["precision"]["rank_invariant_samples"].startswith("no: bf16 rounding")
+
+
+def test_ppo_runs_its_critic_in_the_resolved_precision(tiny_model_dir, tmp_path, monkeypatch):
+    from grpolab.baselines import critic
+
+    monkeypatch.setattr(precision, "probe", FakeProbe(1.3))  # auto resolves to bf16
+    seen, real = [], critic.completion_values
+
+    def spy(model, rollout, rows, precision_used):
+        seen.append(precision_used)
+        return real(model, rollout, rows, precision_used)
+
+    monkeypatch.setattr(critic, "completion_values", spy)
+    raw = tiny(tiny_model_dir, tmp_path, "ppo")
+    raw["algorithm"] = {"estimator": "gae", "beta": 0.0, "gamma": 1.0, "lam": 0.95}
+    trainer, _ = start_run(from_dict(raw))
+    trainer.fit()
+    assert trainer.cfg.train.precision == "auto" and trainer.update_precision == "bf16"
+    assert seen and set(seen) == {"bf16"}  # the critic's value passes, as the policy's
 
 
 def test_an_explicit_run_is_recorded_as_explicit(tiny_model_dir, tmp_path, monkeypatch):
@@ -319,14 +340,15 @@ def test_a_resumed_auto_run_keeps_its_recorded_choice(tiny_model_dir, tmp_path, 
 
     resumed, path = resume_run(run, [], allow_changes=False)  # no difference: the recorded choice is reused
     assert now.calls == 1 and path is not None and path.name == "step-1"
-    assert resumed.cfg.train.precision == "fp32" and sampler_dtype(resumed) == torch.float32
+    assert resumed.update_precision == "fp32" and sampler_dtype(resumed) == torch.float32
     after = json.loads((run / "manifest.json").read_text())
     assert after["precision"] == manifest["precision"] and after["resumes"][0]["differences"] == []
 
     with pytest.raises(GrpolabError, match="config.train.precision"):  # an override is a change like any other
         resume_run(run, ["train.precision=bf16"], allow_changes=False)
     resumed, _ = resume_run(run, ["train.precision=bf16"], allow_changes=True)  # ... and wins when allowed
-    assert resumed.cfg.train.precision == "bf16" and resumed.cfg.rollout.dtype == "float32" and now.calls == 1
+    assert resumed.update_precision == "bf16" and resumed.sampling_dtype == "float32" and now.calls == 1
+    assert resumed.cfg.train.precision == "bf16" and resumed.cfg.rollout.dtype == "auto"  # the override, as given
     after = json.loads((run / "manifest.json").read_text())
     assert after["precision"]["update"] == "bf16" and after["precision"]["sampling"] == "float32"
     assert after["precision"]["source"] == "update explicit; sampling auto: recorded by the run"

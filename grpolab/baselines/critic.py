@@ -67,8 +67,12 @@ def completion_values(model: ValueModel, rollout: Rollout, rows: torch.Tensor, p
 class Critic:
     """The value model, its AdamW, and its update (module docstring)."""
 
-    def __init__(self, cfg: Config, policy: torch.nn.Module, model_path: str, device: torch.device, world: World = World()):
+    def __init__(self, cfg: Config, policy: torch.nn.Module, model_path: str, device: torch.device, world: World = World(),
+                 precision: str | None = None):
+        """``precision``: the update's resolved precision ("fp32"/"bf16"; the trainer resolves train.precision's auto),
+        else cfg.train.precision."""
         self.cfg, self.world = cfg, world
+        self.precision = precision or cfg.train.precision
         c = cfg.critic
         if c.share_backbone:
             backbone = policy.get_decoder()
@@ -86,7 +90,7 @@ class Critic:
         out = torch.zeros(rollout.completion_ids.shape, dtype=torch.float32, device=rollout.completion_ids.device)
         with eval_mode(self.model):
             for rows in torch.arange(len(rollout)).split(self.cfg.train.micro_batch_size):
-                v, cols = completion_values(self.model, rollout, rows, self.cfg.train.precision)
+                v, cols = completion_values(self.model, rollout, rows, self.precision)
                 out[rows, cols] = v
         return out
 
@@ -104,7 +108,7 @@ class Critic:
                 self.optimizer.zero_grad(set_to_none=True)
                 for start in range(0, len(mb), t.micro_batch_size):
                     rows = mb[start:start + t.micro_batch_size]
-                    v, c = completion_values(self.model, rollout, rows, t.precision)
+                    v, c = completion_values(self.model, rollout, rows, self.precision)
                     out = clipped_value_loss(v.double(), old_values[rows][:, c].double(), returns[rows][:, c],
                                              self.cfg.critic.value_clip)
                     w, m = weights[start:start + len(rows)][:, c], mask[rows][:, c].double()

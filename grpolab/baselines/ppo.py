@@ -49,7 +49,8 @@ class PPOTrainer(Trainer):
             raise ConfigError("algorithm.estimator: gae (PPO) runs with train.strategy ddp; fsdp2 shards only the policy")
         super().__init__(cfg, run_dir, *args, **kwargs)
         try:
-            self.critic = Critic(self.cfg, self.policy, self.model_path, self.device, self.world)
+            self.critic = Critic(self.cfg, self.policy, self.model_path, self.device, self.world,
+                                 precision=self.update_precision)
         except BaseException:
             self.close()  # put the process-wide settings back, as a failed Trainer build does
             raise
@@ -59,7 +60,7 @@ class PPOTrainer(Trainer):
         the critic, and returns the (ref, old) logprobs it computed for the policy update."""
         a, rollout, t0 = self.cfg.algorithm, batch.rollout, time.perf_counter()
         ref = self.updater.logprobs_no_grad(self.reference, rollout, "fp32") if self.reference is not None else None
-        old = self.updater.logprobs_no_grad(self.policy, rollout, self.cfg.train.precision)
+        old = self.updater.logprobs_no_grad(self.policy, rollout, self.update_precision)
         values = self.critic.values(rollout)
         t1 = time.perf_counter()
         mask = self.updater.loss_mask(rollout, ~batch.scores.invalid)

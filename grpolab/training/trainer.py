@@ -13,7 +13,6 @@ grpolab.training.process_settings. ``progress(message)``: one line before each p
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import math
@@ -28,7 +27,6 @@ from ..models import checkpoint as ckpt
 from ..algo.kl import KLPlacement, token_kl
 from .agent_batch import collector_class
 from .batch import Batch
-from ..models.checkpoint import rng_state, seed_everything, set_rng_state
 from ..config import Config
 from .sharding import Strategy, check_shardable, full_model_state, full_optimizer_state, load_full_state, shard
 from .distributed import World, all_reduce_max, all_reduce_sum, barrier, gather_objects, init_world, resolve_device
@@ -38,12 +36,10 @@ from .faults import InterruptGuard, NonFiniteTracker, TrainingInterrupted
 from .process_settings import ProcessSettings
 from .schedule import align_schedule, lr_lambda
 from .metrics import JsonlSink, completion_table, peak_rss_mb, truncate_log
-from ..models.load import load_weights, make_reference
+from ..models.load import DTYPES, load_causal_lm, load_tokenizer, load_weights, make_reference, resolve_model_path
 from ..models.lora import apply_lora, trainable_parameters
-from ..models.load import DTYPES, load_causal_lm, load_tokenizer, resolve_model_path
 from .attention import NAME as ATTENTION_FP32, use_training_attention
 from . import precision
-from .precision import model_dims, probe_shapes, resolve
 from .reproducibility import training_attention
 from .prompt_sampler import PromptSampler
 from .trackers import Trackers, check_installed
@@ -109,8 +105,9 @@ class Trainer:
     held-out, data summary) given in memory instead of loaded from the config's task (grpolab.api).
 
     ``precision``: a resumed run's recorded resolution of train.precision / rollout.dtype (its manifest's
-    ``precision``), reused instead of probing again. ``self.precision`` is the resolution; ``self.cfg`` is the
-    config with it applied (never "auto"), ``self.config_given`` the config as given (what the manifest records).
+    ``precision``), reused instead of probing again. ``self.cfg`` is the config as given (train.precision and
+    rollout.dtype may be "auto"; ``self.config_given`` is the same object); ``self.precision`` is the resolution
+    (what the manifest records), read through ``update_precision`` and ``sampling_dtype``.
 
     ``progress(message)``: told (rank 0) before each phase that can take over ~20 s -- loading the models, the
     precision probe, a checkpoint's restore, the first step's sampling and update, each held-out eval and
@@ -142,7 +139,7 @@ class Trainer:
               precision: dict[str, Any] | None) -> None:
         """The rest of __init__ (after the process settings): data, rewards, models, sampler, optimizer."""
         self.world = world or init_world(self.device)
-        seed_everything(cfg.train.seed)
+        ckpt.seed_everything(cfg.train.seed)
         self.rewards = RewardSet(cfg.reward.weights, cfg.reward.functions, cfg.reward.time_limit_s,  # before any model
                                  cfg.reward.sandbox, callables=rewards, model=cfg.reward.model, device=self.device,
                                  judge=cfg.reward.judge)
@@ -156,18 +153,16 @@ class Trainer:
                                  cfg.train.seed).to(self.device)  # a peft model when model.lora.rank > 0
         self.policy.train()
         self.precision = self.resolve_precision(precision)
-        self.cfg = cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, precision=self.precision["update"]),
-                                             rollout=dataclasses.replace(cfg.rollout, dtype=self.precision["sampling"]))
-        compute_dtype = torch.bfloat16 if cfg.train.precision == "bf16" else DTYPES[cfg.model.dtype]
+        compute_dtype = torch.bfloat16 if self.update_precision == "bf16" else DTYPES[cfg.model.dtype]
         if cfg.algorithm.beta > 0:
             self.tell("making the reference model (algorithm.beta > 0)")
         self.reference = make_reference(self.policy, compute_dtype) if cfg.algorithm.beta > 0 else None  # LoRA: adapters off
         t = cfg.train
         self.sharded = t.strategy == Strategy.FSDP2  # the sampler and reference copies are made before sharding
         self.tell("preparing the sampler's copy of the model")
-        self.engine = HFEngine(self.policy, self.tokenizer, DTYPES[cfg.rollout.dtype], cfg.rollout.decoder, self.sharded,
-                               cfg.rollout.cpu_fast_paths, cfg.rollout.preallocate_kv_cache)
-        fp32_inside = t.attention_fp32 and t.precision == "bf16"  # grpolab/training/attention.py; after the copies
+        self.engine = HFEngine(self.policy, self.tokenizer, DTYPES[self.sampling_dtype], cfg.rollout.decoder,
+                               self.sharded, cfg.rollout.cpu_fast_paths, cfg.rollout.preallocate_kv_cache)
+        fp32_inside = t.attention_fp32 and self.update_precision == "bf16"  # training/attention.py; after the copies
         if self.device.type == "cpu" and (fp32_inside or t.deterministic) \
                 and use_training_attention(self.policy, fp32_inside) == ATTENTION_FP32:
             self.precision["attention"] = "float32 inside bf16 autocast (sdpa_fp32)"
@@ -179,7 +174,8 @@ class Trainer:
             **({"fused": True} if t.fused_adamw and not self.sharded else {"foreach": True}),
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(cfg))
-        self.updater = PolicyUpdater(cfg, self.policy, self.reference, self.optimizer, self.scheduler, self.world)
+        self.updater = PolicyUpdater(cfg, self.policy, self.reference, self.optimizer, self.scheduler, self.world,
+                                     self.update_precision)
         self.sampler = PromptSampler(self.train_problems, t.seed, t.prompt_schedule, t.prompt_floor)  # same on every rank
         self.collector = collector_class(self.train_problems)(cfg, self.engine, self.tokenizer, self.sampler,
                                                               self.rewards, self.world)  # episodes for agent tasks
@@ -209,19 +205,29 @@ class Trainer:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    @property
+    def update_precision(self) -> str:
+        """train.precision resolved: "fp32" or "bf16" (autocast of the policy's forward passes)."""
+        return self.precision["update"]
+
+    @property
+    def sampling_dtype(self) -> str:
+        """rollout.dtype resolved: "float32" or "bfloat16" (the sampler's weight copy)."""
+        return self.precision["sampling"]
+
     def resolve_precision(self, recorded: dict[str, Any] | None) -> dict[str, Any]:
         """train.precision / rollout.dtype resolved by grpolab.training.precision (explicit wins; auto: CUDA support or the
         CPU probe at this model's shapes; a resume's recorded resolution); rank 0 decides for every rank."""
         c = self.cfg
-        shapes = probe_shapes(*model_dims(self.policy), c.train.micro_batch_size, c.rollout.max_new_tokens,
-                              c.rollout.group_size)
+        shapes = precision.probe_shapes(*precision.model_dims(self.policy), c.train.micro_batch_size,
+                                        c.rollout.max_new_tokens, c.rollout.group_size)
         def probe_told(probe_shapes: dict[str, list[int]]) -> dict[str, Any]:
             self.tell("choosing fp32 or bf16 for this model (precision auto: measured once per machine and shape, "
                       "then cached)")
             return precision.probe(probe_shapes)
 
-        mine = resolve(c.train.precision, c.rollout.dtype, self.device, shapes, recorded,
-                       run_probe=probe_told) if self.world.main else None
+        mine = precision.resolve(c.train.precision, c.rollout.dtype, self.device, shapes, recorded,
+                                 run_probe=probe_told) if self.world.main else None
         return gather_objects(mine, self.world)[0]
 
     # ------------------------------------------------------------------------------------------ one step
@@ -245,7 +251,7 @@ class Trainer:
         if not (a.beta > 0 and a.kl_placement == KLPlacement.REWARD):
             return None, None
         ref = self.updater.logprobs_no_grad(self.reference, batch.rollout, "fp32")
-        old = self.updater.logprobs_no_grad(self.policy, batch.rollout, self.cfg.train.precision)
+        old = self.updater.logprobs_no_grad(self.policy, batch.rollout, self.update_precision)
         kl_seq = (token_kl(old, ref, a.kl_estimator).double() * batch.rollout.trained_mask()).sum(-1)  # float64: no
         # rounding that depends on how wide the rollout tensor is (it differs with the number of ranks)
         batch.scores.rewards = batch.scores.rewards - a.beta * kl_seq.to(batch.scores.rewards.device)
@@ -335,7 +341,7 @@ class Trainer:
                         batch = self.collect()
                     except KeyboardInterrupt:  # nothing trained yet: roll the step back and keep the last one
                         self.sampler.load_state_dict(before["sampler"])
-                        set_rng_state(before["rng"])
+                        ckpt.set_rng_state(before["rng"])
                         raise self.interrupted() from None
                     with guard.critical_section():
                         metrics = self.end_step(*self.update_step(batch, t0), sinks, on_step)
@@ -430,7 +436,7 @@ class Trainer:
 
     def cursor_state(self) -> dict[str, Any]:
         """What a step changes before its update: the RNG states and the prompt cursor (cheap to copy)."""
-        return {"rng": rng_state(), "sampler": self.sampler.state_dict()}
+        return {"rng": ckpt.rng_state(), "sampler": self.sampler.state_dict()}
 
     def state_dict(self) -> dict[str, Any]:
         """Everything an exact resume needs besides the weights (docs/robustness.md). Dynamic sampling keeps no
@@ -440,7 +446,7 @@ class Trainer:
             "optimizer": full_optimizer_state(self.policy, self.optimizer) if self.sharded else self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(), "faults": {"skipped_steps": self.updater.skipped_steps},
             "logs": {name: _size(self.run_dir / name) for name in LOGS}, "torch_threads": torch.get_num_threads(),
-            "world_size": self.world.size, "rank_rng": gather_objects(rng_state(), self.world), "best": self.best,
+            "world_size": self.world.size, "rank_rng": gather_objects(ckpt.rng_state(), self.world), "best": self.best,
         }
 
     def save(self) -> Path:
@@ -493,7 +499,7 @@ class Trainer:
             log.warning("%s was written with %d torch threads, this process uses %d: CPU results may differ in the "
                         "last bits (set OMP_NUM_THREADS=%d for an exact resume)", path, state["torch_threads"],
                         torch.get_num_threads(), state["torch_threads"])
-        set_rng_state(state["rank_rng"][self.world.rank] if "rank_rng" in state else state["rng"])
+        ckpt.set_rng_state(state["rank_rng"][self.world.rank] if "rank_rng" in state else state["rng"])
 
     def resume(self) -> Path | None:
         """Continue from the newest complete checkpoint, or from step 0 (logs emptied) when there is none."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from dataclasses import dataclass
 
 import torch
 
@@ -35,11 +36,36 @@ SUMMED = ("loss/policy", "loss/kl", "loss/total", "kl_tok", "clip_low", "clip_hi
           "approx_kl_old", "signal_tokens")  # per-step sums, added over the ranks before they are divided
 
 
+@dataclass(frozen=True)
+class UpdateBatch:
+    """What every micro-batch of one rollout batch's update reads: per-row tensors over the N rollout rows."""
+
+    rollout: Rollout
+    advantages: torch.Tensor  # [N] per sequence (GRPO) or [N, Lc] per token (PPO)
+    mask: torch.Tensor  # [N, Lc] the tokens trained on (PolicyUpdater.loss_mask)
+    ref_logp: torch.Tensor | None  # [N, Lc] reference logprobs; None without a reference (beta = 0)
+    old_logp: torch.Tensor | None  # [N, Lc] pi_old; None: each micro-batch's detached current logprobs
+
+
+@dataclass(frozen=True)
+class MicroBatch:
+    """One forward/backward of a minibatch: its rollout rows and their aggregation weights, which were computed over
+    the whole minibatch (so the gradient does not depend on micro_batch_size)."""
+
+    rows: torch.Tensor  # [b] rollout rows
+    weights: torch.Tensor  # [b, Lc] the aggregation weights of these rows
+
+
 class PolicyUpdater:
-    def __init__(self, cfg: Config, policy, reference, optimizer, scheduler, world: World = World()):
+    """``precision``: the update's resolved train.precision, "fp32" or "bf16" (the Trainer passes its resolution;
+    None: cfg.train.precision as given, where "auto" runs as fp32, as forward.autocast does)."""
+
+    def __init__(self, cfg: Config, policy, reference, optimizer, scheduler, world: World = World(),
+                 precision: str | None = None):
         a = cfg.algorithm
         self.world = world
         self.cfg, self.policy, self.reference = cfg, policy, reference
+        self.precision = precision or ("fp32" if cfg.train.precision == "auto" else cfg.train.precision)
         self.optimizer, self.scheduler = optimizer, scheduler
         self.params = ObjectiveParams(
             surrogate=a.surrogate, clip=ClipParams(a.eps_low, a.eps_high, a.dual_clip_c), beta=a.beta,
@@ -110,16 +136,16 @@ class PolicyUpdater:
         mask = self.loss_mask(rollout, valid)
         if self.reference is not None and ref_logp is None:
             ref_logp = self.logprobs_no_grad(self.reference, rollout, "fp32")
-        reuse_old = t.mu == 1 and t.minibatches == 1 and old_logp is None
-        old_all = old_logp if reuse_old or old_logp is not None else self.logprobs_no_grad(self.policy, rollout, t.precision)
+        if old_logp is None and not (t.mu == 1 and t.minibatches == 1):  # else pi_old: the detached current logprobs
+            old_logp = self.logprobs_no_grad(self.policy, rollout, self.precision)
         sums: dict[str, float] = defaultdict(float)
         mismatch: dict[str, list[torch.Tensor]] = defaultdict(list)
-        inputs = (rollout, advantages, mask, ref_logp, None if reuse_old else old_all)
+        batch = UpdateBatch(rollout, advantages, mask, ref_logp, old_logp)
         where = {pos: i for i, pos in enumerate(positions)}
         for it in range(t.mu):
             for chunk in minibatch_groups(num_groups, t.minibatches, t.seed, step, it):
                 mb = torch.tensor([where[pos] * g + k for pos in chunk if pos in where for k in range(g)], dtype=torch.long)
-                finite = self.minibatch(inputs, mb, sums, mismatch if it == 0 else None)
+                finite = self.minibatch(batch, mb, sums, mismatch if it == 0 else None)
                 bad = all_reduce_max(torch.tensor([0.0 if finite else 1.0]), self.world)
                 if not self.sharded:  # fsdp2 reduce-scatters the gradients itself (grpolab.training.sharding)
                     all_reduce_gradients([q for q in self.policy.parameters() if q.requires_grad], self.world)
@@ -129,19 +155,27 @@ class PolicyUpdater:
         out["optim/skipped_steps"] = float(self.skipped_steps)
         return out
 
-    def minibatch(self, inputs, mb: torch.Tensor, sums: dict[str, float], mismatch: dict | None) -> bool:
+    def minibatch(self, batch: UpdateBatch, mb: torch.Tensor, sums: dict[str, float], mismatch: dict | None) -> bool:
         """Accumulate the gradient of this rank's rows `mb` of one minibatch, micro-batch by micro-batch, with the
         aggregation weights of the whole minibatch (its counts summed over the ranks); False when a loss is not
-        finite (the step will be skipped, so no backward is run after it)."""
-        cfg, t = self.cfg, self.cfg.train
-        mask = inputs[2]
-        counts = all_reduce_sum(batch_counts(mask[mb]), self.world)
-        weights = token_weights(mask[mb], cfg.algorithm.aggregation, cfg.l_max, counts)
+        finite (the step will be skipped, so no backward is run after it; the later forwards still add their
+        metrics)."""
+        cfg, size = self.cfg, self.cfg.train.micro_batch_size
+        counts = all_reduce_sum(batch_counts(batch.mask[mb]), self.world)
+        weights = token_weights(batch.mask[mb], cfg.algorithm.aggregation, cfg.l_max, counts)
+        micro_batches = [MicroBatch(mb[start : start + size], weights[start : start + size])
+                         for start in range(0, len(mb), size)]
         self.optimizer.zero_grad(set_to_none=True)
         finite = True
-        with self.casts_kept(t.precision):
-            for start in self.lockstep(list(range(0, len(mb), t.micro_batch_size))):
-                finite = self.micro_batch(inputs, mb, start, weights, sums, mismatch, finite)
+        with self.casts_kept(self.precision):
+            for micro in self.lockstep(micro_batches):
+                if micro is None:  # a rank with fewer rows: an idle pass for FSDP2's collectives
+                    self.idle_pass(grad=True)
+                    continue
+                loss = self.micro_batch(batch, micro, sums, mismatch)
+                finite = finite and math.isfinite(loss.item())
+                if finite:  # a NaN/Inf loss skips this optimizer step anyway: no backward needed
+                    (loss * loss_scale(self.sharded, self.world.size)).backward()
         return finite
 
     def casts_kept(self, precision: str):
@@ -150,36 +184,27 @@ class PolicyUpdater:
         device = next(self.policy.parameters()).device
         return weight_casts_kept("fp32" if self.sharded else precision, device)
 
-    def micro_batch(self, inputs, mb: torch.Tensor, start: int | None, weights: torch.Tensor, sums: dict[str, float],
-                    mismatch: dict | None, finite: bool) -> bool:
-        """Forward and backward of the micro-batch of `mb` starting at `start` (None: an idle pass of a rank with
-        fewer rows); `finite`: whether every earlier loss of the minibatch was finite (else no backward is run).
-        Returns it and-ed with this loss's finiteness."""
-        cfg, t = self.cfg, self.cfg.train
-        rollout, advantages, mask, ref_logp, old_all = inputs
-        if start is None:
-            self.idle_pass(grad=True)
-            return finite
-        rows = mb[start : start + t.micro_batch_size]
-        fo = completion_logprobs(self.policy, rollout, rows, self.temperature, t.precision, with_entropy=True,
+    def micro_batch(self, batch: UpdateBatch, micro: MicroBatch, sums: dict[str, float],
+                    mismatch: dict | None) -> torch.Tensor:
+        """Forward of one micro-batch: returns its loss (a scalar with its graph; the caller runs the backward) and
+        adds its loss terms and token statistics to `sums` (and its IS-mismatch tokens to `mismatch`, if given)."""
+        cfg, rollout, rows = self.cfg, batch.rollout, micro.rows
+        fo = completion_logprobs(self.policy, rollout, rows, self.temperature, self.precision, with_entropy=True,
                                  entropy_grad=cfg.algorithm.entropy_coef != 0, share_prompt=self.share_prompt,
                                  pack=self.pack)
         c = fo.cols
-        m = mask[rows][:, c]
-        old = fo.logp.detach() if old_all is None else old_all[rows][:, c]
+        m = batch.mask[rows][:, c]
+        old = fo.logp.detach() if batch.old_logp is None else batch.old_logp[rows][:, c]
         sampler = rollout.sampler_logprobs[rows][:, c]  # the distribution sampled (after top-k/top-p)
         isw = is_weights(old, sampler, m, cfg.algorithm.is_mode, self.is_params)
-        adv = advantages[rows][:, c] if advantages.dim() == 2 else advantages[rows]  # per token [N, T] or per sequence [N]
+        advantages = batch.advantages  # per token [N, Lc] or per sequence [N]
+        adv = advantages[rows][:, c] if advantages.dim() == 2 else advantages[rows]
         terms = objective(
-            fo.logp, old, None if ref_logp is None else ref_logp[rows][:, c], adv,
-            weights[start : start + len(rows)][:, c], isw, m, self.params, fo.entropy,
+            fo.logp, old, None if batch.ref_logp is None else batch.ref_logp[rows][:, c], adv,
+            micro.weights[:, c], isw, m, self.params, fo.entropy,
         )
-        total = terms.total.item()
-        finite = finite and math.isfinite(total)
-        if finite:  # a NaN/Inf loss skips this optimizer step anyway: no backward needed
-            (terms.total * loss_scale(self.sharded, self.world.size)).backward()
         mf = m.float()
-        for key, value in (("loss/policy", terms.policy), ("loss/kl", terms.kl), ("loss/total", total),
+        for key, value in (("loss/policy", terms.policy), ("loss/kl", terms.kl), ("loss/total", terms.total.item()),
                            ("kl_tok", terms.kl_token_sum), ("clip_low", terms.clip_low_count),
                            ("clip_high", terms.clip_high_count), ("tokens", terms.token_count),
                            ("entropy", (fo.entropy * mf).sum().item()),
@@ -191,7 +216,7 @@ class PolicyUpdater:
             mismatch["old"].append(old[sel])
             mismatch["sampler"].append(rollout.untruncated_logprobs()[rows][:, c][sel])  # like with like
             mismatch["w"].append(isw[sel])
-        return finite
+        return terms.total
 
     def optimizer_step(self, finite_loss: bool = True) -> float:
         """Clip, step the optimizer and the LR schedule. A non-finite loss or gradient norm skips the step
