@@ -40,6 +40,7 @@ TRAINING_PATH_TESTS := tests/test_train_e2e.py tests/test_dynamic_sampling.py te
 	tests/test_no_grad_passes.py
 test: $(STAMP)
 	$(VENV)/bin/lint-imports --no-cache
+	$(VENV)/bin/ruff check .
 	GRPOLAB_PRECISION=fp32 $(PY) -m pytest -m "not slow"
 	GRPOLAB_PRECISION=bf16 $(PY) -m pytest -m "not slow" $(TRAINING_PATH_TESTS)
 

@@ -30,8 +30,8 @@ import torch
 import grpolab.agents.episode as episode_module
 from grpolab.agents.calc import make_problems
 from grpolab.agents.env import AgentEnv, EpisodeLimits
-from grpolab.agents.tools import CALCULATOR
 from grpolab.agents.episode import EpisodeRunner
+from grpolab.agents.tools import CALCULATOR
 from grpolab.models.load import load_causal_lm, load_tokenizer, resolve_model_path
 from grpolab.rollout.base import SamplingParams
 from grpolab.rollout.hf import eos_ids

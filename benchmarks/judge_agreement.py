@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 
 import torch
+from common import cpu_features
 
 from grpolab.config import load_config
 from grpolab.models.load import load_causal_lm, load_tokenizer, resolve_model_path
@@ -36,8 +37,6 @@ from grpolab.rewards.judge import JudgeReward
 from grpolab.rewards.math import correctness_reward
 from grpolab.tasks import make_task
 from grpolab.tasks.prompting import prompt_ids
-
-from common import cpu_features
 
 
 def sample_answers(cfg, problems, samples: int, seed: int) -> list[tuple[object, str]]:

@@ -98,8 +98,8 @@ def worker(args) -> dict[str, Any]:
     import torch
 
     import grpolab.training.batch as B
-    from grpolab.config import from_dict
     from grpolab.baselines.ppo import trainer_class
+    from grpolab.config import from_dict
 
     torch.set_num_threads(args.threads) if args.threads else None
     out = tempfile.mkdtemp(prefix=f"ppo-vs-grpo-{args.worker}-")

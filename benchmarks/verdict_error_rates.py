@@ -40,8 +40,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from grpolab.evaluation.intervals import paired_evidence_interval  # noqa: E402
 from grpolab.report.base import Thresholds, change_signs  # noqa: E402
-from grpolab.report.gates import (DONT_SHIP, NOT_ESTABLISHED, SHIP, check_capability, check_diversity,  # noqa: E402
-                                  check_improvement, check_safety, family_control, verdict)
+from grpolab.report.gates import (  # noqa: E402
+    DONT_SHIP,
+    NOT_ESTABLISHED,
+    SHIP,
+    check_capability,
+    check_diversity,
+    check_improvement,
+    check_safety,
+    family_control,
+    verdict,
+)
 from grpolab.report.hacking import check_reward_vs_heldout  # noqa: E402
 
 N_HELDOUT, N_CAPABILITY, N_SAFETY, N_DIVERSITY = 266, 50, 30, 64
@@ -119,10 +128,10 @@ def scenarios() -> list[Scenario]:
     out = []
     for tasks in (1, 3):
         zeros = (0.0,) * tasks
-        out += [Scenario(f"better held-out (+0.10), no harm", 0.10, zeros),
-                Scenario(f"better held-out (+0.10), no harm, reward rise 0.40", 0.10, zeros, reward_rise=0.40),
-                Scenario(f"worse held-out (-0.05)", -0.05, zeros),
-                Scenario(f"better held-out, capability task1 -0.10", 0.10, (-0.10,) + zeros[1:])]
+        out += [Scenario("better held-out (+0.10), no harm", 0.10, zeros),
+                Scenario("better held-out (+0.10), no harm, reward rise 0.40", 0.10, zeros, reward_rise=0.40),
+                Scenario("worse held-out (-0.05)", -0.05, zeros),
+                Scenario("better held-out, capability task1 -0.10", 0.10, (-0.10,) + zeros[1:])]
     return out
 
 

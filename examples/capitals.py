@@ -1,6 +1,7 @@
 """A user-defined agent environment (docs/agents.md): task {name: agent, options: {env: examples/capitals.py:Capitals}}."""
 
 import random
+
 from grpolab.agents.env import AgentEnv
 from grpolab.agents.tools import Tool, ToolError
 from grpolab.tasks.base import Problem

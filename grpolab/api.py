@@ -110,7 +110,8 @@ def load_config(source: Any = None, overrides: Mapping[str, Any] | Sequence[str]
     >>> load_config({"train.steps": 3}, {"rollout.group_size": 4}, train__lr=1e-5).train.steps
     3
     """
-    from .config import Config, from_dict, load_config as load_yaml, parse_override, set_path, to_dict
+    from .config import Config, from_dict, parse_override, set_path, to_dict
+    from .config import load_config as load_yaml
 
     if isinstance(source, Config):
         raw = to_dict(source)
@@ -182,8 +183,8 @@ def in_memory_problems(cfg: "Config", problems: Any, eval_problems: Any = None,
     """(train, held-out, data summary) of problems given in memory (module docstring); the held-out ones are cut to
     eval.num_problems, and any that shares a question with a training problem is a DataError naming it."""
     from .errors import ConfigError, DataError
-    from .manifest import problem_hashes
     from .evaluation.overlap import overlapping
+    from .manifest import problem_hashes
 
     source: dict[str, Any] = {"kind": IN_MEMORY_TASK}
     task = _dataset_task(problems, fields) if _is_dataset(problems) else None
@@ -229,9 +230,9 @@ def train(config: Any = None, *, rewards: Mapping[str, Callable[..., Any]] | Non
     checkpoint writes) and one line per step with reward, loss, KL, entropy and step time. Everything the run is
     given is checked before any model is loaded; errors are GrpolabError subclasses with one-line messages.
     """
-    from .models.checkpoint import latest_checkpoint
     from .config import TaskConfig
     from .errors import ConfigError, writable_dir
+    from .models.checkpoint import latest_checkpoint
     from .runs import start_run
     from .training.progress_lines import trainer_step_line
 

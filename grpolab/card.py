@@ -18,10 +18,10 @@ from typing import Any
 
 from .baselines import ppo_card
 from .config import Config
-from .training.precision import card_entry, unresolved
 from .rewards import stop_rule
 from .rewards.judge import judge_card
 from .rewards.model import reward_model_card
+from .training.precision import card_entry, unresolved
 
 PEER_VERSIONS = {"trl": "1.16.0", "verl": "0.9.1", "openrlhf": "0.11.2"}
 EXACT, NEAREST, NONE = "exact", "nearest", "none"

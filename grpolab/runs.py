@@ -36,15 +36,15 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 
 from . import manifest as mf
-from .models import checkpoint as ckpt
-from .training import reproducibility
 from .card import objective_card
 from .config import Config, from_dict, parse_override, set_path, to_dict
-from .training.distributed import barrier, gather_objects, init_world, resolve_device
 from .errors import GrpolabError
+from .models import checkpoint as ckpt
 from .rewards.model import reward_model_hashes, reward_model_manifest
 from .rewards.user import source_hashes
 from .tasks.base import Problem
+from .training import reproducibility
+from .training.distributed import barrier, gather_objects, init_world, resolve_device
 
 if TYPE_CHECKING:
     from .training.trainer import Trainer

@@ -9,14 +9,16 @@ import time
 import pytest
 import torch
 
-from grpolab.agents.calc import CalcEnv, make_problems as calc_problems
+from grpolab.agents.calc import CalcEnv
+from grpolab.agents.calc import make_problems as calc_problems
 from grpolab.agents.episode import EpisodeResult
-from grpolab.agents.guess import GuessEnv, make_problems as guess_problems
+from grpolab.agents.guess import GuessEnv
+from grpolab.agents.guess import make_problems as guess_problems
 from grpolab.agents.tools import WORKER, Tool, ToolError, ToolFailure, calculate, parse_tool_call, register_tool
 from grpolab.errors import ConfigError
-from grpolab.training.metrics import agent_metrics
 from grpolab.rollout.base import Rollout, concat_rollouts
 from grpolab.tasks import make_task
+from grpolab.training.metrics import agent_metrics
 
 
 def test_tool_calls_are_parsed_and_malformed_ones_say_why():

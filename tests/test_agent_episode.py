@@ -15,12 +15,12 @@ from grpolab.agents.env import AgentEnv, EpisodeLimits
 from grpolab.agents.episode import EpisodeRunner
 from grpolab.agents.tools import Tool, calculate
 from grpolab.config import from_dict
-from grpolab.training.forward import completion_logprobs
 from grpolab.models.load import load_causal_lm, load_tokenizer
 from grpolab.rollout.base import SamplingParams
 from grpolab.rollout.decode import Decoded
 from grpolab.rollout.hf import eos_ids
 from grpolab.tasks.base import Problem
+from grpolab.training.forward import completion_logprobs
 from grpolab.training.update import PolicyUpdater, UpdateBatch
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -296,8 +296,8 @@ def test_exact_resume_mid_run_with_agent_episodes(tiny_model_dir, tmp_path, monk
 
     from safetensors.torch import load_file
 
-    from grpolab.models import checkpoint as ckpt
     from grpolab.config import from_dict as build
+    from grpolab.models import checkpoint as ckpt
     from grpolab.runs import resume_run, start_run
 
     monkeypatch.setattr(episode_module, "load_env", __import__("grpolab.agents.env", fromlist=["load_env"]).load_env)

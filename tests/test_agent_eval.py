@@ -68,9 +68,10 @@ def test_success_and_failures_per_horizon_slice():
 
 
 def test_a_whole_evaluation_reports_horizon_slices_and_failures(tiny_model_dir):
+    import torch
+
     from grpolab.models.load import load_causal_lm, load_tokenizer
     from grpolab.rollout.hf import HFEngine
-    import torch
 
     model, tok = load_causal_lm(tiny_model_dir, "float32"), load_tokenizer(tiny_model_dir)
     task = AgentTask("lookup", num_train=3, num_test=6, difficulty=1, max_turns=3, max_turn_tokens=6,

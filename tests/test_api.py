@@ -10,12 +10,12 @@ import math
 import time
 from pathlib import Path
 
+import earnable
 import pytest
 import yaml
 from safetensors.torch import load_file
 from typer.testing import CliRunner
 
-import earnable
 import grpolab
 from grpolab.errors import ConfigError, DataError
 from grpolab.manifest import diff_manifests, read_manifest

@@ -10,8 +10,8 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from grpolab.training.attention import GROUPED, NAME, grouped_passes, sdpa_fp32_forward, use_training_attention
 from grpolab.config import from_dict
+from grpolab.training.attention import GROUPED, NAME, grouped_passes, sdpa_fp32_forward, use_training_attention
 from grpolab.training.forward import packing_supported
 from grpolab.training.trainer import Trainer
 

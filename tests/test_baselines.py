@@ -9,16 +9,23 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_evaluate import StubEngine, StubTokenizer
 
 from grpolab.baselines import sft_bon as baselines
-from grpolab.baselines.sft_bon import (BASELINE_MANIFEST, SFTSettings, best_of_n_eval, gold_solutions, gold_target,
-                               rft_examples, run_sft, select_best)
+from grpolab.baselines.sft_bon import (
+    BASELINE_MANIFEST,
+    SFTSettings,
+    best_of_n_eval,
+    gold_solutions,
+    gold_target,
+    rft_examples,
+    run_sft,
+    select_best,
+)
 from grpolab.errors import GrpolabError
 from grpolab.evaluation.heldout import run_eval
 from grpolab.rewards import REWARD_FUNCTIONS, RewardSpec
 from grpolab.tasks.base import Problem
-
-from test_evaluate import StubEngine, StubTokenizer
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 W = {"correct": 1.0, "format": 0.1}

@@ -7,9 +7,9 @@ from __future__ import annotations
 import json
 import math
 
+import earnable
 import pytest
 
-import earnable
 from grpolab.config import from_dict
 from grpolab.errors import GrpolabError
 from grpolab.models import checkpoint as ckpt

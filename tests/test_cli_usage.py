@@ -210,9 +210,8 @@ def test_train_resume_report_export_into_a_read_only_place(monkeypatch, capsys, 
 
 
 def test_api_train_and_report_into_a_read_only_place(monkeypatch, tmp_path, tiny_model_dir, no_evaluation):
-    from tests.test_bad_input import base
-
     from grpolab.errors import OutputError
+    from tests.test_bad_input import base
 
     run = tmp_path / "run"
     run.mkdir()

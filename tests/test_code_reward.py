@@ -11,10 +11,10 @@ import pytest
 from typer.testing import CliRunner
 
 from grpolab.cli import app
-from grpolab.evaluation.heldout import score_code_item, Completion
+from grpolab.evaluation.heldout import Completion, score_code_item
+from grpolab.evaluation.scoring import code_passes, held_out_job, program_text
 from grpolab.rewards import RewardSet, result_metrics, reward_card
 from grpolab.rewards.code import EXTRACTION_RULE, build_program, extract_code
-from grpolab.evaluation.scoring import code_passes, held_out_job, program_text
 from grpolab.tasks import make_task
 from grpolab.tasks.code import code_problem
 

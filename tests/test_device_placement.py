@@ -10,12 +10,12 @@ On a machine without CUDA only the explicit ``device=cpu`` case runs.
 
 from __future__ import annotations
 
+import earnable
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-import earnable
 from grpolab.config import from_dict
 from grpolab.training.trainer import Trainer
 

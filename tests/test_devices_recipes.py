@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from grpolab.config import load_config
-from grpolab.training.distributed import resolve_device
 from grpolab.errors import ConfigError
+from grpolab.training.distributed import resolve_device
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 

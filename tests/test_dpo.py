@@ -7,14 +7,14 @@ from __future__ import annotations
 import json
 import math
 
+import earnable
 import pytest
 import torch
 
-import earnable
-from grpolab.algo.dpo import PairLogps, PreferenceLoss, preference_loss, sequence_logps
-from grpolab.config import from_dict
 import grpolab.baselines.dpo as dpo_module
+from grpolab.algo.dpo import PairLogps, PreferenceLoss, preference_loss, sequence_logps
 from grpolab.baselines.dpo import DPOSettings, build_pairs, held_out_guard, run_dpo, train_dpo
+from grpolab.config import from_dict
 from grpolab.errors import GrpolabError
 from grpolab.tasks import make_task
 
@@ -106,9 +106,9 @@ def test_a_held_out_problem_is_refused():
 
 def newline_reward_of(model_dir, cfg, n=16) -> float:
     from grpolab.models.load import load_causal_lm, load_tokenizer
-    from grpolab.tasks.prompting import prompt_ids
     from grpolab.rollout.base import SamplingParams
     from grpolab.rollout.hf import HFEngine
+    from grpolab.tasks.prompting import prompt_ids
 
     tok, lm = load_tokenizer(model_dir), load_causal_lm(model_dir)
     r = cfg.rollout

@@ -15,11 +15,11 @@ import torch
 import grpolab.training.batch as batch_mod
 from grpolab.algo.advantages import compute_advantages
 from grpolab.config import from_dict
-from grpolab.training.forward import completion_logprobs
+from grpolab.rewards import RewardResult, RewardSet
 from grpolab.rewards.overlong import soft_overlong_penalty
 from grpolab.rollout.base import Rollout
 from grpolab.training.batch import Scores, score_rollout
-from grpolab.rewards import RewardResult, RewardSet
+from grpolab.training.forward import completion_logprobs
 from grpolab.training.trainer import Trainer
 
 NAN = math.nan

@@ -11,11 +11,12 @@ import numpy as np
 import pytest
 import torch
 
-from grpolab.evaluation import heldout as evaluate, overlap
-from grpolab.report.compare import compare_entries, load_entries, seed_groups
 from grpolab.errors import GrpolabError
+from grpolab.evaluation import heldout as evaluate
+from grpolab.evaluation import overlap
 from grpolab.evaluation.heldout import Completion, generate_all, pass_ks, run_eval, score_item, summarise
 from grpolab.manifest import data_hash, problem_hashes
+from grpolab.report.compare import compare_entries, load_entries, seed_groups
 from grpolab.rollout.base import Rollout, SamplingParams
 from grpolab.tasks import make_task
 from grpolab.tasks.base import Problem

@@ -11,8 +11,19 @@ import pytest
 
 from grpolab.errors import GrpolabError
 from grpolab.evaluation.intervals import mean_interval, paired_interval, t_quantile
-from grpolab.evaluation.sets import (aligned, check_same_evaluation, evaluation_differences, paired_gains, recipe_groups,
-                                   set_contrast, set_difference, set_evidence, set_mean, spread, variance_terms)
+from grpolab.evaluation.sets import (
+    aligned,
+    check_same_evaluation,
+    evaluation_differences,
+    paired_gains,
+    recipe_groups,
+    set_contrast,
+    set_difference,
+    set_evidence,
+    set_mean,
+    spread,
+    variance_terms,
+)
 
 
 def reference_interval(sets: list[np.ndarray], signs: list[float]) -> tuple[float, float, float]:

@@ -19,11 +19,11 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, Llama
 from transformers.generation.logits_process import TopKLogitsWarper, TopPLogitsWarper
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
-from grpolab.training.forward import completion_logprobs
-from grpolab.training.packing import block_causal_mask, first_fit_decreasing, pack_completions
 from grpolab.rollout.base import Rollout, SamplingParams
 from grpolab.rollout.decode import decode_groups, inverse_cdf, sample_tokens, truncate_logits
 from grpolab.rollout.hf import HFEngine, eos_ids
+from grpolab.training.forward import completion_logprobs
+from grpolab.training.packing import block_causal_mask, first_fit_decreasing, pack_completions
 
 # ------------------------------------------------------------------------------------------------ fixtures
 

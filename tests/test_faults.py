@@ -13,12 +13,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpolab.models import checkpoint as ckpt
 from grpolab.config import from_dict
 from grpolab.errors import GrpolabError
+from grpolab.models import checkpoint as ckpt
 from grpolab.rewards import REWARD_FUNCTIONS, RewardSpec, call_with_time_limit, score_completion
 from grpolab.training.trainer import Trainer
-
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

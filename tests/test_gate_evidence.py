@@ -12,22 +12,39 @@ import time
 from pathlib import Path
 
 import pytest
+from test_report import BASE, eval_json, make_run
 from typer.testing import CliRunner
 
 from grpolab.cli import app
 from grpolab.errors import GrpolabError
 from grpolab.report import ReportOptions, build_report
-from grpolab.report.base import (FAIL, NA, PASS, WARN, CheckResult, Thresholds, drop_can_be_established, harm_p_value,
-                                 sign_test_p)
+from grpolab.report.base import (
+    FAIL,
+    NA,
+    PASS,
+    WARN,
+    CheckResult,
+    Thresholds,
+    drop_can_be_established,
+    harm_p_value,
+    sign_test_p,
+)
 from grpolab.report.checks import training_checks
 from grpolab.report.evidence import periodic_heldout
-from grpolab.report.gates import (DONT_SHIP, NOT_ESTABLISHED, SHIP, check_capability, check_improvement, check_safety,
-                                  family_control, holm_rejections, verdict)
+from grpolab.report.gates import (
+    DONT_SHIP,
+    NOT_ESTABLISHED,
+    SHIP,
+    check_capability,
+    check_improvement,
+    check_safety,
+    family_control,
+    holm_rejections,
+    verdict,
+)
 from grpolab.report.judge import check_judge_injection, newcombe_diff
 from grpolab.report.progress import Heartbeat
 from grpolab.report.safety import summarize
-
-from test_report import BASE, eval_json, make_run
 
 T = Thresholds()
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "verdict_error_rates.py"

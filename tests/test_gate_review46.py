@@ -11,17 +11,23 @@ import math
 
 import numpy as np
 import pytest
+from test_report import make_run
 
 from grpolab.evaluation.intervals import equal_changes_interval, paired_evidence_interval
 from grpolab.report import ReportOptions, build_report
 from grpolab.report.base import FAIL, NA, PASS, WARN, CheckResult, Thresholds, change_signs, harm_p_value
 from grpolab.report.evidence import periodic_heldout
-from grpolab.report.gates import (NOT_ESTABLISHED, SHIP, check_capability, check_improvement, check_safety,
-                                  family_control, verdict)
+from grpolab.report.gates import (
+    NOT_ESTABLISHED,
+    SHIP,
+    check_capability,
+    check_improvement,
+    check_safety,
+    family_control,
+    verdict,
+)
 from grpolab.report.hacking import check_reward_vs_heldout
 from grpolab.report.safety import summarize
-
-from test_report import make_run
 
 T = Thresholds()
 PROMPTS = [{"id": str(i), "category": "x", "prompt": "p"} for i in range(30)]

@@ -13,9 +13,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from grpolab.evaluation.intervals import (MIN_PROBLEMS, degeneracy, evidence_reason, mean_interval,
-                                          paired_evidence_interval, paired_score_interval, score_interval,
-                                          studentized_bootstrap_interval, t_quantile, too_little_evidence)
+from grpolab.evaluation.intervals import (
+    MIN_PROBLEMS,
+    degeneracy,
+    evidence_reason,
+    mean_interval,
+    paired_evidence_interval,
+    paired_score_interval,
+    score_interval,
+    studentized_bootstrap_interval,
+    t_quantile,
+    too_little_evidence,
+)
 
 PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "interval_coverage.py"
 SIMS = 1000

@@ -13,15 +13,14 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
-from grpolab.models import checkpoint as ckpt
 from grpolab import cli
 from grpolab.config import from_dict
 from grpolab.errors import ConfigError, GrpolabError
-from grpolab.training.forward import completion_logprobs
-from grpolab.models.load import load_adapter_model
+from grpolab.models import checkpoint as ckpt
+from grpolab.models.load import load_adapter_model, load_causal_lm, resolve_model_path
 from grpolab.models.lora import AdapterOff, apply_lora, is_lora, save_model
-from grpolab.models.load import load_causal_lm, resolve_model_path
 from grpolab.runs import resume_run, start_run
+from grpolab.training.forward import completion_logprobs
 from grpolab.training.trainer import Trainer
 
 pytestmark = pytest.mark.usefixtures("one_thread")

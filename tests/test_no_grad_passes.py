@@ -7,8 +7,8 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from grpolab.config import from_dict
-from grpolab.training.forward import completion_logprobs
 from grpolab.rollout.base import Rollout
+from grpolab.training.forward import completion_logprobs
 from grpolab.training.update import PolicyUpdater
 
 

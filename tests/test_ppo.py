@@ -8,17 +8,17 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import earnable
 import pytest
 import torch
 from safetensors.torch import load_file
 
-import earnable
-from grpolab.models import checkpoint as ckpt
+from grpolab.baselines.ppo import PPOTrainer, trainer_class
 from grpolab.baselines.sft_bon import budget_of
 from grpolab.card import formula, objective_card
 from grpolab.config import from_dict
 from grpolab.evaluation.overlap import find_manifest
-from grpolab.baselines.ppo import PPOTrainer, trainer_class
+from grpolab.models import checkpoint as ckpt
 from grpolab.runs import resume_run, start_run
 from grpolab.training.trainer import Trainer
 

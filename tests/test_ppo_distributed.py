@@ -9,9 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 import earnable
+import pytest
 from test_distributed import ENV, TORCHRUN
 
 WORKER = Path(__file__).resolve().parent / "distributed" / "ppo_worker.py"

@@ -7,15 +7,15 @@ from __future__ import annotations
 import json
 from typing import Callable
 
+import earnable
 import pytest
 import torch
 
-import earnable
-from grpolab.training import precision
 from grpolab.card import objective_card
 from grpolab.config import from_dict
 from grpolab.errors import ConfigError, GrpolabError
 from grpolab.runs import resume_run, start_run
+from grpolab.training import precision
 
 SHAPES = {"update": [56, 32, 64], "sampling": [4, 32, 100]}
 

@@ -11,8 +11,18 @@ import math
 
 import pytest
 
-from grpolab.card import (AXES, EXACT, NEAREST, NONE, OPENRLHF_NO_REWARD_CLIP, PEER_VERSIONS, VERL_NO_DUAL_CLIP,
-                          formula, objective_card, peer_settings)
+from grpolab.card import (
+    AXES,
+    EXACT,
+    NEAREST,
+    NONE,
+    OPENRLHF_NO_REWARD_CLIP,
+    PEER_VERSIONS,
+    VERL_NO_DUAL_CLIP,
+    formula,
+    objective_card,
+    peer_settings,
+)
 from grpolab.config import from_dict
 
 PRESETS = ["grpo", "dapo", "dr_grpo", "rloo", "gspo"]

@@ -7,19 +7,18 @@ import json
 import shutil
 from pathlib import Path
 
+import earnable
 import pytest
 import torch
+from test_resume import assert_same_run, rows
 
-import earnable
-from grpolab.models import checkpoint as ckpt
 from grpolab.card import objective_card
 from grpolab.config import from_dict
 from grpolab.errors import ConfigError
-from grpolab.training.prompt_sampler import PromptSampler, revisit_draw
+from grpolab.models import checkpoint as ckpt
 from grpolab.runs import resume_run, start_run
 from grpolab.tasks.base import Problem
-
-from test_resume import assert_same_run, rows
+from grpolab.training.prompt_sampler import PromptSampler, revisit_draw
 
 
 def problems(n: int) -> list[Problem]:

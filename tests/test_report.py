@@ -12,14 +12,14 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from grpolab.models.checkpoint import latest_checkpoint
 from grpolab.cli import app
 from grpolab.errors import ConfigError, GrpolabError
+from grpolab.evaluation.heldout import model_row, summarise
+from grpolab.evaluation.scoring import bootstrap_ci, paired_bootstrap_diff, pass_at_k
+from grpolab.models.checkpoint import latest_checkpoint
 from grpolab.report import ReportOptions, build_report
 from grpolab.report.diversity import DiversitySettings, eval_settings
 from grpolab.report.safety import load_prompts, run_safety
-from grpolab.evaluation.heldout import model_row, summarise
-from grpolab.evaluation.scoring import bootstrap_ci, paired_bootstrap_diff, pass_at_k
 
 BASE = "bundled:smollm2-135m-instruct"
 STEPS = 30

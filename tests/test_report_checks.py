@@ -7,12 +7,37 @@ import json
 import pytest
 
 from grpolab.errors import ConfigError
-from grpolab.report.checks import (FAIL, NA, PASS, WARN, Thresholds, check_clip_blowup, check_entropy_collapse,
-                                   check_format_vs_correct, check_kl_blowup, check_learning_signal, check_length_drift,
-                                   check_reward_length_corr, check_reward_vs_heldout, check_sampler_mismatch,
-                                   check_truncation_drift, early_late, parse_thresholds, training_checks)
-from grpolab.report.gates import (DONT_SHIP, NOT_ESTABLISHED, SHIP, check_capability, check_improvement,
-                                  check_reproducibility, check_safety, order_checks, verdict)
+from grpolab.report.checks import (
+    FAIL,
+    NA,
+    PASS,
+    WARN,
+    Thresholds,
+    check_clip_blowup,
+    check_entropy_collapse,
+    check_format_vs_correct,
+    check_kl_blowup,
+    check_learning_signal,
+    check_length_drift,
+    check_reward_length_corr,
+    check_reward_vs_heldout,
+    check_sampler_mismatch,
+    check_truncation_drift,
+    early_late,
+    parse_thresholds,
+    training_checks,
+)
+from grpolab.report.gates import (
+    DONT_SHIP,
+    NOT_ESTABLISHED,
+    SHIP,
+    check_capability,
+    check_improvement,
+    check_reproducibility,
+    check_safety,
+    order_checks,
+    verdict,
+)
 from grpolab.report.safety import PROMPTS_FILE, is_refusal, load_prompts, run_safety, summarize
 
 T = Thresholds()

@@ -12,8 +12,13 @@ from grpolab.errors import GrpolabError
 from grpolab.models.checkpoint import latest_checkpoint
 from grpolab.report.base import FAIL, NA, PASS, WARN, Thresholds
 from grpolab.report.build import all_checks
-from grpolab.report.diversity import (CACHE_NAME, DiversitySettings, diversity_comparison, problem_pass_at_k,
-                                      run_diversity)
+from grpolab.report.diversity import (
+    CACHE_NAME,
+    DiversitySettings,
+    diversity_comparison,
+    problem_pass_at_k,
+    run_diversity,
+)
 from grpolab.report.gates import DONT_SHIP, SHIP, check_diversity, verdict
 from grpolab.report.safety import summarize
 

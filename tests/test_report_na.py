@@ -11,8 +11,16 @@ import re
 import pytest
 
 from grpolab.report import checks as C
-from grpolab.report.gates import (DONT_SHIP, NOT_ESTABLISHED, SHIP, check_capability, check_improvement, check_safety,
-                                  order_checks, verdict)
+from grpolab.report.gates import (
+    DONT_SHIP,
+    NOT_ESTABLISHED,
+    SHIP,
+    check_capability,
+    check_improvement,
+    check_safety,
+    order_checks,
+    verdict,
+)
 from grpolab.report.safety import summarize
 
 NA = "N/A"  # spelled out: the tests must fail (not error at import) on code that has no such status

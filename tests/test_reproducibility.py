@@ -13,11 +13,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import earnable
 import pytest
 import torch
 import yaml
 
-import earnable
 from grpolab.config import from_dict
 
 GRPOLAB = Path(sys.executable).with_name("grpolab")

@@ -13,17 +13,17 @@ import sys
 import time
 from pathlib import Path
 
+import earnable
 import pytest
 import torch
 import yaml
 from safetensors.torch import load_file
 
-import earnable
-from grpolab.models import checkpoint as ckpt
-from grpolab.models import direct_io
 from grpolab import cli
 from grpolab.config import from_dict
 from grpolab.errors import GrpolabError
+from grpolab.models import checkpoint as ckpt
+from grpolab.models import direct_io
 from grpolab.runs import resume_run, start_run
 
 GRPOLAB = Path(sys.executable).with_name("grpolab")

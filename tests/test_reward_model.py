@@ -12,7 +12,13 @@ import torch
 from grpolab.config import from_dict
 from grpolab.errors import ConfigError, DataError
 from grpolab.reward_model import bradley_terry_loss, load_pairs_jsonl, pair_accuracy_interval
-from grpolab.reward_model.pairs import check_disjoint, pairs_from_verdicts, split_by_prompt, task_pairs, training_problems
+from grpolab.reward_model.pairs import (
+    check_disjoint,
+    pairs_from_verdicts,
+    split_by_prompt,
+    task_pairs,
+    training_problems,
+)
 from grpolab.reward_model.train import RMSettings, build_pairs, train_reward_model
 from grpolab.rewards import RewardSet
 from grpolab.rewards.model import ModelReward, encode, normalize_scores, resolve_rm_path, rm_text

@@ -11,9 +11,9 @@ import signal
 import time
 from pathlib import Path
 
+import earnable
 import pytest
 
-import earnable
 from grpolab import manifest as mf
 from grpolab import runs
 from grpolab.config import from_dict, to_dict

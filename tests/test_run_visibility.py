@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from grpolab.models import checkpoint as ckpt
 from grpolab.cli.train import step_line
 from grpolab.config import TrainConfig, from_dict
+from grpolab.models import checkpoint as ckpt
 from grpolab.training.trainer import Trainer
 
 pytestmark = pytest.mark.usefixtures("one_thread")

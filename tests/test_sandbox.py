@@ -10,11 +10,11 @@ from dataclasses import replace
 
 import pytest
 
-from grpolab.sandbox.errors import SandboxConfigError, SandboxError
 from grpolab.sandbox import Job, SandboxLimits, detect, shared_pool
+from grpolab.sandbox.errors import SandboxConfigError, SandboxError
 from grpolab.sandbox.harness import classify, load_reason
 from grpolab.sandbox.isolation import candidates
-from grpolab.sandbox.runner import parse_frames, verdict, frame
+from grpolab.sandbox.runner import frame, parse_frames, verdict
 from grpolab.sandbox.wire import OpaqueValue, ProtocolError, decode, encode, pack_frame, rebuild_set
 
 LIMITS = SandboxLimits(wall_s=3.0, cpu_s=3.0, memory_mb=256, max_procs=8, workers=2, uid=61100)

@@ -19,8 +19,14 @@ import torch
 from grpolab.errors import GrpolabError
 from grpolab.report.base import FAIL, NA, PASS, WARN, Thresholds
 from grpolab.report.serving import check_serving_consistency, load_release_evidence
-from grpolab.serving.check import (SERVE_GGUF_SCRIPT, SERVING_GGUF_FILE, STACKS, run_serving_check, run_serving_checks,
-                                  serve_with_llama_cpp)
+from grpolab.serving.check import (
+    SERVE_GGUF_SCRIPT,
+    SERVING_GGUF_FILE,
+    STACKS,
+    run_serving_check,
+    run_serving_checks,
+    serve_with_llama_cpp,
+)
 from grpolab.serving.gguf import convert_to_gguf, end_id_fields, pre_tokenizer_name, weights_against_gguf
 
 T = Thresholds()

@@ -9,9 +9,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from grpolab.training.batch import BatchCollector, Scores, signal_values
 from grpolab.config import from_dict
 from grpolab.rewards import RewardResult
+from grpolab.training.batch import BatchCollector, Scores, signal_values
 
 RM = [0.3, -1.2, 2.0, 0.1, 0.5, 0.5, 0.5, 0.5]  # group 0: the reward model's scores vary; group 1: they do not
 CORRECT = [0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 1.0, 0.0]  # group 0 all wrong, group 1 mixed

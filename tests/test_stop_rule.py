@@ -96,7 +96,8 @@ def test_the_engine_finds_the_trigger_tokens_and_refuses_the_hf_decoder(tiny_mod
 
 
 def test_auto_stops_at_the_code_block_exactly_when_a_code_reward_reads_it():
-    from grpolab.card import objective_card, stop_rule as resolved
+    from grpolab.card import objective_card
+    from grpolab.card import stop_rule as resolved
     from grpolab.config import from_dict
 
     code = from_dict({"task": {"name": "pyfunc"}, "reward": {"weights": {"all_pass": 1.0}}})

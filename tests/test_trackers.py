@@ -12,11 +12,11 @@ import shutil
 import struct
 from pathlib import Path
 
+import earnable
 import numpy as np
 import pytest
 import torch
 
-import earnable
 from grpolab.config import TRACKERS, from_dict
 from grpolab.errors import ConfigError
 from grpolab.models import checkpoint as ckpt

@@ -6,13 +6,13 @@ from __future__ import annotations
 import json
 import math
 
+import earnable
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-import earnable
-from grpolab.models.checkpoint import latest_checkpoint
 from grpolab.config import from_dict
+from grpolab.models.checkpoint import latest_checkpoint
 from grpolab.runs import build_manifest
 from grpolab.training.trainer import Trainer
 

@@ -29,10 +29,10 @@ import torch
 from ..algo.aggregation import Aggregation, batch_counts, token_weights
 from ..algo.gae import clipped_value_loss, explained_variance
 from ..config import Config
-from ..training.distributed import World, all_reduce_gradients, all_reduce_sum
-from ..training.forward import _trim, autocast
 from ..models.load import eval_mode, load_causal_lm
 from ..rollout.base import Rollout
+from ..training.distributed import World, all_reduce_gradients, all_reduce_sum
+from ..training.forward import _trim, autocast
 
 
 class ValueModel(torch.nn.Module):

@@ -89,8 +89,8 @@ def build_pairs(rewards: torch.Tensor, invalid: torch.Tensor, texts: list[str], 
 
 def held_out_guard(sampled: list[Problem], held_out: list[Problem]) -> None:
     """GrpolabError when a sampled (training) problem is also a held-out one."""
-    from ..manifest import problem_hashes
     from ..evaluation.overlap import overlapping
+    from ..manifest import problem_hashes
 
     bad = overlapping(sampled, problem_hashes(held_out))
     if bad:
@@ -206,18 +206,18 @@ def sample_pairs(cfg, collector, s: DPOSettings) -> tuple[Rollout, list[Problem]
 
 def run_dpo(cfg, s: DPOSettings, out_dir: Path) -> dict[str, Any]:
     """Sample, pair, train, write an HF checkpoint + baseline_manifest.json to out_dir (module docstring)."""
-    from .sft_bon import BASELINE_MANIFEST
-    from ..training.batch import BatchCollector
     from ..config import to_dict
     from ..manifest import data_hash, problem_hashes, versions, write_json_atomic
-    from ..training.metrics import peak_rss_mb
     from ..models.load import DTYPES, load_causal_lm, load_tokenizer, resolve_model_path
-    from ..training.precision import resolve_update
-    from ..training.prompt_sampler import PromptSampler
     from ..rewards import RewardSet
     from ..rollout.hf import HFEngine
     from ..tasks import make_task
+    from ..training.batch import BatchCollector
+    from ..training.metrics import peak_rss_mb
+    from ..training.precision import resolve_update
+    from ..training.prompt_sampler import PromptSampler
     from ..training.trainer import load_problems
+    from .sft_bon import BASELINE_MANIFEST
 
     out_dir = Path(out_dir)
     if out_dir.exists() and any(out_dir.iterdir()):

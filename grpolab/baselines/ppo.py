@@ -26,16 +26,16 @@ from typing import Any
 
 import torch
 
-from ..models import checkpoint as ckpt
 from ..algo.gae import gae, masked_moments, token_rewards, whiten
 from ..algo.kl import KLPlacement, token_kl
-from ..training.batch import Batch
 from ..config import Config
-from .critic import Critic
-from ..training.distributed import all_reduce_sum
 from ..errors import ConfigError
+from ..models import checkpoint as ckpt
+from ..training.batch import Batch
+from ..training.distributed import all_reduce_sum
 from ..training.trainer import Trainer
 from ..training.update import minibatch_groups
+from .critic import Critic
 
 
 def trainer_class(cfg: Config) -> type[Trainer]:

@@ -44,11 +44,11 @@ import torch
 
 from ..errors import GrpolabError
 from ..evaluation.heldout import Completion, EvalResult, generate_all, summarise
-from ..tasks.prompting import prompt_ids
+from ..evaluation.scoring import is_correct
 from ..rewards import score_completion
 from ..rollout.base import RolloutEngine, SamplingParams
-from ..evaluation.scoring import is_correct
 from ..tasks.base import Problem
+from ..tasks.prompting import prompt_ids
 
 BASELINE_MANIFEST = "baseline_manifest.json"
 
@@ -334,10 +334,10 @@ def run_sft(model_name: str, task: str, options: dict[str, Any], s: SFTSettings,
     """Build the SFT/RFT data, fine-tune, write an HF checkpoint + baseline_manifest.json to out_dir."""
     from ..evaluation.heldout import load_eval_problems
     from ..manifest import data_hash, problem_hashes, versions, write_json_atomic
-    from ..training.metrics import peak_rss_mb
     from ..models.load import load_causal_lm, load_tokenizer, resolve_model_path
-    from ..training.precision import resolve_update
     from ..rollout.hf import HFEngine
+    from ..training.metrics import peak_rss_mb
+    from ..training.precision import resolve_update
 
     out_dir = Path(out_dir)
     if out_dir.exists() and any(out_dir.iterdir()):

@@ -18,7 +18,7 @@ from rich.markup import escape
 from ..errors import GrpolabError
 from ..sandbox.errors import SandboxError
 from ..training.faults import TrainingInterrupted
-from . import train, evaluate, baseline, report, export, release, manifest, score, rm  # noqa: F401, I001  (register the verbs on `app`, in help order)
+from . import baseline, evaluate, export, manifest, release, report, rm, score, train  # noqa: F401, I001  (register the verbs on `app`, in help order)
 from .app import app, console, err_console
 
 # typer >= 0.20 ships its own copy of click (typer._click): its exceptions are not click's, so both are caught

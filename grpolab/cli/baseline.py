@@ -16,8 +16,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from .app import _show_warnings, baseline_app, console
 from ..errors import GrpolabError
+from .app import _show_warnings, baseline_app, console
 
 
 def _config(config: Optional[Path], match_run: Optional[Path], overrides: list[str]):
@@ -80,8 +80,8 @@ def dpo(
     pairs_per_problem: Annotated[int, typer.Option(help="at most this many pairs per problem (0 = all)")] = 0,
 ) -> None:
     """DPO on pairs of the base model's own samples (training problems, ranked by the training reward)."""
-    from ..baselines.sft_bon import budget_statement, grpo_budget
     from ..baselines.dpo import DPOSettings, run_dpo
+    from ..baselines.sft_bon import budget_statement, grpo_budget
 
     _show_warnings()
     if loss not in ("sigmoid", "ipo"):

@@ -27,8 +27,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from .app import app, baseline_app, console
 from ..errors import GrpolabError, writable_file
+from .app import app, baseline_app, console
 
 WIDE = 250  # columns for a table printed to a file or a pipe (rich would squeeze it into 80)
 
@@ -204,14 +204,13 @@ def best_of_n(
 ) -> None:
     """Sample n, keep the answer the training reward ranks highest, score it with math-verify."""
     from ..baselines.sft_bon import best_of_n_eval
-    from ..config import RewardConfig
+    from ..config import RewardConfig, number_map
+    from ..evaluation.eval_checks import check_dtype, check_eval_settings
     from ..evaluation.heldout import eval_header, load_eval_problems, model_row
+    from ..evaluation.overlap import check_held_out
     from ..manifest import read_manifest
     from ..models.load import DTYPES, load_causal_lm, load_tokenizer, resolve_model_path
-    from ..evaluation.overlap import check_held_out
     from ..rollout.hf import HFEngine
-    from ..config import number_map
-    from ..evaluation.eval_checks import check_dtype, check_eval_settings
 
     check_eval_settings(n=n, limit=limit, max_new_tokens=max_new_tokens, batch_size=batch_size, temperature=temperature)
     check_dtype(dtype)

@@ -129,8 +129,8 @@ def score(
     json_out: Annotated[Optional[Path], typer.Option("--json-out", help="write the per-row results here")] = None,
 ) -> None:
     """Score given completions with a task's training reward: per row the reward, its components and the reason."""
-    from ..rewards import RewardSet
     from .. import agents  # noqa: F401 -- registers the agent task
+    from ..rewards import RewardSet
     from ..tasks import make_task
 
     source = make_task(task, **_options(task_option))

@@ -29,16 +29,26 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..tasks.prompting import prompt_ids
-from ..rollout.base import RolloutEngine, SamplingParams
-from .scoring import (code_passes, extract_final, gsm8k_flexible, gsm8k_strict, held_out_job, is_correct,
-                      maj_at_k, mean_at_k, pass_at_k, program_text)
-from .intervals import paired_score_interval
-from ..tasks.base import Problem
 from ..agents.env import is_agent_problem
-from .episodes import evaluate_episodes
-from .result import Completion, EvalResult, EvalSettings, summarise
+from ..rollout.base import RolloutEngine, SamplingParams
+from ..tasks.base import Problem
 from ..tasks.code import is_code_problem
+from ..tasks.prompting import prompt_ids
+from .episodes import evaluate_episodes
+from .intervals import paired_score_interval
+from .result import Completion, EvalResult, EvalSettings, summarise
+from .scoring import (
+    code_passes,
+    extract_final,
+    gsm8k_flexible,
+    gsm8k_strict,
+    held_out_job,
+    is_correct,
+    maj_at_k,
+    mean_at_k,
+    pass_at_k,
+    program_text,
+)
 
 Progress = Callable[[str, int, int], None]  # (what, problems done, problems in all): called after every batch
 METRIC_NAME = "math-verify equivalence of the final answer (grpolab.evaluation.scoring)"
@@ -265,8 +275,8 @@ def run_eval(models: list[str], task: str, options: dict[str, Any], split: str, 
     done, total)`` is told after every batch, ``what`` naming the model.
     """
     from ..models.load import DTYPES, load_causal_lm, load_tokenizer, resolve_model_path
-    from .overlap import check_held_out
     from ..rollout.hf import HFEngine
+    from .overlap import check_held_out
 
     problems = load_eval_problems(task, options, split, limit)
     if not problems:

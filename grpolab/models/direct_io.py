@@ -26,10 +26,9 @@ import mmap
 import os
 import struct
 import sys
+import zlib
 from pathlib import Path
 from typing import Any
-
-import zlib
 
 import torch
 

@@ -11,6 +11,8 @@ from pathlib import Path
 from ..errors import GrpolabError
 from .load import DTYPES, adapter_base, load_causal_lm, load_merged, load_tokenizer, resolve_model_path
 from .lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS, is_adapter_dir
+
+
 def export_model(source: str, out: Path, merge: bool, dtype: str | None = None) -> str:
     """Write the model of `source` (a run directory: its newest checkpoint; or a checkpoint / model directory) to
     `out`, atomically, with its tokenizer; returns one line saying what was written.

@@ -9,12 +9,12 @@ importing that package, de-quantised once by transformers into a safetensors che
 from __future__ import annotations
 
 import contextlib
-import json
-import warnings
 import importlib.util
+import json
 import os
 import shutil
 import tempfile
+import warnings
 from collections.abc import Mapping
 from copy import deepcopy
 from pathlib import Path

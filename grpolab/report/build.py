@@ -8,18 +8,36 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from ..models.checkpoint import best_checkpoint, latest_checkpoint
 from ..errors import GrpolabError
 from ..manifest import write_json_atomic
+from ..models.checkpoint import best_checkpoint, latest_checkpoint
 from .agent import agent_checks
 from .base import SEVERITY
 from .checks import CheckResult, Thresholds, training_checks
 from .code import code_checks, code_figures
-from .evidence import (RunEvidence, baseline_comparisons, best_worst, capability_comparisons, change_counts,
-                       changed_answers, heldout_comparison, load_evals, load_run)
 from .diversity import DiversitySettings, run_diversity
-from .gates import (check_capability, check_diversity, check_improvement, check_reproducibility, check_safety,
-                    family_control, family_statement, order_checks, verdict)
+from .evidence import (
+    RunEvidence,
+    baseline_comparisons,
+    best_worst,
+    capability_comparisons,
+    change_counts,
+    changed_answers,
+    heldout_comparison,
+    load_evals,
+    load_run,
+)
+from .gates import (
+    check_capability,
+    check_diversity,
+    check_improvement,
+    check_reproducibility,
+    check_safety,
+    family_control,
+    family_statement,
+    order_checks,
+    verdict,
+)
 from .judge import judge_checks
 from .reward_model import defer_reward_vs_heldout, reward_model_checks, rm_evidence
 from .serving import load_release_evidence, release_checks

@@ -26,9 +26,30 @@ from __future__ import annotations
 import math
 from typing import Any, Sequence
 
-from .base import (FAIL, NA, PASS, SEVERITY, STATUSES, WARN, CheckResult, Thresholds, early_late, grade,
-                   no_reference_model, not_applicable, not_measured, paired, parse_thresholds, pearson, r4, reward_weights,
-                   setting, single_step_on_policy, too_few, values)
+from .base import (
+    FAIL,
+    NA,
+    PASS,
+    SEVERITY,
+    STATUSES,
+    WARN,
+    CheckResult,
+    Thresholds,
+    early_late,
+    grade,
+    no_reference_model,
+    not_applicable,
+    not_measured,
+    paired,
+    parse_thresholds,
+    pearson,
+    r4,
+    reward_weights,
+    setting,
+    single_step_on_policy,
+    too_few,
+    values,
+)
 from .hacking import check_format_vs_correct, check_reward_length_corr, check_reward_vs_heldout
 
 __all__ = [

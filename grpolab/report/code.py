@@ -12,8 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from .base import (PASS, WARN, CheckResult, Thresholds, early_late, not_applicable, r4, reward_weights, too_few,
-                   values)
+from .base import PASS, WARN, CheckResult, Thresholds, early_late, not_applicable, r4, reward_weights, too_few, values
 
 REASONS = ("syntax", "error", "wrong_answer", "timeout", "limit", "exit")
 GROUP = "code"

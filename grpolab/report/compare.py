@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ..errors import GrpolabError
+
+
 def _label(row: dict[str, Any], manifest_file: Optional[Path]) -> str:
     if manifest_file is not None and manifest_file.name == "manifest.json":
         return manifest_file.parent.name + ("" if row.get("method", "greedy") == "greedy" else f" {row['method']}")

@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..errors import GrpolabError
-from ..manifest import write_json_atomic
 from ..evaluation.intervals import is_binary, paired_score_interval, score_interval
 from ..evaluation.scoring import pass_at_k
+from ..manifest import write_json_atomic
 
 CACHE_NAME = "diversity.json"
 

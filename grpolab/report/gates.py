@@ -28,8 +28,23 @@ from dataclasses import replace
 from typing import Any, Sequence
 
 from ..evaluation.intervals import MIN_RUNS
-from .base import (FAIL, NA, PASS, SEVERITY, WARN, CheckResult, Thresholds, comparison_n, drop_can_be_established,
-                   fail_p_value, finite_interval, interval_grade, smallest_p_value, too_little_evidence, zero_width)
+from .base import (
+    FAIL,
+    NA,
+    PASS,
+    SEVERITY,
+    WARN,
+    CheckResult,
+    Thresholds,
+    comparison_n,
+    drop_can_be_established,
+    fail_p_value,
+    finite_interval,
+    interval_grade,
+    smallest_p_value,
+    too_little_evidence,
+    zero_width,
+)
 
 SHIP, DONT_SHIP, NOT_ESTABLISHED = "ship", "don't ship", "not established"
 PER_TEST_ALPHA = 0.025  # one-sided level of a single FAIL rule: its 95% interval lies beyond the bound

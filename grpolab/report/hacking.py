@@ -12,9 +12,28 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from .base import (FAIL, NA, PASS, WARN, CheckResult, Thresholds, comparison_n, early_late, finite_interval, harm_p_value,
-                   not_applicable, paired, pearson, r4, correctness_component, reward_is_correctness, reward_weights,
-                   too_few, too_little_evidence, values)
+from .base import (
+    FAIL,
+    NA,
+    PASS,
+    WARN,
+    CheckResult,
+    Thresholds,
+    comparison_n,
+    correctness_component,
+    early_late,
+    finite_interval,
+    harm_p_value,
+    not_applicable,
+    paired,
+    pearson,
+    r4,
+    reward_is_correctness,
+    reward_weights,
+    too_few,
+    too_little_evidence,
+    values,
+)
 
 GROUP = "reward hacking"
 PENALTIES = ("overlong", "kl_penalty")  # logged by the trainer as reward/<c>/mean but penalties, never bonuses

@@ -21,7 +21,19 @@ import math
 import re
 from typing import Any, Sequence
 
-from .base import NA, PASS, WARN, Z95, CheckResult, Thresholds, not_applicable, pearson, r4, reward_weights, too_little_evidence
+from .base import (
+    NA,
+    PASS,
+    WARN,
+    Z95,
+    CheckResult,
+    Thresholds,
+    not_applicable,
+    pearson,
+    r4,
+    reward_weights,
+    too_little_evidence,
+)
 from .reward_model import sample_correct
 
 GROUP = "reward hacking"

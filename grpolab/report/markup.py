@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import html
 from typing import Any, Iterable, Sequence
+
+
 def esc(x: Any) -> str:
     """HTML-escaped text with '://' defused.
 

@@ -13,7 +13,8 @@ from typing import Any, Sequence
 from ..baselines.sft_bon import BUDGET_COLUMNS, budget_cells
 from .base import NA, STATUSES, CheckResult, Thresholds
 from .markup import esc, fmt, pre, table
-from .reward_model import html_section as rm_html_section, markdown_lines as rm_markdown_lines
+from .reward_model import html_section as rm_html_section
+from .reward_model import markdown_lines as rm_markdown_lines
 
 CSS = """
 body{font-family:-apple-system,'Segoe UI',Helvetica,Arial,sans-serif;margin:24px auto;max-width:1240px;color:#1d2433;

@@ -23,9 +23,26 @@ from __future__ import annotations
 import math
 from typing import Any, Sequence
 
+from .base import (
+    FAIL,
+    NA,
+    PASS,
+    WARN,
+    Z95,
+    CheckResult,
+    Thresholds,
+    comparison_n,
+    finite_interval,
+    harm_p_value,
+    not_applicable,
+    pearson,
+    r4,
+    reward_weights,
+    too_few,
+    too_little_evidence,
+    values,
+)
 from .markup import esc, fmt, pre, table
-from .base import (FAIL, NA, PASS, WARN, Z95, CheckResult, Thresholds, comparison_n, finite_interval, harm_p_value,
-                   not_applicable, pearson, r4, reward_weights, too_few, too_little_evidence, values)
 
 GROUP = "reward hacking"
 __all__ = ["Z95", "check_rm_vs_heldout", "check_rm_vs_verifier", "rise_interval", "reward_model_checks", "rm_evidence"]

@@ -30,11 +30,19 @@ import torch
 
 from .. import manifest as mf
 from ..errors import ConfigError, GrpolabError
-from ..training.metrics import JsonlSink
 from ..rewards.model import RM_KIND, RM_SUBDIR, encode, forward_scores, rm_text
+from ..training.metrics import JsonlSink
 from .loss import bradley_terry_loss, pair_accuracy_interval, pair_outcomes
-from .pairs import (PreferencePair, check_disjoint, load_pairs_jsonl, pairs_hash, split_by_prompt, task_pairs,
-                    training_problems, write_pairs_jsonl)
+from .pairs import (
+    PreferencePair,
+    check_disjoint,
+    load_pairs_jsonl,
+    pairs_hash,
+    split_by_prompt,
+    task_pairs,
+    training_problems,
+    write_pairs_jsonl,
+)
 
 
 @dataclass(frozen=True)

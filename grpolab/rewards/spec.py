@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from ..tasks.base import Problem
+
+
 class RewardShapeError(TypeError):
     """A batched reward returned something other than one value per completion."""
 

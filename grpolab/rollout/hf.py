@@ -14,8 +14,8 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ..algo.logprobs import token_logprobs
-from ..models.lora import is_lora
 from ..models.load import copy_weights_by_name, eval_mode, frozen_copy
+from ..models.lora import is_lora
 from .base import Rollout, SamplingParams
 from .decode import TextStop, decode_groups
 from .stop import stop_rule

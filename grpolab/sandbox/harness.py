@@ -38,12 +38,34 @@ import time
 
 try:
     from .confine import drop, install_seccomp, prepare, writable_import_paths
-    from .wire import (CPU_LIMIT, Conn, Deadline, OpaqueValue, ProtocolError, Remote, RemoteError, WorkerGone, decode,
-                       encode, read_frame, write_frame)
+    from .wire import (
+        CPU_LIMIT,
+        Conn,
+        Deadline,
+        OpaqueValue,
+        ProtocolError,
+        RemoteError,
+        WorkerGone,
+        decode,
+        encode,
+        read_frame,
+        write_frame,
+    )
 except ImportError:  # started by the runner as a top-level module
     from confine import drop, install_seccomp, prepare, writable_import_paths  # type: ignore
-    from wire import (CPU_LIMIT, Conn, Deadline, OpaqueValue, ProtocolError, Remote, RemoteError,  # type: ignore
-                      WorkerGone, decode, encode, read_frame, write_frame)
+    from wire import (  # type: ignore
+        CPU_LIMIT,
+        Conn,
+        Deadline,
+        OpaqueValue,
+        ProtocolError,
+        RemoteError,
+        WorkerGone,
+        decode,
+        encode,
+        read_frame,
+        write_frame,
+    )
 
 # an OSError with one of these errnos means the program ran into a limit (file size, open files, processes,
 # disk, memory), not that it is wrong

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-
 FULL_NS = ("--mount", "--net", "--pid", "--ipc", "--fork", "--kill-child", "--mount-proc")
 PID_NET_NS = ("--net", "--pid", "--ipc", "--fork", "--kill-child")
 SECCOMP_MACHINES = ("x86_64", "aarch64")

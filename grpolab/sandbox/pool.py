@@ -19,7 +19,6 @@ from .isolation import Isolation
 from .limits import SandboxLimits
 from .runner import CaseResult, ExecResult, Job, run_job
 
-
 _taken: dict[int, int] = {}  # base uid -> slots handed out to pools of this process
 _taken_lock = threading.Lock()
 

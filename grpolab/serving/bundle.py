@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import GrpolabError
-from ..evaluation.heldout import stop_rule_for, load_eval_problems
+from ..evaluation.heldout import load_eval_problems, stop_rule_for
 from ..manifest import hash_files, hash_model_dir, read_manifest, sha256_bytes, write_json_atomic
 from ..models.export import export_model
 from ..models.load import DTYPES, load_tokenizer

@@ -45,7 +45,7 @@ from typing import Any, Iterable
 from urllib.parse import urlparse
 
 from grpolab.errors import ConfigError, DataError
-from grpolab.tasks.base import normalise_problem_text, PROMPT_INSTRUCTION, Problem
+from grpolab.tasks.base import PROMPT_INSTRUCTION, Problem, normalise_problem_text
 from grpolab.tasks.jsonl import check_split
 
 FILE_BUILDERS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}

@@ -17,14 +17,14 @@ from dataclasses import dataclass
 
 import torch
 
-from .batch import Batch, BatchCollector, Round, Scores
+from ..agents.env import is_agent_problem
+from ..agents.episode import EpisodeResult, EpisodeRunner
 from ..errors import ConfigError
-from .metrics import agent_metrics
 from ..rewards import RewardResult
 from ..rollout.base import Rollout
 from ..tasks.base import Problem
-from ..agents.env import is_agent_problem
-from ..agents.episode import EpisodeResult, EpisodeRunner
+from .batch import Batch, BatchCollector, Round, Scores
+from .metrics import agent_metrics
 
 ENV_REWARD = "env"
 

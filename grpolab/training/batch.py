@@ -24,14 +24,14 @@ import torch
 
 from ..algo.advantages import Advantages, compute_advantages, zero_signal_groups
 from ..config import Config
-from .distributed import World, gather_objects, gather_rows, group_seed, owned_groups
-from .metrics import completion_metrics, group_metrics, reward_metrics
-from .prompt_sampler import PromptSampler
-from ..tasks.prompting import prompt_ids
 from ..rewards import CORRECTNESS_REWARDS, RewardResult, RewardSet, result_metrics, stop_rule
 from ..rewards.overlong import soft_overlong_penalty
 from ..rollout.base import Rollout, RolloutEngine, SamplingParams, concat_rollouts
 from ..tasks.base import Problem
+from ..tasks.prompting import prompt_ids
+from .distributed import World, gather_objects, gather_rows, group_seed, owned_groups
+from .metrics import completion_metrics, group_metrics, reward_metrics
+from .prompt_sampler import PromptSampler
 
 
 @dataclass

@@ -24,10 +24,10 @@ from dataclasses import dataclass
 import torch
 
 from ..algo.logprobs import logprobs_and_entropy
-from .attention import SDPA_NAMES
-from .packing import block_causal_mask, pack_completions
 from ..rollout.base import Rollout
 from ..rollout.cache import cache_kwarg
+from .attention import SDPA_NAMES
+from .packing import block_causal_mask, pack_completions
 
 
 @dataclass

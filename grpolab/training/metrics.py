@@ -17,6 +17,7 @@ import torch
 
 from ..algo.advantages import zero_signal_groups
 
+
 def peak_rss_mb() -> float:
     """Peak resident set size of this process in MiB (Linux reports ru_maxrss in KiB)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0

@@ -28,7 +28,6 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from .attention import grouped_passes
 
-
 DeterministicState = tuple[bool, bool, bool]  # (deterministic algorithms, warn only, fill_uninitialized_memory)
 
 

@@ -23,31 +23,32 @@ from typing import Any, Callable
 
 import torch
 
-from ..models import checkpoint as ckpt
 from ..algo.kl import KLPlacement, token_kl
-from .agent_batch import collector_class
-from .batch import Batch
 from ..config import Config
-from .sharding import Strategy, check_shardable, full_model_state, full_optimizer_state, load_full_state, shard
-from .distributed import World, all_reduce_max, all_reduce_sum, barrier, gather_objects, init_world, resolve_device
 from ..errors import DataError, GrpolabError
 from ..evaluation.heldout import EvalResult, greedy_eval
-from .faults import InterruptGuard, NonFiniteTracker, TrainingInterrupted
-from .process_settings import ProcessSettings
-from .schedule import align_schedule, lr_lambda
-from .metrics import JsonlSink, completion_table, peak_rss_mb, truncate_log
+from ..models import checkpoint as ckpt
 from ..models.load import DTYPES, load_causal_lm, load_tokenizer, load_weights, make_reference, resolve_model_path
 from ..models.lora import apply_lora, trainable_parameters
-from .attention import NAME as ATTENTION_FP32, use_training_attention
-from . import precision
-from .reproducibility import training_attention
-from .prompt_sampler import PromptSampler
-from .trackers import Trackers, check_installed
 from ..rewards import RewardSet
 from ..rewards.health import RewardFailureStreak
 from ..rollout.hf import HFEngine
 from ..tasks import make_task
 from ..tasks.base import Problem
+from . import precision
+from .agent_batch import collector_class
+from .attention import NAME as ATTENTION_FP32
+from .attention import use_training_attention
+from .batch import Batch
+from .distributed import World, all_reduce_max, all_reduce_sum, barrier, gather_objects, init_world, resolve_device
+from .faults import InterruptGuard, NonFiniteTracker, TrainingInterrupted
+from .metrics import JsonlSink, completion_table, peak_rss_mb, truncate_log
+from .process_settings import ProcessSettings
+from .prompt_sampler import PromptSampler
+from .reproducibility import training_attention
+from .schedule import align_schedule, lr_lambda
+from .sharding import Strategy, check_shardable, full_model_state, full_optimizer_state, load_full_state, shard
+from .trackers import Trackers, check_installed
 from .update import PolicyUpdater
 
 log = logging.getLogger("grpolab")

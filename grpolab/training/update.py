@@ -24,13 +24,12 @@ from ..algo.kl import KLPlacement
 from ..algo.loss import ObjectiveParams, objective
 from ..algo.surrogate import ClipParams, per_token
 from ..config import Config
+from ..models.load import eval_mode
+from ..models.lora import runnable
+from ..rollout.base import Rollout
 from .distributed import World, all_reduce_gradients, all_reduce_max, all_reduce_sum, gather_objects, group_seed
 from .forward import completion_logprobs, weight_casts_kept
-from ..models.lora import runnable
-from ..models.load import eval_mode
-from ..rollout.base import Rollout
 from .sharding import loss_scale
-
 
 SUMMED = ("loss/policy", "loss/kl", "loss/total", "kl_tok", "clip_low", "clip_high", "tokens", "entropy",
           "approx_kl_old", "signal_tokens")  # per-step sums, added over the ranks before they are divided

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import torch
 
+from grpolab.baselines.ppo import trainer_class
 from grpolab.config import from_dict
 from grpolab.training.distributed import init_world
-from grpolab.baselines.ppo import trainer_class
 
 
 def main() -> None:
