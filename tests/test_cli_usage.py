@@ -13,23 +13,11 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from test_bad_input import cli_main
 
 import grpolab
-from grpolab import cli
 
 GRPOLAB = Path(sys.executable).with_name("grpolab")
-
-
-def cli_main(monkeypatch, capsys, *args) -> tuple[int, str]:
-    """(exit code, stdout + stderr) of grpolab.cli.main with these arguments, in this process."""
-    monkeypatch.setattr(sys, "argv", ["grpolab", *map(str, args)])
-    code = 0
-    try:
-        cli.main()
-    except SystemExit as e:
-        code = int(e.code or 0)
-    out = capsys.readouterr()
-    return code, out.out + out.err
 
 
 def assert_one_error(code: int, output: str, *expected: str) -> None:
