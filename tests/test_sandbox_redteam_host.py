@@ -19,10 +19,9 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from sandbox_normal import assert_normal_programs_score_exactly
 
-from grpolab.rewards.code import CodeRunner
 from grpolab.sandbox import Job, SandboxLimits, detect, run_job
-from grpolab.tasks.code import code_problem
 
 LIMITS = SandboxLimits(wall_s=2.0, cpu_s=2.0, memory_mb=256, max_procs=8, max_file_mb=8, disk_mb=16, max_output_kb=64,
                        workers=2, uid=61400)
@@ -221,13 +220,4 @@ def test_zz_nothing_left_on_the_host_and_normal_programs_score_right(key_baselin
             "workdirs": [d for d in os.listdir(tempfile.gettempdir()) if d.startswith("grpolab-sbx-")
                          and os.stat(os.path.join(tempfile.gettempdir(), d)).st_uid in SANDBOX_UIDS]}
     assert left == {"files": [], "sysv": [], "mqueue": False, "keys": [], "processes": [], "sockets": [], "workdirs": []}
-    problems, completions, expected = [], [], []
-    for i in range(16):
-        problems.append(code_problem(f"normal/{i}", "q", "", ("assert g(3) == 9", "assert g(-2) == 4", "assert g(0) == 0"),
-                                     entry_point="g"))
-        body = ("return x * x", "return abs(x) * 3", "return x +", "return max(x, -x) ** 2")[i % 4]
-        completions.append(f"```python\ndef g(x):\n    {body}\n```")
-        expected.append((1.0, 2 / 3, 0.0, 1.0)[i % 4])
-    scores = CodeRunner(LIMITS).scores(completions, problems, all_pass=False)
-    assert [s.value for s in scores] == pytest.approx(expected)
-    assert [s.reason for s in scores[:4]] == [None, "wrong_answer", "syntax", None]
+    assert_normal_programs_score_exactly(LIMITS)

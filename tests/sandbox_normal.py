@@ -1,0 +1,24 @@
+"""The check every hostile-program module ends with: a batch of normal programs still scores exactly."""
+
+from __future__ import annotations
+
+import pytest
+
+from grpolab.rewards.code import CodeRunner
+from grpolab.sandbox import SandboxLimits
+from grpolab.tasks.code import code_problem
+
+
+def assert_normal_programs_score_exactly(limits: SandboxLimits) -> None:
+    """16 programs of four kinds (right, wrong on one test of three, a syntax error, right another way) score
+    1, 2/3, 0 and 1 with the reasons None, wrong_answer, syntax, None."""
+    problems, completions, expected = [], [], []
+    for i in range(16):
+        problems.append(code_problem(f"normal/{i}", "q", "", ("assert g(3) == 9", "assert g(-2) == 4", "assert g(0) == 0"),
+                                     entry_point="g"))
+        body = ("return x * x", "return abs(x) * 3", "return x +", "return max(x, -x) ** 2")[i % 4]
+        completions.append(f"```python\ndef g(x):\n    {body}\n```")
+        expected.append((1.0, 2 / 3, 0.0, 1.0)[i % 4])
+    scores = CodeRunner(limits).scores(completions, problems, all_pass=False)
+    assert [s.value for s in scores] == pytest.approx(expected)
+    assert [s.reason for s in scores[:4]] == [None, "wrong_answer", "syntax", None]
