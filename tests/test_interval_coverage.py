@@ -143,3 +143,14 @@ def test_minimum_evidence():
         expected = {0.0: (-q, q), 1.0: (1 - 2 * q, 1.0), -1.0: (-1.0, -1 + 2 * q)}[b - a]
         assert (r["ci_low"], r["ci_high"]) == pytest.approx(expected, abs=1e-12) and evidence_reason(r) is None
     assert paired_evidence_interval([0.5] * 50, [0.5] * 50)["degenerate"] == "all equal"  # graded: still a point
+
+
+def test_binary_intervals_stay_where_the_metric_lives():
+    """A t interval over 3 problems reaches past [0, 1] (0.667 +- 1.43): the accuracy interval is clipped to [0, 1],
+    a paired difference to [-1, 1]; the mean and n are untouched."""
+    r = score_interval([1.0, 1.0, 0.0])
+    assert (r["ci_low"], r["ci_high"]) == (0.0, 1.0) and r["mean"] == pytest.approx(2 / 3) and r["n"] == 3
+    d = paired_score_interval([0.0, 0.0, 1.0], [1.0, 1.0, 0.0])
+    assert d["ci_low"] == -1.0 and d["ci_high"] == 1.0 and d["mean"] == pytest.approx(1 / 3)
+    wide = mean_interval([1.0, 1.0, 0.0])
+    assert wide["ci_low"] < 0.0 < 1.0 < wide["ci_high"]  # the unclipped t interval does reach past

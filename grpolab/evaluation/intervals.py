@@ -183,11 +183,17 @@ def is_binary(values: np.ndarray | Sequence[float]) -> bool:
     return bool(np.all((v == 0) | (v == 1)))
 
 
+def _clipped(result: dict[str, Any], low: float, high: float) -> dict[str, Any]:
+    """The interval dict with its ends clipped to [low, high]."""
+    return {**result, "ci_low": max(result["ci_low"], low), "ci_high": min(result["ci_high"], high)}
+
+
 def score_interval(values: np.ndarray | Sequence[float], alpha: float = 0.05, n_boot: int = 2000, seed: int = 0) -> dict[str, Any]:
     """One model's metric over problems (module docstring): t for binary per-problem scores, the studentised
-    bootstrap (clipped to [0, 1]) for graded ones."""
+    bootstrap for graded ones; both clipped to [0, 1], where the metric lives (a t interval over 3 problems reaches
+    past it; clipping to the parameter space never lowers coverage)."""
     if is_binary(values):
-        return mean_interval(values, alpha)
+        return _clipped(mean_interval(values, alpha), 0.0, 1.0)
     return studentized_bootstrap_interval(values, n_boot, alpha, seed, bounds=(0.0, 1.0))
 
 
@@ -199,7 +205,7 @@ def paired_score_interval(a: np.ndarray | Sequence[float], b: np.ndarray | Seque
     if a.shape != b.shape:
         raise ValueError(f"paired inputs differ in length: {a.size} vs {b.size}")
     if is_binary(a) and is_binary(b):
-        return paired_interval(a, b, alpha)
+        return _clipped(paired_interval(a, b, alpha), -1.0, 1.0)
     return {**studentized_bootstrap_interval(b - a, n_boot, alpha, seed, bounds=(-1.0, 1.0)), "paired": True}
 
 
