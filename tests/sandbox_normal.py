@@ -1,6 +1,10 @@
-"""The check every hostile-program module ends with: a batch of normal programs still scores exactly."""
+"""What the hostile-program modules check after their attacks: a batch of normal programs still scores exactly, and
+no process of a sandbox uid is left."""
 
 from __future__ import annotations
+
+import os
+from pathlib import Path
 
 import pytest
 
@@ -22,3 +26,17 @@ def assert_normal_programs_score_exactly(limits: SandboxLimits) -> None:
     scores = CodeRunner(limits).scores(completions, problems, all_pass=False)
     assert [s.value for s in scores] == pytest.approx(expected)
     assert [s.reason for s in scores[:4]] == [None, "wrong_answer", "syntax", None]
+
+
+def sandbox_processes(uids) -> list[int]:
+    """Pids of every process any of whose uids (real, effective, saved, fs) is one of `uids`."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                uid = next(ln for ln in Path(f"/proc/{entry}/status").read_text().splitlines() if ln.startswith("Uid:"))
+            except (OSError, StopIteration):
+                continue
+            if any(int(u) in uids for u in uid.split()[1:]):
+                pids.append(int(entry))
+    return pids

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 import pytest
-from sandbox_normal import assert_normal_programs_score_exactly
+from sandbox_normal import assert_normal_programs_score_exactly, sandbox_processes
 
 from grpolab.sandbox import Job, SandboxLimits, SandboxPool, detect, run_job
 from grpolab.sandbox.runner import JUDGE_UID_OFFSET
@@ -250,16 +250,7 @@ def test_a_run_holds_no_lock_on_a_host_file():
 
 
 def _sandbox_processes() -> list[int]:
-    pids = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                uid = next(ln for ln in Path(f"/proc/{entry}/status").read_text().splitlines() if ln.startswith("Uid:"))
-            except (OSError, StopIteration):
-                continue
-            if any(int(u) in SANDBOX_UIDS for u in uid.split()[1:]):
-                pids.append(int(entry))
-    return pids
+    return sandbox_processes(SANDBOX_UIDS)
 
 
 def test_zz_nothing_left_and_normal_programs_score_right(dentries_before):

@@ -19,7 +19,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from sandbox_normal import assert_normal_programs_score_exactly
+from sandbox_normal import assert_normal_programs_score_exactly, sandbox_processes
 
 from grpolab.sandbox import Job, SandboxLimits, detect, run_job
 
@@ -168,16 +168,7 @@ def _new_keys(baseline: dict[int, int]) -> list[int]:
 
 
 def _sandbox_processes() -> list[int]:
-    pids = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                uid = next(ln for ln in Path(f"/proc/{entry}/status").read_text().splitlines() if ln.startswith("Uid:"))
-            except (OSError, StopIteration):
-                continue
-            if int(uid.split()[1]) in SANDBOX_UIDS:
-                pids.append(int(entry))
-    return pids
+    return sandbox_processes(SANDBOX_UIDS)
 
 
 def _sandbox_listeners() -> list[str]:
