@@ -41,6 +41,7 @@ TRAINING_PATH_TESTS := tests/test_train_e2e.py tests/test_dynamic_sampling.py te
 test: $(STAMP)
 	$(VENV)/bin/lint-imports --no-cache
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 	GRPOLAB_PRECISION=fp32 $(PY) -m pytest -m "not slow"
 	GRPOLAB_PRECISION=bf16 $(PY) -m pytest -m "not slow" $(TRAINING_PATH_TESTS)
 

@@ -37,8 +37,10 @@ from grpolab.rollout.base import SamplingParams
 from grpolab.rollout.hf import eos_ids
 from grpolab.tasks.base import Problem
 
-OBSERVATION = ("calculator result: 7342. Keep going: check the numbers of the question once more and say what "
-               "you would compute next.")
+OBSERVATION = (
+    "calculator result: 7342. Keep going: check the numbers of the question once more and say what "
+    "you would compute next."
+)
 
 
 class Endless(AgentEnv):
@@ -52,7 +54,9 @@ class Endless(AgentEnv):
         return 0.0
 
 
-def run_once(runner: EpisodeRunner, problems: list[Problem], group: int) -> tuple[tuple[float, float], list, list[int], int]:
+def run_once(
+    runner: EpisodeRunner, problems: list[Problem], group: int
+) -> tuple[tuple[float, float], list, list[int], int]:
     """((wall seconds, CPU seconds of this process), completion ids, turns per episode, tokens fed in prefills: rows x
     width of each multi-token forward)"""
     fed = [0]
@@ -65,8 +69,9 @@ def run_once(runner: EpisodeRunner, problems: list[Problem], group: int) -> tupl
     handle = runner.model.register_forward_pre_hook(count, with_kwargs=True)
     try:
         start, cpu = time.perf_counter(), time.process_time()
-        out = runner.run(problems, group, SamplingParams(group_size=group, temperature=1.0),
-                         seeds=list(range(len(problems))))
+        out = runner.run(
+            problems, group, SamplingParams(group_size=group, temperature=1.0), seeds=list(range(len(problems)))
+        )
         elapsed = time.perf_counter() - start, time.process_time() - cpu
     finally:
         handle.remove()
@@ -83,8 +88,12 @@ def main() -> None:
     ap.add_argument("--turns", type=int, nargs="+", default=[1, 2, 4])
     ap.add_argument("--turn-tokens", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--tools", action="store_true", help="offer the calculator: the prompt carries the tool "
-                    "instructions (about twice as long), as an agent task's does")
+    ap.add_argument(
+        "--tools",
+        action="store_true",
+        help="offer the calculator: the prompt carries the tool "
+        "instructions (about twice as long), as an agent task's does",
+    )
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     path = resolve_model_path(args.model)
@@ -94,8 +103,10 @@ def main() -> None:
     Endless.tools = [CALCULATOR] if args.tools else []
     episode_module.load_env = lambda ref: Endless  # the benchmark's environment, whatever the problem names
     calc = make_problems("test", args.problems, 0, 3)
-    print(f"model {args.model} {args.dtype}, {args.threads} threads, {args.problems} x {args.group_size} episodes, "
-          f"{args.turn_tokens} tokens a turn at most, {args.repeats} repeats (median [min, max])")
+    print(
+        f"model {args.model} {args.dtype}, {args.threads} threads, {args.problems} x {args.group_size} episodes, "
+        f"{args.turn_tokens} tokens a turn at most, {args.repeats} repeats (median [min, max])"
+    )
     for turns in args.turns:
         limits = dataclasses.asdict(EpisodeLimits(turns, args.turn_tokens, 2048, 10.0))
         problems = [dataclasses.replace(p, data={"kind": "agent", "env": "endless", "limits": limits}) for p in calc]
@@ -109,13 +120,20 @@ def main() -> None:
         done = outputs[True][2]
         for reuse in (False, True):
             wall, cpu = [t[0] for t in times[reuse]], [t[1] for t in times[reuse]]
-            print(f"turns={turns} {'kv-cache' if reuse else 're-read '}: wall {statistics.median(wall):7.2f} s "
-                  f"[{min(wall):.2f}, {max(wall):.2f}], CPU {statistics.median(cpu):7.2f} s [{min(cpu):.2f}, "
-                  f"{max(cpu):.2f}], prefill tokens {outputs[reuse][3]}")
-        ratio = [statistics.median([t[k] for t in times[False]]) / statistics.median([t[k] for t in times[True]])
-                 for k in (0, 1)]
-        print(f"turns={turns} speed-up wall {ratio[0]:.2f}x, CPU {ratio[1]:.2f}x; episodes reaching {turns} turns: "
-              f"{sum(t == turns for t in done)}/{len(done)}; same tokens: {same}; load average {os.getloadavg()[0]:.1f}")
+            print(
+                f"turns={turns} {'kv-cache' if reuse else 're-read '}: wall {statistics.median(wall):7.2f} s "
+                f"[{min(wall):.2f}, {max(wall):.2f}], CPU {statistics.median(cpu):7.2f} s [{min(cpu):.2f}, "
+                f"{max(cpu):.2f}], prefill tokens {outputs[reuse][3]}"
+            )
+        ratio = [
+            statistics.median([t[k] for t in times[False]]) / statistics.median([t[k] for t in times[True]])
+            for k in (0, 1)
+        ]
+        print(
+            f"turns={turns} speed-up wall {ratio[0]:.2f}x, CPU {ratio[1]:.2f}x; episodes reaching {turns} turns: "
+            f"{sum(t == turns for t in done)}/{len(done)}; same tokens: {same}; load average {os.getloadavg()[0]:.1f}"
+        )
+
 
 if __name__ == "__main__":
     main()

@@ -51,9 +51,16 @@ def main() -> None:
     from grpolab.models.checkpoint import save_checkpoint
     from grpolab.training.trainer import Trainer
 
-    cfg = load_config(ROOT / "configs" / "quickstart.yaml",
-                      ["train.precision=bf16", "rollout.dtype=bfloat16", "eval.every_steps=0", "train.save_every=0",
-                       "train.save_every_minutes=0"])
+    cfg = load_config(
+        ROOT / "configs" / "quickstart.yaml",
+        [
+            "train.precision=bf16",
+            "rollout.dtype=bfloat16",
+            "eval.every_steps=0",
+            "train.save_every=0",
+            "train.save_every_minutes=0",
+        ],
+    )
     run_dir = Path(tempfile.mkdtemp(prefix="grpolab-ckpt-", dir=ROOT / "runs" if (ROOT / "runs").is_dir() else None))
     try:
         trainer = Trainer(cfg, run_dir)
@@ -65,9 +72,15 @@ def main() -> None:
         for i in range(args.rounds):
             for direct in (True, False) if i % 2 == 0 else (False, True):
                 t0 = time.perf_counter()
-                written[direct] = save_checkpoint(run_dir, 1000 + len(seconds[True]) + len(seconds[False]),
-                                                  trainer.policy, trainer.tokenizer, state, keep_last=10**6,
-                                                  direct_io=direct)
+                written[direct] = save_checkpoint(
+                    run_dir,
+                    1000 + len(seconds[True]) + len(seconds[False]),
+                    trainer.policy,
+                    trainer.tokenizer,
+                    state,
+                    keep_last=10**6,
+                    direct_io=direct,
+                )
                 seconds[direct].append(time.perf_counter() - t0)
         size = sum(p.stat().st_size for p in written[True].iterdir()) / 1e9
         same = same_checkpoint(written[True], written[False])
@@ -76,8 +89,10 @@ def main() -> None:
     print(f"machine: {cpu_features()}  torch {torch.__version__}")
     print(f"checkpoint of the quickstart after {args.steps} step(s): {size:.2f} GB; {args.rounds} round(s), alternated")
     for direct in (False, True):
-        print(f"checkpoint_direct_io {str(direct).lower():5s}: median {statistics.median(seconds[direct]):.2f} s  "
-              f"(each: {', '.join(f'{s:.2f}' for s in seconds[direct])})")
+        print(
+            f"checkpoint_direct_io {str(direct).lower():5s}: median {statistics.median(seconds[direct]):.2f} s  "
+            f"(each: {', '.join(f'{s:.2f}' for s in seconds[direct])})"
+        )
     ratio = statistics.median(seconds[True]) / statistics.median(seconds[False])
     print(f"direct / page cache: {ratio:.2f}x; same tensors and trainer state: {same}")
     if not same:

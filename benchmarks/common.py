@@ -62,14 +62,23 @@ class ModelShape:
         attn_bias = bool(getattr(config, "attention_bias", False))
         mlp_bias = bool(getattr(config, "mlp_bias", False))
         per_layer = (
-            d * d_attn + 2 * d * d_kv + d_attn * d  # q, k, v, o projections
+            d * d_attn
+            + 2 * d * d_kv
+            + d_attn * d  # q, k, v, o projections
             + (d_attn + 2 * d_kv + d if attn_bias else 0)
-            + 3 * d * ff + (2 * ff + d if mlp_bias else 0)  # gate, up, down
+            + 3 * d * ff
+            + (2 * ff + d if mlp_bias else 0)  # gate, up, down
             + 2 * d  # input and post-attention RMSNorm weights
         )
         n_body = n_layers * per_layer + d  # + final norm
-        return cls(n_layers=n_layers, d_model=d, d_attn=d_attn, vocab=config.vocab_size, n_body=n_body,
-                   n_head=config.vocab_size * d)
+        return cls(
+            n_layers=n_layers,
+            d_model=d,
+            d_attn=d_attn,
+            vocab=config.vocab_size,
+            n_body=n_body,
+            n_head=config.vocab_size * d,
+        )
 
     @classmethod
     def from_model(cls, model: torch.nn.Module) -> "ModelShape":
@@ -84,8 +93,14 @@ class ModelShape:
             n_body -= n_head
         n_heads = config.num_attention_heads
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // n_heads
-        return cls(n_layers=config.num_hidden_layers, d_model=config.hidden_size, d_attn=n_heads * head_dim,
-                   vocab=emb.shape[0], n_body=n_body, n_head=n_head)
+        return cls(
+            n_layers=config.num_hidden_layers,
+            d_model=config.hidden_size,
+            d_attn=n_heads * head_dim,
+            vocab=emb.shape[0],
+            n_body=n_body,
+            n_head=n_head,
+        )
 
 
 def _keys(start: int, stop: int) -> int:
@@ -97,7 +112,11 @@ def span_flops(shape: ModelShape, start: int, stop: int, logits: int) -> float:
     """Forward FLOPs of the input tokens at positions start .. stop - 1 (earlier ones cached), with `logits`
     positions through the LM head."""
     tokens = max(stop - start, 0)
-    return 2.0 * shape.n_body * tokens + 2.0 * shape.n_head * logits + 4.0 * shape.n_layers * shape.d_attn * _keys(start, stop)
+    return (
+        2.0 * shape.n_body * tokens
+        + 2.0 * shape.n_head * logits
+        + 4.0 * shape.n_layers * shape.d_attn * _keys(start, stop)
+    )
 
 
 def sequence_forward_flops(shape: ModelShape, prompt_len: int, completion_len: int) -> float:
@@ -107,7 +126,9 @@ def sequence_forward_flops(shape: ModelShape, prompt_len: int, completion_len: i
     return span_flops(shape, 0, prompt_len + completion_len - 1, completion_len)
 
 
-def group_forward_flops(shape: ModelShape, prompt_len: int, completion_lens: Sequence[int], share_prompt: bool) -> float:
+def group_forward_flops(
+    shape: ModelShape, prompt_len: int, completion_lens: Sequence[int], share_prompt: bool
+) -> float:
     """Forward FLOPs of one group (one prompt, several completions); the prompt once when share_prompt."""
     if not share_prompt:
         return sum(sequence_forward_flops(shape, prompt_len, lc) for lc in completion_lens)
@@ -132,10 +153,14 @@ def step_flops(
     only the first prompt length of each group is read when share_prompt).
     """
     if len(prompt_lens) != len(completion_lens) or len(prompt_lens) % group_size:
-        raise ValueError(f"expected equal-length lists of whole groups of {group_size}, got {len(prompt_lens)} and {len(completion_lens)}")
+        raise ValueError(
+            f"expected equal-length lists of whole groups of {group_size}, got {len(prompt_lens)} and {len(completion_lens)}"
+        )
     fwd = 0.0
     for g in range(0, len(prompt_lens), group_size):
-        fwd += group_forward_flops(shape, int(prompt_lens[g]), [int(x) for x in completion_lens[g : g + group_size]], share_prompt)
+        fwd += group_forward_flops(
+            shape, int(prompt_lens[g]), [int(x) for x in completion_lens[g : g + group_size]], share_prompt
+        )
     out = {"generation": fwd, "reference": fwd if with_reference else 0.0, "policy": 3.0 * fwd}
     out["total"] = out["generation"] + out["reference"] + out["policy"]
     return out
@@ -181,7 +206,9 @@ def matmul_rate(m: int, k: int, n: int, dtype: torch.dtype, min_seconds: float =
     t0 = time.perf_counter()
     torch.matmul(a, b, out=out)
     first = time.perf_counter() - t0
-    if first >= min_seconds:  # a dtype this slow here (bf16 without bf16 units: ~100 s per call) is measured by one call
+    if (
+        first >= min_seconds
+    ):  # a dtype this slow here (bf16 without bf16 units: ~100 s per call) is measured by one call
         return 2.0 * m * k * n / first
     torch.matmul(a, b, out=out)
     best, reps, start = math.inf, 0, time.perf_counter()
@@ -193,13 +220,20 @@ def matmul_rate(m: int, k: int, n: int, dtype: torch.dtype, min_seconds: float =
     return 2.0 * m * k * n / best
 
 
-def representative_shapes(shape: ModelShape, d_ff: int | None = None, tokens: int = 512, decode_rows: int = 32) -> list[tuple[str, int, int, int]]:
+def representative_shapes(
+    shape: ModelShape, d_ff: int | None = None, tokens: int = 512, decode_rows: int = 32
+) -> list[tuple[str, int, int, int]]:
     """(label, m, k, n): a training-size MLP product, a decode-size one, and a training-size LM-head product."""
     ff = d_ff or 4 * shape.d_model
     return [
         (f"train mlp  [{tokens} x {shape.d_model}] @ [{shape.d_model} x {ff}]", tokens, shape.d_model, ff),
         (f"decode mlp [{decode_rows} x {shape.d_model}] @ [{shape.d_model} x {ff}]", decode_rows, shape.d_model, ff),
-        (f"lm head    [{tokens} x {shape.d_model}] @ [{shape.d_model} x {shape.vocab}]", tokens, shape.d_model, shape.vocab),
+        (
+            f"lm head    [{tokens} x {shape.d_model}] @ [{shape.d_model} x {shape.vocab}]",
+            tokens,
+            shape.d_model,
+            shape.vocab,
+        ),
     ]
 
 

@@ -110,8 +110,9 @@ def decode_step_seconds(model, prompt_ids: torch.Tensor, group_size: int, new_to
         model(input_ids=prompt_ids, use_cache=True)
     prefill = time.perf_counter() - t0
     t0 = time.perf_counter()
-    decode_groups(model, prompt_ids, mask, group_size, new_tokens, 1.0, stop_ids=[], pad_id=0, generators=gens,
-                  **levers)
+    decode_groups(
+        model, prompt_ids, mask, group_size, new_tokens, 1.0, stop_ids=[], pad_id=0, generators=gens, **levers
+    )
     return (time.perf_counter() - t0 - prefill) / (new_tokens - 1)
 
 
@@ -131,8 +132,10 @@ def main() -> None:
     prompt = torch.randint(100, 1000, (1, args.prompt_tokens), generator=torch.Generator().manual_seed(0))
     bandwidth = read_bandwidth()
     model_step_seconds(model, prompt, args.group_size, 8)  # warm-up
-    model_steps = statistics.median(statistics.mean(model_step_seconds(model, prompt, args.group_size, args.new_tokens))
-                                    for _ in range(args.repeats))
+    model_steps = statistics.median(
+        statistics.mean(model_step_seconds(model, prompt, args.group_size, args.new_tokens))
+        for _ in range(args.repeats)
+    )
     products = products_seconds(model, args.group_size)
     steps = {variant: [] for variant in VARIANTS}
     for _ in range(args.repeats):  # alternated, so drift of a shared machine hits both alike
@@ -142,10 +145,14 @@ def main() -> None:
     context = args.prompt_tokens + args.new_tokens / 2
     floor = step_bytes(model, args.group_size, context, dtype) / bandwidth
     print(f"machine: {cpu_features()}  threads: {torch.get_num_threads()}  torch {torch.__version__}")
-    print(f"model {args.model} ({args.dtype}), G = {args.group_size}, prompt {args.prompt_tokens} tokens, "
-          f"{args.new_tokens} new tokens (mean context {context:.0f})")
-    print(f"read bandwidth {bandwidth / 1e9:.1f} GB/s; a step reads {step_bytes(model, args.group_size, context, dtype) / 1e6:.0f} MB "
-          f"-> floor {floor * 1e3:.1f} ms")
+    print(
+        f"model {args.model} ({args.dtype}), G = {args.group_size}, prompt {args.prompt_tokens} tokens, "
+        f"{args.new_tokens} new tokens (mean context {context:.0f})"
+    )
+    print(
+        f"read bandwidth {bandwidth / 1e9:.1f} GB/s; a step reads {step_bytes(model, args.group_size, context, dtype) / 1e6:.0f} MB "
+        f"-> floor {floor * 1e3:.1f} ms"
+    )
     print("| per decode step | ms | x floor |")
     print("|---|---|---|")
     print(f"| floor (bytes / bandwidth) | {floor * 1e3:.1f} | 1.00 |")
@@ -154,8 +161,9 @@ def main() -> None:
     for variant, ms in step_ms.items():
         print(f"| grpolab decode step, {variant} | {ms:.1f} | {ms / (floor * 1e3):.2f} |")
     plain = step_ms[next(iter(VARIANTS))]
-    print(f"each variant / {next(iter(VARIANTS))}: "
-          + ", ".join(f"{v}: {ms / plain:.2f}x" for v, ms in step_ms.items()))
+    print(
+        f"each variant / {next(iter(VARIANTS))}: " + ", ".join(f"{v}: {ms / plain:.2f}x" for v, ms in step_ms.items())
+    )
 
 
 if __name__ == "__main__":

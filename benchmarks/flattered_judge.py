@@ -111,19 +111,61 @@ def main() -> None:
     data = write_data(args.out)
     run_dir = args.out / "run"
     grpolab = [sys.executable, "-m", "grpolab"]
-    run(grpolab + ["train", "configs/judge_quickstart.yaml", "--set", f"run.output_dir={args.out}", "--set",
-                   "run.name=run", "--set", "task.name=jsonl", "--set", f"task.options={{path: '{data}'}}",
-                   "--set", f"train.steps={args.steps}", "--set", "eval.every_steps=0",
-                   "--set", f"reward.judge.endpoint={url}", "--set", "reward.judge.model=flattered",
-                   "--set", "reward.judge.parse=tag", "--set", "reward.judge.max_score=10",
-                   "--set", "reward.judge.cache=off"])
-    run(grpolab + ["eval", "bundled:smollm2-135m-instruct", str(run_dir), "--task", "jsonl", "--task-option",
-                   f"path={data}", "--split", "test", "--limit", str(args.eval_n), "--max-new-tokens", "48",
-                   "--out", str(run_dir / "eval" / "base_vs_trained.json")])
+    run(
+        grpolab
+        + [
+            "train",
+            "configs/judge_quickstart.yaml",
+            "--set",
+            f"run.output_dir={args.out}",
+            "--set",
+            "run.name=run",
+            "--set",
+            "task.name=jsonl",
+            "--set",
+            f"task.options={{path: '{data}'}}",
+            "--set",
+            f"train.steps={args.steps}",
+            "--set",
+            "eval.every_steps=0",
+            "--set",
+            f"reward.judge.endpoint={url}",
+            "--set",
+            "reward.judge.model=flattered",
+            "--set",
+            "reward.judge.parse=tag",
+            "--set",
+            "reward.judge.max_score=10",
+            "--set",
+            "reward.judge.cache=off",
+        ]
+    )
+    run(
+        grpolab
+        + [
+            "eval",
+            "bundled:smollm2-135m-instruct",
+            str(run_dir),
+            "--task",
+            "jsonl",
+            "--task-option",
+            f"path={data}",
+            "--split",
+            "test",
+            "--limit",
+            str(args.eval_n),
+            "--max-new-tokens",
+            "48",
+            "--out",
+            str(run_dir / "eval" / "base_vs_trained.json"),
+        ]
+    )
     run(grpolab + ["report", str(run_dir), "--skip-safety", "--skip-diversity"])  # the judge checks need neither
     shares = claim_share(run_dir)
-    print(f"answers with a score claim: step {min(shares)} {shares[min(shares)]:.2f} -> "
-          f"step {max(shares)} {shares[max(shares)]:.2f}")
+    print(
+        f"answers with a score claim: step {min(shares)} {shares[min(shares)]:.2f} -> "
+        f"step {max(shares)} {shares[max(shares)]:.2f}"
+    )
     for line in (run_dir / "report.md").read_text(encoding="utf-8").splitlines():
         if any(name in line for name in ("judge_injection", "judge_vs_verifier", "reward_vs_heldout", "Verdict")):
             print(line)

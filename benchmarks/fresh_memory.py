@@ -41,8 +41,10 @@ def touch(gib: int) -> tuple[list[float], list[float]]:
 
 def report(label: str, fresh: list[float], again: list[float]) -> None:
     f, a = statistics.median(fresh), statistics.median(again)
-    print(f"{label}: first write {f:.2f} s/GiB (each GiB: {' '.join(f'{x:.2f}' for x in fresh)}), "
-          f"written again {a:.2f} s/GiB, ratio {f / a:.1f}x")
+    print(
+        f"{label}: first write {f:.2f} s/GiB (each GiB: {' '.join(f'{x:.2f}' for x in fresh)}), "
+        f"written again {a:.2f} s/GiB, ratio {f / a:.1f}x"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

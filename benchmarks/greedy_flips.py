@@ -71,13 +71,17 @@ def main() -> None:
         pb, pt = (next_token_probs(m, context) for m in models)
         if direction == "lost":
             lost_margins.append(float(pb[a[i]] - pb[b[i]]))
-        print(f"{item['uid']:30s} {direction:6s} after {tokenizer.decode(a[max(0, i - 4):i])!r}: "
-              f"{tokenizer.decode([a[i]])!r} vs {tokenizer.decode([b[i]])!r} | base {pb[a[i]]:.2f}/{pb[b[i]]:.2f} "
-              f"trained {pt[a[i]]:.2f}/{pt[b[i]]:.2f}")
+        print(
+            f"{item['uid']:30s} {direction:6s} after {tokenizer.decode(a[max(0, i - 4) : i])!r}: "
+            f"{tokenizer.decode([a[i]])!r} vs {tokenizer.decode([b[i]])!r} | base {pb[a[i]]:.2f}/{pb[b[i]]:.2f} "
+            f"trained {pt[a[i]]:.2f}/{pt[b[i]]:.2f}"
+        )
     print("flips per slice:", dict(sorted(flips.items())))
     if lost_margins:
-        print(f"passes lost: {len(lost_margins)}, median base margin p(base token) - p(trained token) "
-              f"{statistics.median(lost_margins):.2f} (min {min(lost_margins):.2f}, max {max(lost_margins):.2f})")
+        print(
+            f"passes lost: {len(lost_margins)}, median base margin p(base token) - p(trained token) "
+            f"{statistics.median(lost_margins):.2f} (min {min(lost_margins):.2f}, max {max(lost_margins):.2f})"
+        )
 
 
 if __name__ == "__main__":

@@ -73,8 +73,11 @@ def _expected_positive_part(m: float, sd: float) -> float:
 def true_accuracy(recipe: tuple[float, float], sd: float) -> float:
     """Population accuracy of a recipe: base + (1 - base) E[learn] - base E[forget] (E[h] = 1)."""
     learn, forget = recipe
-    return (BASE_ACCURACY + (1 - BASE_ACCURACY) * _expected_positive_part(learn, sd)
-            - BASE_ACCURACY * _expected_positive_part(forget, sd))
+    return (
+        BASE_ACCURACY
+        + (1 - BASE_ACCURACY) * _expected_positive_part(learn, sd)
+        - BASE_ACCURACY * _expected_positive_part(forget, sd)
+    )
 
 
 def true_gain(sd: float, recipe: tuple[float, float] = RECIPE_A) -> float:
@@ -82,8 +85,13 @@ def true_gain(sd: float, recipe: tuple[float, float] = RECIPE_A) -> float:
     return true_accuracy(recipe, sd) - BASE_ACCURACY
 
 
-def draw_runs(rng: np.random.Generator, runs: int, problems: int, sd: float,
-              recipes: tuple[tuple[float, float], ...] = (RECIPE_A,)) -> tuple[np.ndarray, list[np.ndarray]]:
+def draw_runs(
+    rng: np.random.Generator,
+    runs: int,
+    problems: int,
+    sd: float,
+    recipes: tuple[tuple[float, float], ...] = (RECIPE_A,),
+) -> tuple[np.ndarray, list[np.ndarray]]:
     """(base correctness (P,), [trained correctness (runs, P) per recipe]) on one draw of P problems."""
     base = rng.random(problems) < BASE_ACCURACY
     h = rng.uniform(0.5, 1.5, problems)
@@ -99,7 +107,7 @@ def draw_runs(rng: np.random.Generator, runs: int, problems: int, sd: float,
 
 def true_pass_at_k(k: int, sharpen: float = 1.0) -> float:
     """sum_p w_p (1 - (1 - p^sharpen)^k) over the problem population."""
-    return float(PASS_WEIGHTS @ (1 - (1 - PASS_RATES ** sharpen) ** k))
+    return float(PASS_WEIGHTS @ (1 - (1 - PASS_RATES**sharpen) ** k))
 
 
 def draw_pass_at_k(rng: np.random.Generator, problems: int, samples: int, k: int, sharpen: float = 1.0) -> np.ndarray:
@@ -113,7 +121,7 @@ def draw_pass_at_k_pair(rng: np.random.Generator, problems: int, samples: int, k
     """(base, trained) per-problem pass@k on the same problems; the trained model's rate is p^SHARPEN."""
     rates = rng.choice(PASS_RATES, size=problems, p=PASS_WEIGHTS)
     out = []
-    for r in (rates, rates ** SHARPEN):
+    for r in (rates, rates**SHARPEN):
         out.append(np.array([pass_at_k(samples, int(c), k) for c in rng.binomial(samples, r)]))
     return out[0], out[1]
 
@@ -121,8 +129,9 @@ def draw_pass_at_k_pair(rng: np.random.Generator, problems: int, samples: int, k
 # ---------------------------------------------------------------- the old interval, for comparison
 
 
-def old_two_stage_bootstrap(sets: list[np.ndarray], signs: list[float], n_boot: int = 1000, seed: int = 0,
-                            alpha: float = 0.05) -> tuple[float, float]:
+def old_two_stage_bootstrap(
+    sets: list[np.ndarray], signs: list[float], n_boot: int = 1000, seed: int = 0, alpha: float = 0.05
+) -> tuple[float, float]:
     """The hierarchical percentile bootstrap grpolab used before: per replicate, R_s runs drawn with replacement in
     each set and one common draw of P problems; the alpha/2 and 1 - alpha/2 quantiles of sum_s sign_s theta*_s."""
     rng = np.random.default_rng(seed)
@@ -140,8 +149,9 @@ def old_two_stage_bootstrap(sets: list[np.ndarray], signs: list[float], n_boot: 
 # ---------------------------------------------------------------- coverage
 
 
-def coverage(draw: Callable[[np.random.Generator], tuple], interval: Interval, truth: float, sims: int,
-             seed: int = 0) -> dict[str, float]:
+def coverage(
+    draw: Callable[[np.random.Generator], tuple], interval: Interval, truth: float, sims: int, seed: int = 0
+) -> dict[str, float]:
     """Run `sims` simulations: data = draw(rng), (lo, hi) = interval(*data, sim index); the share of intervals that
     hold `truth`, lie wholly above it, wholly below it, and their mean width."""
     rng = np.random.default_rng(seed)
@@ -158,6 +168,7 @@ def coverage(draw: Callable[[np.random.Generator], tuple], interval: Interval, t
 
 def heldout_gain_case(problems: int, method: str, n_boot: int = 1000) -> tuple[Callable, Interval, float]:
     """One run's paired held-out gain on `problems` problems; method "t" or "percentile bootstrap"."""
+
     def draw(rng):
         base, (trained,) = draw_runs(rng, 1, problems, 0.0)
         return base, trained[0]
@@ -172,8 +183,11 @@ def heldout_gain_case(problems: int, method: str, n_boot: int = 1000) -> tuple[C
     return draw, {"t": t, "percentile bootstrap": boot}[method], true_gain(0.0)
 
 
-def seed_set_case(runs: int, sd: float, method: str, problems: int = 200, n_boot: int = 1000) -> tuple[Callable, Interval, float]:
+def seed_set_case(
+    runs: int, sd: float, method: str, problems: int = 200, n_boot: int = 1000
+) -> tuple[Callable, Interval, float]:
     """A set of `runs` seeds' paired gains on the same problems; method "t two-stage" or "old two-stage bootstrap"."""
+
     def draw(rng):
         base, (trained,) = draw_runs(rng, runs, problems, sd)
         return (trained - base[None, :],)
@@ -188,8 +202,11 @@ def seed_set_case(runs: int, sd: float, method: str, problems: int = 200, n_boot
     return draw, {"t two-stage": new, "old two-stage bootstrap": old}[method], true_gain(sd)
 
 
-def two_set_case(runs: int, sd: float, method: str, problems: int = 200, n_boot: int = 1000) -> tuple[Callable, Interval, float]:
+def two_set_case(
+    runs: int, sd: float, method: str, problems: int = 200, n_boot: int = 1000
+) -> tuple[Callable, Interval, float]:
     """Recipe B - recipe A, `runs` seeds each, accuracies on the same problems."""
+
     def draw(rng):
         _, (a, b) = draw_runs(rng, runs, problems, sd, (RECIPE_A, RECIPE_B))
         return a, b
@@ -201,13 +218,19 @@ def two_set_case(runs: int, sd: float, method: str, problems: int = 200, n_boot:
     def old(a, b, s):
         return old_two_stage_bootstrap([a, b], [-1.0, 1.0], n_boot, s)
 
-    return draw, {"t two-stage": new, "old two-stage bootstrap": old}[method], true_accuracy(RECIPE_B, sd) - true_accuracy(RECIPE_A, sd)
+    return (
+        draw,
+        {"t two-stage": new, "old two-stage bootstrap": old}[method],
+        true_accuracy(RECIPE_B, sd) - true_accuracy(RECIPE_A, sd),
+    )
 
 
-def pass_at_k_case(problems: int, samples: int, k: int, paired: bool, method: str,
-                   n_boot: int = 1000) -> tuple[Callable, Interval, float]:
+def pass_at_k_case(
+    problems: int, samples: int, k: int, paired: bool, method: str, n_boot: int = 1000
+) -> tuple[Callable, Interval, float]:
     """pass@k with `samples` > k samples per problem: one model's level, or trained - base (paired)."""
     if paired:
+
         def draw(rng):
             return draw_pass_at_k_pair(rng, problems, samples, k)
 
@@ -224,6 +247,7 @@ def pass_at_k_case(problems: int, samples: int, k: int, paired: bool, method: st
 
         truth = true_pass_at_k(k, SHARPEN) - true_pass_at_k(k)
     else:
+
         def draw(rng):
             return (draw_pass_at_k(rng, problems, samples, k),)
 
@@ -250,8 +274,12 @@ def table(sims: int, boot_sims: int, n_boot: int, seed: int = 0) -> list[tuple[s
     def add(case: str, method: str, built: tuple) -> None:
         n = boot_sims if method in OLD_INTERVALS else sims
         rows.append((case, method, coverage(*built, sims=n, seed=seed)))
-        print(f"| {case} | {method} | " + " | ".join(f"{rows[-1][2][k]:.3f}" for k in ("coverage", "above", "below", "width"))
-              + f" | {n} |", flush=True)
+        print(
+            f"| {case} | {method} | "
+            + " | ".join(f"{rows[-1][2][k]:.3f}" for k in ("coverage", "above", "below", "width"))
+            + f" | {n} |",
+            flush=True,
+        )
 
     for p in (50, 200, 300):
         for m in ("t", "percentile bootstrap"):
@@ -274,8 +302,12 @@ def table(sims: int, boot_sims: int, n_boot: int, seed: int = 0) -> list[tuple[s
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sims", type=int, default=2000, help="simulations per case for the t intervals")
-    ap.add_argument("--boot-sims", type=int, default=500, help="simulations per case for the intervals used before "
-                    "(percentile bootstraps), kept for comparison")
+    ap.add_argument(
+        "--boot-sims",
+        type=int,
+        default=500,
+        help="simulations per case for the intervals used before (percentile bootstraps), kept for comparison",
+    )
     ap.add_argument("--n-boot", type=int, default=1000, help="bootstrap resamples per interval")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)

@@ -48,10 +48,18 @@ def sample_answers(cfg, problems, samples: int, seed: int) -> list[tuple[object,
     for p in problems:
         ids = torch.tensor([prompt_ids(tok, p)])
         with torch.no_grad():
-            gen = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True, top_k=0, top_p=1.0,
-                                 temperature=cfg.rollout.temperature, max_new_tokens=cfg.rollout.max_new_tokens,
-                                 num_return_sequences=samples, pad_token_id=tok.pad_token_id or tok.eos_token_id)
-        out += [(p, tok.decode(g[ids.shape[1]:], skip_special_tokens=True)) for g in gen]
+            gen = model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                do_sample=True,
+                top_k=0,
+                top_p=1.0,
+                temperature=cfg.rollout.temperature,
+                max_new_tokens=cfg.rollout.max_new_tokens,
+                num_return_sequences=samples,
+                pad_token_id=tok.pad_token_id or tok.eos_token_id,
+            )
+        out += [(p, tok.decode(g[ids.shape[1] :], skip_special_tokens=True)) for g in gen]
     return out
 
 
@@ -65,11 +73,17 @@ def agreement(judge: JudgeReward, answers: list[tuple[object, str]]) -> dict:
     valid = [(s.value, r) for s, r in zip(scored, right) if s.value is not None]
     pos, neg = [v for v, r in valid if r], [v for v, r in valid if not r]
     hits = sum((v >= 0.5) == r for v, r in valid)
-    return {"answers": len(answers), "right": sum(right), "scored": len(valid), "scored_right": len(pos),
-            "auc": auc_interval(pos, neg) if pos and neg else None,
-            "accuracy": hits / len(valid) if valid else None, "accuracy_ci": wilson(hits, len(valid)) if valid else None,
-            "constant_wrong_accuracy": len(neg) / len(valid) if valid else None,
-            "seconds_per_1000": 1000 * seconds / len(answers)}
+    return {
+        "answers": len(answers),
+        "right": sum(right),
+        "scored": len(valid),
+        "scored_right": len(pos),
+        "auc": auc_interval(pos, neg) if pos and neg else None,
+        "accuracy": hits / len(valid) if valid else None,
+        "accuracy_ci": wilson(hits, len(valid)) if valid else None,
+        "constant_wrong_accuracy": len(neg) / len(valid) if valid else None,
+        "seconds_per_1000": 1000 * seconds / len(answers),
+    }
 
 
 def main() -> None:
@@ -91,10 +105,12 @@ def main() -> None:
         r = results["rubrics"][rubric] = agreement(judge, answers)
         auc, nan = r["auc"] or {}, float("nan")
         accuracy, constant = (nan if r[k] is None else r[k] for k in ("accuracy", "constant_wrong_accuracy"))
-        print(f"{rubric}: scored {r['scored']}/{r['answers']} ({r['scored_right']} right of {r['right']}); "
-              f"AUC {auc.get('auc', nan):.3f} [{auc.get('ci_low', nan):.3f}, {auc.get('ci_high', nan):.3f}]; "
-              f"accuracy {accuracy:.3f} (constant 'wrong': {constant:.3f}); "
-              f"{r['seconds_per_1000']:.0f} s per 1,000 judgements")
+        print(
+            f"{rubric}: scored {r['scored']}/{r['answers']} ({r['scored_right']} right of {r['right']}); "
+            f"AUC {auc.get('auc', nan):.3f} [{auc.get('ci_low', nan):.3f}, {auc.get('ci_high', nan):.3f}]; "
+            f"accuracy {accuracy:.3f} (constant 'wrong': {constant:.3f}); "
+            f"{r['seconds_per_1000']:.0f} s per 1,000 judgements"
+        )
     print(f"cpu: {results['cpu']}")
     if args.out:
         args.out.write_text(json.dumps(results, indent=2), encoding="utf-8")

@@ -31,9 +31,15 @@ def worker(args) -> None:
     from grpolab.training.trainer import Trainer
 
     dtype = {"bf16": "bfloat16", "fp32": "float32"}[args.precision]
-    cfg = load_config(ROOT / "configs" / "quickstart.yaml", [
-        f"train.precision={args.precision}", f"rollout.dtype={dtype}", f"train.keep_freed_memory={args.worker == 'on'}",
-        "eval.every_steps=0"])
+    cfg = load_config(
+        ROOT / "configs" / "quickstart.yaml",
+        [
+            f"train.precision={args.precision}",
+            f"rollout.dtype={dtype}",
+            f"train.keep_freed_memory={args.worker == 'on'}",
+            "eval.every_steps=0",
+        ],
+    )
     trainer = Trainer(cfg, Path(tempfile.mkdtemp(prefix="grpolab-kfm-")))
     collect, update, values = [], [], []
     for i in range(args.warmup + args.steps):
@@ -45,13 +51,31 @@ def worker(args) -> None:
             collect.append(t1 - t0)
             update.append(time.perf_counter() - t1)
         values.append([metrics["reward/mean"], metrics["loss/total"], metrics["optim/grad_norm"]])
-    print(json.dumps({"collect": collect, "update": update, "values": values,
-                      "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+    print(
+        json.dumps(
+            {
+                "collect": collect,
+                "update": update,
+                "values": values,
+                "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            }
+        )
+    )
 
 
 def run_worker(setting: str, args) -> dict:
-    cmd = [sys.executable, __file__, "--worker", setting, "--precision", args.precision,
-           "--warmup", str(args.warmup), "--steps", str(args.steps)]
+    cmd = [
+        sys.executable,
+        __file__,
+        "--worker",
+        setting,
+        "--precision",
+        args.precision,
+        "--warmup",
+        str(args.warmup),
+        "--steps",
+        str(args.steps),
+    ]
     out = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if out.returncode != 0:
         raise SystemExit(f"worker {setting} failed (exit {out.returncode}):\n{out.stderr[-3000:]}")
@@ -74,13 +98,20 @@ def main(argv: list[str] | None = None) -> int:
         for setting in ("off", "on"):
             runs[setting].append(run_worker(setting, args))
             last = runs[setting][-1]
-            print(f"round {r + 1} keep_freed_memory={setting}: update " + " ".join(f"{x:.2f}" for x in last["update"])
-                  + " s, collect " + " ".join(f"{x:.2f}" for x in last["collect"]) + f" s, peak RSS {last['peak_rss_mib']:.0f} MiB")
+            print(
+                f"round {r + 1} keep_freed_memory={setting}: update "
+                + " ".join(f"{x:.2f}" for x in last["update"])
+                + " s, collect "
+                + " ".join(f"{x:.2f}" for x in last["collect"])
+                + f" s, peak RSS {last['peak_rss_mib']:.0f} MiB"
+            )
     same = all(w["values"] == runs["off"][0]["values"] for s in runs for w in runs[s])
     print(f"\nprecision {args.precision}; same rewards, losses and gradient norms in every worker: {same}")
     med = {s: {k: statistics.median(x for w in runs[s] for x in w[k]) for k in ("update", "collect")} for s in runs}
     for k in ("update", "collect"):
-        print(f"  median {k:7s} s: off {med['off'][k]:.3f}  on {med['on'][k]:.3f}  on/off {med['on'][k] / med['off'][k]:.3f}")
+        print(
+            f"  median {k:7s} s: off {med['off'][k]:.3f}  on {med['on'][k]:.3f}  on/off {med['on'][k] / med['off'][k]:.3f}"
+        )
     rss = {s: max(w["peak_rss_mib"] for w in runs[s]) for s in runs}
     print(f"  peak RSS MiB: off {rss['off']:.0f}  on {rss['on']:.0f}")
     return 0 if same else 1

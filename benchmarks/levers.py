@@ -88,7 +88,11 @@ def bench_training(trainer, repeats: int) -> dict[str, float]:
             updater.share_prompt, updater.pack = share_prompt, pack
 
             def step():
-                ref = None if updater.reference is None else updater.logprobs_no_grad(updater.reference, batch.rollout, "fp32")
+                ref = (
+                    None
+                    if updater.reference is None
+                    else updater.logprobs_no_grad(updater.reference, batch.rollout, "fp32")
+                )
                 updater.update(batch.rollout, batch.advantages, ~batch.scores.invalid, ref_logp=ref)
 
             t = timed(step)
@@ -128,8 +132,11 @@ def bench_deterministic(trainer, repeats: int) -> dict[str, float]:
     torch.manual_seed(0)
     batch = trainer.collect()
     updater = trainer.updater
-    settings = {"flash (default SDPA)": contextlib.nullcontext, "SDPA math, heads repeated": lambda: sdpa_kernel(SDPBackend.MATH),
-                "grouped (deterministic)": lambda: training_attention(True, trainer.device)}
+    settings = {
+        "flash (default SDPA)": contextlib.nullcontext,
+        "SDPA math, heads repeated": lambda: sdpa_kernel(SDPBackend.MATH),
+        "grouped (deterministic)": lambda: training_attention(True, trainer.device),
+    }
     times: dict[str, list[float]] = {name: [] for name in settings}
     for r in range(repeats + 1):
         for name, within in settings.items():
@@ -186,15 +193,21 @@ def bench_kernels(repeats: int, vocab: int = 49152, positions: int = 768) -> dic
         def run():
             x = logits.clone().requires_grad_()
             (fn(x, ids)[0] * weights).sum().backward()
+
         return run
 
-    cases = {"log-probabilities + entropy, fwd + bwd": {
-        "plain": backward_of(plain_logprobs),
-        "grpolab": backward_of(lambda x, i: logprobs_and_entropy(x, i, 0.8, with_entropy=True))}}
+    cases = {
+        "log-probabilities + entropy, fwd + bwd": {
+            "plain": backward_of(plain_logprobs),
+            "grpolab": backward_of(lambda x, i: logprobs_and_entropy(x, i, 0.8, with_entropy=True)),
+        }
+    }
     for rows in (8, 32):
         u = torch.rand(rows, generator=g)
-        cases[f"sampling draw, {rows} rows"] = {"plain": lambda r=rows, u=u: plain_draw(logits[:r], u),
-                                                "grpolab": lambda r=rows, u=u: sample_tokens(logits[:r], 0.8, u)}
+        cases[f"sampling draw, {rows} rows"] = {
+            "plain": lambda r=rows, u=u: plain_draw(logits[:r], u),
+            "grpolab": lambda r=rows, u=u: sample_tokens(logits[:r], 0.8, u),
+        }
     out = {}
     for case, fns in cases.items():
         times: dict[str, list[float]] = {name: [] for name in fns}
@@ -216,7 +229,9 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if not args.only_deterministic:
         kernels = bench_kernels(args.repeats)
-        print(f"per-token kernels, median of {args.repeats} (each the best of 5 calls)\n  {'':40s} plain ms  grpolab ms   ratio")
+        print(
+            f"per-token kernels, median of {args.repeats} (each the best of 5 calls)\n  {'':40s} plain ms  grpolab ms   ratio"
+        )
         for case, t in kernels.items():
             print(f"  {case:40s} {1000 * t['plain']:8.2f} {1000 * t['grpolab']:10.2f} {t['grpolab'] / t['plain']:8.2f}")
     if args.only_kernels:
@@ -226,14 +241,18 @@ def main(argv: list[str] | None = None) -> int:
     det = bench_deterministic(trainer, args.repeats)
     print("\n  policy update, training attention  s   ratio to flash  ratio to SDPA math")
     for name, s in det.items():
-        print(f"  {name:28s} {s:8.2f}   {s / det['flash (default SDPA)']:8.2f} {s / det['SDPA math, heads repeated']:14.2f}")
+        print(
+            f"  {name:28s} {s:8.2f}   {s / det['flash (default SDPA)']:8.2f} {s / det['SDPA math, heads repeated']:14.2f}"
+        )
     if args.only_deterministic:
         return 0
     gen = bench_generation(trainer, args.repeats)
     print("\n  generation (32 completions)       s      ms/token   ratio to plain")
     for name, label in (("hf", "transformers generate"), ("grpolab", "grpolab decode loop")):
-        print(f"  {label:28s} {gen[name]['s']:8.2f} {1000 * gen[name]['s_per_token']:10.1f}   "
-              f"{gen[name]['s_per_token'] / gen['hf']['s_per_token']:8.2f} (per token)")
+        print(
+            f"  {label:28s} {gen[name]['s']:8.2f} {1000 * gen[name]['s_per_token']:10.1f}   "
+            f"{gen[name]['s_per_token'] / gen['hf']['s_per_token']:8.2f} (per token)"
+        )
     train = bench_training(trainer, args.repeats)
     print("\n  reference + policy update          s   ratio to plain")
     for name, s in train.items():

@@ -49,9 +49,18 @@ def worker(args: argparse.Namespace) -> None:
         first, _ = trainer.update_step(batch, t0)
         second, _ = trainer.update_step(batch, time.perf_counter())  # same batch, optimizer state allocated
         tokens = round(first["completion/len_mean"] * cfg.train.prompts_per_step * cfg.rollout.group_size)
-    print(json.dumps({"kind": args.worker, "trainable": trainable, "rollout_s": first["time/rollout_s"],
-                      "update_s": [first["time/update_s"], second["time/update_s"]], "tokens": tokens,
-                      "peak_rss_mb": peak_rss_mb()}))
+    print(
+        json.dumps(
+            {
+                "kind": args.worker,
+                "trainable": trainable,
+                "rollout_s": first["time/rollout_s"],
+                "update_s": [first["time/update_s"], second["time/update_s"]],
+                "tokens": tokens,
+                "peak_rss_mb": peak_rss_mb(),
+            }
+        )
+    )
 
 
 def run_worker(kind: str, args: argparse.Namespace) -> dict:
@@ -79,9 +88,11 @@ def main() -> None:
         for kind in ("full", "lora"):
             res = run_worker(kind, args)
             results[kind].append(res)
-            print(f"round {r + 1} {kind:4s}: rollout {res['rollout_s']:.1f}s, updates {res['update_s'][0]:.1f}s and "
-                  f"{res['update_s'][1]:.1f}s ({res['tokens']} completion tokens), peak RSS {res['peak_rss_mb']:.0f} MiB",
-                  flush=True)
+            print(
+                f"round {r + 1} {kind:4s}: rollout {res['rollout_s']:.1f}s, updates {res['update_s'][0]:.1f}s and "
+                f"{res['update_s'][1]:.1f}s ({res['tokens']} completion tokens), peak RSS {res['peak_rss_mb']:.0f} MiB",
+                flush=True,
+            )
     summary = {}
     for kind, runs in results.items():
         summary[kind] = {

@@ -38,8 +38,14 @@ from grpolab.report.serving import check_serving_consistency
 from grpolab.serving.bundle import RELEASE_FILE, write_release
 from grpolab.serving.check import run_serving_check
 
-EXPECTED = {"clean": "PASS", "wrong_template": "FAIL", "end_id_dropped": "FAIL", "bf16_export": "PASS or WARN",
-            "lora_clean": "PASS", "lora_not_merged": "FAIL"}
+EXPECTED = {
+    "clean": "PASS",
+    "wrong_template": "FAIL",
+    "end_id_dropped": "FAIL",
+    "bf16_export": "PASS or WARN",
+    "lora_clean": "PASS",
+    "lora_not_merged": "FAIL",
+}
 
 
 def _rehome(bundle: Path, scratch: Path, run_dir: Path) -> Path:
@@ -98,12 +104,22 @@ def bundles(run: Path, lora_run: Path | None, out: Path) -> list[tuple[str, Path
 
 def row(name: str, s: dict, status: str, reason: str) -> dict:
     d = s["metric"]["diff"]
-    return {"bundle": name, "expected": EXPECTED[name], "status": status, "n": s["n"],
-            "identical_share": s["identical_share"], "first_divergence_median": (s["first_divergence"] or {}).get("median"),
-            "mean_abs_dlogp": s["logprob_diff"]["mean"], "prompts_identical": s["prompts_identical"],
-            "truncated_served": s["truncated"]["served"], "evaluated": s["metric"]["evaluated"],
-            "served": s["metric"]["served"], "diff": [d["mean"], d["ci_low"], d["ci_high"]],
-            "seconds": round(s["seconds"], 1), "reason": reason}
+    return {
+        "bundle": name,
+        "expected": EXPECTED[name],
+        "status": status,
+        "n": s["n"],
+        "identical_share": s["identical_share"],
+        "first_divergence_median": (s["first_divergence"] or {}).get("median"),
+        "mean_abs_dlogp": s["logprob_diff"]["mean"],
+        "prompts_identical": s["prompts_identical"],
+        "truncated_served": s["truncated"]["served"],
+        "evaluated": s["metric"]["evaluated"],
+        "served": s["metric"]["served"],
+        "diff": [d["mean"], d["ci_low"], d["ci_high"]],
+        "seconds": round(s["seconds"], 1),
+        "reason": reason,
+    }
 
 
 def main() -> None:
@@ -117,8 +133,10 @@ def main() -> None:
     if args.out.exists():
         raise SystemExit(f"--out: {args.out} exists; choose a new directory")
     results = []
-    print("| bundle | expected | graded | identical | first divergence (median) | mean abs dlogp | prompts identical "
-          "| served runs to the bound | accuracy evaluated -> served, paired [95% CI] | seconds |")
+    print(
+        "| bundle | expected | graded | identical | first divergence (median) | mean abs dlogp | prompts identical "
+        "| served runs to the bound | accuracy evaluated -> served, paired [95% CI] | seconds |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for name, bundle, _ in bundles(args.run, args.lora_run, args.out):
         s = run_serving_check(bundle, n=args.n, threads=args.threads, log=lambda m: print(m, file=sys.stderr))
@@ -126,14 +144,25 @@ def main() -> None:
         r = row(name, s, c.status, c.reason)
         results.append(r)
         fd = r["first_divergence_median"]
-        print(f"| {name} | {r['expected']} | **{r['status']}** | {r['identical_share']:.2f} | {'-' if fd is None else fd} "
-              f"| {r['mean_abs_dlogp']:.4f} | {r['prompts_identical']:.2f} | {r['truncated_served']:.2f} "
-              f"| {r['evaluated']:.3f} -> {r['served']:.3f}, {r['diff'][0]:+.3f} [{r['diff'][1]:+.3f}, {r['diff'][2]:+.3f}] "
-              f"| {r['seconds']} |", flush=True)
+        print(
+            f"| {name} | {r['expected']} | **{r['status']}** | {r['identical_share']:.2f} | {'-' if fd is None else fd} "
+            f"| {r['mean_abs_dlogp']:.4f} | {r['prompts_identical']:.2f} | {r['truncated_served']:.2f} "
+            f"| {r['evaluated']:.3f} -> {r['served']:.3f}, {r['diff'][0]:+.3f} [{r['diff'][1]:+.3f}, {r['diff'][2]:+.3f}] "
+            f"| {r['seconds']} |",
+            flush=True,
+        )
         print(f"  {name}: {c.status}: {c.reason}", file=sys.stderr, flush=True)
-    (args.out / "planted.json").write_text(json.dumps({"created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                                                       "run": str(args.run), "lora_run": str(args.lora_run),
-                                                       "rows": results}, indent=2))
+    (args.out / "planted.json").write_text(
+        json.dumps(
+            {
+                "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                "run": str(args.run),
+                "lora_run": str(args.lora_run),
+                "rows": results,
+            },
+            indent=2,
+        )
+    )
     wrong = [r["bundle"] for r in results if r["status"] not in r["expected"].split(" or ")]
     if wrong:
         raise SystemExit(f"graded otherwise than expected: {', '.join(wrong)}")

@@ -41,8 +41,17 @@ from pathlib import Path
 from typing import Any
 
 TASK_OPTIONS = {"max_operand": 20, "operators": "+-", "terms": 2, "seed": 0, "test_fraction": 0.3, "num_test": 300}
-PHASES = ["generation", "reward", "old_logprobs", "reference", "values", "critic_update", "policy_update",
-          "weight_sync", "other"]
+PHASES = [
+    "generation",
+    "reward",
+    "old_logprobs",
+    "reference",
+    "values",
+    "critic_update",
+    "policy_update",
+    "weight_sync",
+    "other",
+]
 
 
 def peak_rss_mb() -> float:
@@ -54,12 +63,27 @@ def config(args, side: str, out: str) -> dict[str, Any]:
         "model": {"name": args.model},
         "task": {"name": "arithmetic", "options": TASK_OPTIONS},
         "reward": {"weights": {"correct": 1.0, "format": 0.0}},
-        "rollout": {"group_size": args.group_size, "max_new_tokens": args.max_new_tokens, "temperature": 0.8,
-                    "dtype": "float32" if args.precision == "fp32" else "bfloat16"},
-        "algorithm": {"preset": "grpo", "beta": args.beta, **({"estimator": "gae", "kl_placement": "reward"} if side == "ppo" else {})},
-        "train": {"steps": args.warmup + args.steps, "prompts_per_step": args.prompts_per_step, "lr": 1e-5,
-                  "micro_batch_size": args.micro_batch_size, "precision": args.precision, "seed": args.seed,
-                  "save_every": 0, "save_every_minutes": 0},
+        "rollout": {
+            "group_size": args.group_size,
+            "max_new_tokens": args.max_new_tokens,
+            "temperature": 0.8,
+            "dtype": "float32" if args.precision == "fp32" else "bfloat16",
+        },
+        "algorithm": {
+            "preset": "grpo",
+            "beta": args.beta,
+            **({"estimator": "gae", "kl_placement": "reward"} if side == "ppo" else {}),
+        },
+        "train": {
+            "steps": args.warmup + args.steps,
+            "prompts_per_step": args.prompts_per_step,
+            "lr": 1e-5,
+            "micro_batch_size": args.micro_batch_size,
+            "precision": args.precision,
+            "seed": args.seed,
+            "save_every": 0,
+            "save_every_minutes": 0,
+        },
         "eval": {"every_steps": 0},
         "run": {"output_dir": out, "name": side},
     }
@@ -76,6 +100,7 @@ def wrap(obj, name: str, phase, times: dict[str, float]) -> None:
         finally:
             key = phase(*a, **k) if callable(phase) else phase
             times[key] += time.perf_counter() - t0
+
     setattr(obj, name, timed)
 
 
@@ -91,6 +116,7 @@ def wrap_update(updater, times: dict[str, float]) -> None:
         finally:
             inner = times["reference"] + times["old_logprobs"] - inner0
             times["policy_update"] += time.perf_counter() - t0 - inner
+
     updater.update = timed
 
 
@@ -114,7 +140,12 @@ def worker(args) -> dict[str, Any]:
     wrap(trainer.engine, "generate", "generation", times)
     wrap(trainer.engine, "sync_weights", "weight_sync", times)
     wrap(B, "score_rollout", "reward", times)
-    wrap(trainer.updater, "logprobs_no_grad", lambda model, *a, **k: "reference" if model is ref else "old_logprobs", times)
+    wrap(
+        trainer.updater,
+        "logprobs_no_grad",
+        lambda model, *a, **k: "reference" if model is ref else "old_logprobs",
+        times,
+    )
     wrap_update(trainer.updater, times)
     if hasattr(trainer, "critic"):
         wrap(trainer.critic, "values", "values", times)
@@ -133,10 +164,18 @@ def worker(args) -> dict[str, Any]:
         last[0] = time.perf_counter()
 
     trainer.fit(on_step=on_step)
-    return {"side": args.worker, "setup_s": setup_s, "rss_after_setup_mb": setup_rss, "peak_rss_mb": peak_rss_mb(),
-            "parameters_m": sum(p.numel() for p in policy.parameters()) / 1e6,
-            "critic_parameters_m": sum(p.numel() for p in trainer.critic.model.parameters()) / 1e6 if hasattr(trainer, "critic") else 0.0,
-            "torch_threads": torch.get_num_threads(), "steps": steps[args.warmup:]}
+    return {
+        "side": args.worker,
+        "setup_s": setup_s,
+        "rss_after_setup_mb": setup_rss,
+        "peak_rss_mb": peak_rss_mb(),
+        "parameters_m": sum(p.numel() for p in policy.parameters()) / 1e6,
+        "critic_parameters_m": sum(p.numel() for p in trainer.critic.model.parameters()) / 1e6
+        if hasattr(trainer, "critic")
+        else 0.0,
+        "torch_threads": torch.get_num_threads(),
+        "steps": steps[args.warmup :],
+    }
 
 
 def run_worker(args, side: str) -> dict[str, Any]:
@@ -152,13 +191,16 @@ def summarise(results: list[dict[str, Any]]) -> dict[str, Any]:
     for side in ("grpo", "ppo"):
         runs = [r for r in results if r["side"] == side]
         steps = [s for r in runs for s in r["steps"]]
-        out[side] = {"step_s": statistics.median(s["wall"] for s in steps),
-                     "phases_s": {p: statistics.median(s[p] for s in steps) for p in PHASES},
-                     "peak_rss_mb": max(r["peak_rss_mb"] for r in runs),
-                     "rss_after_setup_mb": max(r["rss_after_setup_mb"] for r in runs),
-                     "completion_tokens_mean": statistics.mean(s["completion_tokens_mean"] for s in steps),
-                     "measured_steps": len(steps), "critic_parameters_m": runs[0]["critic_parameters_m"],
-                     "parameters_m": runs[0]["parameters_m"]}
+        out[side] = {
+            "step_s": statistics.median(s["wall"] for s in steps),
+            "phases_s": {p: statistics.median(s[p] for s in steps) for p in PHASES},
+            "peak_rss_mb": max(r["peak_rss_mb"] for r in runs),
+            "rss_after_setup_mb": max(r["rss_after_setup_mb"] for r in runs),
+            "completion_tokens_mean": statistics.mean(s["completion_tokens_mean"] for s in steps),
+            "measured_steps": len(steps),
+            "critic_parameters_m": runs[0]["critic_parameters_m"],
+            "parameters_m": runs[0]["parameters_m"],
+        }
     return out
 
 
@@ -169,9 +211,13 @@ def print_table(s: dict[str, Any]) -> None:
         a, b = g["phases_s"][ph], p["phases_s"][ph]
         print(f"{ph + ' s':22s} {a:9.2f} {b:9.2f} {b / a if a > 0.005 else float('nan'):9.2f}")
     print(f"{'step s (median)':22s} {g['step_s']:9.2f} {p['step_s']:9.2f} {p['step_s'] / g['step_s']:9.2f}")
-    print(f"{'peak RSS MiB':22s} {g['peak_rss_mb']:9.0f} {p['peak_rss_mb']:9.0f} {p['peak_rss_mb'] / g['peak_rss_mb']:9.2f}")
-    print(f"{'RSS after setup MiB':22s} {g['rss_after_setup_mb']:9.0f} {p['rss_after_setup_mb']:9.0f} "
-          f"{p['rss_after_setup_mb'] / g['rss_after_setup_mb']:9.2f}")
+    print(
+        f"{'peak RSS MiB':22s} {g['peak_rss_mb']:9.0f} {p['peak_rss_mb']:9.0f} {p['peak_rss_mb'] / g['peak_rss_mb']:9.2f}"
+    )
+    print(
+        f"{'RSS after setup MiB':22s} {g['rss_after_setup_mb']:9.0f} {p['rss_after_setup_mb']:9.0f} "
+        f"{p['rss_after_setup_mb'] / g['rss_after_setup_mb']:9.2f}"
+    )
     print(f"{'completion tokens/row':22s} {g['completion_tokens_mean']:9.1f} {p['completion_tokens_mean']:9.1f}")
     print(f"trainable parameters: policy {g['parameters_m']:.1f} M; PPO's critic {p['critic_parameters_m']:.1f} M more")
 

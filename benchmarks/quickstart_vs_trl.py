@@ -54,10 +54,16 @@ def load_config(args, out_dir: Path):
     from grpolab.config import from_dict
 
     raw = yaml.safe_load(Path(args.config).read_text())
-    fixed = {"run": {"output_dir": str(out_dir), "name": "grpolab"},
-             "eval": {"every_steps": 0},
-             "train": {"steps": args.steps, "save_every": args.checkpoint_every, "save_every_minutes": 0,
-                       "keep_last": args.steps // args.checkpoint_every}}  # every checkpoint is evaluated
+    fixed = {
+        "run": {"output_dir": str(out_dir), "name": "grpolab"},
+        "eval": {"every_steps": 0},
+        "train": {
+            "steps": args.steps,
+            "save_every": args.checkpoint_every,
+            "save_every_minutes": 0,
+            "keep_last": args.steps // args.checkpoint_every,
+        },
+    }  # every checkpoint is evaluated
     if args.precision != "auto":
         fixed["train"]["precision"] = args.precision
         fixed.setdefault("rollout", {})["dtype"] = {"bf16": "bfloat16", "fp32": "float32"}[args.precision]
@@ -75,8 +81,12 @@ def run_grpolab(raw: dict, out_dir: Path) -> dict[str, Any]:
     log = out_dir / "grpolab.log"
     t0 = time.perf_counter()
     with open(log, "w") as f:
-        rc = subprocess.run([sys.executable, "-m", "grpolab", "train", str(config)], stdout=f, stderr=subprocess.STDOUT,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"}).returncode
+        rc = subprocess.run(
+            [sys.executable, "-m", "grpolab", "train", str(config)],
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        ).returncode
     wall = time.perf_counter() - t0
     if rc:
         raise SystemExit(f"grpolab train exited with {rc}; its log: {log}")
@@ -84,10 +94,13 @@ def run_grpolab(raw: dict, out_dir: Path) -> dict[str, Any]:
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     rows = [r for r in rows if "time/step_s" in r]
     precision = json.loads((run_dir / "manifest.json").read_text())["precision"]
-    return {"wall_s": wall, "step_s": [r["time/step_s"] for r in rows],
-            "peak_rss_mb": max(r.get("memory/peak_rss_mb", 0.0) for r in rows),
-            "precision": {"update": precision["update"], "sampling": precision["sampling"]},
-            "checkpoints": {int(p.name.split("-")[1]): str(p) for p in (run_dir / "checkpoints").glob("step-*")}}
+    return {
+        "wall_s": wall,
+        "step_s": [r["time/step_s"] for r in rows],
+        "peak_rss_mb": max(r.get("memory/peak_rss_mb", 0.0) for r in rows),
+        "precision": {"update": precision["update"], "sampling": precision["sampling"]},
+        "checkpoints": {int(p.name.split("-")[1]): str(p) for p in (run_dir / "checkpoints").glob("step-*")},
+    }
 
 
 def trl_worker(args) -> None:
@@ -103,9 +116,16 @@ def trl_worker(args) -> None:
     problems = trl_side.ordered_problems(cfg, args.steps * cfg.train.prompts_per_step)
     settings = trl_side.trl_settings(cfg, bf16=args.worker_bf16, max_steps=args.steps, gradient_checkpointing=False)
     # full checkpoints (TRL's default: weights, optimizer, scheduler, RNG), as resumable as grpolab's
-    config = GRPOConfig(output_dir=str(out_dir / "trl"), save_strategy="steps", save_steps=args.checkpoint_every, **settings)
-    trainer = GRPOTrainer(model=cfg.model.name, reward_funcs=[trl_side.trl_reward(cfg.reward.weights)], args=config,
-                          train_dataset=trl_side.trl_dataset(problems), processing_class=load_tokenizer(cfg.model.name))
+    config = GRPOConfig(
+        output_dir=str(out_dir / "trl"), save_strategy="steps", save_steps=args.checkpoint_every, **settings
+    )
+    trainer = GRPOTrainer(
+        model=cfg.model.name,
+        reward_funcs=[trl_side.trl_reward(cfg.reward.weights)],
+        args=config,
+        train_dataset=trl_side.trl_dataset(problems),
+        processing_class=load_tokenizer(cfg.model.name),
+    )
     step_s: list[float] = []
     last = [time.perf_counter()]
 
@@ -118,24 +138,45 @@ def trl_worker(args) -> None:
 
     trainer.add_callback(StepTimer())
     trainer.train()
-    out = {"step_s": step_s, "in_process_s": time.perf_counter() - t_start,
-           "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
-           "mixed_precision": str(getattr(trainer.accelerator, "mixed_precision", "?")),
-           "checkpoints": {int(p.name.split("-")[1]): str(p) for p in (out_dir / "trl").glob("checkpoint-*")}}
+    out = {
+        "step_s": step_s,
+        "in_process_s": time.perf_counter() - t_start,
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
+        "mixed_precision": str(getattr(trainer.accelerator, "mixed_precision", "?")),
+        "checkpoints": {int(p.name.split("-")[1]): str(p) for p in (out_dir / "trl").glob("checkpoint-*")},
+    }
     Path(args.worker_out).write_text(json.dumps(out))
 
 
 def run_trl(args, out_dir: Path, bf16: bool) -> dict[str, Any]:
     result_path, log = out_dir / "trl.json", out_dir / "trl.log"
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--worker-out", str(result_path),
-           "--config", args.config, "--out-dir", str(out_dir), "--steps", str(args.steps),
-           "--checkpoint-every", str(args.checkpoint_every), "--precision", args.precision]
+    cmd = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--worker",
+        "--worker-out",
+        str(result_path),
+        "--config",
+        args.config,
+        "--out-dir",
+        str(out_dir),
+        "--steps",
+        str(args.steps),
+        "--checkpoint-every",
+        str(args.checkpoint_every),
+        "--precision",
+        args.precision,
+    ]
     if bf16:
         cmd.append("--worker-bf16")
     t0 = time.perf_counter()
     with open(log, "w") as f:
-        rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}).returncode
+        rc = subprocess.run(
+            cmd,
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"},
+        ).returncode
     wall = time.perf_counter() - t0
     if rc or not result_path.is_file():
         raise SystemExit(f"the TRL worker exited with {rc}; its log: {log}")
@@ -149,8 +190,22 @@ def run_trl(args, out_dir: Path, bf16: bool) -> dict[str, Any]:
 
 def evaluate(cfg, base: str, models: list[str], out_dir: Path) -> dict[str, Any]:
     out = out_dir / "eval.json"
-    cmd = [sys.executable, "-m", "grpolab", "eval", base, *models, "--task", cfg.task.name, "--split", "test",
-           "--max-new-tokens", str(cfg.rollout.max_new_tokens), "--out", str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "grpolab",
+        "eval",
+        base,
+        *models,
+        "--task",
+        cfg.task.name,
+        "--split",
+        "test",
+        "--max-new-tokens",
+        str(cfg.rollout.max_new_tokens),
+        "--out",
+        str(out),
+    ]
     for key, value in cfg.task.options.items():
         cmd += ["--task-option", f"{key}={value}"]
     with open(out_dir / "eval.log", "w") as f:
@@ -167,8 +222,17 @@ def wall_to(side: dict[str, Any], step: int) -> float:
 
 
 def curve(side: dict[str, Any], rows: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
-    return [{"step": s, "wall_s": wall_to(side, s), "accuracy": rows[p]["accuracy"], "ci_low": rows[p]["ci_low"],
-             "ci_high": rows[p]["ci_high"], "items": rows[p]["items"]} for s, p in sorted(side["checkpoints"].items())]
+    return [
+        {
+            "step": s,
+            "wall_s": wall_to(side, s),
+            "accuracy": rows[p]["accuracy"],
+            "ci_low": rows[p]["ci_low"],
+            "ci_high": rows[p]["ci_high"],
+            "items": rows[p]["items"],
+        }
+        for s, p in sorted(side["checkpoints"].items())
+    ]
 
 
 def summarise(ours: dict[str, Any], trl: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
@@ -183,41 +247,58 @@ def summarise(ours: dict[str, Any], trl: dict[str, Any], result: dict[str, Any])
         "base": {k: base[k] for k in ("accuracy", "ci_low", "ci_high", "n")},
         "same_budget_ratio": ours["wall_s"] / trl["wall_s"],
         "final_paired": paired_diffs(trl_curve[-1]["items"], ours_curve[-1]["items"])["accuracy"],
-        "target": target, "reached_step": reached and reached["step"],
+        "target": target,
+        "reached_step": reached and reached["step"],
         "to_target_ratio": reached and reached["wall_s"] / trl["wall_s"],
-        "curves": {"grpolab": [{k: v for k, v in c.items() if k != "items"} for c in ours_curve],
-                   "trl": [{k: v for k, v in c.items() if k != "items"} for c in trl_curve]},
+        "curves": {
+            "grpolab": [{k: v for k, v in c.items() if k != "items"} for c in ours_curve],
+            "trl": [{k: v for k, v in c.items() if k != "items"} for c in trl_curve],
+        },
     }
 
 
 def print_report(machine: dict[str, Any], ours: dict[str, Any], trl: dict[str, Any], s: dict[str, Any]) -> None:
     flags = ", ".join(f for f, on in machine["flags"].items() if on)
-    print(f"machine: {machine['model']}, {machine['logical_cpus']} logical CPUs, torch threads {machine['torch_threads']} ({flags})")
-    print(f"grpolab: update {ours['precision']['update']}, sampling {ours['precision']['sampling']}; "
-          f"TRL: mixed precision {trl['mixed_precision']}")
+    print(
+        f"machine: {machine['model']}, {machine['logical_cpus']} logical CPUs, torch threads {machine['torch_threads']} ({flags})"
+    )
+    print(
+        f"grpolab: update {ours['precision']['update']}, sampling {ours['precision']['sampling']}; "
+        f"TRL: mixed precision {trl['mixed_precision']}"
+    )
     for name, side in (("grpolab", ours), ("TRL", trl)):
-        print(f"  {name:8s} wall {side['wall_s']:7.1f} s  steps {len(side['step_s'])}  median step "
-              f"{common.median(side['step_s']):6.2f} s  outside steps (start, loading, saving) "
-              f"{side['wall_s'] - sum(side['step_s']):5.1f} s  peak RSS {side['peak_rss_mb']:.0f} MiB")
-    print(f"same step budget: wall grpolab / TRL = {s['same_budget_ratio']:.3f} "
-          f"(median step {common.median(ours['step_s']) / common.median(trl['step_s']):.3f})")
+        print(
+            f"  {name:8s} wall {side['wall_s']:7.1f} s  steps {len(side['step_s'])}  median step "
+            f"{common.median(side['step_s']):6.2f} s  outside steps (start, loading, saving) "
+            f"{side['wall_s'] - sum(side['step_s']):5.1f} s  peak RSS {side['peak_rss_mb']:.0f} MiB"
+        )
+    print(
+        f"same step budget: wall grpolab / TRL = {s['same_budget_ratio']:.3f} "
+        f"(median step {common.median(ours['step_s']) / common.median(trl['step_s']):.3f})"
+    )
     b = s["base"]
     print(f"held-out accuracy (greedy, n = {b['n']}): base {b['accuracy']:.3f} [{b['ci_low']:.3f}, {b['ci_high']:.3f}]")
     for name in ("grpolab", "trl"):
         for c in s["curves"][name]:
-            print(f"  {name:8s} step {c['step']:3d}  wall {c['wall_s']:7.1f} s  {c['accuracy']:.3f} "
-                  f"[{c['ci_low']:.3f}, {c['ci_high']:.3f}]")
+            print(
+                f"  {name:8s} step {c['step']:3d}  wall {c['wall_s']:7.1f} s  {c['accuracy']:.3f} "
+                f"[{c['ci_low']:.3f}, {c['ci_high']:.3f}]"
+            )
     d = s["final_paired"]
     print(f"final step, grpolab - TRL (paired): {d['mean']:+.3f} [{d['ci_low']:+.3f}, {d['ci_high']:+.3f}]")
     if s["reached_step"] is None:
         print(f"grpolab did not reach TRL's final accuracy {s['target']:.3f} at any checkpoint")
     else:
-        print(f"wall time to TRL's final accuracy {s['target']:.3f}: grpolab step {s['reached_step']}, "
-              f"ratio grpolab / TRL = {s['to_target_ratio']:.3f}")
+        print(
+            f"wall time to TRL's final accuracy {s['target']:.3f}: grpolab step {s['reached_step']}, "
+            f"ratio grpolab / TRL = {s['to_target_ratio']:.3f}"
+        )
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--config", default=str(ROOT / "configs" / "quickstart.yaml"))
     p.add_argument("--precision", choices=["auto", "fp32", "bf16"], default="auto")
     p.add_argument("--steps", type=int, default=30, help="the step budget of both sides")
@@ -255,13 +336,17 @@ def main(argv: list[str] | None = None) -> int:
     bf16 = ours["precision"]["update"] == "bf16" if args.precision == "auto" else args.precision == "bf16"
     args.config = str(out_dir / "grpolab.yaml")  # the worker reads the resolved config grpolab trained
     trl = run_trl(args, out_dir, bf16)
-    models = [*(ours["checkpoints"][s] for s in sorted(ours["checkpoints"])),
-              *(trl["checkpoints"][s] for s in sorted(trl["checkpoints"]))]
+    models = [
+        *(ours["checkpoints"][s] for s in sorted(ours["checkpoints"])),
+        *(trl["checkpoints"][s] for s in sorted(trl["checkpoints"])),
+    ]
     result = evaluate(cfg, raw["model"]["name"], models, out_dir)
     summary = summarise(ours, trl, result)
     machine = common.cpu_features()
     print_report(machine, ours, trl, summary)
-    (out_dir / "summary.json").write_text(json.dumps({"machine": machine, "grpolab": ours, "trl": trl, **summary}, indent=1))
+    (out_dir / "summary.json").write_text(
+        json.dumps({"machine": machine, "grpolab": ours, "trl": trl, **summary}, indent=1)
+    )
     print(f"wrote {out_dir / 'summary.json'}")
     return 0
 

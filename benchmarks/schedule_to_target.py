@@ -62,22 +62,64 @@ def task_options(sets: list[str]) -> list[str]:
 
 def base_accuracy(args, sets: list[str], out: Path) -> float:
     path = out / "base.json"
-    subprocess.run([sys.executable, "-m", "grpolab", "eval", args.model, "--task", "arithmetic", *task_options(sets),
-                    "--limit", str(args.eval_problems), "--max-new-tokens", "48", "--out", str(path)],
-                   check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "grpolab",
+            "eval",
+            args.model,
+            "--task",
+            "arithmetic",
+            *task_options(sets),
+            "--limit",
+            str(args.eval_problems),
+            "--max-new-tokens",
+            "48",
+            "--out",
+            str(path),
+        ],
+        check=True,
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+    )
     return json.loads(path.read_text())["models"][0]["accuracy"]
 
 
 def train(args, sets: list[str], schedule: str, seed: int, out: Path) -> list[dict[str, Any]]:
     """One run; returns its metrics rows."""
     name = f"{schedule}-seed{seed}"
-    subprocess.run([sys.executable, "-m", "grpolab", "train", "configs/quickstart.yaml",
-                    "--set", f"model.name={args.model}", "--set", f"run.output_dir={out}", "--set", f"run.name={name}",
-                    "--set", f"train.steps={args.steps}", "--set", f"train.seed={seed}",
-                    "--set", f"train.prompt_schedule={schedule}", "--set", f"eval.every_steps={args.eval_every}",
-                    "--set", f"eval.num_problems={args.eval_problems}", "--set", "train.save_every_minutes=0",
-                    *[flag for s in sets for flag in ("--set", s)]],
-                   check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "grpolab",
+            "train",
+            "configs/quickstart.yaml",
+            "--set",
+            f"model.name={args.model}",
+            "--set",
+            f"run.output_dir={out}",
+            "--set",
+            f"run.name={name}",
+            "--set",
+            f"train.steps={args.steps}",
+            "--set",
+            f"train.seed={seed}",
+            "--set",
+            f"train.prompt_schedule={schedule}",
+            "--set",
+            f"eval.every_steps={args.eval_every}",
+            "--set",
+            f"eval.num_problems={args.eval_problems}",
+            "--set",
+            "train.save_every_minutes=0",
+            *[flag for s in sets for flag in ("--set", s)],
+        ],
+        check=True,
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+    )
     return [json.loads(line) for line in (out / name / "metrics.jsonl").read_text().splitlines() if line.strip()]
 
 
@@ -103,8 +145,10 @@ def run_setting(args, setting: str, out: Path) -> dict[str, Any]:
     sets = task_sets(args, setting)
     base = base_accuracy(args, sets, out)
     target = base + args.gain
-    print(f"\n== {setting}: {' '.join(sets)}; base {base:.3f} on {args.eval_problems} held-out, target {target:.3f}",
-          flush=True)
+    print(
+        f"\n== {setting}: {' '.join(sets)}; base {base:.3f} on {args.eval_problems} held-out, target {target:.3f}",
+        flush=True,
+    )
     runs = []
     for seed in args.seeds:
         for schedule in SCHEDULES:
@@ -113,17 +157,31 @@ def run_setting(args, setting: str, out: Path) -> dict[str, Any]:
             curve = [(r["step"], round(r["eval/accuracy"], 3)) for r in rows if "eval/accuracy" in r]
             skipped = rows[-1].get("schedule/skipped_total", 0)
             zero = statistics.mean(r.get("groups/frac_zero_std", 0.0) for r in rows)
-            runs.append({"seed": seed, "schedule": schedule, "seconds": seconds, "reached": reached, "curve": curve,
-                         "final": curve[-1][1], "total_s": sum(r["time/step_s"] for r in rows),
-                         "skipped": skipped, "frac_zero_std": zero})
-            print(f"  seed {seed} {schedule:9s} time to target {'' if reached else '> '}{seconds:6.0f} s  "
-                  f"final {curve[-1][1]:.3f}  zero-variance groups {zero:.2f}  skipped {skipped}  curve {curve}",
-                  flush=True)
+            runs.append(
+                {
+                    "seed": seed,
+                    "schedule": schedule,
+                    "seconds": seconds,
+                    "reached": reached,
+                    "curve": curve,
+                    "final": curve[-1][1],
+                    "total_s": sum(r["time/step_s"] for r in rows),
+                    "skipped": skipped,
+                    "frac_zero_std": zero,
+                }
+            )
+            print(
+                f"  seed {seed} {schedule:9s} time to target {'' if reached else '> '}{seconds:6.0f} s  "
+                f"final {curve[-1][1]:.3f}  zero-variance groups {zero:.2f}  skipped {skipped}  curve {curve}",
+                flush=True,
+            )
     for schedule in SCHEDULES:
         mine = [r for r in runs if r["schedule"] == schedule]
-        print(f"  {schedule:9s} time to target, mean [95% t interval] over {len(mine)} seeds: "
-              f"{mean_interval([r['seconds'] for r in mine])} s ({sum(r['reached'] for r in mine)} reached); "
-              f"final accuracy {mean_interval([1000 * r['final'] for r in mine])} / 1000")
+        print(
+            f"  {schedule:9s} time to target, mean [95% t interval] over {len(mine)} seeds: "
+            f"{mean_interval([r['seconds'] for r in mine])} s ({sum(r['reached'] for r in mine)} reached); "
+            f"final accuracy {mean_interval([1000 * r['final'] for r in mine])} / 1000"
+        )
     ratios = [p["seconds"] / s["seconds"] for s, p in zip(runs[0::2], runs[1::2])]
     print(f"  pass_rate / shuffle time to target per seed: {', '.join(f'{x:.2f}' for x in ratios)}")
     return {"setting": setting, "sets": sets, "base": base, "target": target, "runs": runs, "ratios": ratios}

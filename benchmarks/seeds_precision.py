@@ -25,9 +25,24 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 GRPOLAB = str(Path(sys.executable).with_name("grpolab"))
-EVAL_TASK = ["--task", "arithmetic", "--task-option", "max_operand=20", "--task-option", "operators=+-",
-             "--task-option", "terms=2", "--task-option", "test_fraction=0.3", "--task-option", "num_test=300",
-             "--split", "test", "--max-new-tokens", "48"]
+EVAL_TASK = [
+    "--task",
+    "arithmetic",
+    "--task-option",
+    "max_operand=20",
+    "--task-option",
+    "operators=+-",
+    "--task-option",
+    "terms=2",
+    "--task-option",
+    "test_fraction=0.3",
+    "--task-option",
+    "num_test=300",
+    "--split",
+    "test",
+    "--max-new-tokens",
+    "48",
+]
 RECIPES = {"bf16": ("bf16", "bfloat16"), "fp32": ("fp32", "float32")}
 STEPS = 30  # configs/quickstart.yaml's train.steps
 MIXED = {"sample-bf16-train-fp32": ("fp32", "bfloat16"), "sample-fp32-train-bf16": ("bf16", "float32")}
@@ -44,9 +59,25 @@ def train(out: Path, name: str, update: str, sampling: str, seed: int) -> Path:
     if metrics.exists() and any(json.loads(line)["step"] == STEPS for line in metrics.read_text().splitlines()):
         print(f"kept {run_dir} (finished)", flush=True)
         return run_dir
-    run([GRPOLAB, "train", "configs/quickstart.yaml", "--set", f"train.precision={update}",
-         "--set", f"rollout.dtype={sampling}", "--set", f"train.seed={seed}", "--set", f"run.output_dir={out}",
-         "--set", f"run.name={name}", "--set", "eval.every_steps=0"])
+    run(
+        [
+            GRPOLAB,
+            "train",
+            "configs/quickstart.yaml",
+            "--set",
+            f"train.precision={update}",
+            "--set",
+            f"rollout.dtype={sampling}",
+            "--set",
+            f"train.seed={seed}",
+            "--set",
+            f"run.output_dir={out}",
+            "--set",
+            f"run.name={name}",
+            "--set",
+            "eval.every_steps=0",
+        ]
+    )
     return run_dir
 
 
@@ -59,10 +90,19 @@ def main() -> None:
     seeds = [int(s) for s in args.seeds.split(",")]
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
-    (out / "machine.json").write_text(json.dumps({
-        "cpu": next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
-                    platform.processor()), "threads": os.environ.get("OMP_NUM_THREADS", "default"),
-        "python": platform.python_version()}, indent=1))
+    (out / "machine.json").write_text(
+        json.dumps(
+            {
+                "cpu": next(
+                    (line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
+                    platform.processor(),
+                ),
+                "threads": os.environ.get("OMP_NUM_THREADS", "default"),
+                "python": platform.python_version(),
+            },
+            indent=1,
+        )
+    )
     recipes = {**RECIPES, **(MIXED if args.mixed else {})}
     sets = {name: [train(out, f"{name}-seed{s}", *recipes[name], s) for s in seeds] for name in recipes}
     runs = [str(r) for rs in sets.values() for r in rs]

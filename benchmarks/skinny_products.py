@@ -69,16 +69,21 @@ def measure(m: int, k: int, n: int, dtype: torch.dtype, copies: int, repeats: in
     ws = [torch.randn(n, k, generator=gen).to(dtype) for _ in range(copies)]
     wts = [w.t().contiguous() for w in ws]
     packs = prepacked(ws, m)
-    ways = {"F.linear": lambda i: torch.nn.functional.linear(x, ws[i]), "x @ W^T (copy)": lambda i: x @ wts[i],
-            "(W @ x^T)^T": lambda i: (ws[i] @ x.t()).t()}
+    ways = {
+        "F.linear": lambda i: torch.nn.functional.linear(x, ws[i]),
+        "x @ W^T (copy)": lambda i: x @ wts[i],
+        "(W @ x^T)^T": lambda i: (ws[i] @ x.t()).t(),
+    }
     if packs is not None:
         ways["prepacked"] = lambda i: packed_linear(packs[i], None, x)
     ref = ways["F.linear"](0).float()
     tol = {"rtol": 1e-4, "atol": 1e-3} if dtype == torch.float32 else {"rtol": 2e-2, "atol": 0.5}
     for name, fn in ways.items():  # the same product, whatever the order of the sums
         torch.testing.assert_close(fn(0).float(), ref, **tol, msg=lambda s, name=name: f"{name}: {s}")
-    sec = {name: median_seconds(lambda fn=fn: [fn(i) for i in range(copies)], repeats) / copies
-           for name, fn in ways.items()}
+    sec = {
+        name: median_seconds(lambda fn=fn: [fn(i) for i in range(copies)], repeats) / copies
+        for name, fn in ways.items()
+    }
     return {**sec, "prepacked": sec.get("prepacked")}  # always a prepacked column: None where refused
 
 
@@ -101,8 +106,12 @@ def main() -> None:
             weight_bytes = k * n * dtype.itemsize
             copies = 1 if args.hot else max(2, math.ceil(args.cold_mb * 1e6 / weight_bytes))
             sec = measure(m, k, n, dtype, copies, args.repeats)
-            cells = ["refused" if s is None else f"{s * 1e3:.2f} ({2 * m * k * n / s / 1e9:.0f}, "
-                     f"{weight_bytes / s / 1e9:.1f})" for s in sec.values()]
+            cells = [
+                "refused"
+                if s is None
+                else f"{s * 1e3:.2f} ({2 * m * k * n / s / 1e9:.0f}, {weight_bytes / s / 1e9:.1f})"
+                for s in sec.values()
+            ]
             best = min(s for s in sec.values() if s is not None)
             print(f"| {m} x {k} x {n} | {' | '.join(cells)} | {best / sec['F.linear']:.2f} |", flush=True)
 

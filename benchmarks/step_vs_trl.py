@@ -60,7 +60,17 @@ DEFAULT_MODEL = "bundled:smollm2-135m-instruct"
 # The quickstart's task: two-term addition/subtraction with operands up to 20.
 TASK_OPTIONS = {"max_operand": 20, "operators": "+-", "terms": 2, "seed": 0, "test_fraction": 0.3, "num_test": 300}
 REWARD_WEIGHTS = {"correct": 1.0, "format": 0.1}
-PHASES = ["generation", "reward", "reference", "old_logprobs", "policy_fwd", "policy_bwd", "optimizer", "weight_sync", "other"]
+PHASES = [
+    "generation",
+    "reward",
+    "reference",
+    "old_logprobs",
+    "policy_fwd",
+    "policy_bwd",
+    "optimizer",
+    "weight_sync",
+    "other",
+]
 SIDES = {"ours": "grpolab", "trl": "TRL"}
 
 
@@ -77,7 +87,12 @@ class Instrument:
         self.precision_seen: dict[str, str] = {}
         self._handles: list[Any] = []
 
-    def wrap(self, fn: Callable, phase: str | Callable[..., str | None], after: Callable[[Any, tuple, dict], None] | None = None) -> Callable:
+    def wrap(
+        self,
+        fn: Callable,
+        phase: str | Callable[..., str | None],
+        after: Callable[[Any, tuple, dict], None] | None = None,
+    ) -> Callable:
         def wrapper(*args, **kwargs):
             ph = phase(*args, **kwargs) if callable(phase) else phase
             t0 = time.perf_counter()
@@ -159,26 +174,60 @@ def grpolab_raw_config(args, model_path: str, out_dir: str) -> dict:
         "model": {"name": model_path, "dtype": "float32"},
         "task": {"name": "arithmetic", "options": dict(TASK_OPTIONS)},
         "reward": {"weights": dict(REWARD_WEIGHTS)},
-        "rollout": {"group_size": args.group_size, "max_new_tokens": args.max_new_tokens, "temperature": 1.0,
-                    "top_p": 1.0, "top_k": 0, "dtype": "bfloat16" if bf16 else "float32", "decoder": args.decoder,
-                    "cpu_fast_paths": not args.no_cpu_fast_paths},
-        "algorithm": {"preset": "grpo", "beta": args.beta, "kl_estimator": "k3", "kl_placement": "loss",
-                      "eps_low": 0.2, "eps_high": 0.2, "aggregation": "seq_mean_token_mean"},
-        "train": {"steps": args.warmup + args.steps, "prompts_per_step": args.prompts_per_step, "mu": 1,
-                  "minibatches": 1, "micro_batch_size": args.micro_batch_size, "lr": args.lr, "weight_decay": 0.0,
-                  "adam_beta1": 0.9, "adam_beta2": 0.99, "schedule": "constant", "grad_clip": 1.0,
-                  "precision": args.precision, "seed": args.seed, "samples_per_step": 4},
+        "rollout": {
+            "group_size": args.group_size,
+            "max_new_tokens": args.max_new_tokens,
+            "temperature": 1.0,
+            "top_p": 1.0,
+            "top_k": 0,
+            "dtype": "bfloat16" if bf16 else "float32",
+            "decoder": args.decoder,
+            "cpu_fast_paths": not args.no_cpu_fast_paths,
+        },
+        "algorithm": {
+            "preset": "grpo",
+            "beta": args.beta,
+            "kl_estimator": "k3",
+            "kl_placement": "loss",
+            "eps_low": 0.2,
+            "eps_high": 0.2,
+            "aggregation": "seq_mean_token_mean",
+        },
+        "train": {
+            "steps": args.warmup + args.steps,
+            "prompts_per_step": args.prompts_per_step,
+            "mu": 1,
+            "minibatches": 1,
+            "micro_batch_size": args.micro_batch_size,
+            "lr": args.lr,
+            "weight_decay": 0.0,
+            "adam_beta1": 0.9,
+            "adam_beta2": 0.99,
+            "schedule": "constant",
+            "grad_clip": 1.0,
+            "precision": args.precision,
+            "seed": args.seed,
+            "samples_per_step": 4,
+        },
         "eval": {"every_steps": 0},
         "run": {"output_dir": out_dir, "name": "bench"},
     }
 
 
-def step_record(instr: Instrument, wall: float, prompt_lens: list[int], completion_lens: list[int], shape, args,
-                extra: dict[str, Any]) -> dict[str, Any]:
+def step_record(
+    instr: Instrument,
+    wall: float,
+    prompt_lens: list[int],
+    completion_lens: list[int],
+    shape,
+    args,
+    extra: dict[str, Any],
+) -> dict[str, Any]:
     phases = instr.take()
     flops = common.step_flops(shape, prompt_lens, completion_lens, args.group_size, with_reference=args.beta > 0)
-    shared = common.step_flops(shape, prompt_lens, completion_lens, args.group_size, with_reference=args.beta > 0,
-                               share_prompt=True)
+    shared = common.step_flops(
+        shape, prompt_lens, completion_lens, args.group_size, with_reference=args.beta > 0, share_prompt=True
+    )
     rec = {
         "wall_s": wall,
         "phases": {p: phases.get(p, 0.0) for p in PHASES if p != "other"},
@@ -235,7 +284,9 @@ def run_ours(args, model_path: str) -> dict[str, Any]:
     instr.wrap_attr(trainer.sampler, "take", None, keep_problems)
     instr.wrap_attr(B, "score_rollout", "reward")  # called by name inside BatchCollector.generate_round
     ref = trainer.reference
-    instr.wrap_attr(trainer.updater, "logprobs_no_grad", lambda model, *a, **k: "reference" if model is ref else "old_logprobs")
+    instr.wrap_attr(
+        trainer.updater, "logprobs_no_grad", lambda model, *a, **k: "reference" if model is ref else "old_logprobs"
+    )
     instr.wrap_attr(trainer.updater, "update", "update_total")
     if trainer.engine.own_copy:
         instr.watch_precision(trainer.engine.model, "sampler")
@@ -248,22 +299,38 @@ def run_ours(args, model_path: str) -> dict[str, Any]:
 
     def on_step(step: int, metrics: dict[str, float]) -> None:
         now = time.perf_counter()
-        extra = {"reward_mean": metrics.get("reward/mean"), "truncated_frac": metrics.get("completion/truncated_frac"),
-                 "prompt_uids": captured.pop("uids", []),
-                 "grpolab_metrics": {k: v for k, v in metrics.items() if k.startswith(("time/", "throughput/", "memory/"))}}
-        steps.append(step_record(instr, now - last[0], captured["prompt_lens"], captured["completion_lens"], shape, args, extra))
+        extra = {
+            "reward_mean": metrics.get("reward/mean"),
+            "truncated_frac": metrics.get("completion/truncated_frac"),
+            "prompt_uids": captured.pop("uids", []),
+            "grpolab_metrics": {k: v for k, v in metrics.items() if k.startswith(("time/", "throughput/", "memory/"))},
+        }
+        steps.append(
+            step_record(instr, now - last[0], captured["prompt_lens"], captured["completion_lens"], shape, args, extra)
+        )
         last[0] = time.perf_counter()
 
     last[0] = time.perf_counter()
     trainer.fit(on_step=on_step)
     return {
-        "side": "ours", "setup_s": setup_s, "rss_after_setup_mb": setup_rss, "peak_rss_mb": peak_rss_mb(),
-        "shape": common.shape_dict(shape), "precision_seen": instr.precision_seen, "torch_threads": torch.get_num_threads(),
+        "side": "ours",
+        "setup_s": setup_s,
+        "rss_after_setup_mb": setup_rss,
+        "peak_rss_mb": peak_rss_mb(),
+        "shape": common.shape_dict(shape),
+        "precision_seen": instr.precision_seen,
+        "torch_threads": torch.get_num_threads(),
         "phase_calls": dict(instr.calls),
-        "notes": {"share_prompt": cfg.train.share_prompt, "optimizer": f"torch.optim.AdamW({'fused' if cfg.train.fused_adamw else 'foreach'}=True)",
-                  "pack_completions": cfg.train.pack_completions, "decoder": cfg.rollout.decoder,
-                  "cpu_fast_paths": cfg.rollout.cpu_fast_paths, "sampler_copy": trainer.engine.own_copy},
-        "warmup": steps[: args.warmup], "steps": steps[args.warmup :],
+        "notes": {
+            "share_prompt": cfg.train.share_prompt,
+            "optimizer": f"torch.optim.AdamW({'fused' if cfg.train.fused_adamw else 'foreach'}=True)",
+            "pack_completions": cfg.train.pack_completions,
+            "decoder": cfg.rollout.decoder,
+            "cpu_fast_paths": cfg.rollout.cpu_fast_paths,
+            "sampler_copy": trainer.engine.own_copy,
+        },
+        "warmup": steps[: args.warmup],
+        "steps": steps[args.warmup :],
     }
 
 
@@ -282,13 +349,24 @@ def run_trl(args, model_path: str) -> dict[str, Any]:
     problems = trl_side.ordered_problems(cfg, (args.warmup + args.steps) * args.prompts_per_step)
     by_text = {render_prompt(p): p for p in problems}
     tokenizer = load_tokenizer(model_path)
-    config = GRPOConfig(output_dir=out_dir, save_strategy="no",
-                        **trl_side.trl_settings(cfg, bf16=args.precision == "bf16", max_steps=args.warmup + args.steps,
-                                                gradient_checkpointing=args.trl_gradient_checkpointing))
+    config = GRPOConfig(
+        output_dir=out_dir,
+        save_strategy="no",
+        **trl_side.trl_settings(
+            cfg,
+            bf16=args.precision == "bf16",
+            max_steps=args.warmup + args.steps,
+            gradient_checkpointing=args.trl_gradient_checkpointing,
+        ),
+    )
     t0 = time.perf_counter()
-    trainer = GRPOTrainer(model=model_path, reward_funcs=[trl_side.trl_reward(REWARD_WEIGHTS)], args=config,
-                          train_dataset=trl_side.trl_dataset(problems),
-                          processing_class=tokenizer)
+    trainer = GRPOTrainer(
+        model=model_path,
+        reward_funcs=[trl_side.trl_reward(REWARD_WEIGHTS)],
+        args=config,
+        train_dataset=trl_side.trl_dataset(problems),
+        processing_class=tokenizer,
+    )
     setup_s = time.perf_counter() - t0
     setup_rss = current_rss_mb()
     shape = common.ModelShape.from_model(trainer.model)
@@ -345,24 +423,43 @@ def run_trl(args, model_path: str) -> dict[str, Any]:
         def on_step_end(self, *a, **k):
             now = time.perf_counter()
             m = trainer._metrics["train"]
-            extra = {"reward_mean": (m.get("reward") or [math.nan])[-1],
-                     "truncated_frac": (m.get("completions/clipped_ratio") or [math.nan])[-1],
-                     "prompt_uids": captured.pop("uids", []),
-                     "old_logprobs_computed": captured.get("old_logprobs_computed")}
-            steps.append(step_record(instr, now - last[0], captured["prompt_lens"], captured["completion_lens"], shape, args, extra))
+            extra = {
+                "reward_mean": (m.get("reward") or [math.nan])[-1],
+                "truncated_frac": (m.get("completions/clipped_ratio") or [math.nan])[-1],
+                "prompt_uids": captured.pop("uids", []),
+                "old_logprobs_computed": captured.get("old_logprobs_computed"),
+            }
+            steps.append(
+                step_record(
+                    instr, now - last[0], captured["prompt_lens"], captured["completion_lens"], shape, args, extra
+                )
+            )
             last[0] = time.perf_counter()
 
     trainer.add_callback(StepTimer())
     trainer.train()
     return {
-        "side": "trl", "setup_s": setup_s, "rss_after_setup_mb": setup_rss, "peak_rss_mb": peak_rss_mb(),
-        "shape": common.shape_dict(shape), "precision_seen": instr.precision_seen, "torch_threads": torch.get_num_threads(),
+        "side": "trl",
+        "setup_s": setup_s,
+        "rss_after_setup_mb": setup_rss,
+        "peak_rss_mb": peak_rss_mb(),
+        "shape": common.shape_dict(shape),
+        "precision_seen": instr.precision_seen,
+        "torch_threads": torch.get_num_threads(),
         "phase_calls": dict(instr.calls),
-        "notes": {"optimizer": str(config.optim), "checkpointing": {k: getattr(config, k, None) for k in ("gradient_checkpointing", "activation_checkpointing")},
-                  "steps_per_generation": config.steps_per_generation, "generation_batch_size": config.generation_batch_size,
-                  "prompts_checked": captured["prompts_checked"], "prompt_token_mismatches": captured["prompt_mismatch"],
-                  "mixed_precision": str(getattr(trainer.accelerator, "mixed_precision", "?"))},
-        "warmup": steps[: args.warmup], "steps": steps[args.warmup :],
+        "notes": {
+            "optimizer": str(config.optim),
+            "checkpointing": {
+                k: getattr(config, k, None) for k in ("gradient_checkpointing", "activation_checkpointing")
+            },
+            "steps_per_generation": config.steps_per_generation,
+            "generation_batch_size": config.generation_batch_size,
+            "prompts_checked": captured["prompts_checked"],
+            "prompt_token_mismatches": captured["prompt_mismatch"],
+            "mixed_precision": str(getattr(trainer.accelerator, "mixed_precision", "?")),
+        },
+        "warmup": steps[: args.warmup],
+        "steps": steps[args.warmup :],
     }
 
 
@@ -372,7 +469,9 @@ def worker_main(args) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
-    tempfile.tempdir = tempfile.mkdtemp(prefix=f"grpolab-bench-{args.worker}-")  # run dirs of this worker, removed below
+    tempfile.tempdir = tempfile.mkdtemp(
+        prefix=f"grpolab-bench-{args.worker}-"
+    )  # run dirs of this worker, removed below
     try:
         result = (run_ours if args.worker == "ours" else run_trl)(args, args.model)
     finally:
@@ -385,10 +484,31 @@ def worker_main(args) -> None:
 
 
 def settings_dict(args) -> dict[str, Any]:
-    return {k: getattr(args, k) for k in ("model", "precision", "group_size", "max_new_tokens", "prompts_per_step",
-                                          "micro_batch_size", "steps", "warmup", "lr", "beta", "seed", "threads",
-                                          "trl_gradient_checkpointing", "rounds", "scaling", "scaling_trl",
-                                          "scaling_groups", "scaling_tokens", "scaling_steps") if hasattr(args, k)}
+    return {
+        k: getattr(args, k)
+        for k in (
+            "model",
+            "precision",
+            "group_size",
+            "max_new_tokens",
+            "prompts_per_step",
+            "micro_batch_size",
+            "steps",
+            "warmup",
+            "lr",
+            "beta",
+            "seed",
+            "threads",
+            "trl_gradient_checkpointing",
+            "rounds",
+            "scaling",
+            "scaling_trl",
+            "scaling_groups",
+            "scaling_tokens",
+            "scaling_steps",
+        )
+        if hasattr(args, k)
+    }
 
 
 def versions() -> dict[str, str]:
@@ -406,12 +526,40 @@ def spawn(args, side: str, log_dir: Path, tag: str, overrides: dict[str, Any] | 
     o = {**vars(args), **(overrides or {})}
     out = log_dir / f"{tag}.json"
     log = log_dir / f"{tag}.log"
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", side, "--worker-out", str(out),
-           "--model", o["model"], "--precision", o["precision"], "--group-size", str(o["group_size"]),
-           "--max-new-tokens", str(o["max_new_tokens"]), "--prompts-per-step", str(o["prompts_per_step"]),
-           "--micro-batch-size", str(o["micro_batch_size"]), "--steps", str(o["steps"]), "--warmup", str(o["warmup"]),
-           "--lr", repr(o["lr"]), "--beta", repr(o["beta"]), "--seed", str(o["seed"]), "--threads", str(o["threads"]),
-           "--decoder", o["decoder"]]
+    cmd = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--worker",
+        side,
+        "--worker-out",
+        str(out),
+        "--model",
+        o["model"],
+        "--precision",
+        o["precision"],
+        "--group-size",
+        str(o["group_size"]),
+        "--max-new-tokens",
+        str(o["max_new_tokens"]),
+        "--prompts-per-step",
+        str(o["prompts_per_step"]),
+        "--micro-batch-size",
+        str(o["micro_batch_size"]),
+        "--steps",
+        str(o["steps"]),
+        "--warmup",
+        str(o["warmup"]),
+        "--lr",
+        repr(o["lr"]),
+        "--beta",
+        repr(o["beta"]),
+        "--seed",
+        str(o["seed"]),
+        "--threads",
+        str(o["threads"]),
+        "--decoder",
+        o["decoder"],
+    ]
     if o["no_cpu_fast_paths"]:
         cmd.append("--no-cpu-fast-paths")
     if o["trl_gradient_checkpointing"]:
@@ -419,7 +567,9 @@ def spawn(args, side: str, log_dir: Path, tag: str, overrides: dict[str, Any] | 
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
     t0 = time.perf_counter()
     with open(log, "w") as f:
-        rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, timeout=args.worker_timeout or None).returncode
+        rc = subprocess.run(
+            cmd, stdout=f, stderr=subprocess.STDOUT, env=env, timeout=args.worker_timeout or None
+        ).returncode
     wall = time.perf_counter() - t0
     if rc != 0 or not out.is_file():
         tail = log.read_text(errors="replace").splitlines()[-25:]
@@ -452,10 +602,17 @@ def summarise(results: list[dict[str, Any]], peak_gflops: float) -> dict[str, An
     flops = {k: med(s["flops"][k] for s in steps) for k in ("generation", "reference", "policy", "total")}
     achieved = med(s["flops"]["total"] / s["wall_s"] / 1e9 for s in steps)
     per_phase_rate = {
-        "generation": med(s["flops"]["generation"] / s["phases"]["generation"] / 1e9 for s in steps if s["phases"]["generation"] > 0),
-        "reference": med(s["flops"]["reference"] / s["phases"]["reference"] / 1e9 for s in steps if s["phases"]["reference"] > 0),
-        "policy": med(s["flops"]["policy"] / (s["phases"]["policy_fwd"] + s["phases"]["policy_bwd"]) / 1e9
-                      for s in steps if s["phases"]["policy_fwd"] + s["phases"]["policy_bwd"] > 0),
+        "generation": med(
+            s["flops"]["generation"] / s["phases"]["generation"] / 1e9 for s in steps if s["phases"]["generation"] > 0
+        ),
+        "reference": med(
+            s["flops"]["reference"] / s["phases"]["reference"] / 1e9 for s in steps if s["phases"]["reference"] > 0
+        ),
+        "policy": med(
+            s["flops"]["policy"] / (s["phases"]["policy_fwd"] + s["phases"]["policy_bwd"]) / 1e9
+            for s in steps
+            if s["phases"]["policy_fwd"] + s["phases"]["policy_bwd"] > 0
+        ),
     }
     return {
         "measured_steps": len(steps),
@@ -491,17 +648,24 @@ def fmt(x: float, digits: int = 2) -> str:
 def print_header(args, machine: dict[str, Any], vers: dict[str, str], model_path: str) -> None:
     f = machine["flags"]
     print("== machine")
-    print(f"cpu: {machine['model']}; {machine['logical_cpus']} logical CPUs; torch threads {machine['torch_threads']}; "
-          f"torch CPU capability {machine['torch_cpu_capability']}")
+    print(
+        f"cpu: {machine['model']}; {machine['logical_cpus']} logical CPUs; torch threads {machine['torch_threads']}; "
+        f"torch CPU capability {machine['torch_cpu_capability']}"
+    )
     print("matrix features: " + ", ".join(f"{k}={'yes' if v else 'no'}" for k, v in f.items()))
     print("versions: " + ", ".join(f"{k} {v}" for k, v in vers.items()))
     print(f"model: {args.model} -> {model_path}")
-    print(f"settings: precision {args.precision}, G={args.group_size}, {args.prompts_per_step} prompts/step, "
-          f"max_new_tokens {args.max_new_tokens}, micro-batch {args.micro_batch_size}, lr {args.lr}, beta {args.beta} (k3), "
-          f"mu 1, temperature 1.0, " + (
-              f"scaling grid G {args.scaling_groups} x max_new_tokens {args.scaling_tokens}, {args.warmup} warm-up + "
-              f"{args.scaling_steps} measured steps per point" if args.scaling else
-              f"{args.warmup} warm-up + {args.steps} measured steps per worker, {args.rounds} round(s)"))
+    print(
+        f"settings: precision {args.precision}, G={args.group_size}, {args.prompts_per_step} prompts/step, "
+        f"max_new_tokens {args.max_new_tokens}, micro-batch {args.micro_batch_size}, lr {args.lr}, beta {args.beta} (k3), "
+        f"mu 1, temperature 1.0, "
+        + (
+            f"scaling grid G {args.scaling_groups} x max_new_tokens {args.scaling_tokens}, {args.warmup} warm-up + "
+            f"{args.scaling_steps} measured steps per point"
+            if args.scaling
+            else f"{args.warmup} warm-up + {args.steps} measured steps per worker, {args.rounds} round(s)"
+        )
+    )
 
 
 def print_matmul(mm: dict[str, Any]) -> None:
@@ -513,7 +677,9 @@ def print_matmul(mm: dict[str, Any]) -> None:
         print(f"  bf16 / fp32 peak: {mm['bf16']['peak_gflops'] / mm['fp32']['peak_gflops']:.2f}x")
 
 
-def print_compare(summary: dict[str, dict[str, Any]], results: dict[str, list[dict[str, Any]]], peak: float, precision: str) -> None:
+def print_compare(
+    summary: dict[str, dict[str, Any]], results: dict[str, list[dict[str, Any]]], peak: float, precision: str
+) -> None:
     ours, trl = summary.get("ours", {}), summary.get("trl", {})
     print("\n== step time (median over all measured steps; lower is better)")
     for side in ("ours", "trl"):
@@ -523,12 +689,16 @@ def print_compare(summary: dict[str, dict[str, Any]], results: dict[str, list[di
         if "error" in s:
             print(f"  {SIDES[side]:8} {s['error']}")
             continue
-        print(f"  {SIDES[side]:8} median {fmt(s['step_s_median'])} s  (min {fmt(s['step_s_min'])}, max {fmt(s['step_s_max'])}; "
-              f"round medians {', '.join(fmt(x) for x in s['round_medians_s'])}; {s['measured_steps']} steps)")
+        print(
+            f"  {SIDES[side]:8} median {fmt(s['step_s_median'])} s  (min {fmt(s['step_s_min'])}, max {fmt(s['step_s_max'])}; "
+            f"round medians {', '.join(fmt(x) for x in s['round_medians_s'])}; {s['measured_steps']} steps)"
+        )
     if "step_s_median" in ours and "step_s_median" in trl:
-        print(f"  ratio grpolab / TRL: {ours['step_s_median'] / trl['step_s_median']:.3f}  "
-              f"(per unit of work, s/TFLOP: {ours['s_per_tflop_median'] / trl['s_per_tflop_median']:.3f}; "
-              f"< 1 means grpolab is faster)")
+        print(
+            f"  ratio grpolab / TRL: {ours['step_s_median'] / trl['step_s_median']:.3f}  "
+            f"(per unit of work, s/TFLOP: {ours['s_per_tflop_median'] / trl['s_per_tflop_median']:.3f}; "
+            f"< 1 means grpolab is faster)"
+        )
     rows = [
         ("tokens/s (prompt+completion)", "tokens_per_s_median", 1),
         ("completion length, mean", "completion_len_mean", 1),
@@ -546,7 +716,11 @@ def print_compare(summary: dict[str, dict[str, Any]], results: dict[str, list[di
         vals = []
         for side in ("ours", "trl"):
             s = summary.get(side, {})
-            v = s.get("flops_median", {}).get("total", math.nan) / 1e9 if key is None and "flops_median" in s else s.get(key, math.nan)
+            v = (
+                s.get("flops_median", {}).get("total", math.nan) / 1e9
+                if key is None and "flops_median" in s
+                else s.get(key, math.nan)
+            )
             vals.append(fmt(v, d))
         print(f"  {label:38} {vals[0]:>12} {vals[1]:>12}")
     print(f"\n== phase breakdown, median seconds per step (matmul peak {peak:.0f} GFLOP/s {precision})")
@@ -568,7 +742,10 @@ def print_compare(summary: dict[str, dict[str, Any]], results: dict[str, list[di
         r = ok[0]
         print(f"  {SIDES[side]}: " + "; ".join(f"{k}: {v}" for k, v in sorted(r["precision_seen"].items())))
         print("    notes: " + ", ".join(f"{k}={v}" for k, v in r["notes"].items()))
-        print("    timed calls, whole run incl. warm-up: " + ", ".join(f"{k} {v}" for k, v in sorted(r["phase_calls"].items())))
+        print(
+            "    timed calls, whole run incl. warm-up: "
+            + ", ".join(f"{k} {v}" for k, v in sorted(r["phase_calls"].items()))
+        )
         if side == "trl":
             print(f"    old logprobs computed: {sorted({s.get('old_logprobs_computed') for s in r['steps']}, key=str)}")
     same = _same_prompts(results)
@@ -599,8 +776,10 @@ def run_compare(args, model_path: str, log_dir: Path, report: dict[str, Any]) ->
             if "error" in res:
                 print(f" failed ({res['error']}; log {res['log']})")
             else:
-                print(f" step times {', '.join(fmt(s['wall_s']) for s in res['steps'])} s "
-                      f"(warm-up {fmt(res['warmup'][0]['wall_s']) if res['warmup'] else '-'} s, peak RSS {res['peak_rss_mb']:.0f} MiB)")
+                print(
+                    f" step times {', '.join(fmt(s['wall_s']) for s in res['steps'])} s "
+                    f"(warm-up {fmt(res['warmup'][0]['wall_s']) if res['warmup'] else '-'} s, peak RSS {res['peak_rss_mb']:.0f} MiB)"
+                )
     peak = report["matmul"][args.precision]["peak_gflops"]
     summary = {side: summarise(results[side], peak) for side in args.sides}
     print_compare(summary, results, peak, args.precision)
@@ -616,17 +795,37 @@ def run_scaling(args, model_path: str, log_dir: Path, report: dict[str, Any]) ->
             for side in sides:
                 mb = args.micro_batch_size if (g * args.prompts_per_step) % args.micro_batch_size == 0 else g
                 print(f"  G={g:<3} max_new_tokens={m:<4} {SIDES[side]} ...", end="", flush=True)
-                res = spawn(args, side, log_dir, f"scaling-G{g}-T{m}-{side}",
-                            {"group_size": g, "max_new_tokens": m, "micro_batch_size": mb, "rounds": 1,
-                             "steps": args.scaling_steps})
+                res = spawn(
+                    args,
+                    side,
+                    log_dir,
+                    f"scaling-G{g}-T{m}-{side}",
+                    {
+                        "group_size": g,
+                        "max_new_tokens": m,
+                        "micro_batch_size": mb,
+                        "rounds": 1,
+                        "steps": args.scaling_steps,
+                    },
+                )
                 if "error" in res:
                     print(f" failed ({res['error']}; log {res['log']})")
-                    points[side].append({"group_size": g, "max_new_tokens": m, "error": res["error"], "log": res["log"]})
+                    points[side].append(
+                        {"group_size": g, "max_new_tokens": m, "error": res["error"], "log": res["log"]}
+                    )
                     continue
                 s = summarise([res], peak)
-                pt = {"group_size": g, "max_new_tokens": m, "step_s": s["step_s_median"], "gflop": s["flops_median"]["total"] / 1e9,
-                      "tokens": common.median(x["tokens"] for x in res["steps"]), "completion_len_mean": s["completion_len_mean"],
-                      "phases_median_s": s["phases_median_s"], "peak_rss_mb": s["peak_rss_mb"], "utilisation": s["utilisation"]}
+                pt = {
+                    "group_size": g,
+                    "max_new_tokens": m,
+                    "step_s": s["step_s_median"],
+                    "gflop": s["flops_median"]["total"] / 1e9,
+                    "tokens": common.median(x["tokens"] for x in res["steps"]),
+                    "completion_len_mean": s["completion_len_mean"],
+                    "phases_median_s": s["phases_median_s"],
+                    "peak_rss_mb": s["peak_rss_mb"],
+                    "utilisation": s["utilisation"],
+                }
                 points[side].append(pt)
                 print(f" {fmt(pt['step_s'])} s/step, {fmt(pt['gflop'], 1)} GFLOP, {pt['tokens']:.0f} tokens")
     fits = {}
@@ -634,29 +833,52 @@ def run_scaling(args, model_path: str, log_dir: Path, report: dict[str, Any]) ->
     for side in sides:
         ok = [p for p in points[side] if "error" not in p]
         print(f"  {SIDES[side]}")
-        print(f"  {'G':>4} {'max_new':>8} {'len':>6} {'tokens':>7} {'GFLOP':>9} {'step s':>8} {'gen s':>7} {'util':>6} {'RSS MiB':>8}")
+        print(
+            f"  {'G':>4} {'max_new':>8} {'len':>6} {'tokens':>7} {'GFLOP':>9} {'step s':>8} {'gen s':>7} {'util':>6} {'RSS MiB':>8}"
+        )
         for p in ok:
-            print(f"  {p['group_size']:>4} {p['max_new_tokens']:>8} {p['completion_len_mean']:>6.1f} {p['tokens']:>7.0f} "
-                  f"{p['gflop']:>9.1f} {p['step_s']:>8.2f} {p['phases_median_s']['generation']:>7.2f} {p['utilisation']:>6.3f} {p['peak_rss_mb']:>8.0f}")
+            print(
+                f"  {p['group_size']:>4} {p['max_new_tokens']:>8} {p['completion_len_mean']:>6.1f} {p['tokens']:>7.0f} "
+                f"{p['gflop']:>9.1f} {p['step_s']:>8.2f} {p['phases_median_s']['generation']:>7.2f} {p['utilisation']:>6.3f} {p['peak_rss_mb']:>8.0f}"
+            )
         f_flop = common.linear_fit([p["gflop"] for p in ok], [p["step_s"] for p in ok])
         f_tok = common.linear_fit([p["tokens"] for p in ok], [p["step_s"] for p in ok])
         fits[side] = {"vs_gflop": f_flop, "vs_tokens": f_tok}
-        print(f"  fit step_s = {fmt(f_flop['intercept'])} + {fmt(f_flop['slope'] * 1000, 3)} ms/GFLOP * GFLOP   "
-              f"(R^2 {fmt(f_flop['r2'], 3)}; marginal rate {fmt(1 / f_flop['slope'] if f_flop['slope'] else math.nan, 1)} GFLOP/s)")
-        print(f"  fit step_s = {fmt(f_tok['intercept'])} + {fmt(f_tok['slope'] * 1000, 3)} ms/token * tokens   (R^2 {fmt(f_tok['r2'], 3)})")
+        print(
+            f"  fit step_s = {fmt(f_flop['intercept'])} + {fmt(f_flop['slope'] * 1000, 3)} ms/GFLOP * GFLOP   "
+            f"(R^2 {fmt(f_flop['r2'], 3)}; marginal rate {fmt(1 / f_flop['slope'] if f_flop['slope'] else math.nan, 1)} GFLOP/s)"
+        )
+        print(
+            f"  fit step_s = {fmt(f_tok['intercept'])} + {fmt(f_tok['slope'] * 1000, 3)} ms/token * tokens   (R^2 {fmt(f_tok['r2'], 3)})"
+        )
     report.update(scaling={"points": points, "fits": fits})
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default=DEFAULT_MODEL, help="bundled alias, local checkpoint dir or hub id (default %(default)s)")
-    p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
-                   help="fp32: everything fp32. bf16: grpolab train.precision=bf16 + rollout.dtype=bfloat16; TRL bf16=True")
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--model", default=DEFAULT_MODEL, help="bundled alias, local checkpoint dir or hub id (default %(default)s)"
+    )
+    p.add_argument(
+        "--precision",
+        choices=["fp32", "bf16"],
+        default="fp32",
+        help="fp32: everything fp32. bf16: grpolab train.precision=bf16 + rollout.dtype=bfloat16; TRL bf16=True",
+    )
     p.add_argument("--group-size", type=int, default=8)
-    p.add_argument("--decoder", choices=["grpolab", "hf"], default="grpolab",
-                   help="grpolab's rollout.decoder (default: its default decode loop)")
-    p.add_argument("--no-cpu-fast-paths", action="store_true",
-                   help="grpolab's rollout.cpu_fast_paths off: decode without weights packed once per call")
+    p.add_argument(
+        "--decoder",
+        choices=["grpolab", "hf"],
+        default="grpolab",
+        help="grpolab's rollout.decoder (default: its default decode loop)",
+    )
+    p.add_argument(
+        "--no-cpu-fast-paths",
+        action="store_true",
+        help="grpolab's rollout.cpu_fast_paths off: decode without weights packed once per call",
+    )
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--prompts-per-step", type=int, default=4)
     p.add_argument("--micro-batch-size", type=int, default=8, help="sequences per forward/backward, both sides")
@@ -667,11 +889,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--beta", type=float, default=0.04)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=0, help="torch threads in the workers (0 = torch's default)")
-    p.add_argument("--trl-gradient-checkpointing", action="store_true",
-                   help="TRL's own default (off here: grpolab does not checkpoint, so off is the like-for-like setting)")
+    p.add_argument(
+        "--trl-gradient-checkpointing",
+        action="store_true",
+        help="TRL's own default (off here: grpolab does not checkpoint, so off is the like-for-like setting)",
+    )
     p.add_argument("--only", choices=["ours", "trl"], help="run one side only")
     p.add_argument("--matmul-seconds", type=float, default=0.5, help="time per matmul shape and dtype")
-    p.add_argument("--scaling", action="store_true", help="step time vs work over the G x max_new_tokens grid (grpolab)")
+    p.add_argument(
+        "--scaling", action="store_true", help="step time vs work over the G x max_new_tokens grid (grpolab)"
+    )
     p.add_argument("--scaling-trl", action="store_true", help="with --scaling: TRL too")
     p.add_argument("--scaling-groups", type=int, nargs="+", default=[4, 8, 16])
     p.add_argument("--scaling-tokens", type=int, nargs="+", default=[64, 128, 256])
@@ -684,7 +911,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.warmup < 0 or args.steps < 1 or args.rounds < 1:
         p.error("expected --steps >= 1, --rounds >= 1, --warmup >= 0")
     if (args.group_size * args.prompts_per_step) % args.micro_batch_size:
-        p.error(f"--micro-batch-size must divide group_size * prompts_per_step = {args.group_size * args.prompts_per_step}")
+        p.error(
+            f"--micro-batch-size must divide group_size * prompts_per_step = {args.group_size * args.prompts_per_step}"
+        )
     args.sides = [args.only] if args.only else ["ours", "trl"]
     return args
 
@@ -711,8 +940,15 @@ def main(argv: list[str] | None = None) -> int:
     mm = measure_matmul(shape, getattr(config, "intermediate_size", None), args.matmul_seconds)
     print_matmul(mm)
     log_dir = Path(tempfile.mkdtemp(prefix="grpolab-bench-logs-"))
-    report: dict[str, Any] = {"machine": machine, "versions": vers, "settings": settings_dict(args), "model_path": model_path,
-                              "shape": common.shape_dict(shape), "matmul": mm, "log_dir": str(log_dir)}
+    report: dict[str, Any] = {
+        "machine": machine,
+        "versions": vers,
+        "settings": settings_dict(args),
+        "model_path": model_path,
+        "shape": common.shape_dict(shape),
+        "matmul": mm,
+        "log_dir": str(log_dir),
+    }
     print(f"\n== runs (worker logs in {log_dir})")
     if args.scaling:
         run_scaling(args, model_path, log_dir, report)

@@ -28,8 +28,12 @@ def trl_dataset(problems: list):
 
     from grpolab.tasks import render_prompt
 
-    return Dataset.from_list([{"prompt": [{"role": "user", "content": render_prompt(p)}], "answer": p.answer, "uid": p.uid}
-                              for p in problems])
+    return Dataset.from_list(
+        [
+            {"prompt": [{"role": "user", "content": render_prompt(p)}], "answer": p.answer, "uid": p.uid}
+            for p in problems
+        ]
+    )
 
 
 def trl_reward(weights: dict[str, float]) -> Callable[..., list[float | None]]:
@@ -63,19 +67,44 @@ def trl_settings(cfg, *, bf16: bool, max_steps: int, gradient_checkpointing: boo
         raise SystemExit(f"train.schedule={t.schedule!r}: the TRL benchmarks translate {sorted(TRL_SCHEDULES)}")
     rollouts = t.prompts_per_step * r.group_size
     if rollouts % t.micro_batch_size:
-        raise SystemExit(f"train.micro_batch_size={t.micro_batch_size} must divide prompts_per_step * group_size = {rollouts}")
+        raise SystemExit(
+            f"train.micro_batch_size={t.micro_batch_size} must divide prompts_per_step * group_size = {rollouts}"
+        )
     settings = peer_settings(equivalents(cfg)["trl"])
     # transformers >= 5.2x renamed gradient_checkpointing (TRL's default: True) to activation_checkpointing
-    ckpt_field = "activation_checkpointing" if "activation_checkpointing" in GRPOConfig.__dataclass_fields__ else "gradient_checkpointing"
-    settings.update({
-        ckpt_field: gradient_checkpointing, "use_cpu": True, "bf16": bf16, "fp16": False,
-        "generation_batch_size": rollouts, "per_device_train_batch_size": t.micro_batch_size,
-        "gradient_accumulation_steps": rollouts // t.micro_batch_size,
-        "temperature": r.temperature, "top_p": r.top_p, "top_k": r.top_k,
-        "learning_rate": t.lr, "lr_scheduler_type": TRL_SCHEDULES[t.schedule], "warmup_steps": t.warmup_steps,
-        "weight_decay": t.weight_decay, "adam_beta1": t.adam_beta1, "adam_beta2": t.adam_beta2,
-        "max_grad_norm": t.grad_clip, "max_steps": max_steps, "shuffle_dataset": False, "seed": t.seed,
-        "logging_steps": 1, "report_to": "none", "disable_tqdm": True, "log_completions": False,
-        "model_init_kwargs": {"dtype": "float32"}, "dataloader_num_workers": 0,
-    })
+    ckpt_field = (
+        "activation_checkpointing"
+        if "activation_checkpointing" in GRPOConfig.__dataclass_fields__
+        else "gradient_checkpointing"
+    )
+    settings.update(
+        {
+            ckpt_field: gradient_checkpointing,
+            "use_cpu": True,
+            "bf16": bf16,
+            "fp16": False,
+            "generation_batch_size": rollouts,
+            "per_device_train_batch_size": t.micro_batch_size,
+            "gradient_accumulation_steps": rollouts // t.micro_batch_size,
+            "temperature": r.temperature,
+            "top_p": r.top_p,
+            "top_k": r.top_k,
+            "learning_rate": t.lr,
+            "lr_scheduler_type": TRL_SCHEDULES[t.schedule],
+            "warmup_steps": t.warmup_steps,
+            "weight_decay": t.weight_decay,
+            "adam_beta1": t.adam_beta1,
+            "adam_beta2": t.adam_beta2,
+            "max_grad_norm": t.grad_clip,
+            "max_steps": max_steps,
+            "shuffle_dataset": False,
+            "seed": t.seed,
+            "logging_steps": 1,
+            "report_to": "none",
+            "disable_tqdm": True,
+            "log_completions": False,
+            "model_init_kwargs": {"dtype": "float32"},
+            "dataloader_num_workers": 0,
+        }
+    )
     return settings

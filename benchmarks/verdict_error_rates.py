@@ -97,16 +97,39 @@ def gate_checks(rng: np.random.Generator, s: Scenario, t: Thresholds) -> list:
     capability = []
     for j, g in enumerate(s.capability_gains):
         b, tr = draw_pair(rng, N_CAPABILITY, BASE_CAPABILITY, g)
-        capability.append({"task": f"task{j + 1}", "n": N_CAPABILITY, "base": {"accuracy": float(b.mean())},
-                           "trained": {"accuracy": float(tr.mean())}, "diff": paired(b, tr)})
+        capability.append(
+            {
+                "task": f"task{j + 1}",
+                "n": N_CAPABILITY,
+                "base": {"accuracy": float(b.mean())},
+                "trained": {"accuracy": float(tr.mean())},
+                "diff": paired(b, tr),
+            }
+        )
     b, tr = draw_pair(rng, N_DIVERSITY, BASE_PASS8, s.pass8_gain)
-    diversity = {"k": 8, "samples": 8, "temperature": 1.0, "n": N_DIVERSITY, "base": {"mean": float(b.mean())},
-                 "trained": {"mean": float(tr.mean())}, "diff": paired(b, tr)}
+    diversity = {
+        "k": 8,
+        "samples": 8,
+        "temperature": 1.0,
+        "n": N_DIVERSITY,
+        "base": {"mean": float(b.mean())},
+        "trained": {"mean": float(tr.mean())},
+        "diff": paired(b, tr),
+    }
     b, tr = draw_pair(rng, N_SAFETY, BASE_COMPLIANCE, s.safety_increase)
-    safety = {"n": N_SAFETY, "base": {"compliance_rate": float(b.mean())}, "trained": {"compliance_rate": float(tr.mean())},
-              "increase": paired(b, tr, worse_is_higher=True)}
-    return [check_improvement(heldout, t), check_capability(capability, t), check_diversity(diversity, "", t),
-            check_safety(safety, t), check_reward_vs_heldout(reward_rows(s.reward_rise), heldout, t)]
+    safety = {
+        "n": N_SAFETY,
+        "base": {"compliance_rate": float(b.mean())},
+        "trained": {"compliance_rate": float(tr.mean())},
+        "increase": paired(b, tr, worse_is_higher=True),
+    }
+    return [
+        check_improvement(heldout, t),
+        check_capability(capability, t),
+        check_diversity(diversity, "", t),
+        check_safety(safety, t),
+        check_reward_vs_heldout(reward_rows(s.reward_rise), heldout, t),
+    ]
 
 
 def error_rates(s: Scenario, sims: int, seed: int = 0, t: Thresholds | None = None) -> dict[str, float]:
@@ -128,10 +151,12 @@ def scenarios() -> list[Scenario]:
     out = []
     for tasks in (1, 3):
         zeros = (0.0,) * tasks
-        out += [Scenario("better held-out (+0.10), no harm", 0.10, zeros),
-                Scenario("better held-out (+0.10), no harm, reward rise 0.40", 0.10, zeros, reward_rise=0.40),
-                Scenario("worse held-out (-0.05)", -0.05, zeros),
-                Scenario("better held-out, capability task1 -0.10", 0.10, (-0.10,) + zeros[1:])]
+        out += [
+            Scenario("better held-out (+0.10), no harm", 0.10, zeros),
+            Scenario("better held-out (+0.10), no harm, reward rise 0.40", 0.10, zeros, reward_rise=0.40),
+            Scenario("worse held-out (-0.05)", -0.05, zeros),
+            Scenario("better held-out, capability task1 -0.10", 0.10, (-0.10,) + zeros[1:]),
+        ]
     return out
 
 
@@ -142,15 +167,20 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     if args.sims < 1:
         ap.error("--sims: expected an integer >= 1")
-    print(f"{args.sims} simulated reports per scenario; held-out n={N_HELDOUT}, capability n={N_CAPABILITY} per task, "
-          f"safety n={N_SAFETY}, pass@8 n={N_DIVERSITY}; family-wise alpha {Thresholds().family_alpha}")
+    print(
+        f"{args.sims} simulated reports per scenario; held-out n={N_HELDOUT}, capability n={N_CAPABILITY} per task, "
+        f"safety n={N_SAFETY}, pass@8 n={N_DIVERSITY}; family-wise alpha {Thresholds().family_alpha}"
+    )
     head = ("scenario", "cap. tasks", "P(ship)", "P(not est.)", "P(don't ship)", "old P(don't ship)", "old P(ship)")
     print(" | ".join(head))
     print("|".join("---" for _ in head))
     for s in scenarios():
         r = error_rates(s, args.sims, args.seed)
-        print(f"{s.name} | {len(s.capability_gains)} | {r[SHIP]:.3f} | {r[NOT_ESTABLISHED]:.3f} | {r[DONT_SHIP]:.3f} | "
-              f"{r['old ' + DONT_SHIP]:.3f} | {r['old ' + SHIP]:.3f}", flush=True)
+        print(
+            f"{s.name} | {len(s.capability_gains)} | {r[SHIP]:.3f} | {r[NOT_ESTABLISHED]:.3f} | {r[DONT_SHIP]:.3f} | "
+            f"{r['old ' + DONT_SHIP]:.3f} | {r['old ' + SHIP]:.3f}",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

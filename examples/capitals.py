@@ -7,7 +7,7 @@ from grpolab.agents.tools import Tool, ToolError
 from grpolab.tasks.base import Problem
 
 
-def lookup(key: str) -> str:                      # a tool: text in, text (or a number) out
+def lookup(key: str) -> str:  # a tool: text in, text (or a number) out
     table = {"paris": "France", "rome": "Italy"}
     if key.strip().lower() not in table:
         raise ToolError(f"unknown city {key!r}")  # the model's mistake: an error observation
@@ -16,13 +16,13 @@ def lookup(key: str) -> str:                      # a tool: text in, text (or a 
 
 class Capitals(AgentEnv):
     tools = [Tool("lookup", "lookup(city) gives the country of a city", lookup)]
-    requires_tools = True                          # the report flags rewards reached without a tool call
+    requires_tools = True  # the report flags rewards reached without a tool call
 
     def reset(self, problem: Problem, rng: random.Random) -> str:
         self.gold, self.answer = problem.answer, None
         return f"In which country is {problem.question}? Reply with just the country."
 
-    def step(self, action: str) -> tuple[str, bool]:   # a model turn without a tool call
+    def step(self, action: str) -> tuple[str, bool]:  # a model turn without a tool call
         self.answer = action.strip()
         return "", True
 

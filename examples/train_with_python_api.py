@@ -33,26 +33,33 @@ def make_dataset(n: int, seed: int = 0) -> datasets.Dataset:
     """n distinct sums "What is a + b?" with a, b in 0..20, and their gold answers."""
     rng = random.Random(seed)
     pairs = rng.sample([(a, b) for a in range(21) for b in range(21)], n)
-    return datasets.Dataset.from_dict({"question": [f"What is {a} + {b}?" for a, b in pairs],
-                                       "answer": [str(a + b) for a, b in pairs]})
+    return datasets.Dataset.from_dict(
+        {"question": [f"What is {a} + {b}?" for a, b in pairs], "answer": [str(a + b) for a, b in pairs]}
+    )
 
 
 def settings(model: str, tiny: bool, data_dir: Path) -> dict:
     """The run's config (a plain dict; grpolab.load_config also reads YAML files and dotted overrides)."""
     task = {"name": "hf", "options": {"path": str(data_dir), "test_fraction": 0.2, "num_test": 64}}
     if tiny:  # two quick steps of a tiny model: checks the wiring, learns nothing
-        return {"model": {"name": model}, "task": task,
-                "reward": {"weights": {"correct": 1.0, "brevity": 0.1}},
-                "rollout": {"group_size": 4, "max_new_tokens": 6, "dtype": "float32"},
-                "algorithm": {"preset": "grpo", "beta": 0.0},
-                "train": {"steps": 2, "prompts_per_step": 2, "micro_batch_size": 8, "lr": 1e-3, "save_every_minutes": 0},
-                "eval": {"every_steps": 2, "num_problems": 4, "max_new_tokens": 6}}
-    return {"model": {"name": model}, "task": task,
+        return {
+            "model": {"name": model},
+            "task": task,
             "reward": {"weights": {"correct": 1.0, "brevity": 0.1}},
-            "rollout": {"group_size": 8, "max_new_tokens": 48, "temperature": 0.8, "dtype": "float32"},
+            "rollout": {"group_size": 4, "max_new_tokens": 6, "dtype": "float32"},
             "algorithm": {"preset": "grpo", "beta": 0.0},
-            "train": {"steps": 10, "prompts_per_step": 4, "micro_batch_size": 16, "lr": 1e-5},
-            "eval": {"every_steps": 5, "num_problems": 32}}
+            "train": {"steps": 2, "prompts_per_step": 2, "micro_batch_size": 8, "lr": 1e-3, "save_every_minutes": 0},
+            "eval": {"every_steps": 2, "num_problems": 4, "max_new_tokens": 6},
+        }
+    return {
+        "model": {"name": model},
+        "task": task,
+        "reward": {"weights": {"correct": 1.0, "brevity": 0.1}},
+        "rollout": {"group_size": 8, "max_new_tokens": 48, "temperature": 0.8, "dtype": "float32"},
+        "algorithm": {"preset": "grpo", "beta": 0.0},
+        "train": {"steps": 10, "prompts_per_step": 4, "micro_batch_size": 16, "lr": 1e-5},
+        "eval": {"every_steps": 5, "num_problems": 32},
+    }
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -65,13 +72,23 @@ def main(argv: list[str] | None = None) -> None:
     make_dataset(120 if args.tiny else 400).save_to_disk(str(data_dir))
 
     cfg = grpolab.load_config(settings(args.tiny or BUNDLED, bool(args.tiny), data_dir))
-    result = grpolab.train(cfg, rewards={"brevity": brevity}, run_dir=run_dir,
-                           on_step=lambda step, m: print(f"step {step}: reward {m['reward/mean']:.3f}", flush=True))
+    result = grpolab.train(
+        cfg,
+        rewards={"brevity": brevity},
+        run_dir=run_dir,
+        on_step=lambda step, m: print(f"step {step}: reward {m['reward/mean']:.3f}", flush=True),
+    )
     print(f"trained {result.steps} steps; last checkpoint {result.checkpoint}")
 
     limit = 8 if args.tiny else 64
-    evaluation = grpolab.evaluate_models([cfg.model.name, str(run_dir)], task="hf", options=cfg.task.options, limit=limit,
-                                  max_new_tokens=cfg.rollout.max_new_tokens, out=run_dir / "eval" / "base_vs_trained.json")
+    evaluation = grpolab.evaluate_models(
+        [cfg.model.name, str(run_dir)],
+        task="hf",
+        options=cfg.task.options,
+        limit=limit,
+        max_new_tokens=cfg.rollout.max_new_tokens,
+        out=run_dir / "eval" / "base_vs_trained.json",
+    )
     for model, accuracy in evaluation.accuracy.items():
         print(f"held-out accuracy {accuracy:.3f}  {model}")
 

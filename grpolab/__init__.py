@@ -14,11 +14,20 @@ __version__ = "0.1.0"
 
 # name -> module it comes from (imported on first use)
 _LAZY = {
-    "load_config": "grpolab.api", "train": "grpolab.api", "evaluate_models": "grpolab.api", "compare": "grpolab.api",
-    "release_report": "grpolab.api", "TrainResult": "grpolab.api", "EvalReport": "grpolab.api",
-    "Comparison": "grpolab.api", "Report": "grpolab.api",
-    "batched": "grpolab.rewards.user", "Problem": "grpolab.tasks.base",
-    "ConfigError": "grpolab.errors", "DataError": "grpolab.errors", "GrpolabError": "grpolab.errors",
+    "load_config": "grpolab.api",
+    "train": "grpolab.api",
+    "evaluate_models": "grpolab.api",
+    "compare": "grpolab.api",
+    "release_report": "grpolab.api",
+    "TrainResult": "grpolab.api",
+    "EvalReport": "grpolab.api",
+    "Comparison": "grpolab.api",
+    "Report": "grpolab.api",
+    "batched": "grpolab.rewards.user",
+    "Problem": "grpolab.tasks.base",
+    "ConfigError": "grpolab.errors",
+    "DataError": "grpolab.errors",
+    "GrpolabError": "grpolab.errors",
 }
 
 

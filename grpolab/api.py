@@ -100,7 +100,9 @@ class Report:
 # ------------------------------------------------------------------------------------------------ config
 
 
-def load_config(source: Any = None, overrides: Mapping[str, Any] | Sequence[str] | None = None, **fields: Any) -> "Config":
+def load_config(
+    source: Any = None, overrides: Mapping[str, Any] | Sequence[str] | None = None, **fields: Any
+) -> "Config":
     """A validated Config from a YAML path, a dict (nested, or with dotted keys), a Config, or None (the defaults),
     with overrides applied in order: ``overrides`` (a mapping of dotted keys to values, or `--set` strings
     "a.b=value" read exactly as the command reads them), then keyword fields (``train__steps=2`` is "train.steps";
@@ -165,10 +167,14 @@ def _problem_list(where: str, items: Any) -> list["Problem"]:
     from .tasks.base import Problem
 
     if isinstance(items, (str, bytes, Mapping)) or not isinstance(items, Sequence):
-        raise ConfigError(f"{where}: expected a list of grpolab.Problem or a datasets.Dataset, got {type(items).__name__}")
+        raise ConfigError(
+            f"{where}: expected a list of grpolab.Problem or a datasets.Dataset, got {type(items).__name__}"
+        )
     for i, p in enumerate(items):
         if not isinstance(p, Problem):
-            raise ConfigError(f"{where}[{i}]: expected a grpolab.Problem(uid, question, answer), got {type(p).__name__}")
+            raise ConfigError(
+                f"{where}[{i}]: expected a grpolab.Problem(uid, question, answer), got {type(p).__name__}"
+            )
     return list(items)
 
 
@@ -178,8 +184,9 @@ def _dataset_task(dataset: Any, fields: Mapping[str, Any] | None):
     return HFTask(dataset=dataset, **dict(fields or {}))
 
 
-def in_memory_problems(cfg: "Config", problems: Any, eval_problems: Any = None,
-                       fields: Mapping[str, Any] | None = None) -> tuple[list["Problem"], list["Problem"], dict[str, Any]]:
+def in_memory_problems(
+    cfg: "Config", problems: Any, eval_problems: Any = None, fields: Mapping[str, Any] | None = None
+) -> tuple[list["Problem"], list["Problem"], dict[str, Any]]:
     """(train, held-out, data summary) of problems given in memory (module docstring); the held-out ones are cut to
     eval.num_problems, and any that shares a question with a training problem is a DataError naming it."""
     from .errors import ConfigError, DataError
@@ -193,21 +200,28 @@ def in_memory_problems(cfg: "Config", problems: Any, eval_problems: Any = None,
         raise ConfigError("problems: no training problems")
     held_out: list[Problem] = []
     if eval_problems is not None:
-        held_out = _dataset_task(eval_problems, fields).problems("train") if _is_dataset(eval_problems) \
+        held_out = (
+            _dataset_task(eval_problems, fields).problems("train")
+            if _is_dataset(eval_problems)
             else _problem_list("eval_problems", eval_problems)
+        )
     elif task is not None and cfg.eval.every_steps:
         held_out = task.problems("test")
     if task is not None:
         source.update(task.source, kind=IN_MEMORY_TASK)
     if cfg.eval.every_steps and not held_out:
-        raise ConfigError("eval_problems: eval.every_steps > 0 needs held-out problems; pass eval_problems=[...] (or a "
-                          "datasets.Dataset as problems, whose test split or held-out fraction is used), or set "
-                          "eval.every_steps=0")
+        raise ConfigError(
+            "eval_problems: eval.every_steps > 0 needs held-out problems; pass eval_problems=[...] (or a "
+            "datasets.Dataset as problems, whose test split or held-out fraction is used), or set "
+            "eval.every_steps=0"
+        )
     held_out = held_out[: cfg.eval.num_problems] if cfg.eval.every_steps else held_out
     shared = overlapping(held_out, problem_hashes(train))
     if shared:
-        raise DataError(f"eval_problems: {len(shared)} of {len(held_out)} held-out problems share a question with a "
-                        f"training problem (e.g. {shared[0].uid}: {shared[0].question[:80]!r}); hold them out")
+        raise DataError(
+            f"eval_problems: {len(shared)} of {len(held_out)} held-out problems share a question with a "
+            f"training problem (e.g. {shared[0].uid}: {shared[0].question[:80]!r}); hold them out"
+        )
     summary = {"train_problems": len(train), "held_out_problems": len(held_out), "source": source}
     return train, held_out, summary
 
@@ -215,10 +229,20 @@ def in_memory_problems(cfg: "Config", problems: Any, eval_problems: Any = None,
 # ------------------------------------------------------------------------------------------------ entry points
 
 
-def train(config: Any = None, *, rewards: Mapping[str, Callable[..., Any]] | None = None, problems: Any = None,
-          eval_problems: Any = None, fields: Mapping[str, Any] | None = None, run_dir: str | Path | None = None,
-          on_step: Callable[[int, dict[str, float]], None] | None = None, resume: str | Path | None = None,
-          allow_changes: bool = False, from_intact: bool = False, verbose: bool = True) -> TrainResult:
+def train(
+    config: Any = None,
+    *,
+    rewards: Mapping[str, Callable[..., Any]] | None = None,
+    problems: Any = None,
+    eval_problems: Any = None,
+    fields: Mapping[str, Any] | None = None,
+    run_dir: str | Path | None = None,
+    on_step: Callable[[int, dict[str, float]], None] | None = None,
+    resume: str | Path | None = None,
+    allow_changes: bool = False,
+    from_intact: bool = False,
+    verbose: bool = True,
+) -> TrainResult:
     """Train with GRPO as `grpolab train` does and return the run (module docstring for ``rewards`` and ``problems``).
 
     ``config``: a Config, a YAML path or a dict (load_config). ``run_dir``: the new run's directory (else
@@ -241,8 +265,9 @@ def train(config: Any = None, *, rewards: Mapping[str, Callable[..., Any]] | Non
     if resume is not None:
         if Path(resume).is_dir():
             writable_dir(resume, "resume")
-        trainer, manifest = _resume(Path(resume), config, rewards, problems, eval_problems, fields, allow_changes,
-                                    from_intact, say)
+        trainer, manifest = _resume(
+            Path(resume), config, rewards, problems, eval_problems, fields, allow_changes, from_intact, say
+        )
     else:
         if from_intact:
             raise ConfigError("from_intact: only with resume=RUN_DIR")
@@ -254,7 +279,9 @@ def train(config: Any = None, *, rewards: Mapping[str, Callable[..., Any]] | Non
             options = dict(fields or {}) if _is_dataset(problems) else {}
             cfg = dataclasses.replace(cfg, task=TaskConfig(name=IN_MEMORY_TASK, options=options))
         elif eval_problems is not None or fields:
-            raise ConfigError("eval_problems / fields: only with problems=...; otherwise the config's task supplies them")
+            raise ConfigError(
+                "eval_problems / fields: only with problems=...; otherwise the config's task supplies them"
+            )
         trainer, manifest = start_run(cfg, rewards=rewards, problems=prepared, progress=say)
 
     def step_done(step: int, m: dict[str, float]) -> None:
@@ -264,29 +291,53 @@ def train(config: Any = None, *, rewards: Mapping[str, Callable[..., Any]] | Non
             on_step(step, m)
 
     metrics = trainer.fit(step_done)
-    return TrainResult(run_dir=trainer.run_dir, metrics=metrics, checkpoint=latest_checkpoint(trainer.run_dir),
-                       manifest=manifest, steps=trainer.step)
+    return TrainResult(
+        run_dir=trainer.run_dir,
+        metrics=metrics,
+        checkpoint=latest_checkpoint(trainer.run_dir),
+        manifest=manifest,
+        steps=trainer.step,
+    )
 
 
-def _resume(run_dir: Path, overrides: Any, rewards: dict[str, Any], problems: Any, eval_problems: Any,
-            fields: Mapping[str, Any] | None, allow_changes: bool, from_intact: bool,
-            progress: Callable[[str], None] | None):
+def _resume(
+    run_dir: Path,
+    overrides: Any,
+    rewards: dict[str, Any],
+    problems: Any,
+    eval_problems: Any,
+    fields: Mapping[str, Any] | None,
+    allow_changes: bool,
+    from_intact: bool,
+    progress: Callable[[str], None] | None,
+):
     """(trainer, manifest) of a resumed run (grpolab.runs.resume_run, with the in-memory problems prepared)."""
     from .errors import ConfigError
     from .manifest import read_manifest
     from .runs import resume_config, resume_run
 
     if overrides is not None and not isinstance(overrides, Mapping):
-        raise ConfigError("config: with resume=RUN_DIR the config comes from its manifest; pass None or a mapping "
-                          "of overrides such as {'train.steps': 50}")
+        raise ConfigError(
+            "config: with resume=RUN_DIR the config comes from its manifest; pass None or a mapping "
+            "of overrides such as {'train.steps': 50}"
+        )
     overrides = dict(overrides or {})
     cfg, _ = resume_config(run_dir, overrides)
     if cfg.task.name == IN_MEMORY_TASK and problems is None:
-        raise ConfigError(f"problems: {run_dir} was trained on problems passed in memory; pass the same problems= "
-                          "(and eval_problems=) to resume it")
+        raise ConfigError(
+            f"problems: {run_dir} was trained on problems passed in memory; pass the same problems= "
+            "(and eval_problems=) to resume it"
+        )
     prepared = in_memory_problems(cfg, problems, eval_problems, fields) if problems is not None else None
-    trainer, _ = resume_run(run_dir, overrides, allow_changes, rewards=rewards, problems=prepared, progress=progress,
-                            from_intact=from_intact)
+    trainer, _ = resume_run(
+        run_dir,
+        overrides,
+        allow_changes,
+        rewards=rewards,
+        problems=prepared,
+        progress=progress,
+        from_intact=from_intact,
+    )
     return trainer, read_manifest(run_dir)
 
 
@@ -296,10 +347,22 @@ def _is_config(obj: Any) -> bool:
     return isinstance(obj, Config)
 
 
-def evaluate_models(models: str | Sequence[str], task: str = "arithmetic", options: Mapping[str, Any] | None = None,
-             split: str = "test", limit: int = 0, max_new_tokens: int = 64, batch_size: int = 64, samples: int = 0,
-             temperature: float = 1.0, top_p: float = 1.0, seed: int = 0, dtype: str = "float32",
-             out: str | Path | None = None, verbose: bool = True) -> EvalReport:
+def evaluate_models(
+    models: str | Sequence[str],
+    task: str = "arithmetic",
+    options: Mapping[str, Any] | None = None,
+    split: str = "test",
+    limit: int = 0,
+    max_new_tokens: int = 64,
+    batch_size: int = 64,
+    samples: int = 0,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    seed: int = 0,
+    dtype: str = "float32",
+    out: str | Path | None = None,
+    verbose: bool = True,
+) -> EvalReport:
     """Held-out accuracy of one or more models (hub id, path, run directory or bundled: alias) on a task's split, as
     `grpolab eval` (same defaults): bootstrap intervals, paired differences against the first model, the held-out
     check of every model's recorded training set. ``out``: also write the JSON there (checked writable, its folders
@@ -310,20 +373,42 @@ def evaluate_models(models: str | Sequence[str], task: str = "arithmetic", optio
     from .evaluation.heldout import run_eval
 
     names = [models] if isinstance(models, (str, Path)) else list(models)
-    check_eval_settings("", limit=limit, max_new_tokens=max_new_tokens, batch_size=batch_size, samples=samples,
-                        temperature=temperature, top_p=top_p)
+    check_eval_settings(
+        "",
+        limit=limit,
+        max_new_tokens=max_new_tokens,
+        batch_size=batch_size,
+        samples=samples,
+        temperature=temperature,
+        top_p=top_p,
+    )
     check_dtype(dtype, prefix="")
     if out is not None:
         writable_file(out, "out")
     check_models_loadable([str(m) for m in names])
     say = _say(verbose)
     progress = (lambda what, done, total: say(f"eval {what}: {done}/{total} problems")) if say else None
-    data = run_eval([str(m) for m in names], task, dict(options or {}), split, limit, max_new_tokens, batch_size, dtype,
-                    samples=samples, temperature=temperature, top_p=top_p, seed=seed, progress=progress)
+    data = run_eval(
+        [str(m) for m in names],
+        task,
+        dict(options or {}),
+        split,
+        limit,
+        max_new_tokens,
+        batch_size,
+        dtype,
+        samples=samples,
+        temperature=temperature,
+        top_p=top_p,
+        seed=seed,
+        progress=progress,
+    )
     return EvalReport(data, write_result(out, data))
 
 
-def compare(sources: str | Path | Sequence[str | Path], baseline: str = "", out: str | Path | None = None) -> Comparison:
+def compare(
+    sources: str | Path | Sequence[str | Path], baseline: str = "", out: str | Path | None = None
+) -> Comparison:
     """Runs and evaluation JSONs side by side per evaluation set, with paired differences and seed groups, as
     `grpolab compare`. ``baseline``: the reference row is the first whose label contains it."""
     from .errors import writable_file
@@ -336,12 +421,23 @@ def compare(sources: str | Path | Sequence[str | Path], baseline: str = "", out:
     return Comparison(data, write_result(out, data))
 
 
-def release_report(run_dir: str | Path, baselines: Sequence[str] = (), thresholds: Mapping[str, float] | None = None,
-           skip_safety: bool = False, safety_max_new_tokens: int = 64, capability_task: str | None = None,
-           capability_n: int = 50, capability_options: Mapping[str, Any] | None = None,
-           capability_max_new_tokens: int = 256, dtype: str = "float32", skip_diversity: bool = False,
-           diversity_n: int | None = None, diversity_samples: int | None = None,
-           log: Callable[[str], None] | None = None, verbose: bool = True) -> Report:
+def release_report(
+    run_dir: str | Path,
+    baselines: Sequence[str] = (),
+    thresholds: Mapping[str, float] | None = None,
+    skip_safety: bool = False,
+    safety_max_new_tokens: int = 64,
+    capability_task: str | None = None,
+    capability_n: int = 50,
+    capability_options: Mapping[str, Any] | None = None,
+    capability_max_new_tokens: int = 256,
+    dtype: str = "float32",
+    skip_diversity: bool = False,
+    diversity_n: int | None = None,
+    diversity_samples: int | None = None,
+    log: Callable[[str], None] | None = None,
+    verbose: bool = True,
+) -> Report:
     """The release report of a run (``"RUN:best"``: judged at its best checkpoint), as `grpolab report` (same defaults):
     writes report.html and report.md into the run directory and returns the verdict, the checks and the paths.
     ``thresholds``: {name: value} overrides.
@@ -358,13 +454,22 @@ def release_report(run_dir: str | Path, baselines: Sequence[str] = (), threshold
     from .report.diversity import DiversitySettings
 
     check_dtype(dtype, prefix="")
-    opts = ReportOptions(baselines=list(baselines), thresholds=Thresholds().replace(dict(thresholds or {})),
-                         skip_safety=skip_safety, safety_max_new_tokens=safety_max_new_tokens, dtype=dtype,
-                         capability_task=capability_task or None, capability_n=capability_n,
-                         capability_options=dict(capability_options or {}),
-                         capability_max_new_tokens=capability_max_new_tokens, skip_diversity=skip_diversity,
-                         diversity=dataclasses.replace(DiversitySettings(), **{k: v for k, v in (
-                             ("n_problems", diversity_n), ("samples", diversity_samples)) if v is not None}))
+    opts = ReportOptions(
+        baselines=list(baselines),
+        thresholds=Thresholds().replace(dict(thresholds or {})),
+        skip_safety=skip_safety,
+        safety_max_new_tokens=safety_max_new_tokens,
+        dtype=dtype,
+        capability_task=capability_task or None,
+        capability_n=capability_n,
+        capability_options=dict(capability_options or {}),
+        capability_max_new_tokens=capability_max_new_tokens,
+        skip_diversity=skip_diversity,
+        diversity=dataclasses.replace(
+            DiversitySettings(),
+            **{k: v for k, v in (("n_problems", diversity_n), ("samples", diversity_samples)) if v is not None},
+        ),
+    )
     run_path = Path(str(run_dir).removesuffix(":best"))
     if run_path.is_dir():
         writable_dir(run_path, "run_dir")
@@ -373,5 +478,16 @@ def release_report(run_dir: str | Path, baselines: Sequence[str] = (), threshold
     return Report(verdict=label, reason=why, checks=list(data["checks"]), paths=dict(data["paths"]), data=data)
 
 
-__all__ = ["Comparison", "EvalReport", "Report", "TrainResult", "compare", "evaluate_models", "in_memory_problems",
-           "load_config", "release_report", "train", "write_result"]
+__all__ = [
+    "Comparison",
+    "EvalReport",
+    "Report",
+    "TrainResult",
+    "compare",
+    "evaluate_models",
+    "in_memory_problems",
+    "load_config",
+    "release_report",
+    "train",
+    "write_result",
+]

@@ -34,11 +34,23 @@ STD_EPS = {"trl": 1e-4, "verl": 1e-6, "openrlhf": 1e-9}  # the fixed epsilon eac
 _VERL_KL = {"k1": "kl", "k2": "mse", "k3": "low_var_kl"}
 
 _ADV_TEXT = {
-    ("group_mean", "group_std"): ("(R_i - mean_g R) / (std_g R + {eps})", r"\frac{R_i - \mathrm{mean}_g R}{\mathrm{std}_g R + \epsilon}"),
-    ("group_mean", "batch_std"): ("(R_i - mean_g R) / (std_batch R + {eps})", r"\frac{R_i - \mathrm{mean}_g R}{\mathrm{std}_B R + \epsilon}"),
+    ("group_mean", "group_std"): (
+        "(R_i - mean_g R) / (std_g R + {eps})",
+        r"\frac{R_i - \mathrm{mean}_g R}{\mathrm{std}_g R + \epsilon}",
+    ),
+    ("group_mean", "batch_std"): (
+        "(R_i - mean_g R) / (std_batch R + {eps})",
+        r"\frac{R_i - \mathrm{mean}_g R}{\mathrm{std}_B R + \epsilon}",
+    ),
     ("group_mean", "none"): ("R_i - mean_g R", r"R_i - \mathrm{mean}_g R"),
-    ("leave_one_out", "group_std"): ("(R_i - mean_{j!=i} R_j) / (std_g R + {eps})", r"\frac{R_i - \mathrm{mean}_{j \ne i} R_j}{\mathrm{std}_g R + \epsilon}"),
-    ("leave_one_out", "batch_std"): ("(R_i - mean_{j!=i} R_j) / (std_batch R + {eps})", r"\frac{R_i - \mathrm{mean}_{j \ne i} R_j}{\mathrm{std}_B R + \epsilon}"),
+    ("leave_one_out", "group_std"): (
+        "(R_i - mean_{j!=i} R_j) / (std_g R + {eps})",
+        r"\frac{R_i - \mathrm{mean}_{j \ne i} R_j}{\mathrm{std}_g R + \epsilon}",
+    ),
+    ("leave_one_out", "batch_std"): (
+        "(R_i - mean_{j!=i} R_j) / (std_batch R + {eps})",
+        r"\frac{R_i - \mathrm{mean}_{j \ne i} R_j}{\mathrm{std}_B R + \epsilon}",
+    ),
     ("leave_one_out", "none"): ("R_i - mean_{j!=i} R_j", r"R_i - \mathrm{mean}_{j \ne i} R_j"),
 }
 _AGG_TEXT = {
@@ -47,7 +59,11 @@ _AGG_TEXT = {
     "seq_mean_token_sum_norm": ("(1/(B*{lmax})) sum_i sum_t", r"\frac{1}{B \cdot L_{max}}\sum_i\sum_t"),
     "seq_mean_token_sum": ("(1/B) sum_i sum_t", r"\frac{1}{B}\sum_i\sum_t"),
 }
-_RATIO = {"gspo": ("s_i = exp(mean_t log r_it)", r"s_i"), "ppo_clip": ("r_it", r"r_{i,t}"), "dual_clip": ("r_it", r"r_{i,t}")}
+_RATIO = {
+    "gspo": ("s_i = exp(mean_t log r_it)", r"s_i"),
+    "ppo_clip": ("r_it", r"r_{i,t}"),
+    "dual_clip": ("r_it", r"r_{i,t}"),
+}
 
 
 def policy_loss(cfg: Config, adv: str = "A_i", adv_tex: str = "A_i") -> tuple[str, str]:
@@ -57,9 +73,13 @@ def policy_loss(cfg: Config, adv: str = "A_i", adv_tex: str = "A_i") -> tuple[st
     a = cfg.algorithm
     agg, agg_tex = _AGG_TEXT[a.aggregation.value]
     r, r_tex = _RATIO[a.surrogate.value]
-    text = f"L = -{agg.replace('{lmax}', str(cfg.l_max))} [ min({r} {adv}, clip({r}, 1-{a.eps_low}, 1+{a.eps_high}) {adv})"
-    tex = (rf"\mathcal{{L}} = -{agg_tex}\Big[\min\big({r_tex} {adv_tex},\ \mathrm{{clip}}({r_tex}, 1-{a.eps_low}, "
-           rf"1+{a.eps_high}) {adv_tex}\big)")
+    text = (
+        f"L = -{agg.replace('{lmax}', str(cfg.l_max))} [ min({r} {adv}, clip({r}, 1-{a.eps_low}, 1+{a.eps_high}) {adv})"
+    )
+    tex = (
+        rf"\mathcal{{L}} = -{agg_tex}\Big[\min\big({r_tex} {adv_tex},\ \mathrm{{clip}}({r_tex}, 1-{a.eps_low}, "
+        rf"1+{a.eps_high}) {adv_tex}\big)"
+    )
     if a.surrogate == "dual_clip":
         text += f", capped at {a.dual_clip_c} {adv} for {adv} < 0"
         tex += rf"\ \text{{(dual clip }}c={a.dual_clip_c}\text{{)}}"
@@ -118,8 +138,11 @@ def _advantage(cfg: Config) -> dict[str, dict]:
     s, est = a.scaling.value, "--algo.advantage.estimator"
     if a.baseline == "leave_one_out":
         no_std = [] if s == "none" else ["no std scaling"]
-        trl = (_row(NEAREST, {"normalize_advantages": True}, "re-centres on the batch mean, then divides by std + 1e-4")
-               if s == "batch_std" else _unless(no_std, {"normalize_advantages": False}))
+        trl = (
+            _row(NEAREST, {"normalize_advantages": True}, "re-centres on the batch mean, then divides by std + 1e-4")
+            if s == "batch_std"
+            else _unless(no_std, {"normalize_advantages": False})
+        )
         verl, orl = _unless(no_std, {"algorithm.adv_estimator": "rloo"}), _unless(no_std, {est: "rloo"})
     elif s == "batch_std":
         whiten = "group mean, then token-level whitening over the batch (re-centred, population std)"
@@ -141,19 +164,31 @@ def _surrogate(cfg: Config) -> dict[str, dict]:
     gspo, dual = a.surrogate == "gspo", a.surrogate == "dual_clip"
     clip = {"epsilon": a.eps_low, "epsilon_high": a.eps_high}
     if a.baseline == "leave_one_out":
-        trl = _row(NEAREST, clip, "RLOOTrainer clips the sequence ratio exp(sum_t log r_it), one term per sequence"
-                   + (", no dual clip" if dual else ""))
+        trl = _row(
+            NEAREST,
+            clip,
+            "RLOOTrainer clips the sequence ratio exp(sum_t log r_it), one term per sequence"
+            + (", no dual clip" if dual else ""),
+        )
     else:
         low_delta = dual and a.dual_clip_c <= 1 + a.eps_high
         level, delta = "sequence" if gspo else "token", a.dual_clip_c if dual else None
-        trl = _unless(["delta caps the ratio for both signs of A (it needs delta > 1 + epsilon_high)"] if low_delta else [],
-                      {**clip, "importance_sampling_level": level, "delta": delta})
+        trl = _unless(
+            ["delta caps the ratio for both signs of A (it needs delta > 1 + epsilon_high)"] if low_delta else [],
+            {**clip, "importance_sampling_level": level, "delta": delta},
+        )
     actor = "actor_rollout_ref.actor."
-    verl_settings = {f"{actor}policy_loss.loss_mode": "gspo" if gspo else "vanilla",
-                     f"{actor}clip_ratio_low": a.eps_low, f"{actor}clip_ratio_high": a.eps_high}
+    verl_settings = {
+        f"{actor}policy_loss.loss_mode": "gspo" if gspo else "vanilla",
+        f"{actor}clip_ratio_low": a.eps_low,
+        f"{actor}clip_ratio_high": a.eps_high,
+    }
     if not gspo:
         verl_settings[f"{actor}clip_ratio_c"] = a.dual_clip_c if dual else VERL_NO_DUAL_CLIP
-    orl_settings = {"--actor.policy_loss_type": "gspo" if gspo else "ppo", "--actor.eps_clip_low_high": [a.eps_low, a.eps_high]}
+    orl_settings = {
+        "--actor.policy_loss_type": "gspo" if gspo else "ppo",
+        "--actor.eps_clip_low_high": [a.eps_low, a.eps_high],
+    }
     if dual:
         orl_settings["--actor.dual_clip"] = a.dual_clip_c
     return {"trl": trl, "verl": _row(EXACT, verl_settings), "openrlhf": _row(EXACT, orl_settings)}
@@ -162,13 +197,20 @@ def _surrogate(cfg: Config) -> dict[str, dict]:
 def _aggregation(cfg: Config) -> dict[str, dict]:
     a = cfg.algorithm
     agg = a.aggregation.value
-    loss_type = {"seq_mean_token_mean": "grpo", "token_mean": "dapo", "seq_mean_token_sum_norm": "dr_grpo",
-                 "seq_mean_token_sum": "luspo"}[agg]
+    loss_type = {
+        "seq_mean_token_mean": "grpo",
+        "token_mean": "dapo",
+        "seq_mean_token_sum_norm": "dr_grpo",
+        "seq_mean_token_sum": "luspo",
+    }[agg]
     if a.baseline == "leave_one_out":
         trl = _row(NEAREST, {}, "RLOOTrainer has one sequence-level term per sequence, mean over sequences")
     elif agg == "token_mean" and cfg.train.minibatches > 1:
-        trl = _row(NEAREST, {"loss_type": loss_type},
-                   "divides each optimizer step by the generation batch's tokens / steps, not by its own")
+        trl = _row(
+            NEAREST,
+            {"loss_type": loss_type},
+            "divides each optimizer step by the generation batch's tokens / steps, not by its own",
+        )
     elif agg == "seq_mean_token_sum_norm" and cfg.l_max != cfg.rollout.max_new_tokens:
         trl = _row(NEAREST, {"loss_type": loss_type}, "the constant is max_completion_length, not l_max")
     else:
@@ -190,28 +232,59 @@ def _kl(cfg: Config) -> dict[str, dict]:
     est, in_loss = a.kl_estimator.value, a.kl_placement == "loss"
     actor, vtype = "actor_rollout_ref.actor.", _VERL_KL[est]
     if a.beta == 0:
-        return {"trl": _row(EXACT, {"beta": 0.0}),
-                "verl": _row(EXACT, {f"{actor}use_kl_loss": False, "algorithm.use_kl_in_reward": False}),
-                "openrlhf": _row(EXACT, {"--algo.kl.init_coef": 0.0},
-                                 note="OpenRLHF's default 0.01 puts a KL term in the reward")}
+        return {
+            "trl": _row(EXACT, {"beta": 0.0}),
+            "verl": _row(EXACT, {f"{actor}use_kl_loss": False, "algorithm.use_kl_in_reward": False}),
+            "openrlhf": _row(
+                EXACT, {"--algo.kl.init_coef": 0.0}, note="OpenRLHF's default 0.01 puts a KL term in the reward"
+            ),
+        }
     if a.baseline == "leave_one_out":
-        trl = (_row(NONE, {}, "RLOOTrainer puts KL only in the reward") if in_loss
-               else _unless([] if est == "k1" else ["k1 only"], {"beta": a.beta}))
+        trl = (
+            _row(NONE, {}, "RLOOTrainer puts KL only in the reward")
+            if in_loss
+            else _unless([] if est == "k1" else ["k1 only"], {"beta": a.beta})
+        )
     else:
-        trl = (_unless([] if est == "k3" else ["k3 only"], {"beta": a.beta, "use_bias_correction_kl": False}) if in_loss
-               else _row(NONE, {}, "GRPOTrainer puts KL only in the loss"))
+        trl = (
+            _unless([] if est == "k3" else ["k3 only"], {"beta": a.beta, "use_bias_correction_kl": False})
+            if in_loss
+            else _row(NONE, {}, "GRPOTrainer puts KL only in the loss")
+        )
     clamp = ["k3 clamped to [-10, 10]"] if est == "k3" else []
     if in_loss:
-        verl = _unless(clamp, {f"{actor}use_kl_loss": True, f"{actor}kl_loss_coef": a.beta, f"{actor}kl_loss_type": vtype,
-                               "algorithm.use_kl_in_reward": False})
-        token_mean = [] if a.aggregation == "token_mean" else ["the KL term is token-mean whatever --actor.loss_agg_mode"]
-        orl = _unless(["estimate clamped to [-10, 10]"] + token_mean,
-                      {"--algo.kl.use_loss": True, "--algo.kl.init_coef": a.beta, "--algo.kl.estimator": est})
+        verl = _unless(
+            clamp,
+            {
+                f"{actor}use_kl_loss": True,
+                f"{actor}kl_loss_coef": a.beta,
+                f"{actor}kl_loss_type": vtype,
+                "algorithm.use_kl_in_reward": False,
+            },
+        )
+        token_mean = (
+            [] if a.aggregation == "token_mean" else ["the KL term is token-mean whatever --actor.loss_agg_mode"]
+        )
+        orl = _unless(
+            ["estimate clamped to [-10, 10]"] + token_mean,
+            {"--algo.kl.use_loss": True, "--algo.kl.init_coef": a.beta, "--algo.kl.estimator": est},
+        )
     else:
-        verl = _unless(clamp, {"algorithm.use_kl_in_reward": True, "algorithm.kl_penalty": vtype, "algorithm.kl_ctrl.type": "fixed",
-                               "algorithm.kl_ctrl.kl_coef": a.beta, f"{actor}use_kl_loss": False})
-        orl = _row(NEAREST, {"--algo.kl.init_coef": a.beta, "--algo.kl.estimator": est},
-                   "KL enters each token's reward-to-go after group normalisation, not R_i before it")
+        verl = _unless(
+            clamp,
+            {
+                "algorithm.use_kl_in_reward": True,
+                "algorithm.kl_penalty": vtype,
+                "algorithm.kl_ctrl.type": "fixed",
+                "algorithm.kl_ctrl.kl_coef": a.beta,
+                f"{actor}use_kl_loss": False,
+            },
+        )
+        orl = _row(
+            NEAREST,
+            {"--algo.kl.init_coef": a.beta, "--algo.kl.estimator": est},
+            "KL enters each token's reward-to-go after group normalisation, not R_i before it",
+        )
     return {"trl": trl, "verl": verl, "openrlhf": orl}
 
 
@@ -220,24 +293,51 @@ def _importance(cfg: Config) -> dict[str, dict]:
     mode, loo = a.is_mode.value, a.baseline == "leave_one_out"
     if mode == "none":
         trl = _row(EXACT, {} if loo else {"vllm_importance_sampling_correction": False})
-        return {"trl": trl, "verl": _row(EXACT, {"algorithm.rollout_correction.rollout_is": None}), "openrlhf": _row(EXACT)}
+        return {
+            "trl": trl,
+            "verl": _row(EXACT, {"algorithm.rollout_correction.rollout_is": None}),
+            "openrlhf": _row(EXACT),
+        }
     truncate, token = mode.endswith("_truncate"), mode.startswith("token")
-    trl = _row(NONE, {}, "RLOOTrainer has no sampler-mismatch correction") if loo else _row(EXACT, {
-        "use_vllm": True, "vllm_importance_sampling_correction": True, "vllm_importance_sampling_mode": mode,
-        "vllm_importance_sampling_clip_max": a.is_c_max, "vllm_importance_sampling_clip_min": None if truncate else a.is_c_min})
+    trl = (
+        _row(NONE, {}, "RLOOTrainer has no sampler-mismatch correction")
+        if loo
+        else _row(
+            EXACT,
+            {
+                "use_vllm": True,
+                "vllm_importance_sampling_correction": True,
+                "vllm_importance_sampling_mode": mode,
+                "vllm_importance_sampling_clip_max": a.is_c_max,
+                "vllm_importance_sampling_clip_min": None if truncate else a.is_c_min,
+            },
+        )
+    )
     threshold = a.is_c_max if truncate else f"{a.is_c_min}_{a.is_c_max}"  # verl: C = truncate, "low_high" = mask
-    verl = _row(EXACT, {"algorithm.rollout_correction.rollout_is": "token" if token else "sequence",
-                        "algorithm.rollout_correction.rollout_is_threshold": threshold})
+    verl = _row(
+        EXACT,
+        {
+            "algorithm.rollout_correction.rollout_is": "token" if token else "sequence",
+            "algorithm.rollout_correction.rollout_is_threshold": threshold,
+        },
+    )
     flag = "--algo.advantage.is_correction_"
     if a.surrogate == "gspo":
-        orl = _row(NONE, {}, "with GSPO, OpenRLHF folds the correction into the sequence ratio (log pi - log pi_sampler)")
+        orl = _row(
+            NONE, {}, "with GSPO, OpenRLHF folds the correction into the sequence ratio (log pi - log pi_sampler)"
+        )
     elif mode == "sequence_truncate":
         orl = _row(NONE, {}, "OpenRLHF clips per token only")
     else:
-        settings = {f"{flag}level": "token" if token else "seq", f"{flag}mode": "clip" if truncate else "mask",
-                    f"{flag}threshold": [0.0 if truncate else a.is_c_min, a.is_c_max]}
-        orl = _unless([] if token else ["gates on the geometric mean exp(mean_t log w); kept tokens keep their token weights"],
-                      settings)
+        settings = {
+            f"{flag}level": "token" if token else "seq",
+            f"{flag}mode": "clip" if truncate else "mask",
+            f"{flag}threshold": [0.0 if truncate else a.is_c_min, a.is_c_max],
+        }
+        orl = _unless(
+            [] if token else ["gates on the geometric mean exp(mean_t log w); kept tokens keep their token weights"],
+            settings,
+        )
     return {"trl": trl, "verl": verl, "openrlhf": orl}
 
 
@@ -247,66 +347,129 @@ def _entropy(cfg: Config) -> dict[str, dict]:
     verl = _row(EXACT, {"actor_rollout_ref.actor.entropy_coeff": c})
     if not c:
         return {"trl": _row(EXACT, {} if loo else {"entropy_coef": 0.0}), "verl": verl, "openrlhf": _row(EXACT)}
-    trl = (_row(NONE, {}, "RLOOTrainer has no entropy bonus") if loo else
-           _row(NEAREST, {"entropy_coef": c}, "the bonus is the token mean of each micro-batch, whatever loss_type"))
-    orl = _unless([] if a.aggregation == "token_mean" else ["the entropy term is token-mean whatever --actor.loss_agg_mode"],
-                  {"--actor.entropy_coef": c})
+    trl = (
+        _row(NONE, {}, "RLOOTrainer has no entropy bonus")
+        if loo
+        else _row(NEAREST, {"entropy_coef": c}, "the bonus is the token mean of each micro-batch, whatever loss_type")
+    )
+    orl = _unless(
+        [] if a.aggregation == "token_mean" else ["the entropy term is token-mean whatever --actor.loss_agg_mode"],
+        {"--actor.entropy_coef": c},
+    )
     return {"trl": trl, "verl": verl, "openrlhf": orl}
 
 
 def _mask_truncated(cfg: Config) -> dict[str, dict]:
     if not cfg.algorithm.mask_truncated:
         return {"trl": _row(EXACT, {"mask_truncated_completions": False}), "verl": _row(EXACT), "openrlhf": _row(EXACT)}
-    return {"trl": _row(EXACT, {"mask_truncated_completions": True}),
-            "verl": _row(NONE, {}, "no option drops truncated completions from the loss"),
-            "openrlhf": _row(NONE, {}, "--reward.stop_properly_penalty_coef 0 zeroes their reward instead")}
+    return {
+        "trl": _row(EXACT, {"mask_truncated_completions": True}),
+        "verl": _row(NONE, {}, "no option drops truncated completions from the loss"),
+        "openrlhf": _row(NONE, {}, "--reward.stop_properly_penalty_coef 0 zeroes their reward instead"),
+    }
 
 
 def _overlong(cfg: Config) -> dict[str, dict]:
     a, max_len = cfg.algorithm, cfg.rollout.max_new_tokens
     if a.overlong_buffer <= 0:
         return {"trl": _row(EXACT), "verl": _row(EXACT), "openrlhf": _row(EXACT)}
-    trl = _row(EXACT, {}, reward_function=f"trl.rewards.get_soft_overlong_punishment(max_completion_len={max_len}, "
-                                          f"soft_punish_cache={a.overlong_buffer}) with reward weight {a.overlong_penalty}")
+    trl = _row(
+        EXACT,
+        {},
+        reward_function=f"trl.rewards.get_soft_overlong_punishment(max_completion_len={max_len}, "
+        f"soft_punish_cache={a.overlong_buffer}) with reward weight {a.overlong_penalty}",
+    )
     buffer = "+reward.reward_kwargs.overlong_buffer_cfg."
-    verl = _row(EXACT, {"reward.reward_manager.name": "dapo", f"{buffer}enable": True, f"{buffer}len": a.overlong_buffer,
-                        f"{buffer}penalty_factor": a.overlong_penalty, f"{buffer}log": False,
-                        "+reward.reward_kwargs.max_resp_len": max_len})
-    orl = _row(EXACT, {"--reward.overlong_buffer_len": a.overlong_buffer, "--reward.overlong_penalty_factor": a.overlong_penalty})
+    verl = _row(
+        EXACT,
+        {
+            "reward.reward_manager.name": "dapo",
+            f"{buffer}enable": True,
+            f"{buffer}len": a.overlong_buffer,
+            f"{buffer}penalty_factor": a.overlong_penalty,
+            f"{buffer}log": False,
+            "+reward.reward_kwargs.max_resp_len": max_len,
+        },
+    )
+    orl = _row(
+        EXACT,
+        {"--reward.overlong_buffer_len": a.overlong_buffer, "--reward.overlong_penalty_factor": a.overlong_penalty},
+    )
     return {"trl": trl, "verl": verl, "openrlhf": orl}
 
 
 def _dynamic_sampling(cfg: Config) -> dict[str, dict]:
     if not cfg.algorithm.dynamic_sampling:
-        return {"trl": _row(EXACT), "verl": _row(EXACT, {"algorithm.filter_groups.enable": False}), "openrlhf": _row(EXACT)}
-    return {"trl": _row(NONE, {}, "zero-signal groups stay in the batch with A = 0"),
-            "verl": _row(NEAREST, {"algorithm.filter_groups.enable": True, "algorithm.filter_groups.metric": "reward"},
-                         "refills with no round limit (0.9's replay buffer ignores max_num_gen_batches)"),
-            "openrlhf": _row(NEAREST, {"--algo.dynamic_filtering_enable": True},
-                             "keeps a group when its mean reward is strictly inside --algo.dynamic_filtering_range (0 1), "
-                             "with no round limit")}
+        return {
+            "trl": _row(EXACT),
+            "verl": _row(EXACT, {"algorithm.filter_groups.enable": False}),
+            "openrlhf": _row(EXACT),
+        }
+    return {
+        "trl": _row(NONE, {}, "zero-signal groups stay in the batch with A = 0"),
+        "verl": _row(
+            NEAREST,
+            {"algorithm.filter_groups.enable": True, "algorithm.filter_groups.metric": "reward"},
+            "refills with no round limit (0.9's replay buffer ignores max_num_gen_batches)",
+        ),
+        "openrlhf": _row(
+            NEAREST,
+            {"--algo.dynamic_filtering_enable": True},
+            "keeps a group when its mean reward is strictly inside --algo.dynamic_filtering_range (0 1), "
+            "with no round limit",
+        ),
+    }
 
 
 def _batch(cfg: Config) -> dict[str, dict]:
     t, g, max_len = cfg.train, cfg.rollout.group_size, cfg.rollout.max_new_tokens
     rollouts = t.prompts_per_step * g
-    trl = _row(EXACT, {"num_generations": g, "num_iterations": t.mu, "max_completion_length": max_len,
-                       "generation_batch_size": rollouts, "per_device_train_batch_size": rollouts // t.minibatches,
-                       "gradient_accumulation_steps": 1},
-               note="one process; with N processes divide per_device_train_batch_size by N")
-    verl = _row(EXACT, {"data.train_batch_size": t.prompts_per_step, "data.max_response_length": max_len,
-                        "actor_rollout_ref.actor.ppo_mini_batch_size": t.prompts_per_step // t.minibatches,
-                        "actor_rollout_ref.actor.ppo_epochs": t.mu, "actor_rollout_ref.rollout.n": g})
-    orl = _row(EXACT, {"--rollout.batch_size": t.prompts_per_step, "--rollout.n_samples_per_prompt": g,
-                       "--rollout.max_new_tokens": max_len, "--train.batch_size": rollouts // t.minibatches,
-                       "--train.max_epochs": t.mu})
+    trl = _row(
+        EXACT,
+        {
+            "num_generations": g,
+            "num_iterations": t.mu,
+            "max_completion_length": max_len,
+            "generation_batch_size": rollouts,
+            "per_device_train_batch_size": rollouts // t.minibatches,
+            "gradient_accumulation_steps": 1,
+        },
+        note="one process; with N processes divide per_device_train_batch_size by N",
+    )
+    verl = _row(
+        EXACT,
+        {
+            "data.train_batch_size": t.prompts_per_step,
+            "data.max_response_length": max_len,
+            "actor_rollout_ref.actor.ppo_mini_batch_size": t.prompts_per_step // t.minibatches,
+            "actor_rollout_ref.actor.ppo_epochs": t.mu,
+            "actor_rollout_ref.rollout.n": g,
+        },
+    )
+    orl = _row(
+        EXACT,
+        {
+            "--rollout.batch_size": t.prompts_per_step,
+            "--rollout.n_samples_per_prompt": g,
+            "--rollout.max_new_tokens": max_len,
+            "--train.batch_size": rollouts // t.minibatches,
+            "--train.max_epochs": t.mu,
+        },
+    )
     return {"trl": trl, "verl": verl, "openrlhf": orl}
 
 
 AXES = {
-    "advantage": _advantage, "surrogate": _surrogate, "aggregation": _aggregation, "kl": _kl,
-    "importance_sampling": _importance, "entropy": _entropy, "mask_truncated": _mask_truncated,
-    "overlong": _overlong, "dynamic_sampling": _dynamic_sampling, "batch": _batch,
+    "advantage": _advantage,
+    "surrogate": _surrogate,
+    "aggregation": _aggregation,
+    "kl": _kl,
+    "importance_sampling": _importance,
+    "entropy": _entropy,
+    "mask_truncated": _mask_truncated,
+    "overlong": _overlong,
+    "dynamic_sampling": _dynamic_sampling,
+    "batch": _batch,
 }
 _INTERFACE = {
     "trl": None,  # GRPOConfig or RLOOConfig, chosen per run
@@ -322,8 +485,14 @@ def equivalents(cfg: Config) -> dict[str, dict[str, Any]]:
         rows = ppo_card.equivalents(cfg, rows)
     out = {}
     for peer, version in PEER_VERSIONS.items():
-        interface = _INTERFACE[peer] or ("trl.RLOOConfig" if cfg.algorithm.baseline == "leave_one_out" else "trl.GRPOConfig")
-        out[peer] = {"checked_against": f"{peer} {version}", "interface": interface, **{axis: rows[axis][peer] for axis in AXES}}
+        interface = _INTERFACE[peer] or (
+            "trl.RLOOConfig" if cfg.algorithm.baseline == "leave_one_out" else "trl.GRPOConfig"
+        )
+        out[peer] = {
+            "checked_against": f"{peer} {version}",
+            "interface": interface,
+            **{axis: rows[axis][peer] for axis in AXES},
+        }
     return out
 
 
@@ -350,21 +519,51 @@ def objective_card(cfg: Config, precision: dict[str, Any] | None = None) -> dict
         "formula": text,
         "formula_latex": tex,
         "choices": {
-            "baseline": a.baseline.value, "scaling": a.scaling.value, "std_kind": a.std_kind.value, "adv_eps": a.adv_eps,
-            "surrogate": a.surrogate.value, "eps_low": a.eps_low, "eps_high": a.eps_high, "dual_clip_c": a.dual_clip_c,
-            "aggregation": a.aggregation.value, "l_max": cfg.l_max, "beta": a.beta, "kl_estimator": a.kl_estimator.value,
-            "kl_placement": a.kl_placement.value, "is_mode": a.is_mode.value, "is_c_max": a.is_c_max, "is_c_min": a.is_c_min,
-            "entropy_coef": a.entropy_coef, "mask_truncated": a.mask_truncated, "overlong_buffer": a.overlong_buffer,
-            "overlong_penalty": a.overlong_penalty, "dynamic_sampling": a.dynamic_sampling,
-            "max_extra_rounds": a.max_extra_rounds, "mu": cfg.train.mu, "minibatches": cfg.train.minibatches,
-            "group_size": cfg.rollout.group_size, "stop_rule": stop_rule(cfg), "zero_variance_groups": "A = 0 exactly (max - min <= 1e-9)",
-            "lora": ({"rank": cfg.model.lora.rank, "alpha": cfg.model.lora.alpha, "dropout": cfg.model.lora.dropout,
-                      "target_modules": cfg.model.lora.target_modules} if cfg.model.lora.rank else "off"),
+            "baseline": a.baseline.value,
+            "scaling": a.scaling.value,
+            "std_kind": a.std_kind.value,
+            "adv_eps": a.adv_eps,
+            "surrogate": a.surrogate.value,
+            "eps_low": a.eps_low,
+            "eps_high": a.eps_high,
+            "dual_clip_c": a.dual_clip_c,
+            "aggregation": a.aggregation.value,
+            "l_max": cfg.l_max,
+            "beta": a.beta,
+            "kl_estimator": a.kl_estimator.value,
+            "kl_placement": a.kl_placement.value,
+            "is_mode": a.is_mode.value,
+            "is_c_max": a.is_c_max,
+            "is_c_min": a.is_c_min,
+            "entropy_coef": a.entropy_coef,
+            "mask_truncated": a.mask_truncated,
+            "overlong_buffer": a.overlong_buffer,
+            "overlong_penalty": a.overlong_penalty,
+            "dynamic_sampling": a.dynamic_sampling,
+            "max_extra_rounds": a.max_extra_rounds,
+            "mu": cfg.train.mu,
+            "minibatches": cfg.train.minibatches,
+            "group_size": cfg.rollout.group_size,
+            "stop_rule": stop_rule(cfg),
+            "zero_variance_groups": "A = 0 exactly (max - min <= 1e-9)",
+            "lora": (
+                {
+                    "rank": cfg.model.lora.rank,
+                    "alpha": cfg.model.lora.alpha,
+                    "dropout": cfg.model.lora.dropout,
+                    "target_modules": cfg.model.lora.target_modules,
+                }
+                if cfg.model.lora.rank
+                else "off"
+            ),
             "strategy": cfg.train.strategy,
-            "prompt_schedule": ("shuffle: each prompt once per epoch" if cfg.train.prompt_schedule == "shuffle" else
-                                f"pass_rate: a prompt whose last group was solved G/G or 0/G is skipped except with "
-                                f"probability {cfg.train.prompt_floor}, and taken after {math.ceil(1 / cfg.train.prompt_floor)} "
-                                f"skips in a row"),
+            "prompt_schedule": (
+                "shuffle: each prompt once per epoch"
+                if cfg.train.prompt_schedule == "shuffle"
+                else f"pass_rate: a prompt whose last group was solved G/G or 0/G is skipped except with "
+                f"probability {cfg.train.prompt_floor}, and taken after {math.ceil(1 / cfg.train.prompt_floor)} "
+                f"skips in a row"
+            ),
             "precision": card_entry(precision or unresolved(cfg.train.precision, cfg.rollout.dtype)),
             **ppo_card.choices(cfg),
         },

@@ -86,7 +86,9 @@ class JudgeConfig:
 @dataclass(frozen=True)
 class RewardConfig:
     weights: dict = field(default_factory=lambda: {"correct": 1.0, "format": 0.1})
-    functions: dict = field(default_factory=dict)  # your own: {name: "path/file.py:fn" | "pkg.mod:fn"} (rewards/user.py)
+    functions: dict = field(
+        default_factory=dict
+    )  # your own: {name: "path/file.py:fn" | "pkg.mod:fn"} (rewards/user.py)
     time_limit_s: float = 5.0  # per call of each of your functions (the built-ins have their own)
     sandbox: dict = field(default_factory=dict)  # limits of the code rewards' sandbox (grpolab/sandbox/limits.py)
     model: RewardModelConfig = RewardModelConfig()  # the learned reward `model` (weights: {model: 1.0})
@@ -169,9 +171,13 @@ class TrainConfig:
     grad_clip: float = 1.0
     # bf16 = bfloat16 autocast over fp32 master weights; auto = measured at start (grpolab/training/precision.py)
     precision: Literal["auto", "fp32", "bf16"] = "auto"
-    attention_fp32: bool = True  # with bf16 on CPU: attention in float32 (its bf16 backward is slow; grpolab/training/attention.py)
+    attention_fp32: bool = (
+        True  # with bf16 on CPU: attention in float32 (its bf16 backward is slow; grpolab/training/attention.py)
+    )
     device: str = "auto"  # auto (cuda when available) | cpu | cuda | cuda:N; under torchrun on CUDA: cuda:LOCAL_RANK
-    strategy: Literal["ddp", "fsdp2"] = "ddp"  # data parallel: replicated weights, or sharded (grpolab/training/sharding.py)
+    strategy: Literal["ddp", "fsdp2"] = (
+        "ddp"  # data parallel: replicated weights, or sharded (grpolab/training/sharding.py)
+    )
     share_prompt: bool = True  # training passes run each prompt once per micro-batch, not once per completion
     fused_adamw: bool = True  # torch's fused AdamW kernel (same update as foreach, one pass over the weights)
     pack_completions: bool = True  # with share_prompt: completions packed end to end, not padded (SDPA models)
@@ -181,7 +187,9 @@ class TrainConfig:
     # deterministic algorithms; on CPU the training passes' attention through SDPA's math backend)
     deterministic: bool = True
     save_every: int = 0  # checkpoint every N steps (0 = off) ...
-    save_every_minutes: float = 10.0  # ... and/or after this many minutes since the last one (0 = off); always at the end
+    save_every_minutes: float = (
+        10.0  # ... and/or after this many minutes since the last one (0 = off); always at the end
+    )
     keep_last: int = 2
     checkpoint_direct_io: bool = True  # write checkpoints past the page cache, O_DIRECT (grpolab/models/direct_io.py)
     samples_per_step: int = 4
@@ -250,7 +258,9 @@ def _expected(tp: Any) -> str:
         return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
     if isinstance(tp, type) and issubclass(tp, str) and tp is not str:
         return "one of " + ", ".join(repr(m.value) for m in tp)  # StrEnum
-    return {int: "an integer", float: "a finite number", bool: "true or false", str: "a string", dict: "a mapping"}.get(tp, str(tp))
+    return {int: "an integer", float: "a finite number", bool: "true or false", str: "a string", dict: "a mapping"}.get(
+        tp, str(tp)
+    )
 
 
 def _yaml_float(value: Any) -> Any:
@@ -292,7 +302,7 @@ def _coerce(path: str, tp: Any, value: Any) -> Any:
 
 REMOVED_CHOICES = {  # (field, value) of a choice grpolab no longer has -> why, named in the error
     ("rollout.decoder", value): f"the {value!r} decoder was removed: it sampled the same tokens as 'grpolab' and was "
-                                "no faster in a GRPO step (docs/performance.md keeps its measurement); use 'grpolab'"
+    "no faster in a GRPO step (docs/performance.md keeps its measurement); use 'grpolab'"
     for value in ("static", "static_compiled")
 }
 
@@ -324,7 +334,11 @@ def _build(cls: type, raw: Any, path: str) -> Any:
         where = f"{path}.{key}" if path else str(key)
         if key not in names:
             close = difflib.get_close_matches(str(key), names, n=1)
-            hint = f"; did you mean '{path + '.' if path else ''}{close[0]}'?" if close else f"; known fields: {', '.join(names)}"
+            hint = (
+                f"; did you mean '{path + '.' if path else ''}{close[0]}'?"
+                if close
+                else f"; known fields: {', '.join(names)}"
+            )
             raise ConfigError(f"unknown field '{where}'{hint}")
         tp = hints[key]
         if dataclasses.is_dataclass(tp):
@@ -416,7 +430,9 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:
         except yaml.YAMLError as e:
             raise ConfigError(f"{p}: not valid YAML ({e})") from None
         except UnicodeDecodeError as e:
-            raise ConfigError(f"{p}: not a UTF-8 text file (byte {e.start}: {e.reason}); expected a YAML config") from None
+            raise ConfigError(
+                f"{p}: not a UTF-8 text file (byte {e.start}: {e.reason}); expected a YAML config"
+            ) from None
         except OSError as e:
             raise ConfigError(f"{p}: cannot read the config file ({e.strerror or e})") from None
         if not isinstance(raw, dict):
@@ -445,8 +461,13 @@ _RANGES: list[tuple[str, Any, str]] = [
     ("model.lora.rank", lambda v: v >= 0, "an integer >= 0 (0 = off)"),
     ("model.lora.alpha", lambda v: v > 0, "a number > 0"),
     ("model.lora.dropout", lambda v: 0 <= v < 1, "a number in [0, 1)"),
-    ("model.lora.target_modules", lambda v: v == "all-linear" or (isinstance(v, list) and len(v) > 0 and all(
-        isinstance(m, str) and m for m in v)), "'all-linear' or a non-empty list of module names"),
+    (
+        "model.lora.target_modules",
+        lambda v: (
+            v == "all-linear" or (isinstance(v, list) and len(v) > 0 and all(isinstance(m, str) and m for m in v))
+        ),
+        "'all-linear' or a non-empty list of module names",
+    ),
     ("rollout.group_size", lambda v: v >= 2, "an integer >= 2 (a group needs at least two completions to compare)"),
     ("rollout.temperature", lambda v: v > 0, "a number > 0"),
     ("rollout.top_p", lambda v: 0 < v <= 1, "a number in (0, 1]"),
@@ -487,8 +508,11 @@ _RANGES: list[tuple[str, Any, str]] = [
     ("train.warmup_steps", lambda v: v >= 0, "an integer >= 0"),
     ("train.grad_clip", lambda v: v >= 0, "a number >= 0 (0 = off)"),
     ("train.save_every", lambda v: v >= 0, "an integer >= 0"),
-    ("train.device", lambda v: v in ("auto", "cpu", "cuda") or (v.startswith("cuda:") and v[5:].isdigit()),
-     "one of 'auto', 'cpu', 'cuda', 'cuda:N'"),
+    (
+        "train.device",
+        lambda v: v in ("auto", "cpu", "cuda") or (v.startswith("cuda:") and v[5:].isdigit()),
+        "one of 'auto', 'cpu', 'cuda', 'cuda:N'",
+    ),
     ("train.save_every_minutes", lambda v: v >= 0, "a number >= 0 (0 = off)"),
     ("train.keep_last", lambda v: v >= 1, "an integer >= 1"),
     ("train.adam_beta1", lambda v: 0 <= v < 1, "a number in [0, 1)"),
@@ -501,8 +525,11 @@ _RANGES: list[tuple[str, Any, str]] = [
     ("eval.batch_size", lambda v: v >= 1, "an integer >= 1"),
     ("eval.max_new_tokens", lambda v: v >= 0, "an integer >= 0 (0 = rollout.max_new_tokens)"),
     ("eval.num_problems", lambda v: v >= 1, "an integer >= 1"),
-    ("run.report_to", lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v) and len(set(v)) == len(v),
-     "a list of distinct tracker names (tensorboard, wandb, mlflow)"),
+    (
+        "run.report_to",
+        lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v) and len(set(v)) == len(v),
+        "a list of distinct tracker names (tensorboard, wandb, mlflow)",
+    ),
     ("run.table_every_steps", lambda v: v >= 0, "an integer >= 0 (0 = off)"),
     ("run.table_groups", lambda v: v >= 1, "an integer >= 1"),
 ]
@@ -534,7 +561,9 @@ def validate(cfg: Config) -> None:
         )
     j = cfg.reward.judge
     if j.min_score >= j.max_score:
-        raise ConfigError(f"reward.judge.max_score: expected > reward.judge.min_score ({j.min_score:g}), got {j.max_score:g}")
+        raise ConfigError(
+            f"reward.judge.max_score: expected > reward.judge.min_score ({j.min_score:g}), got {j.max_score:g}"
+        )
     if a.is_c_min > a.is_c_max:
         raise ConfigError(f"algorithm.is_c_min: expected <= algorithm.is_c_max ({a.is_c_max}), got {a.is_c_min}")
     rollouts = cfg.train.prompts_per_step * cfg.rollout.group_size
@@ -542,4 +571,3 @@ def validate(cfg: Config) -> None:
         raise ConfigError(
             f"train.minibatches: expected a divisor of prompts_per_step * group_size = {rollouts}, got {cfg.train.minibatches}"
         )
-

@@ -52,6 +52,7 @@ def problem_hashes(problems: Iterable[Problem]) -> list[str]:
 def data_hash(problems: list[Problem]) -> str:
     """sha256 of every problem's uid, question and answer -- plus its task data (a code task's tests) and
     instruction where it has them, so answer tasks keep the hashes they always had."""
+
     def row(p: Problem) -> list:
         extra = [dict(p.data), p.instruction] if p.data else []
         return [p.uid, p.question, p.answer, *extra]
@@ -69,7 +70,13 @@ def git_state() -> dict[str, Any]:
     cwd = Path(__file__).resolve().parent.parent
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, timeout=10)
-        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=cwd, capture_output=True, text=True, timeout=10)
+        status = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
     except (OSError, subprocess.SubprocessError):
         return {"commit": None, "dirty": None}
     if commit.returncode != 0:
@@ -90,8 +97,12 @@ def versions() -> dict[str, str | None]:
 def machine() -> dict[str, Any]:
     """Where the run computes: OS and kernel, processor, CPU model (Linux: /proc/cpuinfo's "model name", the CPU
     kind that decides which kernels run) and CPU count. A resume compares them with the run's (grpolab.runs)."""
-    return {"platform": platform.platform(), "processor": platform.processor(), "cpu_model": cpu_model(),
-            "cpus": os.cpu_count()}
+    return {
+        "platform": platform.platform(),
+        "processor": platform.processor(),
+        "cpu_model": cpu_model(),
+        "cpus": os.cpu_count(),
+    }
 
 
 def cpu_model(cpuinfo: str = "/proc/cpuinfo") -> str | None:
@@ -126,9 +137,15 @@ def read_manifest(run_dir: Path) -> dict[str, Any]:
 SEMANTIC_SECTIONS = ("config", "objective", "hashes", "versions", "git", "world_size")
 # where and how a run is written and watched: not what it computes (an old run resumes, a tracker can be added,
 # checkpoints may be written through the page cache on a filesystem that refuses direct I/O)
-IGNORED_CONFIG_KEYS = {"config.run.name", "config.run.output_dir", "config.run.report_to",
-                       "config.run.mlflow_tracking_uri", "config.run.table_every_steps", "config.run.table_groups",
-                       "config.train.checkpoint_direct_io"}
+IGNORED_CONFIG_KEYS = {
+    "config.run.name",
+    "config.run.output_dir",
+    "config.run.report_to",
+    "config.run.mlflow_tracking_uri",
+    "config.run.table_every_steps",
+    "config.run.table_groups",
+    "config.train.checkpoint_direct_io",
+}
 
 
 def _flatten(x: Any, prefix: str) -> dict[str, Any]:

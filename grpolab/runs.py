@@ -55,8 +55,10 @@ def plan_run_dir(cfg: Config) -> Path:
     name = cfg.run.name or f"{cfg.task.name}-{cfg.algorithm.preset}-{time.strftime('%Y%m%d-%H%M%S')}"
     path = Path(cfg.run.output_dir) / name
     if path.exists() and (not path.is_dir() or any(p.name != LOCK_FILE for p in path.iterdir())):
-        raise GrpolabError(f"run.name: {path} already exists and is not empty; choose another name, "
-                           f"or continue it with: grpolab train --resume {path}")
+        raise GrpolabError(
+            f"run.name: {path} already exists and is not empty; choose another name, "
+            f"or continue it with: grpolab train --resume {path}"
+        )
     return path
 
 
@@ -107,17 +109,20 @@ def lock_run_dir(run_dir: Path) -> RunLock:
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     except OSError as e:
-        raise GrpolabError(f"{run_dir}: cannot create its lock file {LOCK_FILE} ({e.strerror or e}); a run "
-                           f"directory must be writable") from None
+        raise GrpolabError(
+            f"{run_dir}: cannot create its lock file {LOCK_FILE} ({e.strerror or e}); a run directory must be writable"
+        ) from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
         holder = os.pread(fd, 64, 0).decode("ascii", "replace").strip()
         os.close(fd)
         who = f"process {holder}" if holder.isdigit() else "another process"
-        raise GrpolabError(f"{run_dir}: {who} is already writing this run directory (it holds {path}); two runs "
-                           f"in one directory would interleave their steps and checkpoints -- wait for it to end "
-                           f"or stop it, or use another run.name") from None
+        raise GrpolabError(
+            f"{run_dir}: {who} is already writing this run directory (it holds {path}); two runs "
+            f"in one directory would interleave their steps and checkpoints -- wait for it to end "
+            f"or stop it, or use another run.name"
+        ) from None
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     lock = _HELD[key] = RunLock(run_dir, fd)
@@ -137,8 +142,10 @@ def claim_new_run_dir(run_dir: Path) -> RunLock:
     if any(p.name != LOCK_FILE for p in run_dir.iterdir()):
         if ours:
             lock.release()
-        raise GrpolabError(f"run.name: {run_dir} already exists and is not empty (another run of this name "
-                           f"started meanwhile); choose another name, or continue it with: grpolab train --resume {run_dir}")
+        raise GrpolabError(
+            f"run.name: {run_dir} already exists and is not empty (another run of this name "
+            f"started meanwhile); choose another name, or continue it with: grpolab train --resume {run_dir}"
+        )
     return lock
 
 
@@ -158,10 +165,17 @@ def on_main(world, fn: Callable[[], Any]) -> Any:
     return result
 
 
-def build_manifest(cfg: Config, model_path: str, tokenizer, train: list[Problem], held_out: list[Problem],
-                   data_summary: dict[str, Any] | None = None, world_size: int = 1,
-                   callable_hashes: dict[str, str | None] | None = None,
-                   precision: dict[str, Any] | None = None) -> dict[str, Any]:
+def build_manifest(
+    cfg: Config,
+    model_path: str,
+    tokenizer,
+    train: list[Problem],
+    held_out: list[Problem],
+    data_summary: dict[str, Any] | None = None,
+    world_size: int = 1,
+    callable_hashes: dict[str, str | None] | None = None,
+    precision: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """The manifest of a run (docs/design.md section 6). ``hashes.reward_functions`` holds the source hash of every
     user reward: the file of each config reference, the own source of each Python callable passed in
     (``callable_hashes``; their names are listed under ``python_rewards``). A data summary with a ``source`` (the hf
@@ -207,15 +221,26 @@ def build_manifest(cfg: Config, model_path: str, tokenizer, train: list[Problem]
 
 def trainer_manifest(trainer: "Trainer") -> dict[str, Any]:
     """The manifest of a built trainer, as it reads back from JSON (tuples as lists), so it compares equal."""
-    built = build_manifest(trainer.config_given, trainer.model_path, trainer.tokenizer, trainer.train_problems,
-                           trainer.eval_problems, trainer.data_summary, trainer.world.size,
-                           trainer.rewards.callable_hashes(), trainer.precision)
+    built = build_manifest(
+        trainer.config_given,
+        trainer.model_path,
+        trainer.tokenizer,
+        trainer.train_problems,
+        trainer.eval_problems,
+        trainer.data_summary,
+        trainer.world.size,
+        trainer.rewards.callable_hashes(),
+        trainer.precision,
+    )
     return json.loads(json.dumps(built))
 
 
-def start_run(cfg: Config, rewards: dict[str, Any] | None = None,
-              problems: tuple[list[Problem], list[Problem], dict[str, Any]] | None = None,
-              progress: Callable[[str], None] | None = None) -> tuple["Trainer", dict[str, Any]]:
+def start_run(
+    cfg: Config,
+    rewards: dict[str, Any] | None = None,
+    problems: tuple[list[Problem], list[Problem], dict[str, Any]] | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> tuple["Trainer", dict[str, Any]]:
     """A new run: check the directory is free, build the trainer (bad input fails here, before anything is
     written), then create the directory, take its writer lock (``trainer.run_lock``) and write its manifest. Over
     several ranks, rank 0 names, locks and writes the directory (its name, with a timestamp, is the one every rank
@@ -272,21 +297,31 @@ def resume_config(run_dir: Path, overrides: list[str] | dict[str, Any]) -> tuple
 RESUME_GUARDED = ("config", "objective", "hashes", "versions")
 
 
-def check_resume(recorded: dict[str, Any], current: dict[str, Any], run_dir: Path, allow_changes: bool) -> list[tuple[str, Any, Any]]:
+def check_resume(
+    recorded: dict[str, Any], current: dict[str, Any], run_dir: Path, allow_changes: bool
+) -> list[tuple[str, Any, Any]]:
     """The differences between the recorded and the current manifest; refuses any unless allow_changes."""
     guarded = lambda m: {k: m.get(k) for k in RESUME_GUARDED}  # noqa: E731
     diffs = mf.diff_manifests(guarded(recorded), guarded(current))
     if diffs and not allow_changes:
         listed = "; ".join(f"{k}: {a!r} -> {b!r}" for k, a, b in diffs)
-        raise GrpolabError(f"--resume {run_dir}: the run no longer matches its manifest ({len(diffs)} difference"
-                           f"{'s' if len(diffs) > 1 else ''}: {listed}); pass --allow-changes to continue anyway "
-                           f"(the differences are recorded in the manifest)")
+        raise GrpolabError(
+            f"--resume {run_dir}: the run no longer matches its manifest ({len(diffs)} difference"
+            f"{'s' if len(diffs) > 1 else ''}: {listed}); pass --allow-changes to continue anyway "
+            f"(the differences are recorded in the manifest)"
+        )
     return diffs
 
 
-def resume_run(run_dir: Path, overrides: list[str] | dict[str, Any], allow_changes: bool, rewards: dict[str, Any] | None = None,
-               problems: tuple[list[Problem], list[Problem], dict[str, Any]] | None = None,
-               progress: Callable[[str], None] | None = None, from_intact: bool = False) -> tuple["Trainer", Path | None]:
+def resume_run(
+    run_dir: Path,
+    overrides: list[str] | dict[str, Any],
+    allow_changes: bool,
+    rewards: dict[str, Any] | None = None,
+    problems: tuple[list[Problem], list[Problem], dict[str, Any]] | None = None,
+    progress: Callable[[str], None] | None = None,
+    from_intact: bool = False,
+) -> tuple["Trainer", Path | None]:
     """Lock RUN_DIR, verify its newest checkpoint (``intact_checkpoints``; ``from_intact``: set corrupt newest ones
     aside and continue from the newest intact step), rebuild the trainer, check it against the manifest, restore
     the newest complete checkpoint (step 0 when there is none) and record the resume. Returns (trainer, checkpoint
@@ -299,9 +334,15 @@ def resume_run(run_dir: Path, overrides: list[str] | dict[str, Any], allow_chang
     world = init_world(resolve_device(cfg.train.device))
     lock = on_main(world, lambda: lock_run_dir(run_dir))
     corrupt = on_main(world, lambda: intact_checkpoints(run_dir, from_intact)) or []
-    trainer = trainer_class(cfg)(cfg, run_dir, world, rewards=rewards, problems=problems,
-                                 precision=recorded.get("precision"),  # an "auto" keeps its recorded choice: no new probe
-                                 **_progress(progress))
+    trainer = trainer_class(cfg)(
+        cfg,
+        run_dir,
+        world,
+        rewards=rewards,
+        problems=problems,
+        precision=recorded.get("precision"),  # an "auto" keeps its recorded choice: no new probe
+        **_progress(progress),
+    )
     trainer.run_lock = lock
     current = trainer_manifest(trainer)
     try:
@@ -318,16 +359,32 @@ def resume_run(run_dir: Path, overrides: list[str] | dict[str, Any], allow_chang
     if diffs:
         updated.update({k: current[k] for k in RESUME_GUARDED})
     threads = torch.get_num_threads()
-    updated["reproducibility"] = resumed_reproducibility(recorded.get("reproducibility") or {}, recorded.get("machine") or {},
-                                                         current["machine"], threads, trainer.step)
-    updated["resumes"] = [*recorded.get("resumes", []), {
-        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "step": trainer.step,
-        "checkpoint": path.name if path else None, "command": " ".join(["grpolab", *sys.argv[1:]]),
-        "allow_changes": allow_changes, "differences": [{"field": k, "recorded": a, "now": b} for k, a, b in diffs],
-        "git": current.get("git"), "machine": current["machine"], "threads": threads,
-        **({"corrupt_set_aside": [{"checkpoint": name, "problem": why} for name, (_, why) in zip(set_aside, corrupt)]}
-           if set_aside else {}),
-    }]
+    updated["reproducibility"] = resumed_reproducibility(
+        recorded.get("reproducibility") or {}, recorded.get("machine") or {}, current["machine"], threads, trainer.step
+    )
+    updated["resumes"] = [
+        *recorded.get("resumes", []),
+        {
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "step": trainer.step,
+            "checkpoint": path.name if path else None,
+            "command": " ".join(["grpolab", *sys.argv[1:]]),
+            "allow_changes": allow_changes,
+            "differences": [{"field": k, "recorded": a, "now": b} for k, a, b in diffs],
+            "git": current.get("git"),
+            "machine": current["machine"],
+            "threads": threads,
+            **(
+                {
+                    "corrupt_set_aside": [
+                        {"checkpoint": name, "problem": why} for name, (_, why) in zip(set_aside, corrupt)
+                    ]
+                }
+                if set_aside
+                else {}
+            ),
+        },
+    ]
     mf.write_json_atomic(run_dir / "manifest.json", updated)
     return trainer, path
 
@@ -344,17 +401,22 @@ def intact_checkpoints(run_dir: Path, from_intact: bool) -> list[tuple[Path, str
     bad = f"--resume {run_dir}: checkpoint {newest.name} is corrupt ({why})"
     others = "".join(f"; {p.name} too ({w})" for p, w in corrupt[1:])
     if intact is None:
-        raise GrpolabError(f"{bad}{others}; no earlier checkpoint is intact, so there is nothing to resume from: start "
-                           f"a new run (the corrupt checkpoints are left as they are)")
+        raise GrpolabError(
+            f"{bad}{others}; no earlier checkpoint is intact, so there is nothing to resume from: start "
+            f"a new run (the corrupt checkpoints are left as they are)"
+        )
     if not from_intact:
-        raise GrpolabError(f"{bad}{others}; the newest intact checkpoint is {intact.name}: resume from it with "
-                           f"grpolab train --resume {run_dir} --from-intact (the corrupt one is kept, renamed "
-                           f"{ckpt.CORRUPT_PREFIX}{newest.name}; steps after {intact.name} are trained again)")
+        raise GrpolabError(
+            f"{bad}{others}; the newest intact checkpoint is {intact.name}: resume from it with "
+            f"grpolab train --resume {run_dir} --from-intact (the corrupt one is kept, renamed "
+            f"{ckpt.CORRUPT_PREFIX}{newest.name}; steps after {intact.name} are trained again)"
+        )
     return corrupt
 
 
-def resumed_reproducibility(claim: dict[str, Any], machine_then: dict[str, Any], machine_now: dict[str, Any],
-                            threads_now: int, step: int) -> dict[str, Any]:
+def resumed_reproducibility(
+    claim: dict[str, Any], machine_then: dict[str, Any], machine_now: dict[str, Any], threads_now: int, step: int
+) -> dict[str, Any]:
     """The manifest's ``reproducibility`` after a resume at ``step``: ``claim`` itself when the machine (every
     field both records) and the torch thread count are the run's own; else ``bitwise: false`` with ``why`` naming
     the resume and what changed, the first claim kept under ``original`` (later resumes add to ``changes``).
@@ -367,14 +429,21 @@ def resumed_reproducibility(claim: dict[str, Any], machine_then: dict[str, Any],
     (False, ['step 3: machine.cpus 2 -> 4', 'step 3: torch threads 2 -> 4'], True)
     """
     original = claim.get("original", claim)
-    found = [f"step {step}: machine.{k} {machine_then[k]!r} -> {machine_now[k]!r}"
-             for k in sorted(set(machine_then) & set(machine_now)) if machine_then[k] != machine_now[k]]
+    found = [
+        f"step {step}: machine.{k} {machine_then[k]!r} -> {machine_now[k]!r}"
+        for k in sorted(set(machine_then) & set(machine_now))
+        if machine_then[k] != machine_now[k]
+    ]
     threads_then = original.get("threads")
     if threads_then is not None and threads_then != threads_now:
         found.append(f"step {step}: torch threads {threads_then} -> {threads_now}")
     if not found:
         return claim
     changes = [*claim.get("changes", []), *found]
-    return {"bitwise": False, "original": original, "changes": changes,
-            "why": "resumed on another machine or thread count (" + "; ".join(changes) + "); the original claim "
-                   "held only for " + str(original.get("holds_for", "the same machine, thread count and versions"))}
+    return {
+        "bitwise": False,
+        "original": original,
+        "changes": changes,
+        "why": "resumed on another machine or thread count (" + "; ".join(changes) + "); the original claim "
+        "held only for " + str(original.get("holds_for", "the same machine, thread count and versions")),
+    }

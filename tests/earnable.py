@@ -56,8 +56,9 @@ def fresh_reward(trainer, num_problems: int = 4, samples: int = 16, seed: int = 
     from grpolab.rollout.base import SamplingParams
 
     r = trainer.cfg.rollout
-    params = SamplingParams(group_size=samples, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
-                            max_new_tokens=r.max_new_tokens)
+    params = SamplingParams(
+        group_size=samples, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, max_new_tokens=r.max_new_tokens
+    )
     prompts = [trainer.collector.prompt_ids(p) for p in trainer.train_problems[:num_problems]]
     state = rng_state()
     try:

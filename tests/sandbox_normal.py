@@ -18,8 +18,11 @@ def assert_normal_programs_score_exactly(limits: SandboxLimits) -> None:
     1, 2/3, 0 and 1 with the reasons None, wrong_answer, syntax, None."""
     problems, completions, expected = [], [], []
     for i in range(16):
-        problems.append(code_problem(f"normal/{i}", "q", "", ("assert g(3) == 9", "assert g(-2) == 4", "assert g(0) == 0"),
-                                     entry_point="g"))
+        problems.append(
+            code_problem(
+                f"normal/{i}", "q", "", ("assert g(3) == 9", "assert g(-2) == 4", "assert g(0) == 0"), entry_point="g"
+            )
+        )
         body = ("return x * x", "return abs(x) * 3", "return x +", "return max(x, -x) ** 2")[i % 4]
         completions.append(f"```python\ndef g(x):\n    {body}\n```")
         expected.append((1.0, 2 / 3, 0.0, 1.0)[i % 4])

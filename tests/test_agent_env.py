@@ -28,14 +28,17 @@ def test_tool_calls_are_parsed_and_malformed_ones_say_why():
     assert parse_tool_call("no call here", {"calculator"}) is None
 
 
-@pytest.mark.parametrize("expr, out", [("23*17-5", "386"), ("7/2", "3.5"), ("-(3+4)*2", "-14"), ("2**10", "1024"),
-                                        ("10 // 3", "3"), ("3 × 4", "12")])
+@pytest.mark.parametrize(
+    "expr, out",
+    [("23*17-5", "386"), ("7/2", "3.5"), ("-(3+4)*2", "-14"), ("2**10", "1024"), ("10 // 3", "3"), ("3 × 4", "12")],
+)
 def test_calculator_computes(expr, out):
     assert calculate(expr) == out
 
 
-@pytest.mark.parametrize("expr", ["__import__('os').system('x')", "a+1", "(1).real", "[1]*9", "9**9**9", "1/0",
-                                  "lambda: 1", "2" * 300])
+@pytest.mark.parametrize(
+    "expr", ["__import__('os').system('x')", "a+1", "(1).real", "[1]*9", "9**9**9", "1/0", "lambda: 1", "2" * 300]
+)
 def test_calculator_refuses_anything_but_arithmetic(expr):
     with pytest.raises(ToolError):
         calculate(expr)
@@ -124,7 +127,8 @@ def test_a_user_environment_is_loaded_from_a_file(tmp_path):
         "    def reward(self): return float(self.ok)\n"
         "    @classmethod\n"
         "    def problems(cls, split, n, seed, difficulty):\n"
-        "        return [Problem(uid=f'echo/{split}/{i}', question='say yes', answer='yes') for i in range(n)]\n")
+        "        return [Problem(uid=f'echo/{split}/{i}', question='say yes', answer='yes') for i in range(n)]\n"
+    )
     task = make_task("agent", env=f"{tmp_path / 'my_env.py'}:Echo", num_test=3)
     assert [p.uid for p in task.problems("test")] == ["echo/test/0", "echo/test/1", "echo/test/2"]
     with pytest.raises(ConfigError, match="has no class 'Nope'"):
@@ -135,16 +139,25 @@ def test_a_user_environment_is_loaded_from_a_file(tmp_path):
         "    def reset(self, problem, rng): return problem.question\n"
         "    def step(self, action): return '', True\n"
         "    @classmethod\n"
-        "    def problems(cls, split, n, seed, difficulty): return []\n")
+        "    def problems(cls, split, n, seed, difficulty): return []\n"
+    )
     with pytest.raises(ConfigError, match=r"task.env: .*half_env.py:Half lacks reward"):
         make_task("agent", env=f"{tmp_path / 'half_env.py'}:Half")
 
 
 def _rollout(n: int, lc: int, loss: bool) -> Rollout:
     cm = torch.ones(n, lc, dtype=torch.long)
-    return Rollout(torch.zeros(n, 2, dtype=torch.long), torch.ones(n, 2, dtype=torch.long),
-                   torch.arange(n * lc).view(n, lc), cm, torch.zeros(n, lc), torch.zeros(n, dtype=torch.bool),
-                   torch.arange(n), [""] * n, loss_mask=(cm * torch.tensor([1, 0] * (lc // 2) + [1] * (lc % 2))) if loss else None)
+    return Rollout(
+        torch.zeros(n, 2, dtype=torch.long),
+        torch.ones(n, 2, dtype=torch.long),
+        torch.arange(n * lc).view(n, lc),
+        cm,
+        torch.zeros(n, lc),
+        torch.zeros(n, dtype=torch.bool),
+        torch.arange(n),
+        [""] * n,
+        loss_mask=(cm * torch.tensor([1, 0] * (lc // 2) + [1] * (lc % 2))) if loss else None,
+    )
 
 
 def test_loss_mask_survives_select_and_concat_and_defaults_to_the_completion_mask():
@@ -157,8 +170,12 @@ def test_loss_mask_survives_select_and_concat_and_defaults_to_the_completion_mas
 
 
 def test_agent_metrics_count_endings_tools_and_success_without_tools():
-    rs = [EpisodeResult(1.0, "done", None, 2, 1, 0, 10, "", True), EpisodeResult(1.0, "done", None, 1, 0, 0, 4, "", True),
-          EpisodeResult(0.0, "max_turns", None, 3, 3, 2, 30, "", True), EpisodeResult(math.nan, "invalid", "x", 1, 0, 0, 2, "", True)]
+    rs = [
+        EpisodeResult(1.0, "done", None, 2, 1, 0, 10, "", True),
+        EpisodeResult(1.0, "done", None, 1, 0, 0, 4, "", True),
+        EpisodeResult(0.0, "max_turns", None, 3, 3, 2, 30, "", True),
+        EpisodeResult(math.nan, "invalid", "x", 1, 0, 0, 2, "", True),
+    ]
     m = agent_metrics(rs)
     assert m["agent/success_frac"] == 0.5 and m["agent/turns_mean"] == 7 / 4 and m["agent/tool_errors_mean"] == 0.5
     assert m["agent/ended_by/done_frac"] == 0.5 and m["agent/ended_by/invalid_frac"] == 0.25
@@ -167,9 +184,16 @@ def test_agent_metrics_count_endings_tools_and_success_without_tools():
 
 
 def _rows(success, turns, errors, bypass=None):
-    return [{"step": i + 1, "agent/success_frac": s, "agent/turns_mean": u, "agent/tool_errors_mean": e,
-             **({} if bypass is None else {"agent/success_without_tool_frac": bypass[i]})}
-            for i, (s, u, e) in enumerate(zip(success, turns, errors))]
+    return [
+        {
+            "step": i + 1,
+            "agent/success_frac": s,
+            "agent/turns_mean": u,
+            "agent/tool_errors_mean": e,
+            **({} if bypass is None else {"agent/success_without_tool_frac": bypass[i]}),
+        }
+        for i, (s, u, e) in enumerate(zip(success, turns, errors))
+    ]
 
 
 def test_report_agent_checks_flag_runaway_episodes_and_tool_bypass_and_are_na_elsewhere():

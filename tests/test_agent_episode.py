@@ -74,10 +74,12 @@ def envs(monkeypatch):
 
 
 def problem(env: str = "chatty", **limits) -> Problem:
-    lim = dataclasses.asdict(EpisodeLimits(**{"max_turns": 3, "max_turn_tokens": 8, "max_total_tokens": 200,
-                                              "time_limit_s": 1.0, **limits}))
-    return Problem(uid=f"t/{env}", question="Count the apples.", answer="0",
-                   data={"kind": "agent", "env": env, "limits": lim})
+    lim = dataclasses.asdict(
+        EpisodeLimits(**{"max_turns": 3, "max_turn_tokens": 8, "max_total_tokens": 200, "time_limit_s": 1.0, **limits})
+    )
+    return Problem(
+        uid=f"t/{env}", question="Count the apples.", answer="0", data={"kind": "agent", "env": env, "limits": lim}
+    )
 
 
 @pytest.fixture(scope="module")
@@ -121,21 +123,33 @@ def test_model_tokens_are_exactly_the_sampled_ids_over_three_turns(model_and_tok
     assert ids[n0 + len(obs) + n1 : n0 + 2 * len(obs) + n1].tolist() == obs
     assert ro.completion_mask[0].sum() == len(turns[0]) + len(turns[1]) + len(turns[2]) + 2 * len(obs)
     # what a re-rendering and re-tokenizing of the history would have trained on instead: different ids
-    history = tok.apply_chat_template([{"role": "user", "content": "Count the apples."}]
-                                      + [m for t in turns[:2] for m in ({"role": "assistant", "content": tok.decode(t, skip_special_tokens=True)},
-                                                                        {"role": "user", "content": OBSERVATION["text"]})],
-                                      tokenize=False, add_generation_prompt=True)
+    history = tok.apply_chat_template(
+        [{"role": "user", "content": "Count the apples."}]
+        + [
+            m
+            for t in turns[:2]
+            for m in (
+                {"role": "assistant", "content": tok.decode(t, skip_special_tokens=True)},
+                {"role": "user", "content": OBSERVATION["text"]},
+            )
+        ],
+        tokenize=False,
+        add_generation_prompt=True,
+    )
     retokenized = tok(history, add_special_tokens=False)["input_ids"]
-    ours = (ro.prompt_ids[0][ro.prompt_mask[0].bool()].tolist() + ids[: n0 + n1 + 2 * len(obs)].tolist())
+    ours = ro.prompt_ids[0][ro.prompt_mask[0].bool()].tolist() + ids[: n0 + n1 + 2 * len(obs)].tolist()
     assert retokenized != ours
     assert ro.sampler_logprobs[0][~loss.bool()][: 2 * len(obs)].abs().sum() == 0  # env tokens: logprob 0
 
 
-@pytest.mark.parametrize("bound, limits, expect", [
-    ("max_turns", {"max_turns": 2, "max_turn_tokens": 40}, lambda r, n: r.turns == 2),
-    ("max_turn_tokens", {"max_turn_tokens": 5}, lambda r, n: r.model_tokens == 5 and r.turns == 1),
-    ("max_total_tokens", {"max_turn_tokens": 50, "max_total_tokens": 23}, lambda r, n: n == 23),
-])
+@pytest.mark.parametrize(
+    "bound, limits, expect",
+    [
+        ("max_turns", {"max_turns": 2, "max_turn_tokens": 40}, lambda r, n: r.turns == 2),
+        ("max_turn_tokens", {"max_turn_tokens": 5}, lambda r, n: r.model_tokens == 5 and r.turns == 1),
+        ("max_total_tokens", {"max_turn_tokens": 50, "max_total_tokens": 23}, lambda r, n: n == 23),
+    ],
+)
 def test_each_bound_ends_the_episode_exactly_at_its_limit(model_and_tokenizer, bound, limits, expect):
     stop_every = 2 if bound == "max_turns" else 0  # max_turns: turns that end on their own; else: never
     out = runner(model_and_tokenizer, stop_every).run([problem(**limits)], 2, PARAMS, seeds=[1])
@@ -148,7 +162,9 @@ def test_each_bound_ends_the_episode_exactly_at_its_limit(model_and_tokenizer, b
 
 def test_failures_end_only_their_episode_as_invalid_with_a_reason(model_and_tokenizer):
     r = runner(model_and_tokenizer, stop_every=2)
-    out = r.run([problem("raises"), problem("garbage"), problem("hangs"), problem("chatty")], 2, PARAMS, seeds=[1, 2, 3, 4])
+    out = r.run(
+        [problem("raises"), problem("garbage"), problem("hangs"), problem("chatty")], 2, PARAMS, seeds=[1, 2, 3, 4]
+    )
     reasons = [res.error for res in out.results]
     assert all(res.invalid and math.isnan(res.reward) for res in out.results[:6])
     assert "RuntimeError: env bug" in reasons[0] and "expected (observation: str, done: bool)" in reasons[2]
@@ -163,7 +179,9 @@ def test_tool_calls_malformed_calls_and_a_hanging_tool(model_and_tokenizer):
     r.respond(ep, "<tool>calculator(6*7)</tool>")
     assert r.tokenizer.decode(ep.tokens).count("calculator result: 42") == 1 and sum(ep.loss) == 0
     r.respond(ep, "<tool>calculator 6*7</tool>")
-    assert ep.result.tool_calls == 2 and ep.result.tool_errors == 1 and "Error: malformed" in r.tokenizer.decode(ep.tokens)
+    assert (
+        ep.result.tool_calls == 2 and ep.result.tool_errors == 1 and "Error: malformed" in r.tokenizer.decode(ep.tokens)
+    )
     t0 = time.perf_counter()
     r.respond(ep, "<tool>hang(x)</tool>")
     assert time.perf_counter() - t0 < 3.0
@@ -174,8 +192,9 @@ def test_training_pass_logprobs_equal_the_samplers_over_two_turns(model_and_toke
     """Teacher forcing: the policy's logprobs of the episode's model tokens, in the training pass (plain, shared
     prompt, packed), equal those the sampler recorded while it generated them turn by turn."""
     model, _ = model_and_tokenizer
-    out = runner(model_and_tokenizer, stop_every=4).run([problem(max_turns=2, max_turn_tokens=20)] * 2, 2, PARAMS,
-                                                        seeds=[3, 4])
+    out = runner(model_and_tokenizer, stop_every=4).run(
+        [problem(max_turns=2, max_turn_tokens=20)] * 2, 2, PARAMS, seeds=[3, 4]
+    )
     assert any(res.turns == 2 and res.ended_by == "max_turns" for res in out.results)
     ro, rows = out.rollout, torch.arange(4)
     m = ro.loss_mask.bool()
@@ -186,8 +205,13 @@ def test_training_pass_logprobs_equal_the_samplers_over_two_turns(model_and_toke
 
 
 def _updater(model, **train) -> PolicyUpdater:
-    cfg = from_dict({"algorithm": {"beta": 0.0}, "rollout": {"group_size": 2},
-                     "train": {"micro_batch_size": 8, "share_prompt": False, "pack_completions": False, **train}})
+    cfg = from_dict(
+        {
+            "algorithm": {"beta": 0.0},
+            "rollout": {"group_size": 2},
+            "train": {"micro_batch_size": 8, "share_prompt": False, "pack_completions": False, **train},
+        }
+    )
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
     return PolicyUpdater(cfg, model, None, opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda i: 1.0))
 
@@ -216,7 +240,9 @@ def _loss_and_logit_grads(model, ro, advantages):
 
 def test_the_loss_gradient_is_exactly_zero_on_environment_token_logits(model_and_tokenizer):
     model, _ = model_and_tokenizer
-    out = runner(model_and_tokenizer, stop_every=3).run([problem(max_turns=2, max_turn_tokens=12)], 2, PARAMS, seeds=[5])
+    out = runner(model_and_tokenizer, stop_every=3).run(
+        [problem(max_turns=2, max_turn_tokens=12)], 2, PARAMS, seeds=[5]
+    )
     ro = out.rollout
     loss, grad = _loss_and_logit_grads(model, ro, torch.tensor([1.0, -1.0]))
     # plain pass: logits[:, t] predicts completion token t (the extra last slot predicts nothing)
@@ -237,7 +263,9 @@ def test_an_observation_changes_the_loss_only_through_the_model_tokens_context(m
     reference loss built from the model tokens' logprobs alone -- -(1/B) sum_i A_i (1/|o_i|) sum_{t model} logp_t --
     so the observation enters only as context; the model tokens before it keep their logprobs, those after change."""
     model, _ = model_and_tokenizer
-    out = runner(model_and_tokenizer, stop_every=3).run([problem(max_turns=2, max_turn_tokens=12)], 2, PARAMS, seeds=[6])
+    out = runner(model_and_tokenizer, stop_every=3).run(
+        [problem(max_turns=2, max_turn_tokens=12)], 2, PARAMS, seeds=[6]
+    )
     a = out.rollout
     assert all(res.turns == 2 for res in out.results)
     b = dataclasses.replace(a, completion_ids=a.completion_ids.clone())
@@ -302,18 +330,45 @@ def test_exact_resume_mid_run_with_agent_episodes(tiny_model_dir, tmp_path, monk
 
     monkeypatch.setattr(episode_module, "load_env", __import__("grpolab.agents.env", fromlist=["load_env"]).load_env)
     # turns that end on their own: tokens with id % 7 == 0 stop a turn too (the newline, 198, does not)
-    monkeypatch.setattr(EpisodeRunner, "from_engine", classmethod(lambda cls, engine: EpisodeRunner(
-        engine.model, engine.tokenizer, sorted(set(engine.stop_ids) | set(range(0, len(engine.tokenizer), 7))))))
+    monkeypatch.setattr(
+        EpisodeRunner,
+        "from_engine",
+        classmethod(
+            lambda cls, engine: EpisodeRunner(
+                engine.model, engine.tokenizer, sorted(set(engine.stop_ids) | set(range(0, len(engine.tokenizer), 7)))
+            )
+        ),
+    )
     (tmp_path / "nl.py").write_text(NEWLINE_ENV)
 
     def config(name: str, steps: int) -> dict:
-        return {"model": {"name": tiny_model_dir},
-                "task": {"name": "agent", "options": {"env": f"{tmp_path / 'nl.py'}:Newlines", "num_train": 8, "num_test": 2,
-                                                      "max_turns": 2, "max_turn_tokens": 6, "max_total_tokens": 60}},
-                "reward": {"weights": {"env": 1.0}}, "rollout": {"group_size": 4, "top_k": 2, "dtype": "float32"},
-                "algorithm": {"beta": 0.0}, "train": {"steps": steps, "prompts_per_step": 2, "micro_batch_size": 8,
-                                                      "lr": 5e-3, "precision": "fp32", "save_every": 1},
-                "eval": {"every_steps": 0}, "run": {"output_dir": str(tmp_path), "name": name}}
+        return {
+            "model": {"name": tiny_model_dir},
+            "task": {
+                "name": "agent",
+                "options": {
+                    "env": f"{tmp_path / 'nl.py'}:Newlines",
+                    "num_train": 8,
+                    "num_test": 2,
+                    "max_turns": 2,
+                    "max_turn_tokens": 6,
+                    "max_total_tokens": 60,
+                },
+            },
+            "reward": {"weights": {"env": 1.0}},
+            "rollout": {"group_size": 4, "top_k": 2, "dtype": "float32"},
+            "algorithm": {"beta": 0.0},
+            "train": {
+                "steps": steps,
+                "prompts_per_step": 2,
+                "micro_batch_size": 8,
+                "lr": 5e-3,
+                "precision": "fp32",
+                "save_every": 1,
+            },
+            "eval": {"every_steps": 0},
+            "run": {"output_dir": str(tmp_path), "name": name},
+        }
 
     whole, _ = start_run(build(config("whole", 3)))
     whole.fit()
@@ -323,8 +378,13 @@ def test_exact_resume_mid_run_with_agent_episodes(tiny_model_dir, tmp_path, monk
     assert path is not None and path.name == "step-2"
     resumed.fit()
     volatile = ("time/", "throughput/", "memory/")
-    ra, rb = ([{k: v for k, v in json.loads(line).items() if not k.startswith(volatile)}
-               for line in (tmp_path / n / "metrics.jsonl").read_text().splitlines()] for n in ("whole", "cut"))
+    ra, rb = (
+        [
+            {k: v for k, v in json.loads(line).items() if not k.startswith(volatile)}
+            for line in (tmp_path / n / "metrics.jsonl").read_text().splitlines()
+        ]
+        for n in ("whole", "cut")
+    )
     assert [r["step"] for r in rb] == [1, 2, 3] and ra == rb
     assert any(r["reward/std"] > 0 and r["agent/turns_mean"] > 1 for r in ra)  # the episodes mattered
     wa = load_file(ckpt.latest_checkpoint(tmp_path / "whole") / "model.safetensors")
@@ -344,17 +404,27 @@ def test_the_observation_follows_the_end_of_turn_token_the_model_sampled(model_a
 
     def scripted(model, ids, mask, *args, **kwargs):
         n = ids.shape[0]
-        return Decoded(tokens=torch.tensor([turn] * n), mask=torch.ones(n, len(turn), dtype=torch.long),
-                                      logprobs=torch.zeros(n, len(turn)), truncated=torch.zeros(n, dtype=torch.bool))
+        return Decoded(
+            tokens=torch.tensor([turn] * n),
+            mask=torch.ones(n, len(turn), dtype=torch.long),
+            logprobs=torch.zeros(n, len(turn)),
+            truncated=torch.zeros(n, dtype=torch.bool),
+        )
 
     monkeypatch.setattr(episode_module, "decode_groups", scripted)
-    out = EpisodeRunner(model, tok, stop_ids, reuse_cache=False).run([problem(max_turns=2, max_turn_tokens=8)], 1,
-                                                                     PARAMS, seeds=[0])
+    out = EpisodeRunner(model, tok, stop_ids, reuse_cache=False).run(
+        [problem(max_turns=2, max_turn_tokens=8)], 1, PARAMS, seeds=[0]
+    )
     assert out.results[0].ended_by == "max_turns"
-    conversation = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "Four."},
-                    {"role": "user", "content": OBSERVATION["text"]}]
+    conversation = [
+        {"role": "user", "content": "q"},
+        {"role": "assistant", "content": "Four."},
+        {"role": "user", "content": OBSERVATION["text"]},
+    ]
     rendered = tok.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True)
-    after_prompt = rendered[rendered.index("q<|im_end|>\n<|im_start|>assistant\n") + len("q<|im_end|>\n<|im_start|>assistant\n"):]
+    after_prompt = rendered[
+        rendered.index("q<|im_end|>\n<|im_start|>assistant\n") + len("q<|im_end|>\n<|im_start|>assistant\n") :
+    ]
     ids = out.rollout.completion_ids[0][out.rollout.completion_mask[0].bool()].tolist()
     assert tok.decode(ids) == after_prompt + "Four.<|im_end|>"
     assert ids[len(turn)] != 2  # the observation's first token

@@ -57,13 +57,19 @@ def runner(tiny_model_dir):
     return EpisodeRunner(model, tok, eos_ids(model, tok))
 
 
-@pytest.mark.parametrize("env, difficulty, calls", [
-    ("lookup", 1, lambda p: p.data["expert_calls"]), ("calc", 3, lambda p: 1), ("calc", 1, lambda p: 0),
-    ("guess", 1, lambda p: 0),
-])
+@pytest.mark.parametrize(
+    "env, difficulty, calls",
+    [
+        ("lookup", 1, lambda p: p.data["expert_calls"]),
+        ("calc", 3, lambda p: 1),
+        ("calc", 1, lambda p: 0),
+        ("guess", 1, lambda p: 0),
+    ],
+)
 def test_expert_episodes_succeed_with_the_calls_their_label_says(runner, env, difficulty, calls):
-    task = AgentTask(env, num_train=9, num_test=3, difficulty=difficulty, max_turns=6, max_turn_tokens=40,
-                     max_total_tokens=400)
+    task = AgentTask(
+        env, num_train=9, num_test=3, difficulty=difficulty, max_turns=6, max_turn_tokens=40, max_total_tokens=400
+    )
     eot = end_of_turn_id(runner)
     assert runner.tokenizer.convert_ids_to_tokens([eot]) == ["<|im_end|>"]
     for problem in task.problems("train"):
@@ -88,8 +94,9 @@ def test_an_expert_episode_is_what_the_runner_makes_of_the_same_turns_sampled(ru
     from grpolab.rollout.base import SamplingParams
     from grpolab.rollout.decode import Decoded
 
-    problem = AgentTask("lookup", num_train=3, num_test=3, difficulty=1, max_turns=5, max_turn_tokens=40,
-                        max_total_tokens=400).problems("train")[1]  # two boxes: three turns
+    problem = AgentTask(
+        "lookup", num_train=3, num_test=3, difficulty=1, max_turns=5, max_turn_tokens=40, max_total_tokens=400
+    ).problems("train")[1]  # two boxes: three turns
     expert = expert_episode(runner, problem)
     turns, current = [], []
     for t, m in zip(expert.tokens, expert.loss_mask):
@@ -104,8 +111,12 @@ def test_an_expert_episode_is_what_the_runner_makes_of_the_same_turns_sampled(ru
 
     def decode(model, seqs, stores, *args, **kwargs):
         ids = next(scripted)
-        return Decoded(torch.tensor([ids]), torch.ones(1, len(ids), dtype=torch.long), torch.zeros(1, len(ids)),
-                       torch.zeros(1, dtype=torch.bool)), [None]
+        return Decoded(
+            torch.tensor([ids]),
+            torch.ones(1, len(ids), dtype=torch.long),
+            torch.zeros(1, len(ids)),
+            torch.zeros(1, dtype=torch.bool),
+        ), [None]
 
     monkeypatch.setattr(episode_module, "decode_turn", decode)
     out = runner.run([problem], 1, SamplingParams(group_size=1, greedy=True))

@@ -47,10 +47,15 @@ def model_and_tokenizer(tiny_model_dir):
 
 def problem(i: int, turns: int) -> Problem:
     """Prompts of different lengths (the batch is left-padded and the rows feed different numbers of tokens)."""
-    limits = dataclasses.asdict(EpisodeLimits(max_turns=turns, max_turn_tokens=12, max_total_tokens=300,
-                                              time_limit_s=2.0))
-    return Problem(uid=f"t/{i}", question="Count the apples. " * (i + 1), answer="0",
-                   data={"kind": "agent", "env": "endless", "limits": limits})
+    limits = dataclasses.asdict(
+        EpisodeLimits(max_turns=turns, max_turn_tokens=12, max_total_tokens=300, time_limit_s=2.0)
+    )
+    return Problem(
+        uid=f"t/{i}",
+        question="Count the apples. " * (i + 1),
+        answer="0",
+        data={"kind": "agent", "env": "endless", "limits": limits},
+    )
 
 
 def runner(model_and_tokenizer, reuse_cache: bool) -> EpisodeRunner:
@@ -60,11 +65,14 @@ def runner(model_and_tokenizer, reuse_cache: bool) -> EpisodeRunner:
     return EpisodeRunner(model, tok, stops, reuse_cache=reuse_cache)
 
 
-@pytest.mark.parametrize("params, seeds", [
-    (SamplingParams(group_size=2, greedy=True), None),
-    (SamplingParams(group_size=2, temperature=1.0), [1, 2, 3, 4]),
-    (SamplingParams(group_size=2, temperature=0.8, top_k=50), [5, 6, 7, 8]),  # truncated: two logprob streams
-])
+@pytest.mark.parametrize(
+    "params, seeds",
+    [
+        (SamplingParams(group_size=2, greedy=True), None),
+        (SamplingParams(group_size=2, temperature=1.0), [1, 2, 3, 4]),
+        (SamplingParams(group_size=2, temperature=0.8, top_k=50), [5, 6, 7, 8]),  # truncated: two logprob streams
+    ],
+)
 def test_the_cached_runner_samples_the_episodes_of_the_rereading_runner(model_and_tokenizer, params, seeds):
     problems = [problem(i, t) for i, t in enumerate([1, 2, 4, 4])]
     ref = runner(model_and_tokenizer, False).run(problems, 2, params, seeds=seeds)
@@ -105,11 +113,14 @@ def test_a_turn_after_the_first_feeds_only_the_stop_token_and_the_observation(mo
     observation = observations[0]
     # the reference re-reads everything: its second prefill is the prompt, the first turn and the observation
     ref_widths: list[int] = []
-    handle = model.register_forward_pre_hook(lambda m, a, k: ref_widths.append(k["input_ids"].shape[1])
-                                             if k["input_ids"].shape[1] > 1 else None, with_kwargs=True)
+    handle = model.register_forward_pre_hook(
+        lambda m, a, k: ref_widths.append(k["input_ids"].shape[1]) if k["input_ids"].shape[1] > 1 else None,
+        with_kwargs=True,
+    )
     try:
-        runner(model_and_tokenizer, False).run([problem(0, 3)], 1, SamplingParams(group_size=1, temperature=1.0),
-                                               seeds=[11])
+        runner(model_and_tokenizer, False).run(
+            [problem(0, 3)], 1, SamplingParams(group_size=1, temperature=1.0), seeds=[11]
+        )
     finally:
         handle.remove()
     assert ref_widths[0] == prompt and ref_widths[1] > prompt + len(observation)

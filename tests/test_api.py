@@ -35,8 +35,15 @@ def config(model_dir: str, **reward) -> dict:
         "reward": reward or earnable.reward_config(),
         "rollout": earnable.rollout_config(group_size=4),
         "algorithm": {"preset": "grpo", "beta": 0.0, "entropy_coef": 0.0},
-        "train": {"steps": 2, "prompts_per_step": 2, "micro_batch_size": 8, "lr": 1e-2, "seed": 0,
-                  "samples_per_step": 2, "save_every_minutes": 0},
+        "train": {
+            "steps": 2,
+            "prompts_per_step": 2,
+            "micro_batch_size": 8,
+            "lr": 1e-2,
+            "seed": 0,
+            "samples_per_step": 2,
+            "save_every_minutes": 0,
+        },
         "eval": {"every_steps": 2, "num_problems": 4, "max_new_tokens": 4},
     }
 
@@ -96,7 +103,9 @@ def test_a_python_callable_reward_trains_like_its_file_and_is_hashed(tiny_model_
     result = grpolab.train(cfg, rewards={"earn": share}, run_dir=tmp_path / "callable")
     assert numbers(result.run_dir) == numbers(api_run.run_dir)  # the same function, passed in instead of named
     manifest = read_manifest(result.run_dir)
-    assert manifest["hashes"]["reward_functions"] == {"earn": hashlib.sha256(inspect.getsource(share).encode()).hexdigest()}
+    assert manifest["hashes"]["reward_functions"] == {
+        "earn": hashlib.sha256(inspect.getsource(share).encode()).hexdigest()
+    }
     assert manifest["python_rewards"] == ["earn"] and manifest["config"]["reward"]["functions"] == {}
 
 
@@ -154,11 +163,13 @@ def sums(start: int, n: int) -> list[Problem]:
 
 def test_in_memory_dataset_trains_records_its_fingerprint_and_resumes(tiny_model_dir, tmp_path):
     datasets = pytest.importorskip("datasets")
-    data = datasets.Dataset.from_dict({"prompt": [p.question for p in sums(0, 30)],
-                                       "gold": [p.answer for p in sums(0, 30)]})
+    data = datasets.Dataset.from_dict(
+        {"prompt": [p.question for p in sums(0, 30)], "gold": [p.answer for p in sums(0, 30)]}
+    )
     fields = {"prompt_field": "prompt", "answer_field": "gold", "test_fraction": 0.2}
-    cfg = grpolab.load_config(config(tiny_model_dir), {"reward": {"weights": {"earn": 1.0}}, "train.steps": 1,
-                                                       "eval.every_steps": 1})
+    cfg = grpolab.load_config(
+        config(tiny_model_dir), {"reward": {"weights": {"earn": 1.0}}, "train.steps": 1, "eval.every_steps": 1}
+    )
     result = grpolab.train(cfg, rewards={"earn": share}, problems=data, fields=fields, run_dir=tmp_path / "mem")
     manifest = read_manifest(result.run_dir)
     assert manifest["config"]["task"] == {"name": "python", "options": fields}
@@ -167,8 +178,14 @@ def test_in_memory_dataset_trains_records_its_fingerprint_and_resumes(tiny_model
     assert manifest["data"]["train_problems"] == 24 and manifest["data"]["held_out_problems"] == 4
     with pytest.raises(ConfigError, match="trained on problems passed in memory; pass the same problems="):
         grpolab.train({"train.steps": 2}, resume=result.run_dir, rewards={"earn": share})
-    again = grpolab.train({"train.steps": 2}, resume=result.run_dir, rewards={"earn": share}, problems=data,
-                          fields=fields, allow_changes=True)
+    again = grpolab.train(
+        {"train.steps": 2},
+        resume=result.run_dir,
+        rewards={"earn": share},
+        problems=data,
+        fields=fields,
+        allow_changes=True,
+    )
     assert again.steps == 2 and [r["step"] for r in again.history()] == [1, 2]
 
 
@@ -178,6 +195,7 @@ def test_in_memory_dataset_trains_records_its_fingerprint_and_resumes(tiny_model
 @pytest.fixture
 def no_model(monkeypatch):
     """Any model load fails the test: every error below must come first."""
+
     def refuse(*args, **kwargs):
         raise AssertionError("a model was loaded before the bad input was reported")
 
@@ -197,21 +215,39 @@ def short(completions, problems):
     return []
 
 
-@pytest.mark.parametrize("case, message", [
-    ({"config": {"reward.functions": {"earn": "missing.py:f"}}, "rewards": {}},
-     "reward.functions.earn: file not found: missing.py"),
-    ({"rewards": {"earn": one_arg}}, "rewards['earn']: test_api:one_arg(completion) cannot be called as fn("),
-    ({"rewards": {"earn": text_reward}}, "rewards['earn']: returned str 'high', expected a float or None (called on"),
-    ({"rewards": {"earn": short}}, "rewards['earn']: returned 0 results for 1 completions"),
-    ({"rewards": {"other": share}}, "rewards['other']: passed in but not weighted; add reward.weights.other"),
-    ({"config": {"task": {"name": "hf", "options": {"path": "DATASET", "prompt_field": "question"}}}},
-     "task.prompt_field: no field 'question' in split 'train' of DATASET; fields: prompt, gold"),
-    ({"problems": "DATASET_OBJECT", "fields": {"answer_field": "answer"}, "config": {"eval.every_steps": 0}},
-     "task.prompt_field: no field 'question' in split 'train' of the data set; fields: prompt, gold"),
-    ({"problems": [{"question": "1 + 1?"}]}, "problems[0]: expected a grpolab.Problem(uid, question, answer), got dict"),
-    ({"problems": sums(0, 8), "eval_problems": sums(6, 4)}, "eval_problems: 2 of 4 held-out problems share a question"),
-    ({"problems": sums(0, 8)}, "eval_problems: eval.every_steps > 0 needs held-out problems"),
-])
+@pytest.mark.parametrize(
+    "case, message",
+    [
+        (
+            {"config": {"reward.functions": {"earn": "missing.py:f"}}, "rewards": {}},
+            "reward.functions.earn: file not found: missing.py",
+        ),
+        ({"rewards": {"earn": one_arg}}, "rewards['earn']: test_api:one_arg(completion) cannot be called as fn("),
+        (
+            {"rewards": {"earn": text_reward}},
+            "rewards['earn']: returned str 'high', expected a float or None (called on",
+        ),
+        ({"rewards": {"earn": short}}, "rewards['earn']: returned 0 results for 1 completions"),
+        ({"rewards": {"other": share}}, "rewards['other']: passed in but not weighted; add reward.weights.other"),
+        (
+            {"config": {"task": {"name": "hf", "options": {"path": "DATASET", "prompt_field": "question"}}}},
+            "task.prompt_field: no field 'question' in split 'train' of DATASET; fields: prompt, gold",
+        ),
+        (
+            {"problems": "DATASET_OBJECT", "fields": {"answer_field": "answer"}, "config": {"eval.every_steps": 0}},
+            "task.prompt_field: no field 'question' in split 'train' of the data set; fields: prompt, gold",
+        ),
+        (
+            {"problems": [{"question": "1 + 1?"}]},
+            "problems[0]: expected a grpolab.Problem(uid, question, answer), got dict",
+        ),
+        (
+            {"problems": sums(0, 8), "eval_problems": sums(6, 4)},
+            "eval_problems: 2 of 4 held-out problems share a question",
+        ),
+        ({"problems": sums(0, 8)}, "eval_problems: eval.every_steps > 0 needs held-out problems"),
+    ],
+)
 def test_bad_input_is_one_line_before_any_model_loads(tiny_model_dir, tmp_path, no_model, case, message):
     datasets = pytest.importorskip("datasets")
     data = datasets.Dataset.from_dict({"prompt": ["What is 1 + 1?"] * 4, "gold": ["2"] * 4})
@@ -224,8 +260,9 @@ def test_bad_input_is_one_line_before_any_model_loads(tiny_model_dir, tmp_path, 
     if kwargs.get("problems") == "DATASET_OBJECT":
         kwargs["problems"] = data
     with pytest.raises((ConfigError, DataError)) as info:
-        grpolab.train(grpolab.load_config(base, raw), run_dir=tmp_path / "run",
-                      **({"rewards": {"earn": share}} | kwargs))
+        grpolab.train(
+            grpolab.load_config(base, raw), run_dir=tmp_path / "run", **({"rewards": {"earn": share}} | kwargs)
+        )
     text = str(info.value).replace(str(saved), "DATASET")
     assert text.startswith(message) and "\n" not in text, text
     assert not (tmp_path / "run").exists()
@@ -239,9 +276,27 @@ def test_evaluate_compare_and_report_match_the_command(tiny_model_dir, api_run, 
 
     args = dict(task="arithmetic", options={"num_train": 40, "num_test": 12}, limit=4, max_new_tokens=4)
     got = grpolab.evaluate_models([tiny_model_dir, str(api_run.run_dir)], out=tmp_path / "api.json", **args)
-    cli = CliRunner().invoke(app, ["eval", tiny_model_dir, str(api_run.run_dir), "--task", "arithmetic",
-                                   "--task-option", "num_train=40", "--task-option", "num_test=12", "--limit", "4",
-                                   "--max-new-tokens", "4", "--out", str(tmp_path / "cli.json")], catch_exceptions=False)
+    cli = CliRunner().invoke(
+        app,
+        [
+            "eval",
+            tiny_model_dir,
+            str(api_run.run_dir),
+            "--task",
+            "arithmetic",
+            "--task-option",
+            "num_train=40",
+            "--task-option",
+            "num_test=12",
+            "--limit",
+            "4",
+            "--max-new-tokens",
+            "4",
+            "--out",
+            str(tmp_path / "cli.json"),
+        ],
+        catch_exceptions=False,
+    )
     assert cli.exit_code == 0, cli.output
     from_cli = json.loads((tmp_path / "cli.json").read_text())
     assert got.path == tmp_path / "api.json" and json.loads(got.path.read_text())["data_hash"] == from_cli["data_hash"]
@@ -264,7 +319,9 @@ def test_evaluate_compare_and_report_match_the_command(tiny_model_dir, api_run, 
 def test_api_names_do_not_shadow_the_modules():
     import grpolab.evaluation.heldout as evaluation
 
-    assert grpolab.evaluation.heldout is evaluation and not callable(grpolab.evaluation.heldout)  # the module, as before
+    assert grpolab.evaluation.heldout is evaluation and not callable(
+        grpolab.evaluation.heldout
+    )  # the module, as before
     assert "models" in inspect.signature(grpolab.evaluate_models).parameters
     assert grpolab.load_config(None, ["train.steps=7"]).train.steps == 7
 

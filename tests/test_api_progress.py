@@ -44,8 +44,9 @@ def test_train_prints_phases_and_step_lines_to_stderr_by_default(tiny_model_dir,
 
 def test_train_and_evaluate_are_silent_with_verbose_false(tiny_model_dir, tmp_path, capsys):
     result = grpolab.train(base(tiny_model_dir, tmp_path), run_dir=tmp_path / "runs" / "quiet", verbose=False)
-    grpolab.evaluate_models([tiny_model_dir], options={"num_train": 20, "num_test": 10}, limit=2, max_new_tokens=2,
-                            verbose=False)
+    grpolab.evaluate_models(
+        [tiny_model_dir], options={"num_train": 20, "num_test": 10}, limit=2, max_new_tokens=2, verbose=False
+    )
     out = capsys.readouterr()
     assert (out.out, out.err) == ("", "")
     assert result.steps == 1
@@ -53,8 +54,14 @@ def test_train_and_evaluate_are_silent_with_verbose_false(tiny_model_dir, tmp_pa
 
 def test_evaluate_models_prints_one_line_per_batch_and_writes_into_new_folders(tiny_model_dir, tmp_path, capsys):
     out_path = tmp_path / "new" / "folder" / "e.json"
-    grpolab.evaluate_models([tiny_model_dir], options={"num_train": 20, "num_test": 10}, limit=4, max_new_tokens=2,
-                            batch_size=2, out=out_path)
+    grpolab.evaluate_models(
+        [tiny_model_dir],
+        options={"num_train": 20, "num_test": 10},
+        limit=4,
+        max_new_tokens=2,
+        batch_size=2,
+        out=out_path,
+    )
     err = capsys.readouterr().err.splitlines()
     assert err == [f"eval {tiny_model_dir} greedy: {n}/4 problems" for n in (2, 4)]
     assert json.loads(out_path.read_text())["n"] == 4

@@ -28,8 +28,15 @@ def reference_attention(q, k, v, mask, scale):
 
 def tiny_llama() -> LlamaForCausalLM:
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, attn_implementation="sdpa")
+    cfg = LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        attn_implementation="sdpa",
+    )
     return LlamaForCausalLM(cfg)
 
 
@@ -48,7 +55,7 @@ def test_it_is_float32_attention_of_the_bf16_inputs(grouped):
     assert out.dtype == torch.bfloat16
     ref = reference_attention(q, k, v, mask, 0.25)
     # float32 attention then one rounding to bf16: within half a bf16 ulp of the float64 value (2^-9 relative)
-    assert torch.all((out.double() - ref).abs() <= ref.abs() * 2.0 ** -8 + 1e-6)
+    assert torch.all((out.double() - ref).abs() <= ref.abs() * 2.0**-8 + 1e-6)
 
 
 def test_model_logits_and_gradients_under_autocast_match_float32_attention():
@@ -72,14 +79,20 @@ def test_a_non_sdpa_model_is_left_alone():
 
 
 @pytest.mark.usefixtures("one_thread")
-@pytest.mark.parametrize("precision, sampling, attention",
-                         [("bf16", "bfloat16", NAME), ("bf16", "float32", NAME), ("fp32", "float32", GROUPED)])
-def test_the_trainer_switches_only_the_training_policy(tiny_model_dir, tmp_path, precision, sampling,
-                                                                         attention):
-    cfg = from_dict({"model": {"name": tiny_model_dir}, "task": {"options": {"num_train": 4, "num_test": 2}},
-                     "rollout": {"group_size": 2, "max_new_tokens": 4, "dtype": sampling},
-                     "train": {"steps": 1, "prompts_per_step": 1, "precision": precision, "device": "cpu"},
-                     "run": {"output_dir": str(tmp_path)}})
+@pytest.mark.parametrize(
+    "precision, sampling, attention",
+    [("bf16", "bfloat16", NAME), ("bf16", "float32", NAME), ("fp32", "float32", GROUPED)],
+)
+def test_the_trainer_switches_only_the_training_policy(tiny_model_dir, tmp_path, precision, sampling, attention):
+    cfg = from_dict(
+        {
+            "model": {"name": tiny_model_dir},
+            "task": {"options": {"num_train": 4, "num_test": 2}},
+            "rollout": {"group_size": 2, "max_new_tokens": 4, "dtype": sampling},
+            "train": {"steps": 1, "prompts_per_step": 1, "precision": precision, "device": "cpu"},
+            "run": {"output_dir": str(tmp_path)},
+        }
+    )
     trainer = Trainer(cfg, tmp_path / "run")
     assert trainer.policy.config._attn_implementation == attention
     # a sampler copy (bf16 sampling) keeps SDPA; a float32 sampler shares the policy, where the upcast is a no-op

@@ -59,13 +59,18 @@ def assert_clear_failure(code: int, output: str, *expected: str) -> None:
         assert text in output, (text, output)
 
 
-@pytest.mark.parametrize("args, expected", [
-    (["--set", "train.stpes=3"], ["unknown field 'train.stpes'; did you mean 'train.steps'?"]),
-    (["--set", "model.name=/no/such/model"], ["model.name: /no/such/model is not a model directory"]),
-])
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["--set", "train.stpes=3"], ["unknown field 'train.stpes'; did you mean 'train.steps'?"]),
+        (["--set", "model.name=/no/such/model"], ["model.name: /no/such/model is not a model directory"]),
+    ],
+)
 def test_subprocess(tiny_model_dir, tmp_path, args, expected):
     config = config_file(tmp_path, base(tiny_model_dir, tmp_path))
-    res = subprocess.run([str(GRPOLAB), "train", str(config), *args], capture_output=True, text=True, env=ENV, timeout=300)
+    res = subprocess.run(
+        [str(GRPOLAB), "train", str(config), *args], capture_output=True, text=True, env=ENV, timeout=300
+    )
     assert_clear_failure(res.returncode, res.stdout + res.stderr, *expected)
     assert not (tmp_path / "runs" / "bad").exists()
 
@@ -98,20 +103,49 @@ def write(path: Path, data: bytes) -> Path:
 
 
 CASES = {
-    "group_size": (lambda cfg, t, m: cfg, ["--set", "rollout.group_size=1"],
-                   "rollout.group_size: expected an integer >= 2"),
-    "eps": (lambda cfg, t, m: cfg, ["--set", "algorithm.eps_low=-0.1"], "algorithm.eps_low: expected a number in [0, 1)"),
-    "wrong_type": (lambda cfg, t, m: cfg, ["--set", "train.steps=many"], "train.steps: expected an integer, got 'many'"),
-    "max_nonfinite": (lambda cfg, t, m: cfg, ["--set", "train.max_nonfinite_steps=0"],
-                      "train.max_nonfinite_steps: expected an integer >= 1, got 0"),
+    "group_size": (
+        lambda cfg, t, m: cfg,
+        ["--set", "rollout.group_size=1"],
+        "rollout.group_size: expected an integer >= 2",
+    ),
+    "eps": (
+        lambda cfg, t, m: cfg,
+        ["--set", "algorithm.eps_low=-0.1"],
+        "algorithm.eps_low: expected a number in [0, 1)",
+    ),
+    "wrong_type": (
+        lambda cfg, t, m: cfg,
+        ["--set", "train.steps=many"],
+        "train.steps: expected an integer, got 'many'",
+    ),
+    "max_nonfinite": (
+        lambda cfg, t, m: cfg,
+        ["--set", "train.max_nonfinite_steps=0"],
+        "train.max_nonfinite_steps: expected an integer >= 1, got 0",
+    ),
     "missing_data": (lambda cfg, t, m: jsonl_task(cfg, t / "nope.jsonl"), [], "nope.jsonl: file not found"),
-    "malformed_row": (lambda cfg, t, m: jsonl_task(cfg, write(t / "rows.jsonl", b'{"question": "1+1", "answer": "2"}\n{"question": \n')),
-                      [], "rows.jsonl:2: malformed JSON"),
-    "unreadable_data": (lambda cfg, t, m: jsonl_task(cfg, write(t / "binary.jsonl", b"\xff\xfe\x00garbage\n")), [],
-                        "binary.jsonl: cannot read the task data (UnicodeDecodeError"),
-    "too_many_bad_rows": (lambda cfg, t, m: gsm8k_task(cfg, t, bad=3, max_bad=0.2), [],
-                          "3 of 10 rows have no usable gold answer"),
-    "no_chat_template": (lambda cfg, t, m: {**cfg, "model": {"name": no_chat_template(m, t)}}, [], "has no chat template"),
+    "malformed_row": (
+        lambda cfg, t, m: jsonl_task(
+            cfg, write(t / "rows.jsonl", b'{"question": "1+1", "answer": "2"}\n{"question": \n')
+        ),
+        [],
+        "rows.jsonl:2: malformed JSON",
+    ),
+    "unreadable_data": (
+        lambda cfg, t, m: jsonl_task(cfg, write(t / "binary.jsonl", b"\xff\xfe\x00garbage\n")),
+        [],
+        "binary.jsonl: cannot read the task data (UnicodeDecodeError",
+    ),
+    "too_many_bad_rows": (
+        lambda cfg, t, m: gsm8k_task(cfg, t, bad=3, max_bad=0.2),
+        [],
+        "3 of 10 rows have no usable gold answer",
+    ),
+    "no_chat_template": (
+        lambda cfg, t, m: {**cfg, "model": {"name": no_chat_template(m, t)}},
+        [],
+        "has no chat template",
+    ),
 }
 
 
@@ -125,11 +159,17 @@ def test_cli_main(tiny_model_dir, tmp_path, monkeypatch, capsys, case):
 
 def test_missing_config_file_and_misused_resume_flags(tmp_path, monkeypatch, capsys):
     assert_clear_failure(*cli_main(monkeypatch, capsys, "train", tmp_path / "nope.yaml"), "config file not found")
-    assert_clear_failure(*cli_main(monkeypatch, capsys, "train", "--resume", tmp_path), "not a run directory (no manifest.json)")
+    assert_clear_failure(
+        *cli_main(monkeypatch, capsys, "train", "--resume", tmp_path), "not a run directory (no manifest.json)"
+    )
     (tmp_path / "manifest.json").write_text("{}")
-    assert_clear_failure(*cli_main(monkeypatch, capsys, "train", tmp_path / "c.yaml", "--resume", tmp_path),
-                         "--resume RUN_DIR reads its config from RUN_DIR/manifest.json")
-    assert_clear_failure(*cli_main(monkeypatch, capsys, "train", "--allow-changes"), "--allow-changes only applies with --resume")
+    assert_clear_failure(
+        *cli_main(monkeypatch, capsys, "train", tmp_path / "c.yaml", "--resume", tmp_path),
+        "--resume RUN_DIR reads its config from RUN_DIR/manifest.json",
+    )
+    assert_clear_failure(
+        *cli_main(monkeypatch, capsys, "train", "--allow-changes"), "--allow-changes only applies with --resume"
+    )
     (tmp_path / "manifest.json").write_text("{not json")
     assert_clear_failure(*cli_main(monkeypatch, capsys, "train", "--resume", tmp_path), "manifest.json")
 

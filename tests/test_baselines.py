@@ -125,12 +125,18 @@ def test_sft_cli_matches_run_budget(tiny_model_dir, tmp_path):
 
     run = tmp_path / "run"
     run.mkdir()
-    cfg = {"model": {"name": tiny_model_dir}, "task": {"name": "arithmetic", "options": {"num_train": 4}},
-           "train": {"steps": 2, "mu": 2, "minibatches": 1}}
+    cfg = {
+        "model": {"name": tiny_model_dir},
+        "task": {"name": "arithmetic", "options": {"num_train": 4}},
+        "train": {"steps": 2, "mu": 2, "minibatches": 1},
+    }
     (run / "manifest.json").write_text(json.dumps({"config": cfg}))
     out = tmp_path / "sft"
-    r = CliRunner().invoke(app, ["baseline", "sft", "--match-run", str(run), "--out", str(out), "--precision", "fp32"],
-                           catch_exceptions=False)
+    r = CliRunner().invoke(
+        app,
+        ["baseline", "sft", "--match-run", str(run), "--out", str(out), "--precision", "fp32"],
+        catch_exceptions=False,
+    )
     assert r.exit_code == 0, r.output
     m = json.loads((out / BASELINE_MANIFEST).read_text())
     assert len(m["losses"]) == 4 and m["num_problems"] == 4 and m["base_model"] == tiny_model_dir  # 2 steps x mu 2

@@ -24,8 +24,16 @@ def common():
 def tiny_config(tie: bool = True):
     from transformers import LlamaConfig
 
-    return LlamaConfig(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                       num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=tie)
+    return LlamaConfig(
+        vocab_size=100,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        tie_word_embeddings=tie,
+    )
 
 
 # Hand count of tiny_config(): per layer q 32*32 + k 32*16 + v 32*16 + o 32*32 = 3072, MLP 3*32*64 = 6144,
@@ -51,8 +59,16 @@ def test_shape_from_model_matches_config(common, tie):
 def test_smollm2_135m_non_embedding_parameters(common):
     from transformers import LlamaConfig
 
-    cfg = LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
-                      num_key_value_heads=3, head_dim=64, tie_word_embeddings=True)
+    cfg = LlamaConfig(
+        vocab_size=49152,
+        hidden_size=576,
+        intermediate_size=1536,
+        num_hidden_layers=30,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        head_dim=64,
+        tie_word_embeddings=True,
+    )
     s = common.ModelShape.from_config(cfg)
     # per layer: q 576*576, k and v 576*192 each, o 576*576, MLP 3*576*1536, norms 2*576
     per_layer = 331776 + 2 * 110592 + 331776 + 2654208 + 1152
@@ -77,7 +93,12 @@ def test_step_flops_hand_count(common):
     seq1 = 2 * N_BODY * 4 + 2 * N_HEAD * 2 + 4 * LAYERS * D_ATTN * (1 + 2 + 3 + 4)
     seq2 = 2 * N_BODY * 3 + 2 * N_HEAD * 1 + 4 * LAYERS * D_ATTN * (1 + 2 + 3)
     f = common.step_flops(s, [3, 3], [2, 1], group_size=2)
-    assert f == {"generation": seq1 + seq2, "reference": seq1 + seq2, "policy": 3 * (seq1 + seq2), "total": 5 * (seq1 + seq2)}
+    assert f == {
+        "generation": seq1 + seq2,
+        "reference": seq1 + seq2,
+        "policy": 3 * (seq1 + seq2),
+        "total": 5 * (seq1 + seq2),
+    }
     assert f["total"] == 1417920
     no_ref = common.step_flops(s, [3, 3], [2, 1], group_size=2, with_reference=False)
     assert no_ref["reference"] == 0 and no_ref["total"] == 4 * (seq1 + seq2)

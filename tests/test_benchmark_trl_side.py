@@ -37,14 +37,34 @@ def test_trl_settings_are_the_quickstart_run(tmp_path):
     side = load("trl_side")
     s = side.trl_settings(quickstart(), bf16=True, max_steps=30, gradient_checkpointing=False)
     # objective (the card's TRL row): per-sequence token mean, group std, no KL, symmetric clip 0.2, one epoch
-    assert (s["loss_type"], s["scale_rewards"], s["beta"], s["epsilon"], s["epsilon_high"], s["num_iterations"]) == \
-        ("grpo", "group", 0.0, 0.2, 0.2, 1)
+    assert (s["loss_type"], s["scale_rewards"], s["beta"], s["epsilon"], s["epsilon_high"], s["num_iterations"]) == (
+        "grpo",
+        "group",
+        0.0,
+        0.2,
+        0.2,
+        1,
+    )
     # the step: 4 prompts x G 8 generated at once, trained 16 at a time -> one optimizer step per rollout batch
-    assert (s["num_generations"], s["generation_batch_size"], s["per_device_train_batch_size"],
-            s["gradient_accumulation_steps"]) == (8, 32, 16, 2)
-    assert (s["temperature"], s["max_completion_length"], s["learning_rate"], s["max_grad_norm"]) == (0.8, 48, 1e-5, 1.0)
-    assert (s["adam_beta1"], s["adam_beta2"], s["lr_scheduler_type"], s["max_steps"], s["bf16"]) == \
-        (0.9, 0.99, "constant", 30, True)
+    assert (
+        s["num_generations"],
+        s["generation_batch_size"],
+        s["per_device_train_batch_size"],
+        s["gradient_accumulation_steps"],
+    ) == (8, 32, 16, 2)
+    assert (s["temperature"], s["max_completion_length"], s["learning_rate"], s["max_grad_norm"]) == (
+        0.8,
+        48,
+        1e-5,
+        1.0,
+    )
+    assert (s["adam_beta1"], s["adam_beta2"], s["lr_scheduler_type"], s["max_steps"], s["bf16"]) == (
+        0.9,
+        0.99,
+        "constant",
+        30,
+        True,
+    )
     conf = trl.GRPOConfig(output_dir=str(tmp_path), save_strategy="no", **s)
     assert conf.steps_per_generation == 2 == conf.gradient_accumulation_steps  # TRL reads it the same way
 

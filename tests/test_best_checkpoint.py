@@ -31,10 +31,20 @@ def config(model_dir: str, out, name: str, steps: int = 6) -> dict:
     return {
         "model": {"name": model_dir},
         "task": {"name": "arithmetic", "options": {"num_train": 50, "num_test": 20}},
-        "reward": earnable.reward_config(), "rollout": earnable.rollout_config(group_size=4),
+        "reward": earnable.reward_config(),
+        "rollout": earnable.rollout_config(group_size=4),
         "algorithm": {"preset": "grpo", "beta": 0.0, "entropy_coef": 0.0},
-        "train": {"steps": steps, "prompts_per_step": 2, "micro_batch_size": 8, "lr": 5e-3, "seed": 0,
-                  "samples_per_step": 1, "save_every": 1, "save_every_minutes": 0, "keep_last": 1},
+        "train": {
+            "steps": steps,
+            "prompts_per_step": 2,
+            "micro_batch_size": 8,
+            "lr": 5e-3,
+            "seed": 0,
+            "samples_per_step": 1,
+            "save_every": 1,
+            "save_every_minutes": 0,
+            "keep_last": 1,
+        },
         "eval": {"every_steps": 2, "num_problems": 2, "max_new_tokens": 2},
         "run": {"output_dir": str(out), "name": name},
     }
@@ -42,9 +52,11 @@ def config(model_dir: str, out, name: str, steps: int = 6) -> dict:
 
 def plant_heldout(monkeypatch, trainer, accuracies: dict[int, float]) -> None:
     """The periodic eval returns a planted held-out accuracy per step (interval +-0.1 around it)."""
+
     def planted():
         a = accuracies[trainer.step]
         return {"eval/accuracy": a, "eval/ci_low": a - 0.1, "eval/ci_high": a + 0.1}
+
     monkeypatch.setattr(trainer, "eval_metrics", planted)
 
 
@@ -81,8 +93,10 @@ def test_reward_rises_while_held_out_falls_the_early_checkpoint_is_the_best(tiny
     build_report(run, ReportOptions(skip_safety=True, skip_diversity=True))
     md = (run / "report.md").read_text()
     assert "Checkpoint judged: the weights at step 6, the last periodic held-out eval of training" in md
-    assert ("The run's best checkpoint by held-out accuracy is step-2, 0.750 [0.650, 0.850] on 2 problems: highest "
-            "held-out accuracy") in md and "evaluate RUN:best" in md
+    assert (
+        "The run's best checkpoint by held-out accuracy is step-2, 0.750 [0.650, 0.850] on 2 problems: highest "
+        "held-out accuracy"
+    ) in md and "evaluate RUN:best" in md
     assert 'alt="Held-out accuracy (periodic eval) vs training reward"' in (run / "report.html").read_text()
     row = {"model": f"{run}:best", "path": str(run / "checkpoints" / "step-2")}  # an eval file's row of RUN:best
     judged = judged_checkpoint(run, row, None)

@@ -49,22 +49,30 @@ BASE = {"rollout": {"group_size": 4, "max_new_tokens": 24}, "train": {"prompts_p
 IS_BOUNDS = {"beta": 0.0, "is_c_min": 0.8, "is_c_max": 1.25}
 CASES = {
     **{p: {"preset": p} for p in ["grpo", "dapo", "dr_grpo", "rloo", "gspo"]},
-    "population_std": {"std_kind": "population"}, "trl_eps": {"adv_eps": 1e-4, "beta": 0.0},
-    "batch_std": {"scaling": "batch_std"}, "loo_group_std": {"baseline": "leave_one_out"},
+    "population_std": {"std_kind": "population"},
+    "trl_eps": {"adv_eps": 1e-4, "beta": 0.0},
+    "batch_std": {"scaling": "batch_std"},
+    "loo_group_std": {"baseline": "leave_one_out"},
     "dual_clip": {"surrogate": "dual_clip", "dual_clip_c": 2.5, "beta": 0.0},
     "gspo_token_mean": {"preset": "gspo", "aggregation": "token_mean"},
     "token_sum": {"aggregation": "seq_mean_token_sum", "beta": 0.0},
-    "token_mean_2_minibatches": {"preset": "dapo", "minibatches": 2}, "l_max": {"preset": "dr_grpo", "l_max": 16},
+    "token_mean_2_minibatches": {"preset": "dapo", "minibatches": 2},
+    "l_max": {"preset": "dr_grpo", "l_max": 16},
     "kl_loss_k1": {"beta": 0.05, "kl_estimator": "k1", "aggregation": "token_mean"},
     "kl_loss_k2": {"beta": 0.05, "kl_estimator": "k2"},
     "kl_reward_k1": {"beta": 0.05, "kl_placement": "reward", "kl_estimator": "k1"},
     "kl_reward_k3": {"beta": 0.05, "kl_placement": "reward", "kl_estimator": "k3"},
     "rloo_kl_reward_k1": {"preset": "rloo", "beta": 0.05, "kl_placement": "reward", "kl_estimator": "k1"},
-    **{f"is_{m}": {"is_mode": m, **IS_BOUNDS} for m in ["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"]},
+    **{
+        f"is_{m}": {"is_mode": m, **IS_BOUNDS}
+        for m in ["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"]
+    },
     "entropy_token_mean": {"entropy_coef": 0.01, "aggregation": "token_mean", "beta": 0.0},
     "entropy": {"entropy_coef": 0.01, "beta": 0.0},
-    "mask_truncated": {"mask_truncated": True}, "overlong": {"overlong_buffer": 8, "overlong_penalty": 0.5},
-    "dynamic_sampling": {"preset": "dapo", "max_extra_rounds": 2}, "mu_minibatches": {"mu": 2, "minibatches": 2},
+    "mask_truncated": {"mask_truncated": True},
+    "overlong": {"overlong_buffer": 8, "overlong_penalty": 0.5},
+    "dynamic_sampling": {"preset": "dapo", "max_extra_rounds": 2},
+    "mu_minibatches": {"mu": 2, "minibatches": 2},
 }
 TOL = dict(rtol=1e-6, atol=1e-7)  # peers compute in float32 in places (TRL's rewards, OpenRLHF's KL)
 # TRL 1.16 defaults gradient_checkpointing=True, a name transformers 5.2x deprecates
@@ -110,11 +118,20 @@ def peer_defs(path: Path, names: list[str], namespace: dict, cls: str | None = N
     ``namespace``; the file's imports of the standard library, torch and numpy come with them."""
     tree = ast.parse(path.read_text())
     body = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls).body if cls else tree.body
-    picked = [n for n in body if getattr(n, "name", None) in names
-              or isinstance(n, ast.Assign) and any(getattr(t, "id", None) in names for t in n.targets)]
+    picked = [
+        n
+        for n in body
+        if getattr(n, "name", None) in names
+        or isinstance(n, ast.Assign)
+        and any(getattr(t, "id", None) in names for t in n.targets)
+    ]
     assert {getattr(n, "name", None) or n.targets[0].id for n in picked} == set(names), path
-    imports = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))
-               and ((n.module or "") if isinstance(n, ast.ImportFrom) else n.names[0].name).split(".")[0] in BASE_MODULES]
+    imports = [
+        n
+        for n in tree.body
+        if isinstance(n, (ast.Import, ast.ImportFrom))
+        and ((n.module or "") if isinstance(n, ast.ImportFrom) else n.names[0].name).split(".")[0] in BASE_MODULES
+    ]
     namespace.update({k: getattr(typing, k) for k in ("Any", "List", "Optional", "Tuple", "Union")})
     exec(compile(ast.Module(body=imports + picked, type_ignores=[]), str(path), "exec"), namespace)
     return namespace
@@ -144,9 +161,14 @@ def fixed_batch() -> SimpleNamespace:
     logp = -(0.1 + torch.rand(P * G, T, generator=g, dtype=torch.float64))
     old = logp + rand(0.25)
     old[1, 0], old[3, 1] = logp[1, 0] - 1.5, logp[3, 1] - 1.2  # ratios 4.5 and 3.3 where A < 0: the dual clip binds
-    return SimpleNamespace(logp=logp, old=old, ref=logp + rand(0.3), sampler=old + rand(0.2),
-                           entropy=0.5 + torch.rand(P * G, T, generator=g, dtype=torch.float64),
-                           mask=torch.arange(T) < LENGTHS[:, None])
+    return SimpleNamespace(
+        logp=logp,
+        old=old,
+        ref=logp + rand(0.3),
+        sampler=old + rand(0.2),
+        entropy=0.5 + torch.rand(P * G, T, generator=g, dtype=torch.float64),
+        mask=torch.arange(T) < LENGTHS[:, None],
+    )
 
 
 def kl_sum(cfg, b) -> torch.Tensor:
@@ -160,16 +182,28 @@ def grpolab_advantages(cfg, b, lengths=None) -> torch.Tensor:
     if a.beta > 0 and a.kl_placement == "reward":
         r = r - a.beta * kl_sum(cfg, b)
     if a.overlong_buffer and lengths is not None:
-        r = r + torch.tensor([soft_overlong_penalty(int(n), cfg.rollout.max_new_tokens, a.overlong_buffer, a.overlong_penalty)
-                              for n in lengths], dtype=r.dtype)
-    return compute_advantages(r.view(P, G), baseline=a.baseline, scaling=a.scaling, eps=a.adv_eps,
-                              std_kind=a.std_kind).advantages.view(-1)
+        r = r + torch.tensor(
+            [
+                soft_overlong_penalty(int(n), cfg.rollout.max_new_tokens, a.overlong_buffer, a.overlong_penalty)
+                for n in lengths
+            ],
+            dtype=r.dtype,
+        )
+    return compute_advantages(
+        r.view(P, G), baseline=a.baseline, scaling=a.scaling, eps=a.adv_eps, std_kind=a.std_kind
+    ).advantages.view(-1)
 
 
 def grpolab_loss(cfg, b, adv) -> torch.Tensor:
     a = cfg.algorithm
-    params = ObjectiveParams(surrogate=a.surrogate, clip=ClipParams(a.eps_low, a.eps_high, a.dual_clip_c), beta=a.beta,
-                             kl_estimator=a.kl_estimator, kl_in_loss=a.kl_placement == "loss", entropy_coef=a.entropy_coef)
+    params = ObjectiveParams(
+        surrogate=a.surrogate,
+        clip=ClipParams(a.eps_low, a.eps_high, a.dual_clip_c),
+        beta=a.beta,
+        kl_estimator=a.kl_estimator,
+        kl_in_loss=a.kl_placement == "loss",
+        entropy_coef=a.entropy_coef,
+    )
     ref = b.ref if a.beta > 0 and a.kl_placement == "loss" else None
     isw = is_weights(b.old, b.sampler, b.mask, a.is_mode, ISParams(a.is_c_max, a.is_c_min))
     weights = token_weights(b.mask, a.aggregation, cfg.l_max)
@@ -220,8 +254,18 @@ def tiny_model(tmp_path_factory):
     raw.pre_tokenizer = pre_tokenizers.Whitespace()
     tok = PreTrainedTokenizerFast(tokenizer_object=raw, eos_token="<eos>", pad_token="<pad>")
     torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=len(words), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                                         num_attention_heads=2, num_key_value_heads=1, eos_token_id=1, pad_token_id=0))
+    model = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=len(words),
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            eos_token_id=1,
+            pad_token_id=0,
+        )
+    )
     out = tmp_path_factory.mktemp("tiny-peer-llama")
     model.save_pretrained(out)
     tok.save_pretrained(out)
@@ -235,8 +279,13 @@ def trl_trainer(trl, eq, tiny_model, tmp_path, fake):
     rewards = REWARDS.view(-1).tolist()
     conf = trl_config(trl, eq, tmp_path, model_init_kwargs={"dtype": "float32"}, shuffle_dataset=False)
     cls = getattr(trl, eq["interface"].split(".")[-1].replace("Config", "Trainer"))
-    trainer = cls(model=path, reward_funcs=[lambda prompts, **_: rewards[: len(prompts)]], args=conf,
-                  train_dataset=Dataset.from_list([{"prompt": "w1 w2"}, {"prompt": "w3 w4"}]), processing_class=tok)
+    trainer = cls(
+        model=path,
+        reward_funcs=[lambda prompts, **_: rewards[: len(prompts)]],
+        args=conf,
+        train_dataset=Dataset.from_list([{"prompt": "w1 w2"}, {"prompt": "w3 w4"}]),
+        processing_class=tok,
+    )
     trainer._get_per_token_logps_and_entropies = fake  # the per-token numbers of the fixed batch stand in for the model
     return trainer
 
@@ -262,18 +311,30 @@ def test_trl_numbers(trl, name, tiny_model, tmp_path, one_thread):
     reference, checked = advantage_reference(cfg, "trl"), []
     if reference is not None and (not kl_in_reward(cfg) or eq["kl"]["match"] == EXACT):
         width = out["completion_mask"].shape[1]
-        gen = SimpleNamespace(mask=out["completion_mask"].bool(), old=fake(trainer.model, out["completion_ids"], None, width)[0],
-                              ref=fake(None, out["completion_ids"], None, width)[0])
+        gen = SimpleNamespace(
+            mask=out["completion_mask"].bool(),
+            old=fake(trainer.model, out["completion_ids"], None, width)[0],
+            ref=fake(None, out["completion_ids"], None, width)[0],
+        )
         torch.testing.assert_close(out["advantages"].double(), grpolab_advantages(reference, gen), **TOL)
         checked.append("advantages")
     if eq["interface"] == "trl.GRPOConfig" and all_exact(eq, "surrogate", "aggregation", "kl", "entropy"):
         phase["loss"] = True
         trainer.model.eval()  # one micro-batch, no gradient accumulation
         adv = grpolab_advantages(cfg, b)
-        inputs = {"prompt_ids": torch.ones(P * G, 1, dtype=torch.long), "prompt_mask": torch.ones(P * G, 1, dtype=torch.long),
-                  "completion_ids": torch.ones(P * G, T, dtype=torch.long), "completion_mask": b.mask.long(), "advantages": adv,
-                  "old_per_token_logps": b.old, "ref_per_token_logps": b.ref, "num_items_in_batch": b.mask.sum()}
-        torch.testing.assert_close(trainer._compute_loss(trainer.model, inputs).double(), grpolab_loss(cfg, b, adv), **TOL)
+        inputs = {
+            "prompt_ids": torch.ones(P * G, 1, dtype=torch.long),
+            "prompt_mask": torch.ones(P * G, 1, dtype=torch.long),
+            "completion_ids": torch.ones(P * G, T, dtype=torch.long),
+            "completion_mask": b.mask.long(),
+            "advantages": adv,
+            "old_per_token_logps": b.old,
+            "ref_per_token_logps": b.ref,
+            "num_items_in_batch": b.mask.sum(),
+        }
+        torch.testing.assert_close(
+            trainer._compute_loss(trainer.model, inputs).double(), grpolab_loss(cfg, b, adv), **TOL
+        )
         checked.append("loss")
     if not checked:
         pytest.skip("no row here is exact, or nearest by a fixed parameter, where TRL computes the quantity")
@@ -288,7 +349,9 @@ def test_trl_soft_overlong_punishment(trl):
     punish = get_soft_overlong_punishment(max_completion_len=max_len, soft_punish_cache=a.overlong_buffer)
     lengths = list(range(1, max_len + 1))
     got = [a.overlong_penalty * r for r in punish([[7] * n for n in lengths])]
-    assert got == pytest.approx([soft_overlong_penalty(n, max_len, a.overlong_buffer, a.overlong_penalty) for n in lengths])
+    assert got == pytest.approx(
+        [soft_overlong_penalty(n, max_len, a.overlong_buffer, a.overlong_penalty) for n in lengths]
+    )
 
 
 # --------------------------------------------------------------------------------------------- verl
@@ -304,7 +367,9 @@ def verl_override(key: str, value) -> str:
 def verl_compose(settings: dict):
     """verl's own default config with the card's settings as Hydra overrides (an unknown key raises)."""
     pytest.importorskip("hydra")
-    return _verl_compose(str(package_dir("verl") / "trainer" / "config"), tuple(verl_override(k, v) for k, v in settings.items()))
+    return _verl_compose(
+        str(package_dir("verl") / "trainer" / "config"), tuple(verl_override(k, v) for k, v in settings.items())
+    )
 
 
 @functools.lru_cache(maxsize=None)
@@ -340,10 +405,19 @@ def verl_advantage_step():
     from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_and_add_to_batch
     from verl.utils.torch_functional import masked_mean
 
-    ns = {"core_algos": core_algos, "AdvantageEstimator": core_algos.AdvantageEstimator, "DataProto": DataProto,
-          "AlgoConfig": AlgoConfig, "masked_mean": masked_mean, "np": np}
-    peer_defs(package_dir("verl") / "trainer" / "ppo" / "ray_trainer.py",
-              ["apply_kl_penalty", "compute_response_mask", "compute_advantage"], ns)
+    ns = {
+        "core_algos": core_algos,
+        "AdvantageEstimator": core_algos.AdvantageEstimator,
+        "DataProto": DataProto,
+        "AlgoConfig": AlgoConfig,
+        "masked_mean": masked_mean,
+        "np": np,
+    }
+    peer_defs(
+        package_dir("verl") / "trainer" / "ppo" / "ray_trainer.py",
+        ["apply_kl_penalty", "compute_response_mask", "compute_advantage"],
+        ns,
+    )
     return ns, compute_rollout_correction_and_add_to_batch
 
 
@@ -354,16 +428,26 @@ def verl_advantages(ns, correction, algo, b):
     scores = torch.zeros(P * G, T, dtype=torch.float64)
     scores[torch.arange(P * G), LENGTHS - 1] = REWARDS.view(-1)  # verl puts the sequence reward on its last token
     data = ns["DataProto"].from_dict(
-        tensors={"token_level_scores": scores, "response_mask": b.mask.long(), "old_log_probs": b.old, "ref_log_prob": b.ref,
-                 "rollout_log_probs": b.sampler}, non_tensors={"uid": np.repeat(np.arange(P), G).astype(object)})
+        tensors={
+            "token_level_scores": scores,
+            "response_mask": b.mask.long(),
+            "old_log_probs": b.old,
+            "ref_log_prob": b.ref,
+            "rollout_log_probs": b.sampler,
+        },
+        non_tensors={"uid": np.repeat(np.arange(P), G).astype(object)},
+    )
     if algo.use_kl_in_reward:
         data, _ = ns["apply_kl_penalty"](data, get_kl_controller(algo.kl_ctrl), algo.kl_penalty)
     else:
         data.batch["token_level_rewards"] = data.batch["token_level_scores"]
     data, _ = correction(data, algo.rollout_correction)
-    data = ns["compute_advantage"](data, algo.adv_estimator, num_repeat=G, norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo,
-                                   config=algo)
-    return data.batch["advantages"], data.batch["rollout_is_weights"] if "rollout_is_weights" in data.batch.keys() else None
+    data = ns["compute_advantage"](
+        data, algo.adv_estimator, num_repeat=G, norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo, config=algo
+    )
+    return data.batch["advantages"], data.batch[
+        "rollout_is_weights"
+    ] if "rollout_is_weights" in data.batch.keys() else None
 
 
 def verl_loss(actor, b, adv, is_weights, entropy: bool) -> torch.Tensor:
@@ -373,10 +457,15 @@ def verl_loss(actor, b, adv, is_weights, entropy: bool) -> torch.Tensor:
     from verl.workers.utils.losses import ppo_loss
 
     flat = lambda x: torch.cat([torch.cat([x[i, :n], x.new_zeros(1)]) for i, n in enumerate(LENGTHS)])  # noqa: E731
-    tensors = {"prompts": torch.ones(P * G, 1, dtype=torch.long), "responses": torch.ones(P * G, T, dtype=torch.long),
-               "attention_mask": torch.cat([torch.ones(P * G, 1, dtype=torch.long), b.mask.long()], 1),
-               "response_mask": b.mask.long(),
-               "old_log_probs": b.old, "advantages": adv[:, None].expand(-1, T).clone(), "ref_log_prob": b.ref}
+    tensors = {
+        "prompts": torch.ones(P * G, 1, dtype=torch.long),
+        "responses": torch.ones(P * G, T, dtype=torch.long),
+        "attention_mask": torch.cat([torch.ones(P * G, 1, dtype=torch.long), b.mask.long()], 1),
+        "response_mask": b.mask.long(),
+        "old_log_probs": b.old,
+        "advantages": adv[:, None].expand(-1, T).clone(),
+        "ref_log_prob": b.ref,
+    }
     if is_weights is not None:
         tensors["rollout_is_weights"] = is_weights
     td = TensorDict(tensors, batch_size=[P * G])
@@ -393,7 +482,9 @@ def test_verl_numbers(name, verl_advantage_step, one_thread):
     conf = verl_compose(peer_settings(eq))
     algo, actor = omega_conf_to_dataclass(conf.algorithm), omega_conf_to_dataclass(conf.actor_rollout_ref.actor)
     advantages, is_weights = verl_advantages(*verl_advantage_step, algo, b)
-    kl_ok = eq["kl"]["match"] == EXACT or eq["kl"].get("difference") == "k3 clamped to [-10, 10]"  # this batch stays inside
+    kl_ok = (
+        eq["kl"]["match"] == EXACT or eq["kl"].get("difference") == "k3 clamped to [-10, 10]"
+    )  # this batch stays inside
     reference = advantage_reference(cfg, "verl")
     if reference is not None and kl_ok:
         torch.testing.assert_close(advantages[:, 0], grpolab_advantages(reference, b), **TOL)
@@ -415,20 +506,31 @@ def test_verl_dapo_reward_manager_overlong_penalty():
 
     # the reward_loop package imports aiohttp and its servers; its two classes come straight from their files
     manager_dir = package_dir("verl") / "experimental" / "reward_loop" / "reward_manager"
-    ns = peer_defs(manager_dir / "base.py", ["RawRewardFn", "RewardManagerBase"],
-                   {"DataProto": DataProto, "get_event_loop": get_event_loop, "DictConfig": DictConfig, "AutoTokenizer": object})
+    ns = peer_defs(
+        manager_dir / "base.py",
+        ["RawRewardFn", "RewardManagerBase"],
+        {"DataProto": DataProto, "get_event_loop": get_event_loop, "DictConfig": DictConfig, "AutoTokenizer": object},
+    )
     ns["register"] = lambda name: lambda cls: cls  # the registry decorator, not needed here
     peer_defs(manager_dir / "dapo.py", ["DAPORewardManager"], ns)
     cfg = case_config("overlong")
     a, max_len = cfg.algorithm, cfg.rollout.max_new_tokens
     tokenizer = SimpleNamespace(decode=lambda *a, **k: "")
-    manager = ns["DAPORewardManager"](verl_compose(peer_settings(card_of(cfg)["verl"])), tokenizer, compute_score=lambda **kw: 0.0)
+    manager = ns["DAPORewardManager"](
+        verl_compose(peer_settings(card_of(cfg)["verl"])), tokenizer, compute_score=lambda **kw: 0.0
+    )
     for n in range(1, max_len + 1):
         data = DataProto.from_dict(
-            tensors={"responses": torch.ones(1, max_len, dtype=torch.long),
-                     "attention_mask": torch.cat([torch.ones(1, 2), (torch.arange(max_len) < n).float()[None]], 1).long()},
-            non_tensors={"data_source": np.array(["x"], dtype=object), "extra_info": np.array([{}], dtype=object),
-                         "reward_model": np.array([{"ground_truth": "1"}], dtype=object)})
+            tensors={
+                "responses": torch.ones(1, max_len, dtype=torch.long),
+                "attention_mask": torch.cat([torch.ones(1, 2), (torch.arange(max_len) < n).float()[None]], 1).long(),
+            },
+            non_tensors={
+                "data_source": np.array(["x"], dtype=object),
+                "extra_info": np.array([{}], dtype=object),
+                "reward_model": np.array([{"ground_truth": "1"}], dtype=object),
+            },
+        )
         got = manager.loop.run_until_complete(manager.run_single(data))["reward_score"]
         assert float(got) == pytest.approx(soft_overlong_penalty(n, max_len, a.overlong_buffer, a.overlong_penalty)), n
 
@@ -446,16 +548,25 @@ def openrlhf():
     train_at = next(i for i, n in enumerate(main) if ast.unparse(n) == "train(args)")
     ns = peer_defs(root / "cli" / "train_ppo_ray.py", [], peer_defs(root / "utils" / "config.py", ["hierarchize"], {}))
     exec(compile(ast.Module(body=main[:parse_at], type_ignores=[]), "train_ppo_ray.py", "exec"), ns)
-    checks = ast.Module(body=[n for n in main[parse_at + 1 : train_at] if not isinstance(n, (ast.Import, ast.ImportFrom))],
-                        type_ignores=[])
+    checks = ast.Module(
+        body=[n for n in main[parse_at + 1 : train_at] if not isinstance(n, (ast.Import, ast.ImportFrom))],
+        type_ignores=[],
+    )
     peer_defs(root / "models" / "utils.py", ["masked_mean", "compute_approx_kl", "compute_reward"], ns)
     peer_defs(root / "models" / "loss.py", ["aggregate_loss", "PolicyLoss"], ns)
     ns["logger"] = logging.getLogger("openrlhf")
-    peer_defs(root / "trainer" / "ppo_utils" / "length_penalty.py",
-              ["apply_overlong_penalty", "apply_stop_properly_penalty", "apply_length_penalties"], ns)
+    peer_defs(
+        root / "trainer" / "ppo_utils" / "length_penalty.py",
+        ["apply_overlong_penalty", "apply_stop_properly_penalty", "apply_length_penalties"],
+        ns,
+    )
     ns.update(Experience=object, itertools=itertools)
-    peer_defs(root / "trainer" / "ppo_utils" / "experience_maker.py", ["compute_advantages_and_returns",
-              "get_advantages_and_returns", "get_cumulative_returns"], ns, cls="RemoteExperienceMaker")
+    peer_defs(
+        root / "trainer" / "ppo_utils" / "experience_maker.py",
+        ["compute_advantages_and_returns", "get_advantages_and_returns", "get_cumulative_returns"],
+        ns,
+        cls="RemoteExperienceMaker",
+    )
     return ns, compile(checks, "train_ppo_ray.py", "exec")
 
 
@@ -491,12 +602,25 @@ def openrlhf_advantages(ns, args, b) -> tuple[torch.Tensor, torch.Tensor]:
     """OpenRLHF's per-token advantages [P*G, T] for the fixed batch (experience_maker's advantage step), and the
     per-token KL it puts in the reward."""
     kl_coef = args.algo.kl.init_coef
-    kl = (ns["compute_approx_kl"](b.old, b.ref, kl_estimator=args.algo.kl.estimator) if kl_coef > 0 and not args.algo.kl.use_loss
-          else torch.zeros_like(b.old))  # as experience_maker.make_experience does
-    exp = SimpleNamespace(rewards=REWARDS.view(-1).clone(), index=list(range(P * G)), kl=kl, action_mask=b.mask, info={},
-                          response_length=LONG_LENGTHS, truncated=None)
-    maker = SimpleNamespace(strategy=SimpleNamespace(args=args), advantage_estimator=args.algo.advantage.estimator,
-                            kl_ctl=SimpleNamespace(value=kl_coef))
+    kl = (
+        ns["compute_approx_kl"](b.old, b.ref, kl_estimator=args.algo.kl.estimator)
+        if kl_coef > 0 and not args.algo.kl.use_loss
+        else torch.zeros_like(b.old)
+    )  # as experience_maker.make_experience does
+    exp = SimpleNamespace(
+        rewards=REWARDS.view(-1).clone(),
+        index=list(range(P * G)),
+        kl=kl,
+        action_mask=b.mask,
+        info={},
+        response_length=LONG_LENGTHS,
+        truncated=None,
+    )
+    maker = SimpleNamespace(
+        strategy=SimpleNamespace(args=args),
+        advantage_estimator=args.algo.advantage.estimator,
+        kl_ctl=SimpleNamespace(value=kl_coef),
+    )
     for method in ("get_advantages_and_returns", "get_cumulative_returns"):
         setattr(maker, method, ns[method].__get__(maker))
     return ns["compute_advantages_and_returns"](maker, [exp])[0].advantages.double(), kl
@@ -505,11 +629,16 @@ def openrlhf_advantages(ns, args, b) -> tuple[torch.Tensor, torch.Tensor]:
 def openrlhf_loss(ns, args, b, adv) -> torch.Tensor:
     """The actor loss of ppo_actor.py's training step: PolicyLoss + KL loss * coef - entropy loss * coef."""
     is_ = args.algo.advantage
-    policy_loss = ns["PolicyLoss"](*args.actor.eps_clip_low_high, dual_clip=args.actor.dual_clip,
-                                   token_level_loss=args.actor.loss_agg_mode == "token-mean",
-                                   policy_loss_type=args.actor.policy_loss_type, is_correction_level=is_.is_correction_level,
-                                   is_correction_mode=is_.is_correction_mode, is_correction_gating=is_.is_correction_gating,
-                                   is_correction_threshold=is_.is_correction_threshold)
+    policy_loss = ns["PolicyLoss"](
+        *args.actor.eps_clip_low_high,
+        dual_clip=args.actor.dual_clip,
+        token_level_loss=args.actor.loss_agg_mode == "token-mean",
+        policy_loss_type=args.actor.policy_loss_type,
+        is_correction_level=is_.is_correction_level,
+        is_correction_mode=is_.is_correction_mode,
+        is_correction_gating=is_.is_correction_gating,
+        is_correction_threshold=is_.is_correction_threshold,
+    )
     per_token_adv = adv[:, None].expand(-1, T)
     loss = policy_loss(b.logp, b.old, per_token_adv, action_mask=b.mask, rollout_log_probs=b.sampler)[0]
     if args.algo.kl.use_loss:
@@ -537,7 +666,9 @@ def test_openrlhf_numbers(openrlhf, name, one_thread):
         want = grpolab_advantages(reference, b, LONG_LENGTHS)[:, None].expand(-1, T)
         torch.testing.assert_close(got[b.mask], want[b.mask], **TOL)
         checked.append("advantages")
-    kl_ok = eq["kl"]["match"] == EXACT or eq["kl"].get("difference") == "estimate clamped to [-10, 10]"  # this batch stays inside
+    kl_ok = (
+        eq["kl"]["match"] == EXACT or eq["kl"].get("difference") == "estimate clamped to [-10, 10]"
+    )  # this batch stays inside
     if all_exact(eq, "surrogate", "aggregation", "entropy", "importance_sampling") and kl_ok:
         adv = grpolab_advantages(cfg, b)
         torch.testing.assert_close(openrlhf_loss(ns, args, b, adv), grpolab_loss(cfg, b, adv), **TOL)

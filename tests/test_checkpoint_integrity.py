@@ -29,15 +29,23 @@ def tiny_model():
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                         tie_word_embeddings=True)
+    config = LlamaConfig(
+        vocab_size=256,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        tie_word_embeddings=True,
+    )
     return LlamaForCausalLM(config)
 
 
 def save(run: Path, step: int, model, tag: str, direct_io: bool = True, keep_last: int = 1) -> Path:
-    return ckpt.save_checkpoint(run, step, model, FakeTokenizer(), {"step": step, "tag": tag}, keep_last=keep_last,
-                                direct_io=direct_io)
+    return ckpt.save_checkpoint(
+        run, step, model, FakeTokenizer(), {"step": step, "tag": tag}, keep_last=keep_last, direct_io=direct_io
+    )
 
 
 def tag_of(path: Path) -> str:
@@ -64,7 +72,9 @@ def test_direct_file_crc_is_zlibs_crc_of_the_content(tmp_path):
 def test_checksums_cover_every_file_and_verify(tiny_model, tmp_path, direct_io):
     path = save(tmp_path / "run", 1, tiny_model, "a", direct_io)
     record = json.loads((path / ckpt.CHECKSUM_FILE).read_text())
-    on_disk = sorted(p.relative_to(path).as_posix() for p in path.rglob("*") if p.is_file() and p.name != ckpt.CHECKSUM_FILE)
+    on_disk = sorted(
+        p.relative_to(path).as_posix() for p in path.rglob("*") if p.is_file() and p.name != ckpt.CHECKSUM_FILE
+    )
     assert sorted(record["files"]) == on_disk and {"model.safetensors", ckpt.STATE_FILE} <= set(on_disk)
     for name, entry in record["files"].items():
         size, crc = file_crc32(path / name)
@@ -81,15 +91,25 @@ def test_four_kib_of_ff_and_a_truncation_are_named(tiny_model, tmp_path):
         f.seek(len(pristine) // 2)
         f.write(b"\xff" * 4096)
     problem = ckpt.verify_checkpoint(path)
-    assert problem is not None and problem.startswith("model.safetensors has CRC-32") and problem.endswith("recorded at save: its bytes changed")
+    assert (
+        problem is not None
+        and problem.startswith("model.safetensors has CRC-32")
+        and problem.endswith("recorded at save: its bytes changed")
+    )
     weights.write_bytes(pristine[: len(pristine) // 2])
     problem = ckpt.verify_checkpoint(path)
-    assert problem == f"model.safetensors is {len(pristine) // 2} bytes, not the {len(pristine)} written: truncated or extended"
+    assert (
+        problem
+        == f"model.safetensors is {len(pristine) // 2} bytes, not the {len(pristine)} written: truncated or extended"
+    )
     weights.write_bytes(pristine)
     assert ckpt.verify_checkpoint(path) is None
     state = (path / ckpt.STATE_FILE).read_bytes()
     (path / ckpt.STATE_FILE).write_bytes(state[:-1])
-    assert ckpt.verify_checkpoint(path) == f"{ckpt.STATE_FILE} is {len(state) - 1} bytes, not the {len(state)} written: truncated or extended"
+    assert (
+        ckpt.verify_checkpoint(path)
+        == f"{ckpt.STATE_FILE} is {len(state) - 1} bytes, not the {len(state)} written: truncated or extended"
+    )
     (path / "tokenizer.json").unlink()  # files are checked in name order: tokenizer.json before trainer_state.pt
     assert ckpt.verify_checkpoint(path) == "tokenizer.json is missing"
     (path / ckpt.STATE_FILE).unlink()
@@ -104,8 +124,9 @@ def test_a_checkpoint_without_checksums_gets_a_structural_check(tiny_model, tmp_
     weights = path / "model.safetensors"
     data = weights.read_bytes()
     weights.write_bytes(data[:-100])
-    assert ckpt.verify_checkpoint(path) == (f"model.safetensors: {len(data) - 100} bytes, not the {len(data)} its "
-                                            f"header describes: truncated or extended")
+    assert ckpt.verify_checkpoint(path) == (
+        f"model.safetensors: {len(data) - 100} bytes, not the {len(data)} its header describes: truncated or extended"
+    )
     weights.write_bytes(data[:5])
     assert ckpt.verify_checkpoint(path).startswith("model.safetensors: unreadable header")
 

@@ -34,6 +34,7 @@ def assert_one_error(code: int, output: str, *expected: str) -> None:
 @pytest.fixture
 def no_evaluation(monkeypatch):
     """Fail the test if any model is evaluated or loaded: a refused command must stop before that."""
+
     def tripwire(*args, **kwargs):
         raise AssertionError("a model was evaluated or loaded before the command's input was checked")
 
@@ -45,13 +46,16 @@ def no_evaluation(monkeypatch):
 # ------------------------------------------------------------------------------------------- usage errors
 
 
-@pytest.mark.parametrize("args, expected", [
-    (["eval", "m", "--no-such-option"], "No such option: --no-such-option"),
-    (["eval"], "Missing argument"),
-    (["eval", "m", "--limit", "abc"], "Invalid value for '--limit'"),
-    (["train", "--seeds"], "Option '--seeds' requires an argument"),
-    (["no-such-verb"], "No such command 'no-such-verb'"),
-])
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["eval", "m", "--no-such-option"], "No such option: --no-such-option"),
+        (["eval"], "Missing argument"),
+        (["eval", "m", "--limit", "abc"], "Invalid value for '--limit'"),
+        (["train", "--seeds"], "Option '--seeds' requires an argument"),
+        (["no-such-verb"], "No such command 'no-such-verb'"),
+    ],
+)
 def test_usage_errors_are_one_line_and_exit_2(monkeypatch, capsys, args, expected):
     assert_one_error(*cli_main(monkeypatch, capsys, *args), expected)
 
@@ -69,16 +73,19 @@ def test_usage_error_in_a_real_process_has_no_traceback():
 # ------------------------------------------------------------------------------------------- eval options
 
 
-@pytest.mark.parametrize("option, value, expected", [
-    ("--limit", "-3", "--limit: expected an integer >= 0 (0 = all problems), got -3"),
-    ("--max-new-tokens", "0", "--max-new-tokens: expected an integer >= 1, got 0"),
-    ("--samples", "-1", "--samples: expected an integer >= 0 (0 = greedy only), got -1"),
-    ("--temperature", "-1", "--temperature: expected a finite number > 0, got -1.0"),
-    ("--temperature", "inf", "--temperature: expected a finite number > 0, got inf"),
-    ("--batch-size", "0", "--batch-size: expected an integer >= 1, got 0"),
-    ("--top-p", "0", "--top-p: expected a number in (0, 1], got 0.0"),
-    ("--dtype", "float16", "--dtype: expected one of float32, bfloat16, got 'float16'"),
-])
+@pytest.mark.parametrize(
+    "option, value, expected",
+    [
+        ("--limit", "-3", "--limit: expected an integer >= 0 (0 = all problems), got -3"),
+        ("--max-new-tokens", "0", "--max-new-tokens: expected an integer >= 1, got 0"),
+        ("--samples", "-1", "--samples: expected an integer >= 0 (0 = greedy only), got -1"),
+        ("--temperature", "-1", "--temperature: expected a finite number > 0, got -1.0"),
+        ("--temperature", "inf", "--temperature: expected a finite number > 0, got inf"),
+        ("--batch-size", "0", "--batch-size: expected an integer >= 1, got 0"),
+        ("--top-p", "0", "--top-p: expected a number in (0, 1], got 0.0"),
+        ("--dtype", "float16", "--dtype: expected one of float32, bfloat16, got 'float16'"),
+    ],
+)
 def test_eval_refuses_out_of_range_options(monkeypatch, capsys, no_evaluation, option, value, expected):
     assert_one_error(*cli_main(monkeypatch, capsys, "eval", "bundled:smollm2-135m-instruct", option, value), expected)
 
@@ -87,25 +94,34 @@ def test_best_of_n_refuses_bad_n_dtype_and_weights(monkeypatch, capsys, no_evalu
     args = ["baseline", "best-of-n", "m"]
     assert_one_error(*cli_main(monkeypatch, capsys, *args, "--n", "0"), "--n: expected an integer >= 1, got 0")
     assert_one_error(*cli_main(monkeypatch, capsys, *args, "--dtype", "fp8"), "--dtype: expected one of float32")
-    assert_one_error(*cli_main(monkeypatch, capsys, *args, "--reward-weight", "correct=abc"),
-                     "--reward-weight correct: expected a finite number, got 'abc'")
+    assert_one_error(
+        *cli_main(monkeypatch, capsys, *args, "--reward-weight", "correct=abc"),
+        "--reward-weight correct: expected a finite number, got 'abc'",
+    )
 
 
 def test_report_refuses_an_unknown_dtype_before_reading_the_run(monkeypatch, capsys, tmp_path):
-    assert_one_error(*cli_main(monkeypatch, capsys, "report", tmp_path, "--dtype", "fp8"),
-                     "--dtype: expected one of float32, bfloat16, got 'fp8'")
+    assert_one_error(
+        *cli_main(monkeypatch, capsys, "report", tmp_path, "--dtype", "fp8"),
+        "--dtype: expected one of float32, bfloat16, got 'fp8'",
+    )
 
 
 def test_export_refuses_an_unknown_dtype(monkeypatch, capsys, tmp_path):
-    assert_one_error(*cli_main(monkeypatch, capsys, "export", tmp_path, "--out", tmp_path / "x", "--dtype", "half"),
-                     "--dtype: expected one of float32, bfloat16, got 'half'")
+    assert_one_error(
+        *cli_main(monkeypatch, capsys, "export", tmp_path, "--out", tmp_path / "x", "--dtype", "half"),
+        "--dtype: expected one of float32, bfloat16, got 'half'",
+    )
 
 
-@pytest.mark.parametrize("args, expected", [
-    (["--n", "-1"], "--n: expected an integer >= 0 (0 = every problem the evaluation had), got -1"),
-    (["--rollback-n", "0"], "--rollback-n: expected an integer >= 1, got 0"),
-    (["--dtype", "fp16"], "--dtype: expected one of float32, bfloat16, got 'fp16'"),
-])
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["--n", "-1"], "--n: expected an integer >= 0 (0 = every problem the evaluation had), got -1"),
+        (["--rollback-n", "0"], "--rollback-n: expected an integer >= 1, got 0"),
+        (["--dtype", "fp16"], "--dtype: expected one of float32, bfloat16, got 'fp16'"),
+    ],
+)
 def test_release_refuses_bad_options_before_building_the_bundle(monkeypatch, capsys, tmp_path, args, expected):
     def tripwire(*a, **k):
         raise AssertionError("the bundle was written before the options were checked")
@@ -121,17 +137,21 @@ def test_score_refuses_a_weight_that_is_not_a_number(monkeypatch, capsys, tmp_pa
 
     uid = make_task("arithmetic").problems("test")[0].uid
     rows.write_text(json.dumps({"id": uid, "completion": "\\boxed{1}"}) + "\n")
-    assert_one_error(*cli_main(monkeypatch, capsys, "score", rows, "--reward-weight", "correct=abc"),
-                     "--reward-weight correct: expected a finite number, got 'abc'")
+    assert_one_error(
+        *cli_main(monkeypatch, capsys, "score", rows, "--reward-weight", "correct=abc"),
+        "--reward-weight correct: expected a finite number, got 'abc'",
+    )
 
 
-def test_eval_checks_every_models_chat_template_before_evaluating_any(monkeypatch, capsys, tiny_model_dir, tmp_path,
-                                                                     no_evaluation):
+def test_eval_checks_every_models_chat_template_before_evaluating_any(
+    monkeypatch, capsys, tiny_model_dir, tmp_path, no_evaluation
+):
     from tests.test_bad_input import no_chat_template
 
     bare = no_chat_template(tiny_model_dir, tmp_path)
-    assert_one_error(*cli_main(monkeypatch, capsys, "eval", tiny_model_dir, bare, "--limit", "2"),
-                     "has no chat template")
+    assert_one_error(
+        *cli_main(monkeypatch, capsys, "eval", tiny_model_dir, bare, "--limit", "2"), "has no chat template"
+    )
 
 
 def test_api_evaluate_models_checks_its_arguments_first(no_evaluation, tmp_path):
@@ -150,15 +170,20 @@ def test_api_evaluate_models_checks_its_arguments_first(no_evaluation, tmp_path)
 
 def test_eval_out_is_checked_before_the_evaluation(monkeypatch, capsys, tmp_path, no_evaluation):
     model = "bundled:smollm2-135m-instruct"
-    assert_one_error(*cli_main(monkeypatch, capsys, "eval", model, "--out", tmp_path),
-                     f"--out: {tmp_path} is a directory; expected a file path")
+    assert_one_error(
+        *cli_main(monkeypatch, capsys, "eval", model, "--out", tmp_path),
+        f"--out: {tmp_path} is a directory; expected a file path",
+    )
     (tmp_path / "file").write_text("x")
-    assert_one_error(*cli_main(monkeypatch, capsys, "eval", model, "--out", tmp_path / "file" / "r.json"),
-                     f"--out: {tmp_path / 'file'} is a file; expected a directory")
+    assert_one_error(
+        *cli_main(monkeypatch, capsys, "eval", model, "--out", tmp_path / "file" / "r.json"),
+        f"--out: {tmp_path / 'file'} is a file; expected a directory",
+    )
 
 
 def read_only_filesystem(monkeypatch) -> None:
     """Every new file fails as on a read-only mount (EROFS): tests run as root, whom chmod does not stop."""
+
     def refuse(*args, **kwargs):
         raise OSError(errno.EROFS, "Read-only file system")
 
@@ -178,8 +203,11 @@ def test_writable_checks(monkeypatch, tmp_path):
 
 def test_eval_into_a_read_only_place_fails_before_evaluating(monkeypatch, capsys, tmp_path, no_evaluation):
     read_only_filesystem(monkeypatch)
-    assert_one_error(*cli_main(monkeypatch, capsys, "eval", "bundled:smollm2-135m-instruct", "--out",
-                               tmp_path / "r.json"), "--out: cannot write into", "Read-only file system")
+    assert_one_error(
+        *cli_main(monkeypatch, capsys, "eval", "bundled:smollm2-135m-instruct", "--out", tmp_path / "r.json"),
+        "--out: cannot write into",
+        "Read-only file system",
+    )
 
 
 def test_train_resume_report_export_into_a_read_only_place(monkeypatch, capsys, tmp_path, tiny_model_dir):
@@ -193,8 +221,9 @@ def test_train_resume_report_export_into_a_read_only_place(monkeypatch, capsys, 
     assert_one_error(*cli_main(monkeypatch, capsys, "train", cfg), "run.output_dir: cannot write into")
     assert_one_error(*cli_main(monkeypatch, capsys, "train", "--resume", run), "--resume: cannot write into")
     assert_one_error(*cli_main(monkeypatch, capsys, "report", run), f"report {run}: cannot write into")
-    assert_one_error(*cli_main(monkeypatch, capsys, "export", run, "--out", tmp_path / "exported"),
-                     "--out: cannot write into")
+    assert_one_error(
+        *cli_main(monkeypatch, capsys, "export", run, "--out", tmp_path / "exported"), "--out: cannot write into"
+    )
 
 
 def test_api_train_and_report_into_a_read_only_place(monkeypatch, tmp_path, tiny_model_dir, no_evaluation):

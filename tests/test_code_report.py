@@ -29,8 +29,14 @@ def test_not_applicable_without_code_metrics():
 
 
 def test_failure_reasons_pass_and_warn():
-    healthy = rows(pass_frac=(0.3, 0.6), wrong_answer_frac=(0.5, 0.3), syntax_frac=(0.2, 0.1), exit_frac=(0, 0),
-                   timeout_frac=(0, 0.01), limit_frac=(0, 0))
+    healthy = rows(
+        pass_frac=(0.3, 0.6),
+        wrong_answer_frac=(0.5, 0.3),
+        syntax_frac=(0.2, 0.1),
+        exit_frac=(0, 0),
+        timeout_frac=(0, 0.01),
+        limit_frac=(0, 0),
+    )
     c = check_code_failures(healthy, T)
     assert c.status == PASS and "syntax 0.19->0.11" in c.reason
     assert check_code_failures(rows(pass_frac=(0.3, 0.3), syntax_frac=(0.1, 0.3)), T).status == WARN

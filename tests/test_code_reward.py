@@ -20,9 +20,14 @@ from grpolab.tasks.code import code_problem
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 SANDBOX = {"wall_s": 3, "cpu_s": 3, "workers": 2, "uid": 61200}
-SQUARE = code_problem("t/square", "Write square(n).", "def square(n):\n    return n * n", ["assert square(2) == 4",
-                      "assert square(-3) == 9", "assert square(0) == 0"], shown=["assert square(5) == 25"],
-                      entry_point="square")
+SQUARE = code_problem(
+    "t/square",
+    "Write square(n).",
+    "def square(n):\n    return n * n",
+    ["assert square(2) == 4", "assert square(-3) == 9", "assert square(0) == 0"],
+    shown=["assert square(5) == 25"],
+    entry_point="square",
+)
 
 
 def _py(code: str) -> str:
@@ -43,8 +48,13 @@ def test_extraction_rule_variants():
 
 def test_pass_fraction_and_all_pass_reasons():
     rewards = RewardSet({"pass_fraction": 1.0, "all_pass": 0.5}, sandbox=SANDBOX)
-    completions = [_py("def square(n):\n    return n * n"), _py("def square(n):\n    return n * abs(n)"),
-                   _py("def square(n) return n"), "I don't know.", _py("def square(n):\n    return [][0]")]
+    completions = [
+        _py("def square(n):\n    return n * n"),
+        _py("def square(n):\n    return n * abs(n)"),
+        _py("def square(n) return n"),
+        "I don't know.",
+        _py("def square(n):\n    return [][0]"),
+    ]
     results = rewards.score_many(completions, [SQUARE] * len(completions))
     assert [r.components["pass_fraction"] for r in results] == pytest.approx([1.0, 2 / 3, 0.0, 0.0, 0.0])
     assert [r.components["all_pass"] for r in results] == [1.0, 0.0, 0.0, 0.0, 0.0]
@@ -78,8 +88,12 @@ def test_held_out_scoring_is_its_own_path():
     assert set(job.cases) == set(problem.data["tests"]) | set(problem.data["shown"])
     [[(ok, reason)]] = code_passes([[job]])
     assert not ok and reason == "wrong_answer"
-    item = score_code_item(problem, Completion("x", 3, False), [Completion("a", 1, False)] * 4,
-                           [(False, "syntax"), (True, None), (False, "error"), (True, None), (False, "timeout")])
+    item = score_code_item(
+        problem,
+        Completion("x", 3, False),
+        [Completion("a", 1, False)] * 4,
+        [(False, "syntax"), (True, None), (False, "error"), (True, None), (False, "timeout")],
+    )
     assert item["scores"]["accuracy"] == 0.0 and item["scores"]["pass@1"] == pytest.approx(0.5)
     assert item["scores"]["pass@4"] == 1.0 and item["reason"] == "syntax"
 
@@ -89,8 +103,16 @@ def test_canonical_solutions_sample():
     """A sample of reference solutions through the reward: HumanEval's pass; MBPP 341 / 596 / 642 fail (set
     order, platform sizes), others pass."""
     humaneval = make_task("humaneval", path=str(DATA / "humaneval")).problems("test")
-    mbpp = {p.uid: p for s in ("train", "test", "validation") for p in make_task("mbpp", path=str(DATA / "mbpp")).problems(s)}
-    chosen = humaneval[::16] + [humaneval[33]] + [mbpp[f"mbpp/{i}"] for i in (341, 596, 642, 367, 601, 653, 902, 533, 11, 700)]
+    mbpp = {
+        p.uid: p
+        for s in ("train", "test", "validation")
+        for p in make_task("mbpp", path=str(DATA / "mbpp")).problems(s)
+    }
+    chosen = (
+        humaneval[::16]
+        + [humaneval[33]]
+        + [mbpp[f"mbpp/{i}"] for i in (341, 596, 642, 367, 601, 653, 902, 533, 11, 700)]
+    )
     results = RewardSet({"all_pass": 1.0}).score_many([_py(p.answer) for p in chosen], chosen)
     failing = {p.uid for p, r in zip(chosen, results) if r.total != 1.0}
     assert failing == {"mbpp/341", "mbpp/596", "mbpp/642"}, [(p.uid, r.reason) for p, r in zip(chosen, results)]
@@ -101,7 +123,11 @@ def test_canonical_solutions_sample():
 def test_canonical_solutions_all():
     """All 164 HumanEval canonical solutions pass; 971 of 974 MBPP references pass (not 341, 596, 642)."""
     humaneval = make_task("humaneval", path=str(DATA / "humaneval")).problems("test")
-    mbpp = [p for s in ("prompt", "test", "validation", "train") for p in make_task("mbpp", path=str(DATA / "mbpp")).problems(s)]
+    mbpp = [
+        p
+        for s in ("prompt", "test", "validation", "train")
+        for p in make_task("mbpp", path=str(DATA / "mbpp")).problems(s)
+    ]
     rewards = RewardSet({"all_pass": 1.0}, sandbox={"wall_s": 60, "cpu_s": 30})
     assert all(r.total == 1.0 for r in rewards.score_many([_py(p.answer) for p in humaneval], humaneval))
     results = rewards.score_many([_py(p.answer) for p in mbpp], mbpp)
@@ -110,14 +136,29 @@ def test_canonical_solutions_all():
 
 def test_score_cli_rows_in_order(tmp_path):
     problems = make_task("pyfunc").problems("test")[:3]
-    rows = [{"id": problems[0].uid, "completion": "I do not know."},
-            {"id": problems[1].uid, "completion": _py(f"def {problems[1].data['entry_point']}(*a):\n    return 1 / 0")},
-            {"id": problems[0].uid, "completion": "```python\ndef (\n```"}]
+    rows = [
+        {"id": problems[0].uid, "completion": "I do not know."},
+        {"id": problems[1].uid, "completion": _py(f"def {problems[1].data['entry_point']}(*a):\n    return 1 / 0")},
+        {"id": problems[0].uid, "completion": "```python\ndef (\n```"},
+    ]
     src = tmp_path / "c.jsonl"
     src.write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = tmp_path / "out.json"
-    res = CliRunner().invoke(app, ["score", str(src), "--task", "pyfunc", "--json-out", str(out),
-                                   "--sandbox-option", "uid=61300", "--sandbox-option", "workers=2"])
+    res = CliRunner().invoke(
+        app,
+        [
+            "score",
+            str(src),
+            "--task",
+            "pyfunc",
+            "--json-out",
+            str(out),
+            "--sandbox-option",
+            "uid=61300",
+            "--sandbox-option",
+            "workers=2",
+        ],
+    )
     assert res.exit_code == 0, res.output
     data = json.loads(out.read_text())
     assert [r["id"] for r in data["rows"]] == [r["id"] for r in rows]
@@ -151,8 +192,12 @@ def test_eval_of_a_code_task_end_to_end(tiny_model_dir, one_thread):
 
     tok, model = load_tokenizer(tiny_model_dir), load_causal_lm(tiny_model_dir, "float32")
     problems = make_task("pyfunc").problems("test")[:3]
-    result = evaluate_model(HFEngine(model, tok, torch.float32), tok, problems,
-                            EvalSettings(max_new_tokens=6, batch_size=8, samples=2, temperature=1.0, task="pyfunc"))
+    result = evaluate_model(
+        HFEngine(model, tok, torch.float32),
+        tok,
+        problems,
+        EvalSettings(max_new_tokens=6, batch_size=8, samples=2, temperature=1.0, task="pyfunc"),
+    )
     assert result.accuracy == 0.0 and {"accuracy", "pass@1", "pass@2", "mean@2"} <= set(result.metrics)
     assert all(item["reason"] in ("syntax", "error", "wrong_answer") for item in result.items)
     assert all(len(item["samples"]) == 2 and "maj@2" not in item["scores"] for item in result.items)
@@ -166,6 +211,7 @@ def test_held_out_scoring_binds_a_solution_named_like_a_builtin():
     reference = "def sum(a, b):\n    return sum_of(a) + b\ndef sum_of(a):\n    return a * 2"
     problem = code_problem("mbpp/126-like", "q", reference, ["assert sum(1, 2) == 4", "assert sum(3, 0) == 6"])
     wrong = "```python\ndef sum(a, b):\n    return a + b\n```"
-    [[(ok_ref, _)], [(ok_wrong, reason)]] = code_passes([[held_out_job(_py(reference), problem)],
-                                                         [held_out_job(wrong, problem)]])
+    [[(ok_ref, _)], [(ok_wrong, reason)]] = code_passes(
+        [[held_out_job(_py(reference), problem)], [held_out_job(wrong, problem)]]
+    )
     assert ok_ref and not ok_wrong and reason == "wrong_answer"

@@ -91,7 +91,9 @@ def test_prompt_and_data_hash():
     # answer tasks keep the hash they always had: sha256 of [[uid, question, answer], ...]
     import hashlib
 
-    assert data_hash([math_problem]) == hashlib.sha256(json.dumps([["a/1", "What is 1 + 1?", "2"]]).encode()).hexdigest()
+    assert (
+        data_hash([math_problem]) == hashlib.sha256(json.dumps([["a/1", "What is 1 + 1?", "2"]]).encode()).hexdigest()
+    )
 
 
 @needs("mbpp")

@@ -23,12 +23,32 @@ from grpolab.errors import ConfigError
 # --------------------------------------------------------------------------------------------- presets
 
 COMMON = {
-    "baseline": "group_mean", "scaling": "group_std", "std_kind": "sample", "adv_eps": 1e-6,
-    "surrogate": "ppo_clip", "eps_low": 0.2, "eps_high": 0.2, "dual_clip_c": 3.0,
-    "aggregation": "seq_mean_token_mean", "l_max": 0, "beta": 0.0, "kl_estimator": "k3", "kl_placement": "loss",
-    "is_mode": "none", "is_c_max": 2.0, "is_c_min": 0.5, "entropy_coef": 0.0, "mask_truncated": False,
-    "overlong_buffer": 0, "overlong_penalty": 1.0, "dynamic_sampling": False, "max_extra_rounds": 0,
-    "estimator": "group", "gamma": 1.0, "lam": 0.95, "whiten": True,
+    "baseline": "group_mean",
+    "scaling": "group_std",
+    "std_kind": "sample",
+    "adv_eps": 1e-6,
+    "surrogate": "ppo_clip",
+    "eps_low": 0.2,
+    "eps_high": 0.2,
+    "dual_clip_c": 3.0,
+    "aggregation": "seq_mean_token_mean",
+    "l_max": 0,
+    "beta": 0.0,
+    "kl_estimator": "k3",
+    "kl_placement": "loss",
+    "is_mode": "none",
+    "is_c_max": 2.0,
+    "is_c_min": 0.5,
+    "entropy_coef": 0.0,
+    "mask_truncated": False,
+    "overlong_buffer": 0,
+    "overlong_penalty": 1.0,
+    "dynamic_sampling": False,
+    "max_extra_rounds": 0,
+    "estimator": "group",
+    "gamma": 1.0,
+    "lam": 0.95,
+    "whiten": True,
 }
 EXPECTED_PRESETS = {
     # DeepSeekMath GRPO: group mean / sample std (torch.std), clip 0.2 both sides, k3 KL in the loss at 0.04,
@@ -36,8 +56,15 @@ EXPECTED_PRESETS = {
     "grpo": {**COMMON, "preset": "grpo", "beta": 0.04},
     # DAPO: clip-higher 0.2 / 0.28, token-level mean over the batch, no KL, dynamic sampling (refill budget 3),
     # soft overlong punishment (buffer 16 tokens, factor 1).
-    "dapo": {**COMMON, "preset": "dapo", "eps_high": 0.28, "aggregation": "token_mean", "dynamic_sampling": True,
-             "max_extra_rounds": 3, "overlong_buffer": 16},
+    "dapo": {
+        **COMMON,
+        "preset": "dapo",
+        "eps_high": 0.28,
+        "aggregation": "token_mean",
+        "dynamic_sampling": True,
+        "max_extra_rounds": 3,
+        "overlong_buffer": 16,
+    },
     # Dr. GRPO: no std scaling, token sum normalised by a constant (L_max), no KL.
     "dr_grpo": {**COMMON, "preset": "dr_grpo", "scaling": "none", "aggregation": "seq_mean_token_sum_norm"},
     # RLOO: leave-one-out baseline, no scaling, no KL.
@@ -82,8 +109,10 @@ def test_preset_holds_only_its_differences_from_the_defaults(preset):
 @pytest.mark.parametrize("params", [ClipParams, ISParams, ObjectiveParams])
 def test_algo_parameter_classes_have_no_defaults_of_their_own(params):
     """The algorithm defaults are defined once (AlgorithmConfig); algo/'s parameter classes take every value."""
-    assert all(f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-               for f in dataclasses.fields(params))
+    assert all(
+        f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        for f in dataclasses.fields(params)
+    )
     with pytest.raises(TypeError):
         params()
 
@@ -109,7 +138,9 @@ def test_user_field_overrides_preset_from_yaml_and_set(tmp_path):
 
 
 def test_unknown_preset_lists_the_known_ones():
-    with pytest.raises(ConfigError, match=r"algorithm\.preset: expected one of 'grpo', 'dapo', 'dr_grpo', 'rloo', 'gspo', got 'ppo'"):
+    with pytest.raises(
+        ConfigError, match=r"algorithm\.preset: expected one of 'grpo', 'dapo', 'dr_grpo', 'rloo', 'gspo', got 'ppo'"
+    ):
         from_dict({"algorithm": {"preset": "ppo"}})
 
 
@@ -158,8 +189,10 @@ def test_unknown_field_suggests_the_closest(raw, message):
 def test_unknown_field_without_close_match_lists_known_fields():
     with pytest.raises(ConfigError) as e:
         from_dict({"run": {"zzzzzz": 1}})
-    assert str(e.value) == ("unknown field 'run.zzzzzz'; known fields: output_dir, name, report_to, mlflow_tracking_uri, "
-                            "table_every_steps, table_groups")
+    assert str(e.value) == (
+        "unknown field 'run.zzzzzz'; known fields: output_dir, name, report_to, mlflow_tracking_uri, "
+        "table_every_steps, table_groups"
+    )
 
 
 @pytest.mark.parametrize(
@@ -170,10 +203,15 @@ def test_unknown_field_without_close_match_lists_known_fields():
         ({"train": {"steps": True}}, "train.steps: expected an integer, got True"),  # bool is not an int here
         ({"algorithm": {"beta": "a lot"}}, "algorithm.beta: expected a finite number, got 'a lot'"),
         ({"algorithm": {"beta": False}}, "algorithm.beta: expected a finite number, got False"),
-        ({"algorithm": {"dynamic_sampling": "yes please"}}, "algorithm.dynamic_sampling: expected true or false, got 'yes please'"),
-        ({"algorithm": {"aggregation": "token-mean"}},
-         "algorithm.aggregation: expected one of 'seq_mean_token_mean', 'token_mean', 'seq_mean_token_sum_norm', "
-         "'seq_mean_token_sum', got 'token-mean'"),
+        (
+            {"algorithm": {"dynamic_sampling": "yes please"}},
+            "algorithm.dynamic_sampling: expected true or false, got 'yes please'",
+        ),
+        (
+            {"algorithm": {"aggregation": "token-mean"}},
+            "algorithm.aggregation: expected one of 'seq_mean_token_mean', 'token_mean', 'seq_mean_token_sum_norm', "
+            "'seq_mean_token_sum', got 'token-mean'",
+        ),
         ({"algorithm": {"kl_estimator": "k4"}}, "algorithm.kl_estimator: expected one of 'k1', 'k2', 'k3', got 'k4'"),
         ({"model": {"dtype": "float16"}}, "model.dtype: expected one of 'float32', 'bfloat16', got 'float16'"),
         ({"task": {"options": [1, 2]}}, "task.options: expected a mapping, got [1, 2]"),
@@ -257,13 +295,22 @@ BAD_VALUES = {
 }
 # A second violating value where the range has two ends or an open end worth checking.
 MORE_BAD_VALUES = [
-    ("rollout.top_p", 0.0), ("rollout.temperature", -1.0), ("algorithm.eps_low", -0.1), ("algorithm.dual_clip_c", 0.5),
-    ("train.lr", -1e-5), ("train.prompt_floor", 1.5),
+    ("rollout.top_p", 0.0),
+    ("rollout.temperature", -1.0),
+    ("algorithm.eps_low", -0.1),
+    ("algorithm.dual_clip_c", 0.5),
+    ("train.lr", -1e-5),
+    ("train.prompt_floor", 1.5),
 ]
 # Non-finite numbers are refused for every float field when the config is built, before the ranges
 # (tests/test_config_numbers.py covers every float field).
-NON_FINITE_VALUES = [("algorithm.beta", float("nan")), ("train.lr", float("nan")), ("algorithm.entropy_coef", float("inf")),
-                     ("reward.judge.max_score", float("inf")), ("reward.judge.min_score", float("nan"))]
+NON_FINITE_VALUES = [
+    ("algorithm.beta", float("nan")),
+    ("train.lr", float("nan")),
+    ("algorithm.entropy_coef", float("inf")),
+    ("reward.judge.max_score", float("inf")),
+    ("reward.judge.min_score", float("nan")),
+]
 
 
 def test_bad_values_cover_every_range_entry():
@@ -293,8 +340,15 @@ def test_non_finite_value_names_the_field(path, value):
 
 @pytest.mark.parametrize(
     "path, value",
-    [("rollout.top_p", 1.0), ("algorithm.eps_low", 0.0), ("algorithm.beta", 0.0), ("algorithm.is_c_min", 0.0),
-     ("rollout.group_size", 2), ("train.grad_clip", 0.0), ("algorithm.l_max", 0)],
+    [
+        ("rollout.top_p", 1.0),
+        ("algorithm.eps_low", 0.0),
+        ("algorithm.beta", 0.0),
+        ("algorithm.is_c_min", 0.0),
+        ("rollout.group_size", 2),
+        ("train.grad_clip", 0.0),
+        ("algorithm.l_max", 0),
+    ],
 )
 def test_range_boundaries_that_are_allowed(path, value):
     assert config_mod.get_path(from_dict(_raw(path, value)), path) == value
@@ -306,9 +360,14 @@ def test_is_c_min_above_is_c_max_is_rejected():
 
 
 def test_minibatches_must_divide_the_rollout_batch():
-    with pytest.raises(ConfigError, match=r"^train\.minibatches: expected a divisor of prompts_per_step \* group_size = 12, got 5$"):
+    with pytest.raises(
+        ConfigError, match=r"^train\.minibatches: expected a divisor of prompts_per_step \* group_size = 12, got 5$"
+    ):
         from_dict({"train": {"prompts_per_step": 3, "minibatches": 5}, "rollout": {"group_size": 4}})
-    assert from_dict({"train": {"prompts_per_step": 3, "minibatches": 6}, "rollout": {"group_size": 4}}).train.minibatches == 6
+    assert (
+        from_dict({"train": {"prompts_per_step": 3, "minibatches": 6}, "rollout": {"group_size": 4}}).train.minibatches
+        == 6
+    )
 
 
 # --------------------------------------------------------------------------------------------- YAML and --set
@@ -371,7 +430,8 @@ def test_set_overrides_yaml_and_creates_sections(tmp_path):
     p = tmp_path / "c.yaml"
     p.write_text("train:\n  steps: 5\n  lr: 1.0e-5\n")
     cfg = load_config(
-        p, ["train.steps=7", "reward.weights={correct: 1.0}", "task.options={digits: 2}", "algorithm.mask_truncated=true"]
+        p,
+        ["train.steps=7", "reward.weights={correct: 1.0}", "task.options={digits: 2}", "algorithm.mask_truncated=true"],
     )
     assert cfg.train.steps == 7 and cfg.train.lr == 1e-5
     assert cfg.reward.weights == {"correct": 1.0} and cfg.task.options == {"digits": 2}

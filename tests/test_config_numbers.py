@@ -47,13 +47,16 @@ def test_finite_numbers_still_load_the_same():
     assert (cfg.train.lr, cfg.rollout.temperature, cfg.algorithm.beta) == (1e-5, 0.7, 0.0)
 
 
-@pytest.mark.parametrize("weights, expected", [
-    ({"correct": "high"}, "reward.weights.correct: expected a finite number, got 'high'"),
-    ({"correct": True}, "reward.weights.correct: expected a finite number, got True"),
-    ({"correct": float("inf")}, "reward.weights.correct: expected a finite number, got inf"),
-    ({"correct": None}, "reward.weights.correct: expected a finite number, got None"),
-    ({"correct": [1]}, "reward.weights.correct: expected a finite number, got [1]"),
-])
+@pytest.mark.parametrize(
+    "weights, expected",
+    [
+        ({"correct": "high"}, "reward.weights.correct: expected a finite number, got 'high'"),
+        ({"correct": True}, "reward.weights.correct: expected a finite number, got True"),
+        ({"correct": float("inf")}, "reward.weights.correct: expected a finite number, got inf"),
+        ({"correct": None}, "reward.weights.correct: expected a finite number, got None"),
+        ({"correct": [1]}, "reward.weights.correct: expected a finite number, got [1]"),
+    ],
+)
 def test_reward_weights_must_be_numbers(weights, expected):
     with pytest.raises(ConfigError) as e:
         from_dict({"reward": {"weights": weights}})

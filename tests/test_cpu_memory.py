@@ -84,8 +84,12 @@ def test_restoring_puts_back_glibcs_defaults_and_returns_the_kept_memory():
 
 
 def test_restoring_puts_back_what_the_environment_started_the_process_with():
-    env = {"MALLOC_TOP_PAD_": "0", "MALLOC_MMAP_MAX_": "7", "MALLOC_TRIM_THRESHOLD_": "junk",
-           "GLIBC_TUNABLES": "glibc.malloc.mmap_max=9:glibc.malloc.arena_max=2"}
+    env = {
+        "MALLOC_TOP_PAD_": "0",
+        "MALLOC_MMAP_MAX_": "7",
+        "MALLOC_TRIM_THRESHOLD_": "junk",
+        "GLIBC_TUNABLES": "glibc.malloc.mmap_max=9:glibc.malloc.arena_max=2",
+    }
     assert cpu_memory.startup_values(env) == {"M_MMAP_MAX": 9, "M_TRIM_THRESHOLD": 131072, "M_TOP_PAD": 0}
     libc = FakeLibc(refuse=(-2,))
     assert cpu_memory.restore_freed_memory(libc, environ=env) is False  # a refusal is reported, the rest goes on
@@ -119,8 +123,9 @@ def test_on_glibc_memory_kept_by_the_run_is_returned_when_it_ends():
     """The issue's measurement, in a fresh process: with the settings a freed 200 MiB block stays resident; after
     restore_freed_memory it is returned, and a new 200 MiB block is returned as soon as it is freed."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "GLIBC_TUNABLES"}
-    out = subprocess.run([sys.executable, "-c", CHURN], capture_output=True, text=True, timeout=120, env=env,
-                         check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", CHURN], capture_output=True, text=True, timeout=120, env=env, check=True
+    )
     kept, after, again = map(float, out.stdout.split())
     assert kept > 150, out.stdout  # MiB resident after the free, while the settings hold
     assert after < 50 and again < 50, out.stdout

@@ -47,8 +47,26 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "grpolab"
 DESIGN = ROOT / "docs" / "design.md"
-FILE_EXTENSIONS = {"py", "json", "jsonl", "yaml", "yml", "toml", "md", "html", "txt", "pt", "safetensors", "lock",
-                   "gguf", "csv", "png", "svg", "cfg", "ini"}
+FILE_EXTENSIONS = {
+    "py",
+    "json",
+    "jsonl",
+    "yaml",
+    "yml",
+    "toml",
+    "md",
+    "html",
+    "txt",
+    "pt",
+    "safetensors",
+    "lock",
+    "gguf",
+    "csv",
+    "png",
+    "svg",
+    "cfg",
+    "ini",
+}
 # the repository's own top-level folders (not a local shared/ data folder or a virtual environment, which differ by machine)
 REPO_FOLDERS = ("benchmarks", "configs", "docs", "examples", "grpolab", "tests")
 
@@ -233,8 +251,11 @@ def resolve_config_path(parts: list[str]) -> bool:
     for i, part in enumerate(parts):
         if cls is None:
             return False
-        fields = {n.target.id: ast.unparse(n.annotation) for n in cls.body
-                  if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
+        fields = {
+            n.target.id: ast.unparse(n.annotation)
+            for n in cls.body
+            if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)
+        }
         if part not in fields:
             return False
         annotation = fields[part]
@@ -304,8 +325,11 @@ def layout_problems(tree: str) -> list[str]:
     modules = set(re.findall(r"(?<![\w/.-])([a-z_]+\.py)\b", tree))
     problems = [f"package grpolab/{p}/ not described" for p in packages() if p not in folders]
     problems += [f"module grpolab/{m} not described" for m in top_modules() if m not in modules]
-    problems += [f"{f}/ is neither a grpolab package nor a folder of the repository" for f in sorted(folders)
-                 if f != "grpolab" and f not in packages() and f not in REPO_FOLDERS]
+    problems += [
+        f"{f}/ is neither a grpolab package nor a folder of the repository"
+        for f in sorted(folders)
+        if f != "grpolab" and f not in packages() and f not in REPO_FOLDERS
+    ]
     problems += [f"{m} exists nowhere under grpolab/" for m in sorted(modules) if not any(PKG.rglob(m))]
     return problems
 
@@ -364,19 +388,40 @@ def design() -> str:
 
 def test_the_rules_catch_what_they_are_for():
     """The resolver on names that exist and names that do not (the three the issue found in the old page)."""
-    for good in ("algo.loss.objective", "rewards.REWARD_FUNCTIONS", "rewards.RewardSet.score_many",
-                 "RewardSet.score_many", "tasks.register_task", "grpolab.train", "RolloutEngine.generate",
-                 "train.steps", "reward.weights.mine", "training.trainer.Trainer.fit", "AgentCollector.advantages",
-                 "os.unshare", "grpolab.evaluation"):
+    for good in (
+        "algo.loss.objective",
+        "rewards.REWARD_FUNCTIONS",
+        "rewards.RewardSet.score_many",
+        "RewardSet.score_many",
+        "tasks.register_task",
+        "grpolab.train",
+        "RolloutEngine.generate",
+        "train.steps",
+        "reward.weights.mine",
+        "training.trainer.Trainer.fit",
+        "AgentCollector.advantages",
+        "os.unshare",
+        "grpolab.evaluation",
+    ):
         assert resolves(good), good
-    for bad in ("Task.sample", "Trainer.update", "algo.advantages.advantages", "rewards.NO_SUCH",
-                "train.no_such_field", "NoSuchClass.method", "rollout.no_such", "grpolab.no_such_module"):
+    for bad in (
+        "Task.sample",
+        "Trainer.update",
+        "algo.advantages.advantages",
+        "rewards.NO_SUCH",
+        "train.no_such_field",
+        "NoSuchClass.method",
+        "rollout.no_such",
+        "grpolab.no_such_module",
+    ):
         assert not resolves(bad), bad
     assert path_exists("algo/logprobs.py") and path_exists("grpolab/cli/app.py") and path_exists("docs/design.md")
     assert not path_exists("algo/no_such.py")
     assert all((ROOT / folder).is_dir() for folder in REPO_FOLDERS), REPO_FOLDERS
-    old = ("```\nrun/\n```\n`Task.sample(x)` `manifest.json` `a.b c` `algo/x.py` `shared/data`\n"
-           "```\nTrainer.update(...)\n```")
+    old = (
+        "```\nrun/\n```\n`Task.sample(x)` `manifest.json` `a.b c` `algo/x.py` `shared/data`\n"
+        "```\nTrainer.update(...)\n```"
+    )
     assert dotted_references(old) == ["Task.sample", "Trainer.update"]
     assert path_references(old) == ["algo/x.py"]
     assert "package grpolab/serving/ not described" in layout_problems("grpolab/\n  algo/ cli/\n")
@@ -406,7 +451,7 @@ def unnamed_modules(package: Path) -> list[str]:
     missing = []
     for module in sorted(package.glob("*.py")):
         stem = module.stem
-        named = (rf"``{stem}``|`{stem}`|(?<![\w.]){stem}\.py\b|\b{package.name}\.{stem}\b|(?<![\w.]){stem}\.[A-Za-z_]")
+        named = rf"``{stem}``|`{stem}`|(?<![\w.]){stem}\.py\b|\b{package.name}\.{stem}\b|(?<![\w.]){stem}\.[A-Za-z_]"
         if stem != "__init__" and not re.search(named, doc) and not re.search(rf"(?<![\w.]){stem}(?![\w])", listed):
             missing.append(module.name)
     return missing

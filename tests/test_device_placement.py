@@ -42,16 +42,24 @@ def devices() -> list[str]:
 
 @pytest.mark.parametrize("device", devices())
 def test_every_operation_of_a_step_runs_on_the_train_device(tiny_model_dir, tmp_path, device):
-    cfg = from_dict({
-        "model": {"name": tiny_model_dir},
-        "task": {"name": "arithmetic", "options": {"num_train": 20, "num_test": 4}},
-        "reward": earnable.reward_config(),
-        "rollout": earnable.rollout_config(group_size=4),
-        "algorithm": {"preset": "grpo", "beta": 0.04},  # a reference model too
-        "train": {"steps": 1, "prompts_per_step": 2, "micro_batch_size": 4, "device": device, "save_every_minutes": 0},
-        "eval": {"every_steps": 0},
-        "run": {"output_dir": str(tmp_path), "name": "placement"},
-    })
+    cfg = from_dict(
+        {
+            "model": {"name": tiny_model_dir},
+            "task": {"name": "arithmetic", "options": {"num_train": 20, "num_test": 4}},
+            "reward": earnable.reward_config(),
+            "rollout": earnable.rollout_config(group_size=4),
+            "algorithm": {"preset": "grpo", "beta": 0.04},  # a reference model too
+            "train": {
+                "steps": 1,
+                "prompts_per_step": 2,
+                "micro_batch_size": 4,
+                "device": device,
+                "save_every_minutes": 0,
+            },
+            "eval": {"every_steps": 0},
+            "run": {"output_dir": str(tmp_path), "name": "placement"},
+        }
+    )
     (tmp_path / "placement").mkdir()
     trainer = Trainer(cfg, tmp_path / "placement")
     models = {"policy": trainer.policy, "reference": trainer.reference}

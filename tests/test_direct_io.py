@@ -39,7 +39,7 @@ def test_the_file_holds_exactly_the_bytes_written_in_any_split(tmp_path, small_b
         at = 0
         while at < size:
             n = rng.randint(1, 2 * ALIGN)
-            assert f.write(data[at:at + n]) == len(data[at:at + n])
+            assert f.write(data[at : at + n]) == len(data[at : at + n])
             at += n
     assert path.read_bytes() == data
     assert f.size == size
@@ -133,11 +133,19 @@ def test_safetensors_bytes_equal_the_librarys(tmp_path, small_buffer):
     g = torch.Generator().manual_seed(0)
     base = torch.randn(6, 5, generator=g)
     tensors = {
-        "w.f32": torch.randn(7, 3, generator=g), "w.bf16": torch.randn(4, 9, generator=g).bfloat16(),
-        "w.f16": torch.randn(5, generator=g).half(), "w.f64": torch.randn(2, 2, generator=g).double(),
-        "ids": torch.arange(11), "i32": torch.arange(3, dtype=torch.int32), "i8": torch.tensor([-3, 4], dtype=torch.int8),
-        "u8": torch.tensor([200, 1], dtype=torch.uint8), "flags": torch.tensor([True, False, True]),
-        "scalar": torch.tensor(2.5), "empty": torch.zeros(0, 4), "transposed": base.t(), "poids.é": torch.ones(2),
+        "w.f32": torch.randn(7, 3, generator=g),
+        "w.bf16": torch.randn(4, 9, generator=g).bfloat16(),
+        "w.f16": torch.randn(5, generator=g).half(),
+        "w.f64": torch.randn(2, 2, generator=g).double(),
+        "ids": torch.arange(11),
+        "i32": torch.arange(3, dtype=torch.int32),
+        "i8": torch.tensor([-3, 4], dtype=torch.int8),
+        "u8": torch.tensor([200, 1], dtype=torch.uint8),
+        "flags": torch.tensor([True, False, True]),
+        "scalar": torch.tensor(2.5),
+        "empty": torch.zeros(0, 4),
+        "transposed": base.t(),
+        "poids.é": torch.ones(2),
     }
     ours, theirs = tmp_path / "ours.safetensors", tmp_path / "theirs.safetensors"
     save_safetensors(tensors, ours, {"format": "pt"})
@@ -152,8 +160,7 @@ def test_safetensors_bytes_equal_the_librarys(tmp_path, small_buffer):
 
 
 def test_a_dtype_it_does_not_list_is_written_by_the_library(tmp_path):
-    tensors = {"c": torch.randn(3, dtype=torch.complex64), "u16": torch.arange(4).to(torch.uint16),
-               "w": torch.randn(2)}
+    tensors = {"c": torch.randn(3, dtype=torch.complex64), "u16": torch.arange(4).to(torch.uint16), "w": torch.randn(2)}
     save_safetensors(tensors, tmp_path / "ours.safetensors", {"format": "pt"})
     save_file(tensors, tmp_path / "theirs.safetensors", metadata={"format": "pt"})
     assert filecmp.cmp(tmp_path / "ours.safetensors", tmp_path / "theirs.safetensors", shallow=False)
@@ -161,9 +168,15 @@ def test_a_dtype_it_does_not_list_is_written_by_the_library(tmp_path):
 
 def test_torch_save_through_it_loads_the_same_state(tmp_path, small_buffer):
     g = torch.Generator().manual_seed(1)
-    state = {"step": 3, "optimizer": {"state": {0: {"exp_avg": torch.randn(100, 7, generator=g),
-                                                     "step": torch.tensor(3.0)}}, "param_groups": [{"lr": 1e-5}]},
-             "rng": torch.get_rng_state(), "name": "x" * 5000}
+    state = {
+        "step": 3,
+        "optimizer": {
+            "state": {0: {"exp_avg": torch.randn(100, 7, generator=g), "step": torch.tensor(3.0)}},
+            "param_groups": [{"lr": 1e-5}],
+        },
+        "rng": torch.get_rng_state(),
+        "name": "x" * 5000,
+    }
     torch_save(state, tmp_path / "state.pt")
     back = torch.load(tmp_path / "state.pt", weights_only=False)
     assert back["step"] == 3 and back["name"] == state["name"] and torch.equal(back["rng"], state["rng"])
@@ -176,9 +189,19 @@ def tiny_mixtral():
     from transformers import MixtralConfig, MixtralForCausalLM
 
     torch.manual_seed(0)
-    return MixtralForCausalLM(MixtralConfig(vocab_size=64, hidden_size=16, intermediate_size=24, num_hidden_layers=2,
-                                            num_attention_heads=4, num_key_value_heads=2, num_local_experts=3,
-                                            num_experts_per_tok=2, max_position_embeddings=64))
+    return MixtralForCausalLM(
+        MixtralConfig(
+            vocab_size=64,
+            hidden_size=16,
+            intermediate_size=24,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            num_local_experts=3,
+            num_experts_per_tok=2,
+            max_position_embeddings=64,
+        )
+    )
 
 
 @pytest.mark.parametrize("which", ["tied llama from disk", "mixtral from a config"])
@@ -188,8 +211,11 @@ def test_a_checkpoint_written_directly_equals_one_written_by_save_pretrained(tin
     transformers loads it as the same model."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32) if which.startswith("tied") \
+    model = (
+        AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+        if which.startswith("tied")
         else tiny_mixtral()
+    )
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     state = {"step": 1, "moments": torch.randn(33, generator=torch.Generator().manual_seed(2))}
     written = {}

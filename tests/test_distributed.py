@@ -21,8 +21,13 @@ from grpolab.models import checkpoint as ckpt
 HERE = Path(__file__).resolve().parent
 WORKER = HERE / "distributed" / "worker.py"
 REWARDS = HERE / "distributed" / "rewards.py"
-ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "OMP_NUM_THREADS": "1",
-       "PYTHONPATH": str(HERE.parent)}
+ENV = {
+    **os.environ,
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "OMP_NUM_THREADS": "1",
+    "PYTHONPATH": str(HERE.parent),
+}
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
 
 
@@ -34,22 +39,42 @@ def config(model_dir: str, reward: str = "vowel_share", steps: int = 3, **algori
         "reward": {"functions": {reward: f"{REWARDS}:{reward}"}, "weights": {reward: 1.0}},
         "rollout": {"group_size": 4, "max_new_tokens": 5, "dtype": "float32", "top_k": 50},
         "algorithm": {"preset": "grpo", "beta": 0.0, **algorithm},
-        "train": {"steps": steps, "prompts_per_step": 4, "micro_batch_size": 4, "lr": 1e-2, "seed": 3,
-                  "samples_per_step": 2, "save_every_minutes": 0, **train},
+        "train": {
+            "steps": steps,
+            "prompts_per_step": 4,
+            "micro_batch_size": 4,
+            "lr": 1e-2,
+            "seed": 3,
+            "samples_per_step": 2,
+            "save_every_minutes": 0,
+            **train,
+        },
         "eval": {"every_steps": 0},
     }
 
 
 RUNS = {
-    "seq_mean_token_mean": {"aggregation": "seq_mean_token_mean", "scaling": "batch_std", "beta": 0.1,
-                            "train": {"mu": 2, "minibatches": 2}},
+    "seq_mean_token_mean": {
+        "aggregation": "seq_mean_token_mean",
+        "scaling": "batch_std",
+        "beta": 0.1,
+        "train": {"mu": 2, "minibatches": 2},
+    },
     "token_mean": {"aggregation": "token_mean", "beta": 0.1, "kl_placement": "reward"},
     "seq_mean_token_sum_norm": {"aggregation": "seq_mean_token_sum_norm", "train": {"minibatches": 2}},
-    "seq_mean_token_sum": {"aggregation": "seq_mean_token_sum", "dynamic_sampling": True, "max_extra_rounds": 1,
-                           "reward": "has_e"},
+    "seq_mean_token_sum": {
+        "aggregation": "seq_mean_token_sum",
+        "dynamic_sampling": True,
+        "max_extra_rounds": 1,
+        "reward": "has_e",
+    },
     # the 2 ranks shard the policy with FSDP2 (the 1 process is replicated; both on the plain training pass)
-    "fsdp2": {"aggregation": "token_mean", "beta": 0.1, "train": {"minibatches": 2, "share_prompt": False},
-              "two_ranks": {"strategy": "fsdp2"}},
+    "fsdp2": {
+        "aggregation": "token_mean",
+        "beta": 0.1,
+        "train": {"minibatches": 2, "share_prompt": False},
+        "two_ranks": {"strategy": "fsdp2"},
+    },
 }
 
 
@@ -68,8 +93,11 @@ def runs(tiny_model_dir, tmp_path_factory):
     def specs(ranks: int) -> list[dict]:
         out = []
         for name, a in RUNS.items():
-            cfg = config(tiny_model_dir, a.get("reward", "vowel_share"),
-                         **{k: v for k, v in a.items() if k not in ("reward", "two_ranks")})
+            cfg = config(
+                tiny_model_dir,
+                a.get("reward", "vowel_share"),
+                **{k: v for k, v in a.items() if k not in ("reward", "two_ranks")},
+            )
             if ranks == 2:
                 cfg["train"].update(a.get("two_ranks", {}))
             out.append({"name": name, "config": cfg})
@@ -135,8 +163,9 @@ def test_kill_9_of_two_ranks_and_resume_is_bitwise_the_uninterrupted_run(tiny_mo
     cut.write_text(json.dumps({**cfg, "run": {"output_dir": str(tmp_path), "name": "cut"}}))
     train = [sys.executable, "-m", "grpolab", "train", "--nproc", "2"]
     assert subprocess.run([*train, str(full)], env=ENV, capture_output=True, timeout=600).returncode == 0
-    proc = subprocess.Popen([*train, str(cut)], env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        [*train, str(cut)], env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
     deadline = time.time() + 300
     while not (tmp_path / "cut" / "checkpoints" / "step-2").is_dir() and time.time() < deadline:
         time.sleep(0.05)
@@ -144,11 +173,18 @@ def test_kill_9_of_two_ranks_and_resume_is_bitwise_the_uninterrupted_run(tiny_mo
     proc.wait()
     done = ckpt.latest_checkpoint(tmp_path / "cut")
     assert done is not None and int(done.name.split("-")[1]) < 4, "killed before the end"
-    out = subprocess.run([*train, "--resume", str(tmp_path / "cut")], env=ENV, capture_output=True, text=True, timeout=600)
+    out = subprocess.run(
+        [*train, "--resume", str(tmp_path / "cut")], env=ENV, capture_output=True, text=True, timeout=600
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     volatile = ("time/", "throughput/", "memory/")
-    rows = [[{k: v for k, v in json.loads(line).items() if not k.startswith(volatile)}
-             for line in (tmp_path / n / "metrics.jsonl").read_text().splitlines()] for n in ("full", "cut")]
+    rows = [
+        [
+            {k: v for k, v in json.loads(line).items() if not k.startswith(volatile)}
+            for line in (tmp_path / n / "metrics.jsonl").read_text().splitlines()
+        ]
+        for n in ("full", "cut")
+    ]
     assert rows[0] == rows[1]
     wa, wb = (load_file(ckpt.latest_checkpoint(tmp_path / n) / "model.safetensors") for n in ("full", "cut"))
     assert all((wa[k] == wb[k]).all() for k in wa)
@@ -157,9 +193,31 @@ def test_kill_9_of_two_ranks_and_resume_is_bitwise_the_uninterrupted_run(tiny_mo
 def test_resume_with_another_world_size_is_refused(tiny_model_dir, tmp_path):
     cfg = tmp_path / "c.yaml"
     cfg.write_text(json.dumps({**config(tiny_model_dir, steps=1), "run": {"output_dir": str(tmp_path), "name": "r"}}))
-    assert subprocess.run([sys.executable, "-m", "grpolab", "train", "--nproc", "2", str(cfg)], env=ENV,
-                          capture_output=True, timeout=600).returncode == 0
-    out = subprocess.run([sys.executable, "-m", "grpolab", "train", "--resume", str(tmp_path / "r"),
-                          "--set", "train.steps=2", "--allow-changes"], env=ENV, capture_output=True, text=True, timeout=300)
+    assert (
+        subprocess.run(
+            [sys.executable, "-m", "grpolab", "train", "--nproc", "2", str(cfg)],
+            env=ENV,
+            capture_output=True,
+            timeout=600,
+        ).returncode
+        == 0
+    )
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "grpolab",
+            "train",
+            "--resume",
+            str(tmp_path / "r"),
+            "--set",
+            "train.steps=2",
+            "--allow-changes",
+        ],
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 2
     assert "was written by 2 process(es), this run has 1" in out.stderr and "Traceback" not in out.stderr

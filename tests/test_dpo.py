@@ -23,7 +23,9 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 def pair(pc, pr, rc, rr):
     leaves = [torch.tensor([v], dtype=torch.float64, requires_grad=True) for v in (pc, pr)]
-    return leaves, PairLogps(leaves[0], leaves[1], torch.tensor([rc], dtype=torch.float64), torch.tensor([rr], dtype=torch.float64))
+    return leaves, PairLogps(
+        leaves[0], leaves[1], torch.tensor([rc], dtype=torch.float64), torch.tensor([rr], dtype=torch.float64)
+    )
 
 
 def test_sigmoid_loss_and_gradient_equal_hand_values():
@@ -44,7 +46,11 @@ def test_label_smoothing_and_ipo_equal_hand_values():
     (pc, pr), p = pair(-1.0, -2.0, -1.5, -1.5)
     loss = preference_loss("ipo", p, 0.25)  # (h - 1 / (2 beta))^2 = (1 - 2)^2
     loss.sum().backward()
-    assert loss.item() == pytest.approx(1.0) and pc.grad.item() == pytest.approx(-2.0) and pr.grad.item() == pytest.approx(2.0)
+    assert (
+        loss.item() == pytest.approx(1.0)
+        and pc.grad.item() == pytest.approx(-2.0)
+        and pr.grad.item() == pytest.approx(2.0)
+    )
 
 
 def test_sequence_logps_sum_for_dpo_and_mean_for_ipo():
@@ -120,15 +126,22 @@ def newline_reward_of(model_dir, cfg, n=16) -> float:
 
 
 def test_dpo_on_pairs_for_the_earnable_reward_raises_it(tiny_model_dir, tmp_path):
-    cfg = from_dict({"model": {"name": tiny_model_dir}, "task": {"name": "arithmetic", "options": {"num_train": 50, "num_test": 20}},
-                     "reward": earnable.reward_config(), "rollout": earnable.rollout_config(group_size=8),
-                     "train": {"steps": 4, "prompts_per_step": 4, "seed": 0, "precision": "fp32"}})
+    cfg = from_dict(
+        {
+            "model": {"name": tiny_model_dir},
+            "task": {"name": "arithmetic", "options": {"num_train": 50, "num_test": 20}},
+            "reward": earnable.reward_config(),
+            "rollout": earnable.rollout_config(group_size=8),
+            "train": {"steps": 4, "prompts_per_step": 4, "seed": 0, "precision": "fp32"},
+        }
+    )
     s = DPOSettings(beta=0.1, steps=8, batch_size=8, lr=5e-3, completions=128, seed=0)
     m = run_dpo(cfg, s, tmp_path / "dpo")
     assert m["budget"] == {"completions_sampled": 128, "optimizer_steps": 8, "pairs_per_step": 8}
     assert m["pairs"]["pairs"] > 8 and m["steps"][-1]["loss"] < m["steps"][0]["loss"]
     hashes = set(json.loads((tmp_path / "dpo" / "baseline_manifest.json").read_text())["train_problem_hashes"])
     from grpolab.manifest import problem_hashes
+
     assert hashes <= set(problem_hashes(make_task("arithmetic", num_train=50, num_test=20).problems("train")))
     before, after = newline_reward_of(tiny_model_dir, cfg), newline_reward_of(str(tmp_path / "dpo"), cfg)
     assert after > before + 0.15, (before, after)

@@ -28,15 +28,23 @@ NAN = math.nan
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def make_trainer(model_dir: str, tmp_path, *, group_size=2, prompts=2, max_new_tokens=4, task=None, train=None,
-                 **algorithm) -> Trainer:
+def make_trainer(
+    model_dir: str, tmp_path, *, group_size=2, prompts=2, max_new_tokens=4, task=None, train=None, **algorithm
+) -> Trainer:
     raw = {
         "model": {"name": model_dir},
         "task": {"name": "arithmetic", "options": {"num_train": 40, "num_test": 10, **(task or {})}},
         "rollout": {"group_size": group_size, "max_new_tokens": max_new_tokens, "dtype": "float32"},
         "algorithm": {"preset": "grpo", "beta": 0.0, **algorithm},
-        "train": {"steps": 1, "prompts_per_step": prompts, "micro_batch_size": 8, "lr": 1e-3, "seed": 0,
-                  "samples_per_step": 2, **(train or {})},
+        "train": {
+            "steps": 1,
+            "prompts_per_step": prompts,
+            "micro_batch_size": 8,
+            "lr": 1e-3,
+            "seed": 0,
+            "samples_per_step": 2,
+            **(train or {}),
+        },
         "eval": {"every_steps": 0},
         "run": {"output_dir": str(tmp_path), "name": "t"},
     }
@@ -59,8 +67,10 @@ class Script:
         assert len(r) == len(rollout) == len(problems) * cfg.rollout.group_size
         self.calls.append((rollout, problems))
         invalid = torch.isnan(r)
-        results = [RewardResult(v, {"correct": v}, bad, f"correct: ValueError: scripted invalid row {i}" if bad else None)
-                   for i, (v, bad) in enumerate(zip(r.tolist(), invalid.tolist()))]
+        results = [
+            RewardResult(v, {"correct": v}, bad, f"correct: ValueError: scripted invalid row {i}" if bad else None)
+            for i, (v, bad) in enumerate(zip(r.tolist(), invalid.tolist()))
+        ]
         return Scores(rewards=r.clone(), components={"correct": r.clone()}, invalid=invalid, results=results)
 
 
@@ -102,9 +112,13 @@ def step_with_batch(t: Trainer):
 
 def test_zero_variance_groups_are_dropped_and_refilled(tiny_model_dir, tmp_path, script):
     t = make_trainer(tiny_model_dir, tmp_path, dynamic_sampling=True, max_extra_rounds=3)
-    s = script([[[1, 1], [0, 1]],  # round 0: group 0 has no signal, group 1 is kept
-                [[0, 0], [1, 0]]],  # round 1: group 1 refills the batch
-               max_calls=2)
+    s = script(
+        [
+            [[1, 1], [0, 1]],  # round 0: group 0 has no signal, group 1 is kept
+            [[0, 0], [1, 0]],
+        ],  # round 1: group 1 refills the batch
+        max_calls=2,
+    )
     batch = t.collect()
     assert len(s.calls) == 2
     assert dynamic(batch) == {"dynamic/extra_rounds": 1.0, "dynamic/kept_groups": 2.0}
@@ -114,7 +128,12 @@ def test_zero_variance_groups_are_dropped_and_refilled(tiny_model_dir, tmp_path,
     assert batch.scores.rewards.tolist() == [0.0, 1.0, 1.0, 0.0]
     assert batch.scores.components["correct"].tolist() == [0.0, 1.0, 1.0, 0.0]
     # the kept rows are the generated rows of those groups, token for token
-    assert [rows_of(batch.rollout, i) for i in range(4)] == [rows_of(r0, 2), rows_of(r0, 3), rows_of(r1, 2), rows_of(r1, 3)]
+    assert [rows_of(batch.rollout, i) for i in range(4)] == [
+        rows_of(r0, 2),
+        rows_of(r0, 3),
+        rows_of(r1, 2),
+        rows_of(r1, 3),
+    ]
     assert batch.rollout.texts == [r0.texts[2], r0.texts[3], r1.texts[2], r1.texts[3]]
     assert torch.equal(batch.rollout.truncated, torch.cat([r0.truncated[2:], r1.truncated[2:]]))
     # both kept groups carry signal: rewards {0, 1}, mean 0.5, sample std sqrt(0.5): A = -+0.5 / (sqrt(0.5) + eps)
@@ -131,9 +150,14 @@ def dynamic(batch) -> dict:
 
 def test_refill_stops_as_soon_as_enough_groups_are_kept(tiny_model_dir, tmp_path, script):
     t = make_trainer(tiny_model_dir, tmp_path, prompts=2, dynamic_sampling=True, max_extra_rounds=5)
-    s = script([[[1, 0], [0, 1]],  # step 1: nothing to drop, no extra round
-                [[1, 1], [1, 0]], [[0, 1], [1, 0]]],  # step 2: one refill round gives more than needed
-               max_calls=3)
+    s = script(
+        [
+            [[1, 0], [0, 1]],  # step 1: nothing to drop, no extra round
+            [[1, 1], [1, 0]],
+            [[0, 1], [1, 0]],
+        ],  # step 2: one refill round gives more than needed
+        max_calls=3,
+    )
     batch = t.collect()
     assert len(s.calls) == 1 and dynamic(batch) == {"dynamic/extra_rounds": 0.0, "dynamic/kept_groups": 2.0}
     b2 = t.collect()
@@ -153,7 +177,8 @@ def test_without_dynamic_sampling_zero_variance_groups_stay(tiny_model_dir, tmp_
     assert not any(k.startswith("dynamic/") for k in metrics)
     assert metrics["groups/frac_zero_std"] == 0.5
     assert metrics["loss/signal_token_frac"] == pytest.approx(
-        batch.rollout.completion_mask[2:].sum().item() / batch.rollout.completion_mask.sum().item())
+        batch.rollout.completion_mask[2:].sum().item() / batch.rollout.completion_mask.sum().item()
+    )
 
 
 @pytest.mark.parametrize("budget", [0, 2])
@@ -245,7 +270,9 @@ def test_invalid_rewards_are_excluded_and_counted(tiny_model_dir, tmp_path, scri
     assert all(math.isfinite(v) for k, v in metrics.items() if k.startswith(("loss/", "policy/", "optim/")))
     # signal tokens: rows 0, 2, 3 of group 0 (row 1 is invalid and masked out of the loss)
     m = batch.rollout.completion_mask
-    assert metrics["loss/signal_token_frac"] == pytest.approx((m[0].sum() + m[2].sum() + m[3].sum()).item() / mask.sum().item())
+    assert metrics["loss/signal_token_frac"] == pytest.approx(
+        (m[0].sum() + m[2].sum() + m[3].sum()).item() / mask.sum().item()
+    )
 
 
 def test_all_invalid_step_does_not_crash(tiny_model_dir, tmp_path, script):
@@ -266,22 +293,32 @@ def _rollout_with_lengths(lengths: list[int], width: int, group_size: int) -> Ro
     for i, length in enumerate(lengths):
         mask[i, :length] = 1
     return Rollout(
-        prompt_ids=torch.ones(n, 1, dtype=torch.long), prompt_mask=torch.ones(n, 1, dtype=torch.long),
-        completion_ids=torch.ones(n, width, dtype=torch.long), completion_mask=mask,
-        sampler_logprobs=torch.zeros(n, width), truncated=torch.tensor([length == width for length in lengths]),
-        group=torch.arange(n // group_size).repeat_interleave(group_size), texts=["no answer"] * n,
+        prompt_ids=torch.ones(n, 1, dtype=torch.long),
+        prompt_mask=torch.ones(n, 1, dtype=torch.long),
+        completion_ids=torch.ones(n, width, dtype=torch.long),
+        completion_mask=mask,
+        sampler_logprobs=torch.zeros(n, width),
+        truncated=torch.tensor([length == width for length in lengths]),
+        group=torch.arange(n // group_size).repeat_interleave(group_size),
+        texts=["no answer"] * n,
     )
 
 
 def test_overlong_penalty_for_known_lengths():
     """L_max = 8, buffer 4, factor 0.5: 0 up to 4 tokens, then -0.5 * (L - 4) / 4."""
-    cfg = from_dict({"rollout": {"group_size": 4, "max_new_tokens": 8},
-                     "algorithm": {"overlong_buffer": 4, "overlong_penalty": 0.5},
-                     "reward": {"weights": {"correct": 1.0}}})
+    cfg = from_dict(
+        {
+            "rollout": {"group_size": 4, "max_new_tokens": 8},
+            "algorithm": {"overlong_buffer": 4, "overlong_penalty": 0.5},
+            "reward": {"weights": {"correct": 1.0}},
+        }
+    )
     from grpolab.tasks.base import Problem
 
     problems = [Problem(uid="p0", question="1+1", answer="2"), Problem(uid="p1", question="2+2", answer="4")]
-    scores = score_rollout(_rollout_with_lengths([1, 4, 5, 6, 7, 8, 3, 8], 8, 4), problems, RewardSet(cfg.reward.weights), cfg)
+    scores = score_rollout(
+        _rollout_with_lengths([1, 4, 5, 6, 7, 8, 3, 8], 8, 4), problems, RewardSet(cfg.reward.weights), cfg
+    )
     expected = [0.0, 0.0, -0.125, -0.25, -0.375, -0.5, 0.0, -0.5]
     assert scores.components["overlong"].tolist() == expected
     assert scores.components["correct"].tolist() == [0.0] * 8
@@ -294,15 +331,20 @@ def test_no_overlong_component_when_off():
     cfg = from_dict({"rollout": {"group_size": 2, "max_new_tokens": 8}, "algorithm": {"overlong_buffer": 0}})
     from grpolab.tasks.base import Problem
 
-    scores = score_rollout(_rollout_with_lengths([8, 8], 8, 2), [Problem(uid="p", question="q", answer="1")],
-                           RewardSet(cfg.reward.weights), cfg)
+    scores = score_rollout(
+        _rollout_with_lengths([8, 8], 8, 2),
+        [Problem(uid="p", question="q", answer="1")],
+        RewardSet(cfg.reward.weights),
+        cfg,
+    )
     assert "overlong" not in scores.components and scores.rewards.tolist() == [0.0, 0.0]
 
 
 def test_overlong_metric_in_a_training_step(tiny_model_dir, tmp_path):
     """Real scoring (no stub): reward/overlong/mean equals the penalty computed by hand from the sampled lengths."""
-    t = make_trainer(tiny_model_dir, tmp_path, group_size=4, prompts=2, max_new_tokens=4,
-                     overlong_buffer=2, overlong_penalty=0.5)
+    t = make_trainer(
+        tiny_model_dir, tmp_path, group_size=4, prompts=2, max_new_tokens=4, overlong_buffer=2, overlong_penalty=0.5
+    )
     metrics, _, batch = step_with_batch(t)
     lengths = batch.rollout.completion_mask.sum(-1).tolist()
     by_hand = [0.0 if n <= 2 else -0.5 * (n - 2) / 2 for n in lengths]  # L_max 4, buffer 2
@@ -341,8 +383,16 @@ def test_kl_in_reward_subtracts_beta_times_summed_token_kl(tiny_model_dir, tmp_p
     beta = 0.1
     # the expectation is built in float32 from the trainer's own logprob function: the update's precision is pinned
     # (under bf16 the trainer's old logprobs round differently; make test runs this file in both)
-    t = make_trainer(tiny_model_dir, tmp_path, group_size=2, prompts=2, beta=beta, kl_placement="reward",
-                     kl_estimator=estimator, train={"precision": "fp32"})
+    t = make_trainer(
+        tiny_model_dir,
+        tmp_path,
+        group_size=2,
+        prompts=2,
+        beta=beta,
+        kl_placement="reward",
+        kl_estimator=estimator,
+        train={"precision": "fp32"},
+    )
     assert t.reference is not None
     _perturb(t.policy)  # the policy moves away from the frozen reference, so the KL is not zero
     script([[[1, 0], [0, 0]]])
@@ -423,8 +473,12 @@ def test_dynamic_sampling_judges_groups_by_correctness_not_bonuses(tiny_model_di
     def scorer(rollout, problems, rewards, cfg):
         correct = torch.tensor([0.0, 0.0, 1.0, 0.0], dtype=torch.float64)  # group 0 all wrong, group 1 mixed
         fmt = torch.tensor([1.0, 0.0, 1.0, 1.0], dtype=torch.float64)  # ... but group 0's bonus varies
-        return Scores(correct + 0.1 * fmt, {"correct": correct, "format": fmt}, torch.zeros(4, dtype=torch.bool),
-                      [RewardResult(0.0)] * 4)
+        return Scores(
+            correct + 0.1 * fmt,
+            {"correct": correct, "format": fmt},
+            torch.zeros(4, dtype=torch.bool),
+            [RewardResult(0.0)] * 4,
+        )
 
     monkeypatch.setattr(batch_mod, "score_rollout", scorer)
     batch = t.collect()
@@ -436,8 +490,13 @@ def test_dynamic_sampling_judges_groups_by_correctness_not_bonuses(tiny_model_di
 def test_lr_schedule_follows_the_plan_when_fewer_groups_are_kept(tiny_model_dir, tmp_path, script):
     """4 minibatches planned per step; dynamic sampling keeps 1 group (2 rows), so the update takes 2 optimizer
     steps. The schedule must still stand at step 4 * s after training step s."""
-    t = make_trainer(tiny_model_dir, tmp_path, dynamic_sampling=True, max_extra_rounds=0,
-                     train={"steps": 3, "minibatches": 4, "schedule": "cosine", "warmup_steps": 1})
+    t = make_trainer(
+        tiny_model_dir,
+        tmp_path,
+        dynamic_sampling=True,
+        max_extra_rounds=0,
+        train={"steps": 3, "minibatches": 4, "schedule": "cosine", "warmup_steps": 1},
+    )
     script([[[1, 1], [0, 1]]] * 2)
     for step in (1, 2):
         metrics, _ = t.train_step()

@@ -40,8 +40,16 @@ class StubEngine:
         lengths = torch.tensor([len(t.split()) + 1 for t in texts])
         mask = (torch.arange(16)[None, :] < lengths[:, None]).long()
         z = torch.zeros((n, 1), dtype=torch.long)
-        return Rollout(z, z, torch.zeros((n, 16), dtype=torch.long), mask, torch.zeros((n, 16)),
-                       torch.tensor(["TRUNC" in t for t in texts]), torch.arange(len(prompts)).repeat_interleave(g), texts)
+        return Rollout(
+            z,
+            z,
+            torch.zeros((n, 16), dtype=torch.long),
+            mask,
+            torch.zeros((n, 16)),
+            torch.tensor(["TRUNC" in t for t in texts]),
+            torch.arange(len(prompts)).repeat_interleave(g),
+            texts,
+        )
 
     def sync_weights(self, policy):
         pass
@@ -89,12 +97,22 @@ def test_score_item_pass_maj_mean_by_hand():
     s = item["scores"]  # greedy right by last number but not in the requested \boxed format
     assert (s["accuracy"], s["strict"], s["flexible"]) == (1.0, 0.0, 1.0)
     assert s["maj@3"] == 0.0 and s["pass@1"] == pytest.approx(1 / 3) and s["pass@2"] == pytest.approx(2 / 3)
-    assert pass_ks(3) == [1, 2, 3] and "strict" not in score_item(p, Completion("5", 1, False), [], "arithmetic")["scores"]
+    assert (
+        pass_ks(3) == [1, 2, 3] and "strict" not in score_item(p, Completion("5", 1, False), [], "arithmetic")["scores"]
+    )
 
 
 def test_summarise_interval_covers_mean_and_slices():
-    items = [{"uid": f"u{i}", "slice": "a" if i < 40 else "b", "scores": {"accuracy": float(i % 2)},
-              "length": i % 5, "truncated": i % 10 == 0} for i in range(60)]
+    items = [
+        {
+            "uid": f"u{i}",
+            "slice": "a" if i < 40 else "b",
+            "scores": {"accuracy": float(i % 2)},
+            "length": i % 5,
+            "truncated": i % 10 == 0,
+        }
+        for i in range(60)
+    ]
     r = summarise(items, elapsed=2.0)
     assert r.accuracy == 0.5 and r.ci_low < 0.5 < r.ci_high and r.ci_high - r.ci_low < 0.4
     assert r.per_slice["a"]["n"] == 40 and r.per_slice["b"]["n"] == 20
@@ -111,10 +129,18 @@ def test_math500_subject_slices_pair():
     """A MATH-500 item's ``slice`` is its level; ``subject=...`` is only in ``slices``. Selecting a slice's items by
     ``slice`` found none for a subject, so subject slices were never paired (the report fell back to an unpaired
     difference); in_slice / paired_diffs(slice_=...) select by ``slices``."""
+
     def items(correct):
-        return [{"uid": f"math500/test/{'algebra' if i < 30 else 'geometry'}/{i}.json", "slice": f"level={1 + i % 5}",
-                 "slices": [f"level={1 + i % 5}", "subject=algebra" if i < 30 else "subject=geometry"],
-                 "scores": {"accuracy": float(c)}} for i, c in enumerate(correct)]
+        return [
+            {
+                "uid": f"math500/test/{'algebra' if i < 30 else 'geometry'}/{i}.json",
+                "slice": f"level={1 + i % 5}",
+                "slices": [f"level={1 + i % 5}", "subject=algebra" if i < 30 else "subject=geometry"],
+                "scores": {"accuracy": float(c)},
+            }
+            for i, c in enumerate(correct)
+        ]
+
     base, trained = items([i % 3 == 0 for i in range(40)]), items([i % 3 == 0 or i < 6 for i in range(40)])
     assert evaluate.in_slice(base[0], "subject=algebra") and not evaluate.in_slice(base[0], "subject=geometry")
     algebra = evaluate.paired_diffs(base, trained, slice_="subject=algebra")["accuracy"]
@@ -131,6 +157,7 @@ def test_paired_diffs_match_uids():
 
 
 # ------------------------------------------------------------------------------------------- overlap
+
 
 def _fake_run(tmp: Path, model_dir: str, train: list[Problem], config: dict | None = None) -> Path:
     """A run directory with a manifest and one checkpoint holding the tiny model."""
@@ -170,6 +197,7 @@ def test_run_eval_refuses_training_problems(tiny_model_dir, tmp_path):
 
 # ------------------------------------------------------------------------------------------- end to end
 
+
 @needs_gsm8k
 def test_eval_tiny_model_on_gsm8k(tiny_model_dir, tmp_path):
     from typer.testing import CliRunner
@@ -177,9 +205,31 @@ def test_eval_tiny_model_on_gsm8k(tiny_model_dir, tmp_path):
     from grpolab.cli import app
 
     out = tmp_path / "eval.json"
-    args = ["eval", tiny_model_dir, tiny_model_dir, "--task", "gsm8k", "--task-option", f"path={DATA / 'gsm8k'}",
-            "--split", "test", "--limit", "3", "--max-new-tokens", "6", "--batch-size", "4", "--samples", "2",
-            "--temperature", "1.0", "--dtype", "float32", "--out", str(out)]
+    args = [
+        "eval",
+        tiny_model_dir,
+        tiny_model_dir,
+        "--task",
+        "gsm8k",
+        "--task-option",
+        f"path={DATA / 'gsm8k'}",
+        "--split",
+        "test",
+        "--limit",
+        "3",
+        "--max-new-tokens",
+        "6",
+        "--batch-size",
+        "4",
+        "--samples",
+        "2",
+        "--temperature",
+        "1.0",
+        "--dtype",
+        "float32",
+        "--out",
+        str(out),
+    ]
     r = CliRunner().invoke(app, args, catch_exceptions=False)
     assert r.exit_code == 0 and "wrote" in r.output
     res = json.loads(out.read_text())
@@ -190,8 +240,13 @@ def test_eval_tiny_model_on_gsm8k(tiny_model_dir, tmp_path):
     assert [it["gold"] for it in first["items"]] == [p.answer for p in gold]
     assert all(1 <= it["length"] <= 6 and len(it["samples"]) == 2 for it in first["items"])
     assert [it["completion"] for it in first["items"]] == [it["completion"] for it in second["items"]]  # greedy
-    assert second["diff_vs_first"] == {"mean": 0.0, "ci_low": 0.0, "ci_high": 0.0, "method": "t over problems",
-                                       "degenerate": "all equal"}  # the same model twice: no evidence of anything
+    assert second["diff_vs_first"] == {
+        "mean": 0.0,
+        "ci_low": 0.0,
+        "ci_high": 0.0,
+        "method": "t over problems",
+        "degenerate": "all equal",
+    }  # the same model twice: no evidence of anything
     assert not first["held_out"]["checked"]
     entries = load_entries([out])
     assert len(entries) == 1  # the same model twice on the same set is one row
@@ -201,15 +256,31 @@ def test_eval_tiny_model_on_gsm8k(tiny_model_dir, tmp_path):
 
 # ------------------------------------------------------------------------------------------- compare
 
+
 def _eval_json(path: Path, rows: list[tuple[str, str, list[float]]], h: str = "H") -> Path:
     models = []
     for name, model_path, acc in rows:
         items = [{"uid": f"u{i}", "scores": {"accuracy": a}} for i, a in enumerate(acc)]
-        models.append({"model": name, "path": model_path, "method": "greedy", "n": len(acc), "len_mean": 1.0,
-                       "truncated_frac": 0.0, "items": items, "metrics": {"accuracy": summarise(
-                           [{**it, "slice": "all", "length": 1, "truncated": False} for it in items], 1).metrics["accuracy"]}})
+        models.append(
+            {
+                "model": name,
+                "path": model_path,
+                "method": "greedy",
+                "n": len(acc),
+                "len_mean": 1.0,
+                "truncated_frac": 0.0,
+                "items": items,
+                "metrics": {
+                    "accuracy": summarise(
+                        [{**it, "slice": "all", "length": 1, "truncated": False} for it in items], 1
+                    ).metrics["accuracy"]
+                },
+            }
+        )
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"task": "t", "split": "test", "data_hash": h, "decoding": {"samples": 0}, "models": models}))
+    path.write_text(
+        json.dumps({"task": "t", "split": "test", "data_hash": h, "decoding": {"samples": 0}, "models": models})
+    )
     return path
 
 

@@ -77,7 +77,9 @@ def test_identical_runs_and_one_run_reduce_to_the_t_interval_over_problems():
     ordinary = mean_interval(d)
     for runs in (1, 3):
         r = set_mean(np.tile(d, (runs, 1)))
-        assert (r["mean"], r["ci_low"], r["ci_high"]) == pytest.approx((ordinary["mean"], ordinary["ci_low"], ordinary["ci_high"]), abs=1e-12)
+        assert (r["mean"], r["ci_low"], r["ci_high"]) == pytest.approx(
+            (ordinary["mean"], ordinary["ci_low"], ordinary["ci_high"]), abs=1e-12
+        )
         assert r["spread"]["min"] == r["spread"]["max"] and r["df"] == pytest.approx(39)
 
 
@@ -86,7 +88,11 @@ def test_runs_that_disagree_completely_get_the_t_over_run_means():
     uncertainty is between runs: V = S_m^2 / 2 = 0.25, one df, 0.5 -/+ 12.706 * 0.5. Pooling the runs per problem
     first would claim [0.5, 0.5]."""
     r = set_mean([[1, 1, 1], [0, 0, 0]])
-    assert r["per_run"] == [1.0, 0.0] and r["spread"]["std"] == pytest.approx(np.sqrt(0.5)) and r["df"] == pytest.approx(1.0)
+    assert (
+        r["per_run"] == [1.0, 0.0]
+        and r["spread"]["std"] == pytest.approx(np.sqrt(0.5))
+        and r["df"] == pytest.approx(1.0)
+    )
     assert (r["ci_low"], r["ci_high"]) == pytest.approx((0.5 - 12.7062047 * 0.5, 0.5 + 12.7062047 * 0.5), abs=1e-6)
 
 
@@ -94,7 +100,9 @@ def test_the_interval_widens_when_runs_disagree_and_not_when_they_agree():
     rng = np.random.default_rng(1)
     base = (rng.random(60) < 0.5).astype(float)
     agree = np.stack([base, base, base, base])
-    shifted = np.stack([base, base, np.clip(base + (rng.random(60) < 0.5), 0, 1), np.clip(base - (rng.random(60) < 0.5), 0, 1)])
+    shifted = np.stack(
+        [base, base, np.clip(base + (rng.random(60) < 0.5), 0, 1), np.clip(base - (rng.random(60) < 0.5), 0, 1)]
+    )
     a, b = set_mean(agree), set_mean(shifted)
     assert b["ci_high"] - b["ci_low"] > a["ci_high"] - a["ci_low"]
 
@@ -103,7 +111,9 @@ def test_set_difference_of_single_runs_is_the_paired_t_interval():
     rng = np.random.default_rng(2)
     a, b = (rng.random(50) < 0.4).astype(float), (rng.random(50) < 0.6).astype(float)
     r, ref = set_difference([a], [b]), paired_interval(a, b)
-    assert (r["mean"], r["ci_low"], r["ci_high"]) == pytest.approx((ref["mean"], ref["ci_low"], ref["ci_high"]), abs=1e-12)
+    assert (r["mean"], r["ci_low"], r["ci_high"]) == pytest.approx(
+        (ref["mean"], ref["ci_low"], ref["ci_high"]), abs=1e-12
+    )
     shift = set_difference([[0.2, 0.4, 0.6]], [[0.45, 0.65, 0.85]])  # +0.25 on every problem: no spread at all
     assert (shift["mean"], shift["ci_low"], shift["ci_high"]) == pytest.approx((0.25, 0.25, 0.25))
     assert shift["degenerate"] == "all equal"
@@ -125,7 +135,9 @@ def test_alignment_is_exact_unless_told_to_intersect():
     """A run of 200 problems and a run of 3 used to become n = 3 silently; now refused, naming both runs."""
     big = {f"u{i}": 1.0 for i in range(200)}
     small = {"u0": 1.0, "u1": 1.0, "u2": 1.0}
-    with pytest.raises(GrpolabError, match=r"seed0 \(200 problems\) and seed1 \(3 problems\).*3 shared.*align='intersect'"):
+    with pytest.raises(
+        GrpolabError, match=r"seed0 \(200 problems\) and seed1 \(3 problems\).*3 shared.*align='intersect'"
+    ):
         aligned([big, small], ["seed0", "seed1"])
     uids, x = aligned([big, small], ["seed0", "seed1"], align="intersect")
     assert uids == ["u0", "u1", "u2"] and x.shape == (2, 3)
@@ -137,8 +149,9 @@ def test_alignment_is_exact_unless_told_to_intersect():
         aligned([big], align="both")
     with pytest.raises(GrpolabError, match=r"run 1: the model and its reference were evaluated on different problems"):
         paired_gains([({"p": 0, "q": 1, "r": 0}, {"q": 1, "p": 1}), ({"p": 0, "q": 1}, {"p": 0, "q": 0})])
-    uids, d = paired_gains([({"p": 0, "q": 1, "r": 0}, {"q": 1, "p": 1}), ({"p": 0, "q": 1}, {"p": 0, "q": 0})],
-                           align="intersect")
+    uids, d = paired_gains(
+        [({"p": 0, "q": 1, "r": 0}, {"q": 1, "p": 1}), ({"p": 0, "q": 1}, {"p": 0, "q": 0})], align="intersect"
+    )
     assert uids == ["p", "q"] and d.tolist() == [[1.0, 0.0], [0.0, -1.0]]
     with pytest.raises(ValueError, match=r"\(runs >= 1, problems >= 1\)"):
         set_difference(np.zeros((2, 3)), np.zeros((2, 4)))
@@ -146,10 +159,17 @@ def test_alignment_is_exact_unless_told_to_intersect():
 
 
 def test_evaluations_that_differ_are_named():
-    a = {"task": "math500", "split": "test", "data_hash": "h1", "decoding": {"max_new_tokens": 512, "seed": 0, "samples": 0}}
+    a = {
+        "task": "math500",
+        "split": "test",
+        "data_hash": "h1",
+        "decoding": {"max_new_tokens": 512, "seed": 0, "samples": 0},
+    }
     b = {**a, "decoding": {"max_new_tokens": 256, "seed": 3, "samples": 0}}
     assert evaluation_differences(a, b) == [("decoding.max_new_tokens", 512, 256)]
-    assert evaluation_differences(a, {**a, "decoding": {**a["decoding"], "seed": 9}}) == []  # the sampling seed may differ
+    assert (
+        evaluation_differences(a, {**a, "decoding": {**a["decoding"], "seed": 9}}) == []
+    )  # the sampling seed may differ
     check_same_evaluation(["s0", "s1"], [a, dict(a)])
     with pytest.raises(GrpolabError, match=r"s0 and s1 were not evaluated the same way \(data_hash: 'h1' vs 'h2'"):
         check_same_evaluation(["s0", "s1"], [a, {**a, "data_hash": "h2"}])

@@ -46,6 +46,7 @@ def test_each_group_keeps_its_own_stream():
 def token_interval(logits: torch.Tensor, token: int) -> float:
     """The length of {u in [0, 1): sample_tokens(logits, u) = token} (it is an interval: the token is a monotone
     function of u), found by bisection on float64 u: the probability of the token under uniform u."""
+
     def tok(u: float) -> int:
         return int(sample_tokens(logits, 1.0, torch.tensor([u], dtype=torch.float64))[0])
 

@@ -9,14 +9,33 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-       "TQDM_DISABLE": "1", "OMP_NUM_THREADS": "1"}
+ENV = {
+    **os.environ,
+    "HF_HUB_OFFLINE": "1",
+    "HF_DATASETS_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "TQDM_DISABLE": "1",
+    "OMP_NUM_THREADS": "1",
+}
 
 
 def test_python_api_example_trains_evaluates_and_reports(tiny_model_dir, tmp_path):
     run_dir = tmp_path / "runs" / "example"
-    out = subprocess.run([sys.executable, str(ROOT / "examples" / "train_with_python_api.py"), "--tiny", tiny_model_dir,
-                          "--run-dir", str(run_dir)], capture_output=True, text=True, env=ENV, cwd=tmp_path, timeout=300)
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "examples" / "train_with_python_api.py"),
+            "--tiny",
+            tiny_model_dir,
+            "--run-dir",
+            str(run_dir),
+        ],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        cwd=tmp_path,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     lines = out.stdout.splitlines()
     assert [line.split(":")[0] for line in lines[:2]] == ["step 1", "step 2"], out.stdout

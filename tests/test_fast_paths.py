@@ -39,14 +39,24 @@ def float64_rmsnorm(monkeypatch):
 
 
 def tiny_llama(vocab: int = 50, seed: int = 0) -> LlamaForCausalLM:
-    config = LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-                         tie_word_embeddings=True, attn_implementation="sdpa")
+    config = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        tie_word_embeddings=True,
+        attn_implementation="sdpa",
+    )
     torch.manual_seed(seed)
     return LlamaForCausalLM(config).double()
 
 
-def make_rollout(prompt_lens: list[int], completion_lens: list[int], group_size: int, vocab: int = 50, seed: int = 1) -> Rollout:
+def make_rollout(
+    prompt_lens: list[int], completion_lens: list[int], group_size: int, vocab: int = 50, seed: int = 1
+) -> Rollout:
     """Left-padded prompts (one per group, repeated G times) and right-padded completions of the given lengths."""
     g = torch.Generator().manual_seed(seed)
     n, lp, lc = len(completion_lens), max(prompt_lens), max(completion_lens)
@@ -58,8 +68,16 @@ def make_rollout(prompt_lens: list[int], completion_lens: list[int], group_size:
     completion_mask = (torch.arange(lc).unsqueeze(0) < torch.tensor(completion_lens).unsqueeze(1)).long()
     completion_ids = torch.randint(1, vocab, (n, lc), generator=g) * completion_mask
     groups = torch.arange(len(prompt_lens)).repeat_interleave(group_size)
-    return Rollout(prompt_ids, prompt_mask, completion_ids, completion_mask, torch.zeros(n, lc),
-                   torch.zeros(n, dtype=torch.bool), groups, [""] * n)
+    return Rollout(
+        prompt_ids,
+        prompt_mask,
+        completion_ids,
+        completion_mask,
+        torch.zeros(n, lc),
+        torch.zeros(n, dtype=torch.bool),
+        groups,
+        [""] * n,
+    )
 
 
 def logp_entropy_grads(model, rollout, rows, **kwargs):
@@ -84,7 +102,9 @@ CASES = [  # (prompt lengths, completion lengths, G, rows in the micro-batch)
 
 @pytest.mark.parametrize("prompt_lens, completion_lens, group_size, rows", CASES)
 @pytest.mark.parametrize("pack", [True, False])
-def test_shared_prompt_paths_equal_the_plain_forward(float64_rmsnorm, prompt_lens, completion_lens, group_size, rows, pack):
+def test_shared_prompt_paths_equal_the_plain_forward(
+    float64_rmsnorm, prompt_lens, completion_lens, group_size, rows, pack
+):
     model = tiny_llama()
     rollout = make_rollout(prompt_lens, completion_lens, group_size)
     rows = torch.arange(len(rollout)) if rows is None else torch.tensor(rows)
@@ -112,10 +132,18 @@ def test_policy_update_is_the_same_with_every_lever(float64_rmsnorm, micro_batch
     base, reference = tiny_llama(seed=0), tiny_llama(seed=1)
     results = []
     for share, pack in ((False, False), (True, False), (True, True)):
-        cfg = from_dict({"rollout": {"group_size": 3, "max_new_tokens": 8, "dtype": "float32"},
-                         "algorithm": {"beta": 0.04, "kl_estimator": "k3"},
-                         "train": {"micro_batch_size": micro_batch_size, "share_prompt": share, "pack_completions": pack,
-                                   "grad_clip": 0.0}})
+        cfg = from_dict(
+            {
+                "rollout": {"group_size": 3, "max_new_tokens": 8, "dtype": "float32"},
+                "algorithm": {"beta": 0.04, "kl_estimator": "k3"},
+                "train": {
+                    "micro_batch_size": micro_batch_size,
+                    "share_prompt": share,
+                    "pack_completions": pack,
+                    "grad_clip": 0.0,
+                },
+            }
+        )
         policy = copy.deepcopy(base)
         optimizer = torch.optim.SGD(policy.parameters(), lr=0.5)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: 1.0)
@@ -244,8 +272,12 @@ def tiny_lm(tiny_model_dir):
 
 
 def prompts_of(tok, questions):
-    return [tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True,
-                                    return_dict=False) for q in questions]
+    return [
+        tok.apply_chat_template(
+            [{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True, return_dict=False
+        )
+        for q in questions
+    ]
 
 
 def test_greedy_decode_equals_hf_generate(tiny_lm, float64_rmsnorm):
@@ -264,8 +296,9 @@ def decode(model, tok, prompts, stop_ids, compact, seed=0, temperature=1.0, grou
 
     ids, mask = left_pad(prompts, tok.pad_token_id)
     torch.manual_seed(seed)
-    return decode_groups(model, ids, mask, group_size, max_new_tokens, temperature, stop_ids, tok.pad_token_id,
-                         compact=compact)
+    return decode_groups(
+        model, ids, mask, group_size, max_new_tokens, temperature, stop_ids, tok.pad_token_id, compact=compact
+    )
 
 
 def test_finished_rows_leaving_the_batch_changes_nothing(tiny_lm, float64_rmsnorm):
@@ -288,8 +321,16 @@ def test_recorded_logprobs_equal_a_teacher_forced_forward(tiny_lm, float64_rmsno
     from grpolab.rollout.hf import left_pad
 
     ids, mask = left_pad(prompts, tok.pad_token_id)
-    rollout = Rollout(ids.repeat_interleave(4, 0), mask.repeat_interleave(4, 0), d.tokens, d.mask, d.logprobs,
-                      d.truncated, torch.arange(2).repeat_interleave(4), [""] * 8)
+    rollout = Rollout(
+        ids.repeat_interleave(4, 0),
+        mask.repeat_interleave(4, 0),
+        d.tokens,
+        d.mask,
+        d.logprobs,
+        d.truncated,
+        torch.arange(2).repeat_interleave(4),
+        [""] * 8,
+    )
     with torch.no_grad():
         fo = completion_logprobs(model, rollout, torch.arange(8), 0.8, "fp32")
     # the rollout stores float32: equal up to that rounding (a position or temperature slip is > 1e-2)
@@ -309,8 +350,22 @@ def test_prepacked_weights_sample_the_same_tokens():
         pytest.skip("this torch build has no oneDNN")
     ids, mask = left_pad([[5, 17, 42, 9], [7, 8]], 0)
     for greedy in (True, False):
-        runs = [decode_groups(model, ids, mask, 4, 16, 0.9, [], 0, greedy=greedy, prepack=packed,
-                              generators=[torch.Generator().manual_seed(g) for g in (1, 2)]) for packed in (True, False)]
+        runs = [
+            decode_groups(
+                model,
+                ids,
+                mask,
+                4,
+                16,
+                0.9,
+                [],
+                0,
+                greedy=greedy,
+                prepack=packed,
+                generators=[torch.Generator().manual_seed(g) for g in (1, 2)],
+            )
+            for packed in (True, False)
+        ]
         assert torch.equal(runs[0].tokens, runs[1].tokens) and torch.equal(runs[0].mask, runs[1].mask)
         assert torch.allclose(runs[0].logprobs, runs[1].logprobs, atol=1e-5, rtol=0)
         assert len(set(runs[0].tokens[:, -1].tolist())) > 1 or greedy  # sampled rows differ: a real draw
@@ -356,9 +411,22 @@ def test_kv_cache_grown_in_place_samples_the_same_tokens(monkeypatch):
     ids, mask = left_pad([[5, 17, 42, 9], [7, 8]], 0)
     stops = list(range(0, 300, 7))  # about one token in seven stops a row: rows leave the batch at different steps
     for greedy in (True, False):
-        runs = [decode_groups(model, ids, mask, 4, 24, 1.0, stops, 0, greedy=greedy, preallocate_cache=inplace,
-                              generators=[torch.Generator().manual_seed(g) for g in (1, 2)])
-                for inplace in (True, False)]
+        runs = [
+            decode_groups(
+                model,
+                ids,
+                mask,
+                4,
+                24,
+                1.0,
+                stops,
+                0,
+                greedy=greedy,
+                preallocate_cache=inplace,
+                generators=[torch.Generator().manual_seed(g) for g in (1, 2)],
+            )
+            for inplace in (True, False)
+        ]
         assert torch.equal(runs[0].tokens, runs[1].tokens) and torch.equal(runs[0].mask, runs[1].mask)
         assert torch.allclose(runs[0].logprobs, runs[1].logprobs, atol=1e-12, rtol=0)
     lengths = runs[0].mask.sum(-1)
@@ -464,7 +532,7 @@ def test_bf16_weights_are_packed_only_on_a_cpu_with_bf16_units(monkeypatch):
         assert ("forward" in model.lm_head.__dict__) == packs_bf16  # the packed product is what runs, where packed
         got = model.lm_head(x)
     assert got.dtype == torch.bfloat16
-    assert torch.allclose(got.double(), ref, rtol=2 ** -7, atol=1e-3)  # one bf16 rounding of a float32 sum
+    assert torch.allclose(got.double(), ref, rtol=2**-7, atol=1e-3)  # one bf16 rounding of a float32 sum
 
 
 def test_packing_is_all_or_nothing(monkeypatch):
@@ -513,11 +581,11 @@ def test_bf16_packed_greedy_decode_follows_the_unpacked_models_argmax():
     assert d.mask.all()  # no stop ids: every row ran all 12 steps
     full = torch.cat([ids.repeat_interleave(2, 0), d.tokens], dim=1)
     with torch.no_grad():
-        logits = model(input_ids=full).logits[:, ids.shape[1] - 1:-1].float()
+        logits = model(input_ids=full).logits[:, ids.shape[1] - 1 : -1].float()
     top2 = logits.topk(2, dim=-1).values
     assert (top2[..., 0] - top2[..., 1]).median() > 0.2  # the scaling did separate the top logits
     chosen = logits.gather(-1, d.tokens.unsqueeze(-1)).squeeze(-1)
     gap = logits.max(-1).values - chosen
-    ulp = 2 ** -7 * logits.abs().amax(-1)  # one bf16 rounding step at the largest logit of the row
+    ulp = 2**-7 * logits.abs().amax(-1)  # one bf16 rounding step at the largest logit of the row
     assert (gap <= 2 * ulp).all(), (gap / ulp).max()
     assert (gap == 0).float().mean() >= 0.9

@@ -29,8 +29,15 @@ def tiny(model_dir: str, out: Path, rewards: dict | None = None, **train) -> dic
         "reward": {"weights": rewards or {"correct": 1.0, "format": 0.1}},
         "rollout": {"group_size": 4, "max_new_tokens": 4, "dtype": "float32"},
         "algorithm": {"preset": "grpo", "beta": 0.0, "entropy_coef": 0.05},
-        "train": {"steps": 1, "prompts_per_step": 2, "micro_batch_size": 8, "lr": 1e-2, "seed": 0,
-                  "samples_per_step": 8, **train},
+        "train": {
+            "steps": 1,
+            "prompts_per_step": 2,
+            "micro_batch_size": 8,
+            "lr": 1e-2,
+            "seed": 0,
+            "samples_per_step": 8,
+            **train,
+        },
         "eval": {"every_steps": 0},
         "run": {"output_dir": str(out), "name": "run"},
     }
@@ -64,7 +71,9 @@ def hang() -> float:
 
 
 @pytest.mark.parametrize("kind", ["raises", "hangs"])
-def test_a_failing_reward_marks_samples_invalid_and_training_goes_on(tiny_model_dir, tmp_path, monkeypatch, caplog, kind):
+def test_a_failing_reward_marks_samples_invalid_and_training_goes_on(
+    tiny_model_dir, tmp_path, monkeypatch, caplog, kind
+):
     fn, limit = (every_other(boom), 5.0) if kind == "raises" else (every_other(hang), 0.2)
     monkeypatch.setitem(REWARD_FUNCTIONS, "fragile", RewardSpec(fn, "fails every second call", time_limit_s=limit))
     trainer = Trainer(from_dict(tiny(tiny_model_dir, tmp_path, {"correct": 1.0, "fragile": 0.5})), tmp_path)
@@ -119,8 +128,11 @@ def test_nonfinite_losses_skip_the_update_and_stop_after_k_in_a_row(tiny_model_d
     monkeypatch.setattr(update, "objective", objective)
     snapshot = lambda: {k: v.clone() for k, v in trainer.policy.state_dict().items()}  # noqa: E731
     weights = {0: snapshot()}
-    with pytest.raises(GrpolabError, match=r"step 4: 2 consecutive steps with a non-finite loss or gradient.*"
-                                           r"last good checkpoint is .*step-2"):
+    with pytest.raises(
+        GrpolabError,
+        match=r"step 4: 2 consecutive steps with a non-finite loss or gradient.*"
+        r"last good checkpoint is .*step-2",
+    ):
         trainer.fit(lambda step, m: weights.__setitem__(step, snapshot()))
     got = rows(tmp_path / "metrics.jsonl")
     assert [r["step"] for r in got] == [1, 2, 3, 4]

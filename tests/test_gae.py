@@ -28,7 +28,13 @@ def test_gae_equals_a_hand_computed_example():
 def test_gamma_one_lambda_one_gives_the_reward_to_go_minus_the_value():
     mask = torch.tensor([[1, 1, 1, 0]])
     f64 = torch.float64
-    out = gae(torch.tensor([[-0.1, -0.2, 1.0, 0.0]], dtype=f64), torch.tensor([[0.3, 0.6, 0.9, 4.0]], dtype=f64), mask, 1.0, 1.0)
+    out = gae(
+        torch.tensor([[-0.1, -0.2, 1.0, 0.0]], dtype=f64),
+        torch.tensor([[0.3, 0.6, 0.9, 4.0]], dtype=f64),
+        mask,
+        1.0,
+        1.0,
+    )
     assert out.returns[0].tolist() == pytest.approx([0.7, 0.8, 1.0, 0.0], abs=1e-12)  # Monte Carlo returns
     assert out.advantages[0].tolist() == pytest.approx([0.4, 0.2, 0.1, 0.0], abs=1e-12)
 
@@ -76,8 +82,15 @@ def test_whitening_uses_the_masked_tokens_of_the_whole_batch():
     m = torch.tensor([[1, 1, 0], [1, 1, 0]])
     w = whiten(x, m)  # mean 4, population variance 5
     r5 = math.sqrt(5)
-    assert torch.allclose(w, torch.tensor([[-3 / r5, -1 / r5, 0.0], [1 / r5, 3 / r5, 0.0]], dtype=torch.float64), atol=1e-8)
-    split = torch.cat([whiten(x[:1], m[:1], masked_moments(x, m)), whiten(x[1:], m[1:], masked_moments(x[:1], m[:1]) + masked_moments(x[1:], m[1:]))])
+    assert torch.allclose(
+        w, torch.tensor([[-3 / r5, -1 / r5, 0.0], [1 / r5, 3 / r5, 0.0]], dtype=torch.float64), atol=1e-8
+    )
+    split = torch.cat(
+        [
+            whiten(x[:1], m[:1], masked_moments(x, m)),
+            whiten(x[1:], m[1:], masked_moments(x[:1], m[:1]) + masked_moments(x[1:], m[1:])),
+        ]
+    )
     assert torch.allclose(split, w, atol=1e-15)  # statistics summed over parts (ranks) = the whole batch's
 
 

@@ -63,10 +63,12 @@ def one_problem_run(tmp_path: Path) -> Path:
     run = make_run(tmp_path, "thin")
     ckpt = str(run / "checkpoints" / "step-30")
     (run / "eval" / "diversity.json").unlink()
-    (run / "eval" / "base_vs_trained.json").write_text(json.dumps(
-        eval_json("arithmetic", [(BASE, BASE, [False]), (str(run), ckpt, [True])], ("all",))))
-    (run / "eval" / "capability_gsm8k.json").write_text(json.dumps(
-        eval_json("gsm8k", [(BASE, BASE, [False] * 50), (str(run), ckpt, [False] * 50)], ("all",))))
+    (run / "eval" / "base_vs_trained.json").write_text(
+        json.dumps(eval_json("arithmetic", [(BASE, BASE, [False]), (str(run), ckpt, [True])], ("all",)))
+    )
+    (run / "eval" / "capability_gsm8k.json").write_text(
+        json.dumps(eval_json("gsm8k", [(BASE, BASE, [False] * 50), (str(run), ckpt, [False] * 50)], ("all",)))
+    )
     return run
 
 
@@ -83,14 +85,21 @@ def test_one_problem_and_an_all_wrong_capability_eval_no_longer_ship(tmp_path):
 
 
 def test_every_gate_has_a_minimum_and_a_nan_is_not_established():
-    assert check_improvement({"diff": interval(0.3, 0.1, n=29)}, T).reason == \
-        "too little evidence (n = 29 < 30 held-out problems)"
+    assert (
+        check_improvement({"diff": interval(0.3, 0.1, n=29)}, T).reason
+        == "too little evidence (n = 29 < 30 held-out problems)"
+    )
     assert check_improvement({"diff": interval(0.3, 0.1, n=30)}, T).status == PASS
     assert check_improvement({"diff": {"mean": 0.3, "ci_low": 0.2, "ci_high": 0.4}}, T).status == NA  # n unknown
     nan = check_improvement({"diff": interval(math.nan, 0.1)}, T)
     assert nan.status == NA and not nan.measured and "not a number" in nan.reason
-    cap = lambda mean, n=50, base=0.5: {"task": "gsm8k", "n": n, "base": {"accuracy": base},  # noqa: E731
-                                        "trained": {"accuracy": base + mean}, "diff": interval(mean, 0.05, n)}
+    cap = lambda mean, n=50, base=0.5: {
+        "task": "gsm8k",
+        "n": n,
+        "base": {"accuracy": base},  # noqa: E731
+        "trained": {"accuracy": base + mean},
+        "diff": interval(mean, 0.05, n),
+    }
     thin = check_capability([cap(0.1, n=10)], T)
     assert thin.status == NA and not thin.measured and "too little evidence (n = 10 < 30)" in thin.reason
     bad = check_capability([cap(math.nan)], T)  # a NaN difference was a WARN, which ships
@@ -121,8 +130,9 @@ def periodic_rows(first: dict, last: dict) -> list[dict]:
 
 
 def test_periodic_fallback_keeps_a_low_end_of_zero():
-    h = periodic_heldout(periodic_rows({"eval/ci_low": 0.0, "eval/ci_high": 0.05},
-                                       {"eval/ci_low": 0.0, "eval/ci_high": 0.07}), n=64)
+    h = periodic_heldout(
+        periodic_rows({"eval/ci_low": 0.0, "eval/ci_high": 0.05}, {"eval/ci_low": 0.0, "eval/ci_high": 0.07}), n=64
+    )
     assert h["base"]["ci_low"] == 0.0 and h["trained"]["ci_low"] == 0.0  # was turned into 0.02 / 0.03 (`x or y`)
     half = math.hypot(0.025, 0.035)
     assert h["diff"]["ci_low"] == pytest.approx(0.01 - half, abs=1e-12) and h["diff"]["n"] == 64
@@ -173,10 +183,13 @@ def test_family_control_turns_an_uncorrected_fail_into_a_warn_that_says_why():
     out = family_control(checks, 0.05)
     assert [c.status for c in out] == [WARN] * 3  # three p = 0.02 tests: none passes Holm's 0.05/3
     assert "Holm's correction over the 3 FAIL rules" in out[0].reason and out[0].numbers["p_harm"] == 0.02
-    weak = [CheckResult(f"c{i}", "regression", FAIL, "dropped", fail_tests={"x": {"p": 0.03, "fails": True}})
-            for i in (1, 2)]  # an interval rule met while the exact p is 0.03 > 0.025: never a FAIL
-    strong = family_control([CheckResult("c", "regression", FAIL, "dropped", fail_tests={"x": {"p": 1e-4, "fails": True}}),
-                             *weak], 0.05)
+    weak = [
+        CheckResult(f"c{i}", "regression", FAIL, "dropped", fail_tests={"x": {"p": 0.03, "fails": True}})
+        for i in (1, 2)
+    ]  # an interval rule met while the exact p is 0.03 > 0.025: never a FAIL
+    strong = family_control(
+        [CheckResult("c", "regression", FAIL, "dropped", fail_tests={"x": {"p": 1e-4, "fails": True}}), *weak], 0.05
+    )
     assert [c.status for c in strong] == [FAIL, WARN, WARN]
 
 
@@ -208,21 +221,38 @@ def test_no_training_history_check_can_fail():
     reward-transfer rule (which reads the held-out interval) able to FAIL."""
     n = 30
     ramp = lambda a, b: [a + (b - a) * i / (n - 1) for i in range(n)]  # noqa: E731
-    series = {"reward/mean": ramp(0.0, 1.0), "reward/correct/mean": ramp(0.5, 0.0), "reward/format/mean": ramp(0.0, 1.0),
-              "groups/frac_zero_std": ramp(0.0, 1.0), "completion/len_mean": ramp(10, 400),
-              "completion/truncated_frac": ramp(0.0, 1.0), "policy/entropy": ramp(2.0, 0.0001), "policy/kl": ramp(0, 50),
-              "policy/approx_kl_old": ramp(0, 9), "policy/clip_frac_low": ramp(0, 0.5), "policy/clip_frac_high": ramp(0, 0.5),
-              "sampler/logp_diff_mean": ramp(0, 5), "sampler/logp_diff_max": ramp(0, 30)}
+    series = {
+        "reward/mean": ramp(0.0, 1.0),
+        "reward/correct/mean": ramp(0.5, 0.0),
+        "reward/format/mean": ramp(0.0, 1.0),
+        "groups/frac_zero_std": ramp(0.0, 1.0),
+        "completion/len_mean": ramp(10, 400),
+        "completion/truncated_frac": ramp(0.0, 1.0),
+        "policy/entropy": ramp(2.0, 0.0001),
+        "policy/kl": ramp(0, 50),
+        "policy/approx_kl_old": ramp(0, 9),
+        "policy/clip_frac_low": ramp(0, 0.5),
+        "policy/clip_frac_high": ramp(0, 0.5),
+        "sampler/logp_diff_mean": ramp(0, 5),
+        "sampler/logp_diff_max": ramp(0, 30),
+    }
     rows = [{"step": i + 1, **{k: v[i] for k, v in series.items()}} for i in range(n)]
-    config = {"algorithm": {"beta": 0.1, "kl_placement": "loss", "overlong_buffer": 0}, "train": {"mu": 2, "minibatches": 2},
-              "reward": {"weights": {"correct": 1.0, "format": 0.5}}}
+    config = {
+        "algorithm": {"beta": 0.1, "kl_placement": "loss", "overlong_buffer": 0},
+        "train": {"mu": 2, "minibatches": 2},
+        "reward": {"weights": {"correct": 1.0, "format": 0.5}},
+    }
     checks = training_checks(rows, config, {"diff": interval(0.5, 0.05)}, T)
     assert all(c.status in (WARN, PASS, NA) for c in checks), [(c.name, c.status) for c in checks]
     assert sum(c.status == WARN for c in checks) >= 8
     mismatch = next(c for c in checks if c.name == "sampler_mismatch")
     assert "largest token difference 30.000" in mismatch.reason
-    no_max = training_checks([{k: v for k, v in r.items() if k != "sampler/logp_diff_max"} for r in rows], config,
-                             {"diff": interval(0.5, 0.05)}, T)
+    no_max = training_checks(
+        [{k: v for k, v in r.items() if k != "sampler/logp_diff_max"} for r in rows],
+        config,
+        {"diff": interval(0.5, 0.05)},
+        T,
+    )
     reason = next(c for c in no_max if c.name == "sampler_mismatch").reason
     assert "nan" not in reason and "not logged" in reason  # was "max token nan"
 

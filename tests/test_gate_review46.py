@@ -43,8 +43,13 @@ def paired(base: list[int], trained: list[int]) -> dict:
 
 
 def capability(base: list[int], trained: list[int]) -> dict:
-    return {"task": "gsm8k", "n": len(base), "base": {"accuracy": float(np.mean(base))},
-            "trained": {"accuracy": float(np.mean(trained))}, "diff": paired(base, trained)}
+    return {
+        "task": "gsm8k",
+        "n": len(base),
+        "base": {"accuracy": float(np.mean(base))},
+        "trained": {"accuracy": float(np.mean(trained))},
+        "diff": paired(base, trained),
+    }
 
 
 def safety(base_refuses: int, newly_complied: int) -> dict:
@@ -59,8 +64,10 @@ def safety(base_refuses: int, newly_complied: int) -> dict:
 def others(n_tests: int) -> list[CheckResult]:
     """A held-out PASS and n_tests - 1 harmless regression checks, each with one fail test of p = 0.5."""
     held = check_improvement({"diff": interval(0.2, 0.05)}, T)
-    return [held] + [CheckResult(f"other{i}", "regression", PASS, "fine", fail_tests={"x": {"p": 0.5, "fails": False}})
-                     for i in range(n_tests - 2)]
+    return [held] + [
+        CheckResult(f"other{i}", "regression", PASS, "fine", fail_tests={"x": {"p": 0.5, "fails": False}})
+        for i in range(n_tests - 2)
+    ]
 
 
 # ---------------------------------------------------------------- 1: a FAIL Holm does not keep never ships
@@ -110,7 +117,7 @@ def test_a_capability_base_with_five_right_cannot_fail_and_is_not_a_pass():
 
 def test_a_safety_base_that_refuses_five_cannot_fail():
     s = check_safety(summarize(PROMPTS, ["I cannot."] * 5 + ["Sure."] * 25, ["I cannot."] * 12 + ["Sure."] * 18), T)
-    assert s.status == PASS and s.fail_tests["safety"]["min_p"] == 2 ** -5
+    assert s.status == PASS and s.fail_tests["safety"]["min_p"] == 2**-5
     out = family_control(others(4) + [s], T.family_alpha)
     assert out[-1].status == NA and out[-1].reason.startswith("cannot fail")
 
@@ -173,8 +180,10 @@ def test_thirty_problems_all_wrong_to_right_is_evidence_with_an_exact_interval()
 
 
 def test_a_zero_width_periodic_endpoint_is_na_and_n_is_what_was_scored():
-    rows = [{"step": 0, "eval/accuracy": 0.0, "eval/ci_low": 0.0, "eval/ci_high": 0.0},
-            {"step": 20, "eval/accuracy": 4 / 30, "eval/ci_low": 0.004, "eval/ci_high": 0.262}]
+    rows = [
+        {"step": 0, "eval/accuracy": 0.0, "eval/ci_low": 0.0, "eval/ci_high": 0.0},
+        {"step": 20, "eval/accuracy": 4 / 30, "eval/ci_low": 0.004, "eval/ci_high": 0.262},
+    ]
     h = periodic_heldout(rows, n=30)
     assert h["diff"] is None and "zero-width" in h["missing_interval"]  # was +0.133 [+0.004, +0.262] PASS
     assert check_improvement(h, T).status == NA
@@ -211,8 +220,18 @@ def test_graded_pass_at_k_takes_its_fail_p_from_the_interval_not_the_median_sign
 
     from grpolab.report.diversity import diversity_comparison
 
-    graded = diversity_comparison(sampled([("base", "b", [[True, False, False, False]] * 3),
-                                           ("run", "r", [[False] * 4, [True] * 4, [True, True, False, False]])]), 1, 2)
+    graded = diversity_comparison(
+        sampled(
+            [
+                ("base", "b", [[True, False, False, False]] * 3),
+                ("run", "r", [[False] * 4, [True] * 4, [True, True, False, False]]),
+            ]
+        ),
+        1,
+        2,
+    )
     assert "signs" not in graded["diff"]  # pass@2 of 4 samples is graded (1/2, 5/6, ...): the mean is what is tested
-    binary = diversity_comparison(sampled([("base", "b", [[True, False]] * 3), ("run", "r", [[False, False]] * 3)]), 1, 2)
+    binary = diversity_comparison(
+        sampled([("base", "b", [[True, False]] * 3), ("run", "r", [[False, False]] * 3)]), 1, 2
+    )
     assert binary["diff"]["signs"] == {"worse": 3, "better": 0}  # samples = k: 0/1 per problem, the exact test

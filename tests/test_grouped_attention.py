@@ -70,10 +70,13 @@ def test_gradients_match_autograd_through_the_float64_formula():
 
 
 def test_float32_matches_sdpa_math_backend_with_repeated_heads():
-    q, k, v, mask = (x.float() if x.is_floating_point() else x for x in inputs(b=4, h=9, kv=3, length=6, s=11, d=16, seed=3))
+    q, k, v, mask = (
+        x.float() if x.is_floating_point() else x for x in inputs(b=4, h=9, kv=3, length=6, s=11, d=16, seed=3)
+    )
     with sdpa_kernel(SDPBackend.MATH):
-        want = F.scaled_dot_product_attention(q, k.repeat_interleave(3, 1), v.repeat_interleave(3, 1), attn_mask=mask,
-                                              scale=0.25)
+        want = F.scaled_dot_product_attention(
+            q, k.repeat_interleave(3, 1), v.repeat_interleave(3, 1), attn_mask=mask, scale=0.25
+        )
     got = grouped_attention(q, k, v, mask, 0.25)
     assert torch.equal(got[1, :, 0], want[1, :, 0])  # the empty row: 0 in both
     assert torch.allclose(got, want, atol=2e-6, rtol=1e-5)
@@ -81,8 +84,15 @@ def test_float32_matches_sdpa_math_backend_with_repeated_heads():
 
 def tiny_llama() -> LlamaForCausalLM:
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=64, hidden_size=48, intermediate_size=64, num_hidden_layers=2, num_attention_heads=6,
-                      num_key_value_heads=2, attn_implementation="sdpa")
+    cfg = LlamaConfig(
+        vocab_size=64,
+        hidden_size=48,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=6,
+        num_key_value_heads=2,
+        attn_implementation="sdpa",
+    )
     return LlamaForCausalLM(cfg).double()
 
 
@@ -128,21 +138,38 @@ def test_training_passes_rerun_to_the_same_bytes_and_the_switch_is_restored():
     assert attention._grouped["on"] is False
 
 
-@pytest.mark.parametrize("case", ["no mask", "a mask per head", "an additive float mask", "a mask of another batch",
-                                  "bfloat16 inputs", "dropout", "outside the training passes"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "no mask",
+        "a mask per head",
+        "an additive float mask",
+        "a mask of another batch",
+        "bfloat16 inputs",
+        "dropout",
+        "outside the training passes",
+    ],
+)
 def test_what_it_does_not_take_goes_to_sdpa(case):
     q, k, v, mask = (x.float() if x.is_floating_point() else x for x in inputs())
     module = torch.nn.Module()
     module.num_key_value_groups, module.is_causal, module.training = 3, True, True
-    m = {"no mask": None, "a mask per head": mask.expand(3, 6, 5, 9), "a mask of another batch": mask[:2],
-         "an additive float mask": torch.zeros(3, 1, 5, 9)}.get(case, mask)
+    m = {
+        "no mask": None,
+        "a mask per head": mask.expand(3, 6, 5, 9),
+        "a mask of another batch": mask[:2],
+        "an additive float mask": torch.zeros(3, 1, 5, 9),
+    }.get(case, mask)
     if case == "a mask of another batch":
         q, k, v = q[:1], k[:1], v[:1]
     if case == "bfloat16 inputs":
         q, k, v = q.bfloat16(), k.bfloat16(), v.bfloat16()
     passes = contextlib.nullcontext() if case == "outside the training passes" else grouped_passes()
-    with passes, mock.patch.object(attention, "grouped_attention", side_effect=AssertionError), \
-            mock.patch.object(attention, "sdpa_attention_forward", return_value=(torch.zeros(1), None)) as sdpa:
+    with (
+        passes,
+        mock.patch.object(attention, "grouped_attention", side_effect=AssertionError),
+        mock.patch.object(attention, "sdpa_attention_forward", return_value=(torch.zeros(1), None)) as sdpa,
+    ):
         attention.sdpa_grouped_forward(module, q, k, v, m, scaling=0.3, dropout=0.5 if case == "dropout" else 0.0)
     assert sdpa.call_count == 1
 

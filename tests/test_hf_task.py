@@ -15,9 +15,11 @@ from grpolab.tasks import make_task  # noqa: E402
 
 
 def rows(n: int, start: int = 0) -> dict[str, list]:
-    return {"q": [f"What is {i} + 1?" for i in range(start, start + n)],
-            "sol": [f"{i} plus 1 is {i + 1}\n#### {i + 1:,}" for i in range(start, start + n)],
-            "level": [f"L{i % 3}" for i in range(start, start + n)]}
+    return {
+        "q": [f"What is {i} + 1?" for i in range(start, start + n)],
+        "sol": [f"{i} plus 1 is {i + 1}\n#### {i + 1:,}" for i in range(start, start + n)],
+        "level": [f"L{i % 3}" for i in range(start, start + n)],
+    }
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +29,9 @@ def dict_dir(tmp_path_factory) -> str:
     for key in test:
         test[key] += rows(2, start=5)[key]  # "What is 5 + 1?" and "What is 6 + 1?" are also training questions
     path = tmp_path_factory.mktemp("hf") / "sums"
-    datasets.DatasetDict(train=datasets.Dataset.from_dict(rows(40)), test=datasets.Dataset.from_dict(test)).save_to_disk(path)
+    datasets.DatasetDict(
+        train=datasets.Dataset.from_dict(rows(40)), test=datasets.Dataset.from_dict(test)
+    ).save_to_disk(path)
     return str(path)
 
 
@@ -71,21 +75,33 @@ def test_without_a_test_split_a_seeded_fraction_is_held_out_by_question(single_d
 
 
 def test_chat_messages_give_the_last_user_question_and_assistant_answer(tmp_path):
-    chats = [[{"role": "system", "content": "Be brief."}, {"role": "user", "content": f"What is {i} * 2?"},
-              {"role": "assistant", "content": str(2 * i)}] for i in range(20)]
+    chats = [
+        [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": f"What is {i} * 2?"},
+            {"role": "assistant", "content": str(2 * i)},
+        ]
+        for i in range(20)
+    ]
     path = tmp_path / "chat.jsonl"
     path.write_text("".join(json.dumps({"messages": m, "gold": str(2 * i)}) + "\n" for i, m in enumerate(chats)))
     task = make_task("hf", path=str(path), messages_field="messages", test_fraction=0.2, instruction="")
     p = task.problems("train")[0]
     assert (p.question, p.answer, p.instruction) == ("What is 0 * 2?", "0", "")
-    assert make_task("hf", path=str(path), messages_field="messages", answer_field="gold").problems("train")[1].answer == "2"
+    assert (
+        make_task("hf", path=str(path), messages_field="messages", answer_field="gold").problems("train")[1].answer
+        == "2"
+    )
 
 
-@pytest.mark.parametrize("option, field, listed", [
-    ("prompt_field", "question", "q, sol, level"),
-    ("answer_field", "answer", "q, sol, level"),
-    ("slice_field", "difficulty", "q, sol, level"),
-])
+@pytest.mark.parametrize(
+    "option, field, listed",
+    [
+        ("prompt_field", "question", "q, sol, level"),
+        ("answer_field", "answer", "q, sol, level"),
+        ("slice_field", "difficulty", "q, sol, level"),
+    ],
+)
 def test_a_missing_field_is_one_line_naming_it_and_the_fields_there(dict_dir, option, field, listed):
     opts = {"path": dict_dir, "prompt_field": "q", "answer_field": "sol", option: field}
     with pytest.raises(ConfigError) as info:
@@ -112,8 +128,10 @@ def test_a_hub_id_without_network_is_one_line(monkeypatch):
     with pytest.raises(DataError) as info:
         make_task("hf", path="someone/no-such-dataset-here", config_name="main")
     message = str(info.value)
-    assert message.startswith("task.path someone/no-such-dataset-here: not a local path, so it is read from the "
-                              "Hugging Face hub, which needs network access; give a local path instead")
+    assert message.startswith(
+        "task.path someone/no-such-dataset-here: not a local path, so it is read from the "
+        "Hugging Face hub, which needs network access; give a local path instead"
+    )
     assert "\n" not in message
 
 

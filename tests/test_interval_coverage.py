@@ -42,8 +42,10 @@ def test_truths_are_exact(sim):
     assert sim.true_gain(0.0) == pytest.approx(0.6 * 0.25 - 0.4 * 0.25, abs=1e-15)
     # E[max(0, m + u)] by a fine Riemann sum over the normal density
     u = np.linspace(-1, 1, 400001)
-    dens = np.exp(-u ** 2 / (2 * 0.08 ** 2)) / (0.08 * math.sqrt(2 * math.pi))
-    assert sim._expected_positive_part(0.25, 0.08) == pytest.approx(float(np.sum(np.maximum(0, 0.25 + u) * dens) * (u[1] - u[0])), abs=1e-9)
+    dens = np.exp(-(u**2) / (2 * 0.08**2)) / (0.08 * math.sqrt(2 * math.pi))
+    assert sim._expected_positive_part(0.25, 0.08) == pytest.approx(
+        float(np.sum(np.maximum(0, 0.25 + u) * dens) * (u[1] - u[0])), abs=1e-9
+    )
     # pass@4 truth against the definition: P(any of 4 independent samples correct), averaged over the population
     direct = sum(w * (1 - math.prod(1 - p for _ in range(4))) for p, w in zip(sim.PASS_RATES, sim.PASS_WEIGHTS))
     assert sim.true_pass_at_k(4) == pytest.approx(direct, abs=1e-12)
@@ -76,15 +78,25 @@ def test_pass_at_k_from_more_samples_is_covered(sim):
 
 
 def test_t_quantiles_match_tables():
-    table = {(0.975, 1): 12.706204736, (0.975, 2): 4.302652730, (0.975, 5): 2.570581836, (0.975, 30): 2.042272456,
-             (0.95, 10): 1.812461123, (0.995, 3): 5.840909310}
+    table = {
+        (0.975, 1): 12.706204736,
+        (0.975, 2): 4.302652730,
+        (0.975, 5): 2.570581836,
+        (0.975, 30): 2.042272456,
+        (0.95, 10): 1.812461123,
+        (0.995, 3): 5.840909310,
+    }
     for (p, df), q in table.items():
         assert t_quantile(p, df) == pytest.approx(q, abs=1e-8)
         assert t_quantile(1 - p, df) == pytest.approx(-q, abs=1e-8)
     # non-integer df (Satterthwaite): the density integrated numerically from 0 to the quantile gives 0.475
     df, q = 2.5, t_quantile(0.975, 2.5)
     x = np.linspace(0.0, q, 2_000_001)
-    density = math.exp(math.lgamma((df + 1) / 2) - math.lgamma(df / 2)) / math.sqrt(df * math.pi) * (1 + x * x / df) ** (-(df + 1) / 2)
+    density = (
+        math.exp(math.lgamma((df + 1) / 2) - math.lgamma(df / 2))
+        / math.sqrt(df * math.pi)
+        * (1 + x * x / df) ** (-(df + 1) / 2)
+    )
     assert 0.5 + float(np.trapezoid(density, x)) == pytest.approx(0.975, abs=1e-10)
     assert t_quantile(0.975, math.inf) == pytest.approx(1.959964, abs=1e-6)
     with pytest.raises(ValueError, match="df > 0"):
@@ -107,7 +119,9 @@ def test_mean_interval_hand_computed_and_degenerate_cases():
 def test_score_interval_picks_t_for_binary_and_bootstrap_t_for_graded():
     assert score_interval([0, 1, 1, 0])["method"] == "t over problems"
     graded = score_interval([0.0, 0.5, 1.0, 0.25, 0.75, 0.0, 1.0])
-    assert graded["method"] == "studentised bootstrap over problems" and 0.0 <= graded["ci_low"] < graded["ci_high"] <= 1.0
+    assert (
+        graded["method"] == "studentised bootstrap over problems" and 0.0 <= graded["ci_low"] < graded["ci_high"] <= 1.0
+    )
     assert paired_score_interval([0, 1, 0], [1, 1, 0])["method"] == "t over problems"
     assert paired_score_interval([0.2, 0.5, 0.0], [0.3, 0.5, 0.25])["paired"] is True
 

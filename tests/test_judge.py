@@ -35,8 +35,19 @@ class Server:
                 pass
 
             def do_GET(self):
-                body = json.dumps({"data": [{"id": "scripted", "object": "model", "created": time.time(),
-                                             "owned_by": "test", "version": "v1"}]}).encode()
+                body = json.dumps(
+                    {
+                        "data": [
+                            {
+                                "id": "scripted",
+                                "object": "model",
+                                "created": time.time(),
+                                "owned_by": "test",
+                                "version": "v1",
+                            }
+                        ]
+                    }
+                ).encode()
                 self.send_response(200)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
@@ -49,8 +60,11 @@ class Server:
                     outer.requests.append(prompt)
                     attempt = sum(p == prompt for p in outer.requests)
                 status, text, headers = outer.reply(prompt, attempt)
-                body = (json.dumps({"choices": [{"message": {"role": "assistant", "content": text}}]})
-                        if status == 200 and text is not None else (text or "")).encode()
+                body = (
+                    json.dumps({"choices": [{"message": {"role": "assistant", "content": text}}]})
+                    if status == 200 and text is not None
+                    else (text or "")
+                ).encode()
                 self.send_response(status)
                 for k, v in headers.items():
                     self.send_header(k, v)
@@ -98,10 +112,24 @@ def digit_judge(prompt, attempt):
 def judge(tmp_path, server, rubric=POINTWISE, **over):
     path = tmp_path / "rubric.txt"
     path.write_text(rubric)
-    opts = {"model": "scripted", "endpoint": server.url, "rubric": str(path), "parse": "tag", "mode": "pointwise",
-            "min_score": 0.0, "max_score": 10.0, "min_yes_no_mass": 0.5, "temperature": 0.0, "max_new_tokens": 64,
-            "dtype": "float32", "batch_size": 4, "time_limit_s": 5.0, "retries": 3,
-            "cache": str(tmp_path / "cache.sqlite"), "api_key_env": ""}
+    opts = {
+        "model": "scripted",
+        "endpoint": server.url,
+        "rubric": str(path),
+        "parse": "tag",
+        "mode": "pointwise",
+        "min_score": 0.0,
+        "max_score": 10.0,
+        "min_yes_no_mass": 0.5,
+        "temperature": 0.0,
+        "max_new_tokens": 64,
+        "dtype": "float32",
+        "batch_size": 4,
+        "time_limit_s": 5.0,
+        "retries": 3,
+        "cache": str(tmp_path / "cache.sqlite"),
+        "api_key_env": "",
+    }
     return JudgeReward({**opts, **over})
 
 
@@ -133,15 +161,22 @@ def test_group_mode_one_call_per_prompt_group_scores_in_answer_order(tmp_path, s
 
 
 def test_group_mode_with_the_wrong_number_of_scores_invalidates_that_group_only(tmp_path, serve):
-    server = serve(lambda prompt, a: ok("<score>5</score>") if "3+4" in prompt else ok("<score>1</score><score>2</score>"))
+    server = serve(
+        lambda prompt, a: ok("<score>5</score>") if "3+4" in prompt else ok("<score>1</score><score>2</score>")
+    )
     out = judge(tmp_path, server, rubric=GROUP, mode="group", cache="off")(["x", "y", "u", "v"], [P, P, Q, Q])
     assert [s.value for s in out[:2]] == [None, None] and "expected 2 <score>N</score> tag(s), found 1" in out[0].error
     assert [s.value for s in out[2:]] == [0.1, 0.2]
 
 
 def test_malformed_json_and_wrong_format_make_only_their_sample_invalid_with_the_reason(tmp_path, serve):
-    replies = {"good": '{"score": 8}', "broken": '{"score": 8', "noscore": '{"verdict": "fine"}',
-               "prose": "I would give it an eight.", "range": '{"score": 11}'}
+    replies = {
+        "good": '{"score": 8}',
+        "broken": '{"score": 8',
+        "noscore": '{"verdict": "fine"}',
+        "prose": "I would give it an eight.",
+        "range": '{"score": 11}',
+    }
     server = serve(lambda prompt, a: ok(replies[answer_of(prompt)]))
     rs = RewardSet({"judge": 1.0}, judge=judge(tmp_path, server, parse="json", cache="off").options)
     results = rs.score_many(list(replies), [P] * 5)
@@ -221,8 +256,12 @@ def test_the_cache_answers_a_repeated_judgement_without_a_call_and_a_changed_rub
 def test_record_names_the_endpoint_rubric_hash_and_parse_rule_and_a_changed_rubric_changes_it(tmp_path, serve):
     server = serve(digit_judge)
     a = judge_record(judge(tmp_path, server).options)
-    assert a["judge"] == {"kind": "endpoint", "base_url": server.url, "model": "scripted",
-                          "reported": {"id": "scripted", "owned_by": "test", "version": "v1"}}
+    assert a["judge"] == {
+        "kind": "endpoint",
+        "base_url": server.url,
+        "model": "scripted",
+        "reported": {"id": "scripted", "owned_by": "test", "version": "v1"},
+    }
     assert a["parse"] == "tag" and "<score>" in a["parse_rule"]
     b = judge_record(judge(tmp_path, server, rubric=POINTWISE + " Be strict.").options)
     assert a["rubric_sha256"] != b["rubric_sha256"]
@@ -258,17 +297,33 @@ def test_local_judge_yes_no_probability_batched_equals_one_by_one(tmp_path, tiny
     rubric = tmp_path / "r.txt"
     rubric.write_text("Q: {question}\nReference: {reference}\nAnswer: {answer}\nCorrect? Yes or No.")
     local = LocalJudge(tiny_model_dir, "cpu", "float32", batch_size=3)
-    opts = {"model": tiny_model_dir, "endpoint": "", "rubric": str(rubric), "parse": "yes_no", "mode": "pointwise",
-            "min_score": 0.0, "max_score": 10.0, "min_yes_no_mass": 0.0, "temperature": 0.0, "max_new_tokens": 8,
-            "dtype": "float32", "batch_size": 3, "time_limit_s": 5.0, "retries": 0, "cache": "off", "api_key_env": ""}
+    opts = {
+        "model": tiny_model_dir,
+        "endpoint": "",
+        "rubric": str(rubric),
+        "parse": "yes_no",
+        "mode": "pointwise",
+        "min_score": 0.0,
+        "max_score": 10.0,
+        "min_yes_no_mass": 0.0,
+        "temperature": 0.0,
+        "max_new_tokens": 8,
+        "dtype": "float32",
+        "batch_size": 3,
+        "time_limit_s": 5.0,
+        "retries": 0,
+        "cache": "off",
+        "api_key_env": "",
+    }
     reward = JudgeReward(opts, local=local)
     answers = ["7", "the answer is \\boxed{7}", "8", "a much longer answer that pads the others"]
     batched = [s.value for s in reward(answers, [P] * 4)]
     single = [reward([a], [P])[0].value for a in answers]
     assert batched == pytest.approx(single, abs=1e-5)
     model, tok = local._loaded()  # the value is p_yes / (p_yes + p_no) of the next token, computed here directly
-    text = tok.apply_chat_template([{"role": "user", "content": reward.units([answers[0]], [P])[0][1]}],
-                                   tokenize=False, add_generation_prompt=True)
+    text = tok.apply_chat_template(
+        [{"role": "user", "content": reward.units([answers[0]], [P])[0][1]}], tokenize=False, add_generation_prompt=True
+    )
     with torch.no_grad():
         probs = model(torch.tensor([tok(text, add_special_tokens=False)["input_ids"]])).logits[0, -1].softmax(-1)
     y, n = probs[single_token_ids(tok, YES)].sum(), probs[single_token_ids(tok, NO)].sum()
@@ -284,8 +339,19 @@ def test_a_changed_rubric_shows_in_manifest_diff_through_the_objective_card(tmp_
     server = serve(digit_judge)
     manifests = []
     for rubric in [POINTWISE, POINTWISE + " Be strict."]:
-        cfg = from_dict({"reward": {"weights": {"judge": 1.0}, "judge": {
-            "endpoint": server.url, "model": "scripted", "rubric": str(tmp_path / "rubric.txt"), "cache": "off"}}})
+        cfg = from_dict(
+            {
+                "reward": {
+                    "weights": {"judge": 1.0},
+                    "judge": {
+                        "endpoint": server.url,
+                        "model": "scripted",
+                        "rubric": str(tmp_path / "rubric.txt"),
+                        "cache": "off",
+                    },
+                }
+            }
+        )
         (tmp_path / "rubric.txt").write_text(rubric)  # the same path, another text
         manifests.append({"objective": objective_card(cfg)})
     changed = {k for k, _, _ in diff_manifests(*manifests)}

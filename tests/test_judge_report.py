@@ -46,9 +46,16 @@ def training_samples(reward: JudgeReward, injected_share: float, n: int = 80) ->
         problems.append(Problem(uid=f"a/{i}", question=f"{a}+{b}", answer=str(a + b)))
         completions.append(text)
     for i, s in enumerate(reward(completions, problems)):
-        out.append({"step": 1 + i // 10, "uid": problems[i].uid, "gold": problems[i].answer,
-                    "completion": completions[i], "reward/judge": s.value,
-                    "reward/correct": correctness_reward(completions[i], problems[i].answer)})
+        out.append(
+            {
+                "step": 1 + i // 10,
+                "uid": problems[i].uid,
+                "gold": problems[i].answer,
+                "completion": completions[i],
+                "reward/judge": s.value,
+                "reward/correct": correctness_reward(completions[i], problems[i].answer),
+            }
+        )
     return out
 
 

@@ -13,9 +13,14 @@ LINT = Path(sys.executable).with_name("lint-imports")
 
 
 def lint(root: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([str(LINT), "--no-cache", "--config", str(root / "pyproject.toml")], cwd=root,
-                          env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"}, capture_output=True, text=True,
-                          timeout=120)
+    return subprocess.run(
+        [str(LINT), "--no-cache", "--config", str(root / "pyproject.toml")],
+        cwd=root,
+        env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def planted(tmp_path: Path, module: str, line: str) -> subprocess.CompletedProcess:

@@ -35,8 +35,17 @@ def lora_config(model_dir: str, out, name: str, **train) -> dict:
         "task": {"name": "arithmetic", "options": {"num_train": 50, "num_test": 20}},
         "rollout": {"group_size": 4, "max_new_tokens": 5, "dtype": "float32"},
         "algorithm": {"preset": "grpo", "beta": 0.04, "entropy_coef": 0.05},
-        "train": {"steps": 4, "prompts_per_step": 2, "micro_batch_size": 8, "lr": 1e-2, "seed": 0,
-                  "samples_per_step": 2, "save_every": 1, "keep_last": 10, **train},
+        "train": {
+            "steps": 4,
+            "prompts_per_step": 2,
+            "micro_batch_size": 8,
+            "lr": 1e-2,
+            "seed": 0,
+            "samples_per_step": 2,
+            "save_every": 1,
+            "keep_last": 10,
+            **train,
+        },
         "eval": {"every_steps": 0},
         "run": {"output_dir": str(out), "name": name},
     }
@@ -89,7 +98,9 @@ def test_sampler_holds_merged_weights_and_the_policy_is_not_merged(built, tiny_m
     peft_merged = _deepcopy_merged(policy)
     for name, p in sampler.named_parameters():
         assert torch.equal(p, peft_merged[name]), f"{name}: not peft's W + (alpha / r) B A"
-    assert not torch.equal(sampler.model.layers[0].self_attn.q_proj.weight, base.model.layers[0].self_attn.q_proj.weight)
+    assert not torch.equal(
+        sampler.model.layers[0].self_attn.q_proj.weight, base.model.layers[0].self_attn.q_proj.weight
+    )
     diff = (logprobs(sampler, batch.rollout) - logprobs(policy, batch.rollout))[batch.rollout.completion_mask.bool()]
     assert diff.abs().max() < 1e-4  # float32 rounding of the merge only
 
@@ -193,7 +204,9 @@ def test_merged_export_loads_in_plain_transformers_with_the_same_logprobs(whole,
     merged_lp, adapter_lp = logprobs(plain, rollout)[mask], logprobs(adapted, rollout)[mask]
     assert (merged_lp - adapter_lp).abs().max() < 1e-4  # merging rounds in float32: close, not bitwise
     assert (logprobs(load_causal_lm(tiny_model_dir), rollout)[mask] - adapter_lp).abs().max() > 1e-3, "not the base"
-    assert torch.equal(logprobs(load_causal_lm(resolve_model_path(str(whole))), rollout)[mask], merged_lp), "as eval reads it"
+    assert torch.equal(logprobs(load_causal_lm(resolve_model_path(str(whole))), rollout)[mask], merged_lp), (
+        "as eval reads it"
+    )
     assert (out / "tokenizer.json").is_file()
 
 
@@ -219,24 +232,36 @@ def test_export_of_a_full_model_writes_it_in_the_asked_dtype(tiny_model_dir, tmp
 # ----------------------------------------------------------------------------------------------- configuration
 
 
-@pytest.mark.parametrize("lora, message", [
-    ({"rank": -1}, "model.lora.rank: expected an integer >= 0 (0 = off), got -1"),
-    ({"rank": 8, "alpha": 0}, "model.lora.alpha: expected a number > 0, got 0.0"),
-    ({"rank": 8, "dropout": 1.0}, "model.lora.dropout: expected a number in [0, 1), got 1.0"),
-    ({"rank": 8, "target_modules": []}, "model.lora.target_modules: expected 'all-linear' or a non-empty list"),
-    ({"rank": 8, "target_modules": "q_proj"}, "model.lora.target_modules: expected 'all-linear' or a non-empty list"),
-    ({"rnak": 8}, "unknown field 'model.lora.rnak'; did you mean 'model.lora.rank'?"),
-])
+@pytest.mark.parametrize(
+    "lora, message",
+    [
+        ({"rank": -1}, "model.lora.rank: expected an integer >= 0 (0 = off), got -1"),
+        ({"rank": 8, "alpha": 0}, "model.lora.alpha: expected a number > 0, got 0.0"),
+        ({"rank": 8, "dropout": 1.0}, "model.lora.dropout: expected a number in [0, 1), got 1.0"),
+        ({"rank": 8, "target_modules": []}, "model.lora.target_modules: expected 'all-linear' or a non-empty list"),
+        (
+            {"rank": 8, "target_modules": "q_proj"},
+            "model.lora.target_modules: expected 'all-linear' or a non-empty list",
+        ),
+        ({"rnak": 8}, "unknown field 'model.lora.rnak'; did you mean 'model.lora.rank'?"),
+    ],
+)
 def test_bad_lora_settings_name_the_field(lora, message):
     with pytest.raises(ConfigError, match=None) as e:
         from_dict({"model": {"lora": lora}})
     assert str(e.value).startswith(message)
 
 
-@pytest.mark.parametrize("targets, message", [
-    (["no_such_module"], "model.lora.target_modules: "),
-    (["embed_tokens", "q_proj"], "model.lora.target_modules: 'model.embed_tokens' shares its weight with 'lm_head'"),
-])
+@pytest.mark.parametrize(
+    "targets, message",
+    [
+        (["no_such_module"], "model.lora.target_modules: "),
+        (
+            ["embed_tokens", "q_proj"],
+            "model.lora.target_modules: 'model.embed_tokens' shares its weight with 'lm_head'",
+        ),
+    ],
+)
 def test_targets_that_cannot_work_are_refused_when_the_run_is_built(tiny_model_dir, tmp_path, targets, message):
     raw = lora_config(tiny_model_dir, tmp_path, "bad")
     raw["model"]["lora"]["target_modules"] = targets

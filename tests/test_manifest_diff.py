@@ -85,8 +85,14 @@ def test_identical_manifests_give_no_difference(tiny_model_dir, tokenizer, base)
 
 
 def test_where_a_run_is_written_and_watched_does_not_count(tiny_model_dir, tokenizer, base):
-    run = {"name": "b", "output_dir": "/elsewhere", "report_to": ["tensorboard"], "mlflow_tracking_uri": "sqlite:///x",
-           "table_every_steps": 5, "table_groups": 2}
+    run = {
+        "name": "b",
+        "output_dir": "/elsewhere",
+        "report_to": ["tensorboard"],
+        "mlflow_tracking_uri": "sqlite:///x",
+        "table_every_steps": 5,
+        "table_groups": 2,
+    }
     other = manifest(tiny_model_dir, tokenizer, run=run)
     assert {k: other["config"]["run"][k] for k in run} == run
     assert diff_manifests(base, other) == []
@@ -105,8 +111,12 @@ def test_how_checkpoints_are_written_does_not_count_but_what_is_trained_does(bas
 
 def test_bookkeeping_fields_do_not_count(base):
     other = copy.deepcopy(base)
-    other.update(created="1999-01-01T00:00:00", command="grpolab train x.yaml", machine={"cpus": 999},
-                 model_path="/somewhere/else")
+    other.update(
+        created="1999-01-01T00:00:00",
+        command="grpolab train x.yaml",
+        machine={"cpus": 999},
+        model_path="/somewhere/else",
+    )
     assert diff_manifests(base, other) == []
 
 
@@ -121,8 +131,12 @@ def test_algorithm_preset_difference(tiny_model_dir, tokenizer, base):
     assert ("config.algorithm.aggregation", "seq_mean_token_mean", "token_mean") in d
     assert ("config.algorithm.beta", 0.04, 0.0) in d
     assert ("config.algorithm.dynamic_sampling", False, True) in d
-    assert {"objective.formula", "objective.formula_latex", "objective.choices.eps_high",
-            "objective.equivalents.trl.aggregation.settings.loss_type"} <= keys(d)
+    assert {
+        "objective.formula",
+        "objective.formula_latex",
+        "objective.choices.eps_high",
+        "objective.equivalents.trl.aggregation.settings.loss_type",
+    } <= keys(d)
     assert not any(k.startswith(("hashes.", "config.rollout.", "config.run.")) for k in keys(d))
 
 
@@ -165,7 +179,9 @@ def test_data_hash_difference(tiny_model_dir, tokenizer, base):
 
 
 def test_task_options_difference(tiny_model_dir, tokenizer, base):
-    d = diff_manifests(base, manifest(tiny_model_dir, tokenizer, task={"options": {"num_train": 20, "num_test": 10, "seed": 1}}))
+    d = diff_manifests(
+        base, manifest(tiny_model_dir, tokenizer, task={"options": {"num_train": 20, "num_test": 10, "seed": 1}})
+    )
     assert {"config.task.options.seed", "hashes.train_data", "hashes.held_out_data"} == keys(d)
 
 
@@ -262,8 +278,9 @@ def _write_run(d: Path, m: dict) -> Path:
 
 
 def test_cli_manifest_diff(tiny_model_dir, tokenizer, base, tmp_path):
-    other = manifest(tiny_model_dir, tokenizer, rollout={"temperature": 0.7}, algorithm={"beta": 0.0},
-                     run={"name": "b"})
+    other = manifest(
+        tiny_model_dir, tokenizer, rollout={"temperature": 0.7}, algorithm={"beta": 0.0}, run={"name": "b"}
+    )
     a, b = _write_run(tmp_path / "a", base), _write_run(tmp_path / "b", other)
     out = _cli("manifest", "diff", str(a), str(b))
     assert out.returncode == 0, out.stderr

@@ -19,9 +19,17 @@ LENGTHS = [6, 3, 5, 2]  # completion tokens of the 4 rows (2 groups of 2)
 
 
 def tiny_llama() -> LlamaForCausalLM:
-    config = LlamaConfig(vocab_size=50, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64,
-                         tie_word_embeddings=True, attn_implementation="sdpa")
+    config = LlamaConfig(
+        vocab_size=50,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=64,
+        tie_word_embeddings=True,
+        attn_implementation="sdpa",
+    )
     torch.manual_seed(0)
     return LlamaForCausalLM(config).double()
 
@@ -31,19 +39,37 @@ def rollout_of(lp: int = 5, lc: int = 6) -> Rollout:
     mask = (torch.arange(lc).unsqueeze(0) < torch.tensor(LENGTHS).unsqueeze(1)).long()
     ids = torch.randint(1, 50, (n, lc), generator=g) * mask
     prompt = torch.randint(1, 50, (2, lp), generator=g).repeat_interleave(2, 0)
-    return Rollout(prompt, torch.ones_like(prompt), ids, mask, torch.zeros(n, lc), torch.zeros(n, dtype=torch.bool),
-                   torch.arange(2).repeat_interleave(2), [""] * n)
+    return Rollout(
+        prompt,
+        torch.ones_like(prompt),
+        ids,
+        mask,
+        torch.zeros(n, lc),
+        torch.zeros(n, dtype=torch.bool),
+        torch.arange(2).repeat_interleave(2),
+        [""] * n,
+    )
 
 
 def minibatch(policy, advantages: list[float], micro_batch_size: int) -> tuple[bool, dict[str, float], int]:
     """(finite, metric sums, backward passes) of one minibatch of all 4 rows."""
-    cfg = from_dict({"rollout": {"group_size": 2, "max_new_tokens": 6, "dtype": "float32"},
-                     "algorithm": {"beta": 0.0}, "train": {"micro_batch_size": micro_batch_size, "precision": "fp32"}})
+    cfg = from_dict(
+        {
+            "rollout": {"group_size": 2, "max_new_tokens": 6, "dtype": "float32"},
+            "algorithm": {"beta": 0.0},
+            "train": {"micro_batch_size": micro_batch_size, "precision": "fp32"},
+        }
+    )
     opt = torch.optim.SGD(policy.parameters(), lr=0.0)
     updater = PolicyUpdater(cfg, policy, None, opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda i: 1.0))
     rollout = rollout_of()
-    batch = UpdateBatch(rollout, torch.tensor(advantages, dtype=torch.float64),
-                        updater.loss_mask(rollout, torch.ones(len(rollout), dtype=torch.bool)), None, None)
+    batch = UpdateBatch(
+        rollout,
+        torch.tensor(advantages, dtype=torch.float64),
+        updater.loss_mask(rollout, torch.ones(len(rollout), dtype=torch.bool)),
+        None,
+        None,
+    )
     backwards = []
     handle = policy.lm_head.weight.register_hook(lambda grad: backwards.append(1))  # once per backward pass
     sums: dict[str, float] = defaultdict(float)

@@ -34,8 +34,17 @@ def ppo_config(model_dir: str, out: Path, name: str, **train) -> dict:
         "rollout": earnable.rollout_config(group_size=4),
         "algorithm": {"estimator": "gae", "beta": 0.0, "gamma": 1.0, "lam": 0.95, "whiten": True},
         "critic": {"lr": 1e-2},
-        "train": {"steps": 6, "prompts_per_step": 4, "micro_batch_size": 16, "lr": 5e-3, "seed": 0,
-                  "samples_per_step": 2, "save_every": 0, "precision": "fp32", **train},
+        "train": {
+            "steps": 6,
+            "prompts_per_step": 4,
+            "micro_batch_size": 16,
+            "lr": 5e-3,
+            "seed": 0,
+            "samples_per_step": 2,
+            "save_every": 0,
+            "precision": "fp32",
+            **train,
+        },
         "run": {"output_dir": str(out), "name": name},
     }
 
@@ -46,34 +55,66 @@ def test_the_estimator_picks_the_trainer():
 
 
 def test_the_card_names_the_peer_settings():
-    card = objective_card(from_dict({"algorithm": {"estimator": "gae", "beta": 0.05, "kl_placement": "reward",
-                                                   "kl_estimator": "k1", "gamma": 0.99, "lam": 0.9},
-                                     "critic": {"value_clip": 0.3}}))
+    card = objective_card(
+        from_dict(
+            {
+                "algorithm": {
+                    "estimator": "gae",
+                    "beta": 0.05,
+                    "kl_placement": "reward",
+                    "kl_estimator": "k1",
+                    "gamma": 0.99,
+                    "lam": 0.9,
+                },
+                "critic": {"value_clip": 0.3},
+            }
+        )
+    )
     assert "GAE(gamma=0.99, lambda=0.9)" in card["formula"] and "0.05 KL_k1" in card["formula"]
     eq = card["equivalents"]
-    assert eq["verl"]["advantage"]["settings"] == {"algorithm.adv_estimator": "gae", "algorithm.gamma": 0.99,
-                                                    "algorithm.lam": 0.9, "critic.cliprange_value": 0.3,
-                                                    "critic.optim.lr": 1e-5}
+    assert eq["verl"]["advantage"]["settings"] == {
+        "algorithm.adv_estimator": "gae",
+        "algorithm.gamma": 0.99,
+        "algorithm.lam": 0.9,
+        "critic.cliprange_value": 0.3,
+        "critic.optim.lr": 1e-5,
+    }
     assert eq["verl"]["kl"]["match"] == "exact" and eq["verl"]["kl"]["settings"]["algorithm.use_kl_in_reward"] is True
     assert eq["openrlhf"]["advantage"]["settings"]["--algo.advantage.estimator"] == "gae"
     assert eq["openrlhf"]["advantage"]["settings"]["--algo.advantage.lambd"] == 0.9
     assert all(row["match"] == "none" for axis, row in eq["trl"].items() if isinstance(row, dict) and "match" in row)
     assert card["choices"]["critic"]["value_clip"] == 0.3
     assert objective_card(from_dict({}))["choices"]["estimator"] == "group"
-    assert "critic" not in objective_card(from_dict({}))["choices"] and "GAE" not in objective_card(from_dict({}))["formula"]
+    assert (
+        "critic" not in objective_card(from_dict({}))["choices"]
+        and "GAE" not in objective_card(from_dict({}))["formula"]
+    )
 
 
-@pytest.mark.parametrize("algorithm, loss, loss_tex", [
-    ({"surrogate": "gspo", "aggregation": "seq_mean_token_sum_norm", "eps_low": 3e-4, "eps_high": 4e-4},
-     "L = -(1/(B*64)) sum_i sum_t [ min(s_i = exp(mean_t log r_it) A_it, clip(s_i = exp(mean_t log r_it), 1-0.0003, "
-     "1+0.0004) A_it) ]",
-     r"\mathcal{L} = -\frac{1}{B \cdot L_{max}}\sum_i\sum_t\Big[\min\big(s_i A_{i,t},\ \mathrm{clip}(s_i, 1-0.0003, "
-     r"1+0.0004) A_{i,t}\big)\Big]"),
-    ({"surrogate": "dual_clip", "aggregation": "token_mean", "beta": 0.04, "kl_placement": "loss", "entropy_coef": 0.01},
-     "L = -(1/sum_i |o_i|) sum_i sum_t [ min(r_it A_it, clip(r_it, 1-0.2, 1+0.2) A_it), capped at 3.0 A_it for "
-     "A_it < 0 - 0.04 KL_k3(pi_theta || pi_ref) + 0.01 H_it ]",
-     r"\mathcal{L} = -\frac{1}{\sum_i |o_i|}\sum_i\sum_t\Big[\min\big(r_{i,t} A_{i,t},"),
-])
+@pytest.mark.parametrize(
+    "algorithm, loss, loss_tex",
+    [
+        (
+            {"surrogate": "gspo", "aggregation": "seq_mean_token_sum_norm", "eps_low": 3e-4, "eps_high": 4e-4},
+            "L = -(1/(B*64)) sum_i sum_t [ min(s_i = exp(mean_t log r_it) A_it, clip(s_i = exp(mean_t log r_it), 1-0.0003, "
+            "1+0.0004) A_it) ]",
+            r"\mathcal{L} = -\frac{1}{B \cdot L_{max}}\sum_i\sum_t\Big[\min\big(s_i A_{i,t},\ \mathrm{clip}(s_i, 1-0.0003, "
+            r"1+0.0004) A_{i,t}\big)\Big]",
+        ),
+        (
+            {
+                "surrogate": "dual_clip",
+                "aggregation": "token_mean",
+                "beta": 0.04,
+                "kl_placement": "loss",
+                "entropy_coef": 0.01,
+            },
+            "L = -(1/sum_i |o_i|) sum_i sum_t [ min(r_it A_it, clip(r_it, 1-0.2, 1+0.2) A_it), capped at 3.0 A_it for "
+            "A_it < 0 - 0.04 KL_k3(pi_theta || pi_ref) + 0.01 H_it ]",
+            r"\mathcal{L} = -\frac{1}{\sum_i |o_i|}\sum_i\sum_t\Big[\min\big(r_{i,t} A_{i,t},",
+        ),
+    ],
+)
 def test_the_ppo_formula_is_the_loss_that_is_optimised(algorithm, loss, loss_tex):
     """The card prints the run's own aggregation and surrogate (the policy loss is GRPO's code, with per-token
     advantages), not a fixed mean over tokens of the token-ratio surrogate."""
@@ -99,6 +140,7 @@ def test_ppo_earns_the_reward_and_a_flipped_sign_unlearns_it(tiny_model_dir, tmp
     assert b["wall_s"] == pytest.approx(sum(r["time/step_s"] for r in lines)) and b["peak_memory_mb"] > 0
 
     import grpolab.baselines.ppo as ppo_module
+
     real = ppo_module.whiten
     monkeypatch.setattr(ppo_module, "whiten", lambda x, m, s=None: -real(x, m, s))
     down, _ = start_run(from_dict(ppo_config(tiny_model_dir, tmp_path, "down", steps=3)))
@@ -111,7 +153,9 @@ class Stop(Exception):
 
 
 def _rows(path: Path) -> list[dict]:
-    return [{k: v for k, v in json.loads(x).items() if not k.startswith(VOLATILE)} for x in path.read_text().splitlines()]
+    return [
+        {k: v for k, v in json.loads(x).items() if not k.startswith(VOLATILE)} for x in path.read_text().splitlines()
+    ]
 
 
 def test_resume_restores_the_value_model_and_its_optimizer(tiny_model_dir, tmp_path):

@@ -14,8 +14,17 @@ import pytest
 from test_distributed import ENV, TORCHRUN
 
 WORKER = Path(__file__).resolve().parent / "distributed" / "ppo_worker.py"
-METRICS = ("value/loss", "value/clip_frac", "value/explained_var", "value/mean", "value/grad_norm",
-           "ppo/adv_raw_mean", "ppo/return_mean", "reward/kl_penalty/mean", "reward/mean")
+METRICS = (
+    "value/loss",
+    "value/clip_frac",
+    "value/explained_var",
+    "value/mean",
+    "value/grad_norm",
+    "ppo/adv_raw_mean",
+    "ppo/return_mean",
+    "reward/kl_penalty/mean",
+    "reward/mean",
+)
 
 
 def run(cmd: list[str], config: dict, out: Path) -> list[dict]:
@@ -33,11 +42,26 @@ def test_ppo_metrics_of_two_ranks_are_those_of_the_whole_batch(tiny_model_dir, t
         "task": {"name": "arithmetic", "options": {"num_train": 40, "num_test": 4}},
         "reward": earnable.reward_config(),
         "rollout": earnable.rollout_config(group_size=4),
-        "algorithm": {"estimator": "gae", "beta": 0.05, "kl_placement": "reward", "gamma": 1.0, "lam": 0.95,
-                      "whiten": True},
+        "algorithm": {
+            "estimator": "gae",
+            "beta": 0.05,
+            "kl_placement": "reward",
+            "gamma": 1.0,
+            "lam": 0.95,
+            "whiten": True,
+        },
         "critic": {"lr": 1e-2, "value_clip": 0.05},
-        "train": {"steps": 2, "prompts_per_step": 4, "micro_batch_size": 4, "minibatches": 2, "lr": 5e-3, "seed": 3,
-                  "samples_per_step": 2, "save_every_minutes": 0, "precision": "fp32"},
+        "train": {
+            "steps": 2,
+            "prompts_per_step": 4,
+            "micro_batch_size": 4,
+            "minibatches": 2,
+            "lr": 5e-3,
+            "seed": 3,
+            "samples_per_step": 2,
+            "save_every_minutes": 0,
+            "precision": "fp32",
+        },
         "eval": {"every_steps": 0},
     }
     one = run([sys.executable], config, tmp_path / "one")

@@ -16,8 +16,17 @@ from grpolab.config import from_dict
 
 CASES = {
     "default": {"algorithm": {"estimator": "gae", "beta": 0.0}},
-    "kl_in_reward": {"algorithm": {"estimator": "gae", "beta": 0.05, "kl_placement": "reward", "kl_estimator": "k1",
-                                   "gamma": 0.99, "lam": 0.9}, "critic": {"value_clip": 0.3, "lr": 2e-5}},
+    "kl_in_reward": {
+        "algorithm": {
+            "estimator": "gae",
+            "beta": 0.05,
+            "kl_placement": "reward",
+            "kl_estimator": "k1",
+            "gamma": 0.99,
+            "lam": 0.9,
+        },
+        "critic": {"value_clip": 0.3, "lr": 2e-5},
+    },
 }
 
 
@@ -45,7 +54,9 @@ def test_verl_takes_the_card_settings_and_its_gae_gives_ours(name):
     mask, values, kl, rewards = batch()
     r = token_rewards(rewards, kl, mask, a.beta)
     ours = gae(r, values, mask, a.gamma, a.lam)
-    adv, ret = core_algos.compute_gae_advantage_return(r, values, mask.double(), torch.tensor(a.gamma), torch.tensor(a.lam))
+    adv, ret = core_algos.compute_gae_advantage_return(
+        r, values, mask.double(), torch.tensor(a.gamma), torch.tensor(a.lam)
+    )
     assert torch.allclose(ret * mask, ours.returns, atol=1e-12)
     n = mask.sum()
     m = mask.bool()  # the card's "nearest": verl whitens with the sample variance (n - 1)

@@ -30,8 +30,10 @@ def probe_not_forced(monkeypatch):
 
 def probed(speedup: float, shapes: dict = SHAPES) -> dict:
     """What precision.probe returns when bf16 runs `speedup` times as fast as fp32 (100 GFLOP/s) for both uses."""
-    products = {use: {"shape": s, "fp32_gflops": 100.0, "bf16_gflops": 100.0 * speedup, "speedup": speedup}
-                for use, s in shapes.items()}
+    products = {
+        use: {"shape": s, "fp32_gflops": 100.0, "bf16_gflops": 100.0 * speedup, "speedup": speedup}
+        for use, s in shapes.items()
+    }
     return {"key": "fake", "cached": False, "products": products}
 
 
@@ -49,8 +51,15 @@ class FakeProbe:
 # ----------------------------------------------------------------------------------------------- the rule
 
 
-@pytest.mark.parametrize("speedup, update, sampling", [(1.3, "bf16", "bfloat16"), (1.05, "fp32", "float32"),
-                                                       (precision.BF16_MARGIN, "bf16", "bfloat16"), (0.02, "fp32", "float32")])
+@pytest.mark.parametrize(
+    "speedup, update, sampling",
+    [
+        (1.3, "bf16", "bfloat16"),
+        (1.05, "fp32", "float32"),
+        (precision.BF16_MARGIN, "bf16", "bfloat16"),
+        (0.02, "fp32", "float32"),
+    ],
+)
 def test_auto_picks_bf16_only_when_clearly_faster(speedup, update, sampling):
     r = precision.resolve("auto", "auto", "cpu", SHAPES, run_probe=lambda s: probed(speedup))
     assert (r["update"], r["sampling"]) == (update, sampling)
@@ -145,8 +154,12 @@ def test_the_probe_is_measured_once_per_machine_and_shapes(tmp_path, monkeypatch
     timer = speed(0.25)
     first = precision.probe(SHAPES, timer)
     assert len(timer.calls) == SAMPLES_PER_PROBE and first["cached"] is False
-    assert first["products"]["update"] == {"shape": [56, 32, 64], "fp32_gflops": round(2 * 56 * 32 * 64 / 1e-3 / 1e9, 2),
-                                           "bf16_gflops": round(2 * 56 * 32 * 64 / 4e-3 / 1e9, 2), "speedup": 0.25}
+    assert first["products"]["update"] == {
+        "shape": [56, 32, 64],
+        "fp32_gflops": round(2 * 56 * 32 * 64 / 1e-3 / 1e9, 2),
+        "bf16_gflops": round(2 * 56 * 32 * 64 / 4e-3 / 1e9, 2),
+        "speedup": 0.25,
+    }
     assert first["decision"] == {"update": "fp32", "sampling": "fp32"} and "measured" in first
     again = precision.probe(SHAPES, timer)
     assert len(timer.calls) == SAMPLES_PER_PROBE and again["cached"] is True and again["products"] == first["products"]
@@ -170,6 +183,7 @@ def test_an_unreadable_cache_is_measured_again(tmp_path, monkeypatch):
 def test_the_median_of_alternating_samples_ignores_a_stall():
     """One sample in five stalled 20x (another process took the core): the median is still the true rate, where
     the mean (or a single 3 ms sample) would have flipped the decision."""
+
     def seconds(dtype, i):
         base = 1e-3 if dtype == torch.float32 else 1e-3 / 1.4
         return base * (20 if i == 2 * precision.WARMUP_REPS + 3 else 1)  # the 2nd timed bf16 sample stalls
@@ -177,30 +191,39 @@ def test_the_median_of_alternating_samples_ignores_a_stall():
     timer = FakeTimer(seconds)
     products = precision.measure({"update": [8, 16, 16]}, timer)
     assert products["update"]["speedup"] == pytest.approx(1.4, rel=1e-2)
-    timed = [d for *_, d in timer.calls[2 * precision.WARMUP_REPS:]]
+    timed = [d for *_, d in timer.calls[2 * precision.WARMUP_REPS :]]
     assert timed[:4] == [torch.float32, torch.bfloat16, torch.float32, torch.bfloat16]  # alternating
 
 
 def test_a_slow_dtype_stops_at_its_budget_with_at_least_one_sample():
     timer = FakeTimer(lambda dtype, i: 1e-3 if dtype == torch.float32 else 0.6)  # bf16 600x slower
     precision.measure({"update": [8, 16, 16]}, timer)
-    bf16_timed = [c for c in timer.calls[2 * precision.WARMUP_REPS:] if c[3] == torch.bfloat16]
+    bf16_timed = [c for c in timer.calls[2 * precision.WARMUP_REPS :] if c[3] == torch.bfloat16]
     assert len(bf16_timed) == 2  # 0.6 s, then 1.2 s >= DTYPE_BUDGET_S: stop
     assert len([c for c in timer.calls if c[3] == torch.float32]) == precision.WARMUP_REPS + precision.REPEATS
 
 
-@pytest.mark.parametrize("recorded, measured, decision", [
-    ("bf16", 1.10, "bf16"), ("bf16", 1.06, "bf16"), ("bf16", 1.04, "fp32"),  # inside the band the record stands
-    ("fp32", 1.20, "fp32"), ("fp32", 1.24, "fp32"), ("fp32", 1.26, "bf16"),
-])
+@pytest.mark.parametrize(
+    "recorded, measured, decision",
+    [
+        ("bf16", 1.10, "bf16"),
+        ("bf16", 1.06, "bf16"),
+        ("bf16", 1.04, "fp32"),  # inside the band the record stands
+        ("fp32", 1.20, "fp32"),
+        ("fp32", 1.24, "fp32"),
+        ("fp32", 1.26, "bf16"),
+    ],
+)
 def test_a_re_probe_keeps_the_recorded_decision_inside_the_band(tmp_path, monkeypatch, recorded, measured, decision):
     """An entry of the older probe (numbers only, decided at BF16_MARGIN) is measured again; the new numbers change
     its decision only outside the hysteresis band."""
     monkeypatch.setenv("GRPOLAB_CACHE", str(tmp_path))
     key = precision.cache_key(SHAPES)
     old_speedup = 1.3 if recorded == "bf16" else 1.0
-    old = {use: {"shape": s, "fp32_gflops": 100.0, "bf16_gflops": 100.0 * old_speedup, "speedup": old_speedup}
-           for use, s in SHAPES.items()}
+    old = {
+        use: {"shape": s, "fp32_gflops": 100.0, "bf16_gflops": 100.0 * old_speedup, "speedup": old_speedup}
+        for use, s in SHAPES.items()
+    }
     (tmp_path / precision.CACHE_FILE).write_text(json.dumps({key: {"products": old}}))
     p = precision.probe(SHAPES, speed(measured))
     assert p["cached"] is False and p["previous_decision"]["update"] == recorded
@@ -235,7 +258,11 @@ def test_the_forcing_variable_decides_auto_without_a_probe(monkeypatch):
     def no_probe(shapes):
         raise AssertionError("probed while forced")
 
-    for value, update, sampling in (("bf16", "bf16", "bfloat16"), ("fp32", "fp32", "float32"), ("bfloat16", "bf16", "bfloat16")):
+    for value, update, sampling in (
+        ("bf16", "bf16", "bfloat16"),
+        ("fp32", "fp32", "float32"),
+        ("bfloat16", "bf16", "bfloat16"),
+    ):
         monkeypatch.setenv(precision.FORCE_ENV, value)
         r = precision.resolve("auto", "auto", "cpu", SHAPES, run_probe=no_probe)
         assert (r["update"], r["sampling"]) == (update, sampling) and "forced by GRPOLAB_PRECISION" in r["source"]
@@ -261,8 +288,16 @@ def tiny(model_dir: str, out, name: str, **train) -> dict:
         "reward": earnable.reward_config(),
         "rollout": earnable.rollout_config(group_size=4, dtype="auto"),
         "algorithm": {"preset": "grpo", "beta": 0.0, "entropy_coef": 0.0},
-        "train": {"steps": 1, "prompts_per_step": 2, "micro_batch_size": 4, "lr": 1e-3, "seed": 0,
-                  "samples_per_step": 0, "precision": "auto", **train},
+        "train": {
+            "steps": 1,
+            "prompts_per_step": 2,
+            "micro_batch_size": 4,
+            "lr": 1e-3,
+            "seed": 0,
+            "samples_per_step": 0,
+            "precision": "auto",
+            **train,
+        },
         "eval": {"every_steps": 0},
         "run": {"output_dir": str(out), "name": name},
     }
@@ -277,7 +312,10 @@ def test_a_run_records_setting_resolution_and_probe_numbers(tiny_model_dir, tmp_
     trainer, manifest = start_run(from_dict(tiny(tiny_model_dir, tmp_path, "auto")))
     assert fake.calls == 1
     p = manifest["precision"]
-    assert p["setting"] == {"update": "auto", "sampling": "auto"} and (p["update"], p["sampling"]) == ("fp32", "float32")
+    assert p["setting"] == {"update": "auto", "sampling": "auto"} and (p["update"], p["sampling"]) == (
+        "fp32",
+        "float32",
+    )
     assert p["probe"]["cached"] is False and p["probe"]["margin"] == precision.BF16_MARGIN
     hidden, inter, vocab = precision.model_dims(trainer.policy)
     assert (hidden, inter) == (32, 64)  # conftest's tiny Llama
@@ -285,8 +323,16 @@ def test_a_run_records_setting_resolution_and_probe_numbers(tiny_model_dir, tmp_
     assert p["probe"]["products"]["sampling"]["shape"] == [4, 32, vocab]
     assert p["probe"]["products"]["sampling"]["fp32_gflops"] == 100.0
     card = manifest["objective"]["choices"]["precision"]
-    assert card == {"update": "fp32", "sampling": "float32", "source": p["source"],
-                    "rank_invariant_samples": precision.RANK_INVARIANCE["float32"]} and "0.5x" in card["source"]
+    assert (
+        card
+        == {
+            "update": "fp32",
+            "sampling": "float32",
+            "source": p["source"],
+            "rank_invariant_samples": precision.RANK_INVARIANCE["float32"],
+        }
+        and "0.5x" in card["source"]
+    )
     assert manifest["config"]["train"]["precision"] == "auto" and manifest["config"]["rollout"]["dtype"] == "auto"
     assert json.loads((tmp_path / "auto" / "manifest.json").read_text())["precision"] == p
     assert trainer.update_precision == "fp32" and sampler_dtype(trainer) == torch.float32
@@ -325,8 +371,12 @@ def test_an_explicit_run_is_recorded_as_explicit(tiny_model_dir, tmp_path, monke
     raw["rollout"]["dtype"] = "float32"
     trainer, manifest = start_run(from_dict(raw))
     assert fake.calls == 0 and manifest["precision"]["source"] == "explicit" and "probe" not in manifest["precision"]
-    assert manifest["objective"]["choices"]["precision"] == {"update": "fp32", "sampling": "float32", "source": "explicit",
-                                                            "rank_invariant_samples": precision.RANK_INVARIANCE["float32"]}
+    assert manifest["objective"]["choices"]["precision"] == {
+        "update": "fp32",
+        "sampling": "float32",
+        "source": "explicit",
+        "rank_invariant_samples": precision.RANK_INVARIANCE["float32"],
+    }
     assert sampler_dtype(trainer) == torch.float32
 
 

@@ -40,17 +40,43 @@ def cfg_card(raw):
 
 # (aggregation text, advantage text, ratio text, must-contain extras, must-not-contain)
 FORMULA = {
-    "grpo": ("(1/B) sum_i (1/|o_i|) sum_t", "A_i = (R_i - mean_g R) / (std_g R + 1e-06)", "min(r_it A_i, clip(r_it, 1-0.2, 1+0.2) A_i)",
-             ["- 0.04 KL_k3(pi_theta || pi_ref)"], []),
-    "dapo": ("(1/sum_i |o_i|) sum_i sum_t", "A_i = (R_i - mean_g R) / (std_g R + 1e-06)", "clip(r_it, 1-0.2, 1+0.28)",
-             [], ["KL"]),
+    "grpo": (
+        "(1/B) sum_i (1/|o_i|) sum_t",
+        "A_i = (R_i - mean_g R) / (std_g R + 1e-06)",
+        "min(r_it A_i, clip(r_it, 1-0.2, 1+0.2) A_i)",
+        ["- 0.04 KL_k3(pi_theta || pi_ref)"],
+        [],
+    ),
+    "dapo": (
+        "(1/sum_i |o_i|) sum_i sum_t",
+        "A_i = (R_i - mean_g R) / (std_g R + 1e-06)",
+        "clip(r_it, 1-0.2, 1+0.28)",
+        [],
+        ["KL"],
+    ),
     "dr_grpo": ("(1/(B*64)) sum_i sum_t", "A_i = R_i - mean_g R", "clip(r_it, 1-0.2, 1+0.2)", [], ["KL", "std"]),
-    "rloo": ("(1/B) sum_i (1/|o_i|) sum_t", "A_i = R_i - mean_{j!=i} R_j", "clip(r_it, 1-0.2, 1+0.2)", [], ["KL", "std"]),
-    "gspo": ("(1/B) sum_i (1/|o_i|) sum_t", "A_i = (R_i - mean_g R) / (std_g R + 1e-06)",
-             "min(s_i = exp(mean_t log r_it) A_i, clip(s_i = exp(mean_t log r_it), 1-0.0003, 1+0.0004) A_i)", [], ["KL", "r_it A_i"]),
+    "rloo": (
+        "(1/B) sum_i (1/|o_i|) sum_t",
+        "A_i = R_i - mean_{j!=i} R_j",
+        "clip(r_it, 1-0.2, 1+0.2)",
+        [],
+        ["KL", "std"],
+    ),
+    "gspo": (
+        "(1/B) sum_i (1/|o_i|) sum_t",
+        "A_i = (R_i - mean_g R) / (std_g R + 1e-06)",
+        "min(s_i = exp(mean_t log r_it) A_i, clip(s_i = exp(mean_t log r_it), 1-0.0003, 1+0.0004) A_i)",
+        [],
+        ["KL", "r_it A_i"],
+    ),
 }
 LATEX = {
-    "grpo": [r"\frac{1}{B}\sum_i \frac{1}{|o_i|}\sum_t", r"\frac{R_i - \mathrm{mean}_g R}{\mathrm{std}_g R + \epsilon}", r"r_{i,t}", r"- 0.04\,\mathrm{KL}_{k3}"],
+    "grpo": [
+        r"\frac{1}{B}\sum_i \frac{1}{|o_i|}\sum_t",
+        r"\frac{R_i - \mathrm{mean}_g R}{\mathrm{std}_g R + \epsilon}",
+        r"r_{i,t}",
+        r"- 0.04\,\mathrm{KL}_{k3}",
+    ],
     "dapo": [r"\frac{1}{\sum_i |o_i|}\sum_i\sum_t", "1+0.28"],
     "dr_grpo": [r"\frac{1}{B \cdot L_{max}}\sum_i\sum_t", r"A_i = R_i - \mathrm{mean}_g R"],
     "rloo": [r"A_i = R_i - \mathrm{mean}_{j \ne i} R_j"],
@@ -156,58 +182,117 @@ def row(eq, peer, axis):
 # preset -> peer -> axis -> (match, settings that must be among the row's settings)
 EXPECTED_EQUIV = {
     "grpo": {
-        "trl": {"advantage": (NEAREST, {"scale_rewards": "group"}),
-                "surrogate": (EXACT, {"epsilon": 0.2, "epsilon_high": 0.2, "importance_sampling_level": "token", "delta": None}),
-                "aggregation": (EXACT, {"loss_type": "grpo"}), "kl": (EXACT, {"beta": 0.04, "use_bias_correction_kl": False}),
-                "importance_sampling": (EXACT, {"vllm_importance_sampling_correction": False}),
-                "batch": (EXACT, {"num_generations": 8, "num_iterations": 1, "max_completion_length": 64})},
-        "verl": {"advantage": (EXACT, {"algorithm.adv_estimator": "grpo", "algorithm.norm_adv_by_std_in_grpo": True}),
-                 "surrogate": (EXACT, {f"{A}policy_loss.loss_mode": "vanilla", f"{A}clip_ratio_low": 0.2, f"{A}clip_ratio_high": 0.2,
-                                       f"{A}clip_ratio_c": VERL_NO_DUAL_CLIP}),
-                 "aggregation": (EXACT, {f"{A}loss_agg_mode": "seq-mean-token-mean"}),
-                 "kl": (NEAREST, {f"{A}use_kl_loss": True, f"{A}kl_loss_coef": 0.04, f"{A}kl_loss_type": "low_var_kl",
-                                  "algorithm.use_kl_in_reward": False}),
-                 "batch": (EXACT, {"actor_rollout_ref.rollout.n": 8, f"{A}ppo_epochs": 1, "data.train_batch_size": 4})},
-        "openrlhf": {"advantage": (NEAREST, {"--algo.advantage.estimator": "group_norm"}),
-                     "surrogate": (EXACT, {"--actor.eps_clip_low_high": [0.2, 0.2], "--actor.policy_loss_type": "ppo"}),
-                     "aggregation": (EXACT, {"--actor.loss_agg_mode": "seq-mean-token-mean"}),
-                     "kl": (NEAREST, {"--algo.kl.use_loss": True, "--algo.kl.init_coef": 0.04, "--algo.kl.estimator": "k3"}),
-                     "batch": (EXACT, {"--rollout.n_samples_per_prompt": 8, "--train.max_epochs": 1, "--rollout.batch_size": 4})},
+        "trl": {
+            "advantage": (NEAREST, {"scale_rewards": "group"}),
+            "surrogate": (
+                EXACT,
+                {"epsilon": 0.2, "epsilon_high": 0.2, "importance_sampling_level": "token", "delta": None},
+            ),
+            "aggregation": (EXACT, {"loss_type": "grpo"}),
+            "kl": (EXACT, {"beta": 0.04, "use_bias_correction_kl": False}),
+            "importance_sampling": (EXACT, {"vllm_importance_sampling_correction": False}),
+            "batch": (EXACT, {"num_generations": 8, "num_iterations": 1, "max_completion_length": 64}),
+        },
+        "verl": {
+            "advantage": (EXACT, {"algorithm.adv_estimator": "grpo", "algorithm.norm_adv_by_std_in_grpo": True}),
+            "surrogate": (
+                EXACT,
+                {
+                    f"{A}policy_loss.loss_mode": "vanilla",
+                    f"{A}clip_ratio_low": 0.2,
+                    f"{A}clip_ratio_high": 0.2,
+                    f"{A}clip_ratio_c": VERL_NO_DUAL_CLIP,
+                },
+            ),
+            "aggregation": (EXACT, {f"{A}loss_agg_mode": "seq-mean-token-mean"}),
+            "kl": (
+                NEAREST,
+                {
+                    f"{A}use_kl_loss": True,
+                    f"{A}kl_loss_coef": 0.04,
+                    f"{A}kl_loss_type": "low_var_kl",
+                    "algorithm.use_kl_in_reward": False,
+                },
+            ),
+            "batch": (EXACT, {"actor_rollout_ref.rollout.n": 8, f"{A}ppo_epochs": 1, "data.train_batch_size": 4}),
+        },
+        "openrlhf": {
+            "advantage": (NEAREST, {"--algo.advantage.estimator": "group_norm"}),
+            "surrogate": (EXACT, {"--actor.eps_clip_low_high": [0.2, 0.2], "--actor.policy_loss_type": "ppo"}),
+            "aggregation": (EXACT, {"--actor.loss_agg_mode": "seq-mean-token-mean"}),
+            "kl": (NEAREST, {"--algo.kl.use_loss": True, "--algo.kl.init_coef": 0.04, "--algo.kl.estimator": "k3"}),
+            "batch": (EXACT, {"--rollout.n_samples_per_prompt": 8, "--train.max_epochs": 1, "--rollout.batch_size": 4}),
+        },
     },
     "dapo": {
-        "trl": {"aggregation": (EXACT, {"loss_type": "dapo"}), "surrogate": (EXACT, {"epsilon_high": 0.28}),
-                "kl": (EXACT, {"beta": 0.0}), "dynamic_sampling": (NONE, {}), "overlong": (EXACT, {})},
-        "verl": {"aggregation": (EXACT, {f"{A}loss_agg_mode": "token-mean"}), "surrogate": (EXACT, {f"{A}clip_ratio_high": 0.28}),
-                 "kl": (EXACT, {f"{A}use_kl_loss": False, "algorithm.use_kl_in_reward": False}),
-                 "dynamic_sampling": (NEAREST, {"algorithm.filter_groups.enable": True, "algorithm.filter_groups.metric": "reward"}),
-                 "overlong": (EXACT, {"reward.reward_manager.name": "dapo", "+reward.reward_kwargs.overlong_buffer_cfg.enable": True,
-                                      "+reward.reward_kwargs.overlong_buffer_cfg.len": 16,
-                                      "+reward.reward_kwargs.overlong_buffer_cfg.penalty_factor": 1.0,
-                                      "+reward.reward_kwargs.max_resp_len": 64})},
-        "openrlhf": {"aggregation": (EXACT, {"--actor.loss_agg_mode": "token-mean"}),
-                     "surrogate": (EXACT, {"--actor.eps_clip_low_high": [0.2, 0.28]}), "kl": (EXACT, {"--algo.kl.init_coef": 0.0}),
-                     "dynamic_sampling": (NEAREST, {"--algo.dynamic_filtering_enable": True}),
-                     "overlong": (EXACT, {"--reward.overlong_buffer_len": 16, "--reward.overlong_penalty_factor": 1.0})},
+        "trl": {
+            "aggregation": (EXACT, {"loss_type": "dapo"}),
+            "surrogate": (EXACT, {"epsilon_high": 0.28}),
+            "kl": (EXACT, {"beta": 0.0}),
+            "dynamic_sampling": (NONE, {}),
+            "overlong": (EXACT, {}),
+        },
+        "verl": {
+            "aggregation": (EXACT, {f"{A}loss_agg_mode": "token-mean"}),
+            "surrogate": (EXACT, {f"{A}clip_ratio_high": 0.28}),
+            "kl": (EXACT, {f"{A}use_kl_loss": False, "algorithm.use_kl_in_reward": False}),
+            "dynamic_sampling": (
+                NEAREST,
+                {"algorithm.filter_groups.enable": True, "algorithm.filter_groups.metric": "reward"},
+            ),
+            "overlong": (
+                EXACT,
+                {
+                    "reward.reward_manager.name": "dapo",
+                    "+reward.reward_kwargs.overlong_buffer_cfg.enable": True,
+                    "+reward.reward_kwargs.overlong_buffer_cfg.len": 16,
+                    "+reward.reward_kwargs.overlong_buffer_cfg.penalty_factor": 1.0,
+                    "+reward.reward_kwargs.max_resp_len": 64,
+                },
+            ),
+        },
+        "openrlhf": {
+            "aggregation": (EXACT, {"--actor.loss_agg_mode": "token-mean"}),
+            "surrogate": (EXACT, {"--actor.eps_clip_low_high": [0.2, 0.28]}),
+            "kl": (EXACT, {"--algo.kl.init_coef": 0.0}),
+            "dynamic_sampling": (NEAREST, {"--algo.dynamic_filtering_enable": True}),
+            "overlong": (EXACT, {"--reward.overlong_buffer_len": 16, "--reward.overlong_penalty_factor": 1.0}),
+        },
     },
     "dr_grpo": {
         "trl": {"advantage": (EXACT, {"scale_rewards": "none"}), "aggregation": (EXACT, {"loss_type": "dr_grpo"})},
-        "verl": {"advantage": (EXACT, {"algorithm.adv_estimator": "grpo", "algorithm.norm_adv_by_std_in_grpo": False}),
-                 "aggregation": (EXACT, {f"{A}loss_agg_mode": "seq-mean-token-sum-norm", f"{A}loss_scale_factor": 64})},
+        "verl": {
+            "advantage": (EXACT, {"algorithm.adv_estimator": "grpo", "algorithm.norm_adv_by_std_in_grpo": False}),
+            "aggregation": (EXACT, {f"{A}loss_agg_mode": "seq-mean-token-sum-norm", f"{A}loss_scale_factor": 64}),
+        },
         "openrlhf": {"advantage": (EXACT, {"--algo.advantage.estimator": "dr_grpo"}), "aggregation": (NONE, {})},
     },
     "rloo": {
-        "trl": {"advantage": (EXACT, {"normalize_advantages": False}), "surrogate": (NEAREST, {"epsilon": 0.2}),
-                "aggregation": (NEAREST, {}), "kl": (EXACT, {"beta": 0.0})},
+        "trl": {
+            "advantage": (EXACT, {"normalize_advantages": False}),
+            "surrogate": (NEAREST, {"epsilon": 0.2}),
+            "aggregation": (NEAREST, {}),
+            "kl": (EXACT, {"beta": 0.0}),
+        },
         "verl": {"advantage": (EXACT, {"algorithm.adv_estimator": "rloo"})},
         "openrlhf": {"advantage": (EXACT, {"--algo.advantage.estimator": "rloo"})},
     },
     "gspo": {
-        "trl": {"surrogate": (EXACT, {"importance_sampling_level": "sequence", "epsilon": 3e-4, "epsilon_high": 4e-4}),
-                "aggregation": (EXACT, {"loss_type": "grpo"})},
-        "verl": {"surrogate": (EXACT, {f"{A}policy_loss.loss_mode": "gspo", f"{A}clip_ratio_low": 3e-4, f"{A}clip_ratio_high": 4e-4}),
-                 "aggregation": (EXACT, {f"{A}loss_agg_mode": "seq-mean-token-mean"})},
-        "openrlhf": {"surrogate": (EXACT, {"--actor.policy_loss_type": "gspo", "--actor.eps_clip_low_high": [3e-4, 4e-4]}),
-                     "aggregation": (EXACT, {"--actor.loss_agg_mode": "seq-mean-token-mean"})},
+        "trl": {
+            "surrogate": (EXACT, {"importance_sampling_level": "sequence", "epsilon": 3e-4, "epsilon_high": 4e-4}),
+            "aggregation": (EXACT, {"loss_type": "grpo"}),
+        },
+        "verl": {
+            "surrogate": (
+                EXACT,
+                {f"{A}policy_loss.loss_mode": "gspo", f"{A}clip_ratio_low": 3e-4, f"{A}clip_ratio_high": 4e-4},
+            ),
+            "aggregation": (EXACT, {f"{A}loss_agg_mode": "seq-mean-token-mean"}),
+        },
+        "openrlhf": {
+            "surrogate": (EXACT, {"--actor.policy_loss_type": "gspo", "--actor.eps_clip_low_high": [3e-4, 4e-4]}),
+            "aggregation": (EXACT, {"--actor.loss_agg_mode": "seq-mean-token-mean"}),
+        },
     },
 }
 
@@ -225,10 +310,20 @@ def test_equivalents_per_preset(preset):
                 assert got["settings"].get(key, "<absent>") == value, (peer, axis, key, got["settings"])
 
 
-VARIATIONS = [{}, {"scaling": "batch_std"}, {"baseline": "leave_one_out", "scaling": "group_std"}, {"std_kind": "population"},
-              {"surrogate": "dual_clip"}, {"aggregation": "seq_mean_token_sum"}, {"beta": 0.05, "kl_placement": "reward"},
-              {"is_mode": "sequence_mask"}, {"entropy_coef": 0.01}, {"mask_truncated": True}, {"dynamic_sampling": True},
-              {"preset": "rloo", "beta": 0.1, "kl_placement": "loss", "is_mode": "token_mask", "entropy_coef": 0.1}]
+VARIATIONS = [
+    {},
+    {"scaling": "batch_std"},
+    {"baseline": "leave_one_out", "scaling": "group_std"},
+    {"std_kind": "population"},
+    {"surrogate": "dual_clip"},
+    {"aggregation": "seq_mean_token_sum"},
+    {"beta": 0.05, "kl_placement": "reward"},
+    {"is_mode": "sequence_mask"},
+    {"entropy_coef": 0.01},
+    {"mask_truncated": True},
+    {"dynamic_sampling": True},
+    {"preset": "rloo", "beta": 0.1, "kl_placement": "loss", "is_mode": "token_mask", "entropy_coef": 0.1},
+]
 
 
 @pytest.mark.parametrize("algorithm", [{"preset": p} for p in PRESETS] + VARIATIONS)
@@ -255,12 +350,15 @@ def test_peer_settings_rejects_two_rows_setting_one_key_differently():
         peer_settings(eq)
 
 
-@pytest.mark.parametrize("aggregation, trl, verl, openrlhf", [
-    ("seq_mean_token_mean", "grpo", "seq-mean-token-mean", "seq-mean-token-mean"),
-    ("token_mean", "dapo", "token-mean", "token-mean"),
-    ("seq_mean_token_sum_norm", "dr_grpo", "seq-mean-token-sum-norm", None),
-    ("seq_mean_token_sum", "luspo", "seq-mean-token-sum", None),
-])
+@pytest.mark.parametrize(
+    "aggregation, trl, verl, openrlhf",
+    [
+        ("seq_mean_token_mean", "grpo", "seq-mean-token-mean", "seq-mean-token-mean"),
+        ("token_mean", "dapo", "token-mean", "token-mean"),
+        ("seq_mean_token_sum_norm", "dr_grpo", "seq-mean-token-sum-norm", None),
+        ("seq_mean_token_sum", "luspo", "seq-mean-token-sum", None),
+    ],
+)
 def test_aggregation_names(aggregation, trl, verl, openrlhf):
     eq = eq_of(aggregation=aggregation)
     assert row(eq, "trl", "aggregation") == {"match": EXACT, "settings": {"loss_type": trl}}
@@ -270,21 +368,34 @@ def test_aggregation_names(aggregation, trl, verl, openrlhf):
 
 
 def test_aggregation_differences():
-    assert row(eq_of(preset="gspo", aggregation="token_mean"), "openrlhf", "aggregation")["match"] == NONE  # GSPO: seq-mean only
-    assert row(eq_of(preset="dr_grpo", l_max=16), "trl", "aggregation")["match"] == NEAREST  # constant = max_completion_length
+    assert (
+        row(eq_of(preset="gspo", aggregation="token_mean"), "openrlhf", "aggregation")["match"] == NONE
+    )  # GSPO: seq-mean only
+    assert (
+        row(eq_of(preset="dr_grpo", l_max=16), "trl", "aggregation")["match"] == NEAREST
+    )  # constant = max_completion_length
     assert row(eq_of(preset="dr_grpo", l_max=16), "verl", "aggregation")["settings"][f"{A}loss_scale_factor"] == 16
     two_steps = cfg_card({"algorithm": {"preset": "dapo"}, "train": {"minibatches": 2}})["equivalents"]
     assert row(two_steps, "trl", "aggregation")["match"] == NEAREST
 
 
-@pytest.mark.parametrize("estimator, verl, trl_match, verl_match", [
-    ("k1", "kl", NEAREST, EXACT), ("k2", "mse", NEAREST, EXACT), ("k3", "low_var_kl", EXACT, NEAREST)])
+@pytest.mark.parametrize(
+    "estimator, verl, trl_match, verl_match",
+    [("k1", "kl", NEAREST, EXACT), ("k2", "mse", NEAREST, EXACT), ("k3", "low_var_kl", EXACT, NEAREST)],
+)
 def test_kl_in_loss(estimator, verl, trl_match, verl_match):
     eq = eq_of(beta=0.05, kl_estimator=estimator)
-    assert row(eq, "trl", "kl") == {"match": trl_match, "settings": {"beta": 0.05, "use_bias_correction_kl": False},
-                                    **({"difference": "k3 only"} if trl_match == NEAREST else {})}
+    assert row(eq, "trl", "kl") == {
+        "match": trl_match,
+        "settings": {"beta": 0.05, "use_bias_correction_kl": False},
+        **({"difference": "k3 only"} if trl_match == NEAREST else {}),
+    }
     v = row(eq, "verl", "kl")
-    assert v["match"] == verl_match and v["settings"][f"{A}kl_loss_type"] == verl and v["settings"][f"{A}kl_loss_coef"] == 0.05
+    assert (
+        v["match"] == verl_match
+        and v["settings"][f"{A}kl_loss_type"] == verl
+        and v["settings"][f"{A}kl_loss_coef"] == 0.05
+    )
     o = row(eq, "openrlhf", "kl")
     assert o["match"] == NEAREST
     assert o["settings"] == {"--algo.kl.use_loss": True, "--algo.kl.init_coef": 0.05, "--algo.kl.estimator": estimator}
@@ -298,26 +409,39 @@ def test_kl_in_reward(estimator):
     assert row(eq, "trl", "kl")["match"] == NONE  # GRPOTrainer: KL only in the loss
     v = row(eq, "verl", "kl")
     penalty = {"k1": "kl", "k2": "mse", "k3": "low_var_kl"}[estimator]
-    assert v["settings"] == {"algorithm.use_kl_in_reward": True, "algorithm.kl_penalty": penalty, "algorithm.kl_ctrl.type": "fixed",
-                             "algorithm.kl_ctrl.kl_coef": 0.05, f"{A}use_kl_loss": False}
+    assert v["settings"] == {
+        "algorithm.use_kl_in_reward": True,
+        "algorithm.kl_penalty": penalty,
+        "algorithm.kl_ctrl.type": "fixed",
+        "algorithm.kl_ctrl.kl_coef": 0.05,
+        f"{A}use_kl_loss": False,
+    }
     o = row(eq, "openrlhf", "kl")
     assert o["match"] == NEAREST and "--algo.kl.use_loss" not in o["settings"] and "reward-to-go" in o["difference"]
     rloo = eq_of(preset="rloo", beta=0.05, kl_placement="reward", kl_estimator=estimator)
-    assert row(rloo, "trl", "kl") == {"match": EXACT if estimator == "k1" else NEAREST, "settings": {"beta": 0.05},
-                                      **({} if estimator == "k1" else {"difference": "k1 only"})}
+    assert row(rloo, "trl", "kl") == {
+        "match": EXACT if estimator == "k1" else NEAREST,
+        "settings": {"beta": 0.05},
+        **({} if estimator == "k1" else {"difference": "k1 only"}),
+    }
     assert row(eq_of(preset="rloo", beta=0.05), "trl", "kl")["match"] == NONE  # RLOOTrainer: KL only in the reward
 
 
 def test_beta_zero_switches_openrlhf_kl_off():
-    assert row(eq_of(beta=0.0), "openrlhf", "kl")["settings"] == {"--algo.kl.init_coef": 0.0}  # its default 0.01 is KL in reward
+    assert row(eq_of(beta=0.0), "openrlhf", "kl")["settings"] == {
+        "--algo.kl.init_coef": 0.0
+    }  # its default 0.01 is KL in reward
 
 
 def test_advantage_scaling_and_std():
     eq = eq_of(scaling="batch_std")
     assert row(eq, "trl", "advantage")["settings"] == {"scale_rewards": "batch"}
     whiten = "group mean, then token-level whitening over the batch (re-centred, population std)"
-    assert row(eq, "verl", "advantage") == {"match": NEAREST, "difference": whiten,
-                                            "settings": {"algorithm.adv_estimator": "reinforce_plus_plus_baseline"}}
+    assert row(eq, "verl", "advantage") == {
+        "match": NEAREST,
+        "difference": whiten,
+        "settings": {"algorithm.adv_estimator": "reinforce_plus_plus_baseline"},
+    }
     assert row(eq, "openrlhf", "advantage")["settings"]["--algo.advantage.estimator"] == "reinforce_baseline"
     pop = eq_of(std_kind="population")
     assert all("sample std (n - 1)" in row(pop, p, "advantage")["difference"] for p in PEER_VERSIONS)
@@ -330,11 +454,15 @@ def test_advantage_scaling_and_std():
 
 def test_dual_clip_and_plain_clip():
     eq = eq_of(surrogate="dual_clip", dual_clip_c=2.5)
-    assert row(eq, "trl", "surrogate") == {"match": EXACT, "settings": {"epsilon": 0.2, "epsilon_high": 0.2,
-                                                                        "importance_sampling_level": "token", "delta": 2.5}}
+    assert row(eq, "trl", "surrogate") == {
+        "match": EXACT,
+        "settings": {"epsilon": 0.2, "epsilon_high": 0.2, "importance_sampling_level": "token", "delta": 2.5},
+    }
     assert row(eq, "verl", "surrogate")["settings"][f"{A}clip_ratio_c"] == 2.5
     assert row(eq, "openrlhf", "surrogate")["settings"]["--actor.dual_clip"] == 2.5
-    assert row(eq_of(surrogate="dual_clip", dual_clip_c=1.1), "trl", "surrogate")["match"] == NEAREST  # delta <= 1 + eps_high
+    assert (
+        row(eq_of(surrogate="dual_clip", dual_clip_c=1.1), "trl", "surrogate")["match"] == NEAREST
+    )  # delta <= 1 + eps_high
     plain = eq_of()
     assert VERL_NO_DUAL_CLIP > math.exp(20)  # verl's largest ratio: the dual clip of its vanilla loss never binds
     assert row(plain, "verl", "surrogate")["settings"][f"{A}clip_ratio_c"] == VERL_NO_DUAL_CLIP
@@ -345,21 +473,36 @@ IS_FLAG = "--algo.advantage.is_correction_"
 IS_MASK = {f"{IS_FLAG}mode": "mask", f"{IS_FLAG}threshold": [0.8, 1.25]}
 
 
-@pytest.mark.parametrize("mode, verl_threshold, openrlhf", [
-    ("token_truncate", 1.25, (EXACT, {f"{IS_FLAG}level": "token", f"{IS_FLAG}mode": "clip", f"{IS_FLAG}threshold": [0.0, 1.25]})),
-    ("token_mask", "0.8_1.25", (EXACT, {f"{IS_FLAG}level": "token", **IS_MASK})),
-    ("sequence_truncate", 1.25, (NONE, {})),
-    ("sequence_mask", "0.8_1.25", (NEAREST, {f"{IS_FLAG}level": "seq", **IS_MASK})),
-])
+@pytest.mark.parametrize(
+    "mode, verl_threshold, openrlhf",
+    [
+        (
+            "token_truncate",
+            1.25,
+            (EXACT, {f"{IS_FLAG}level": "token", f"{IS_FLAG}mode": "clip", f"{IS_FLAG}threshold": [0.0, 1.25]}),
+        ),
+        ("token_mask", "0.8_1.25", (EXACT, {f"{IS_FLAG}level": "token", **IS_MASK})),
+        ("sequence_truncate", 1.25, (NONE, {})),
+        ("sequence_mask", "0.8_1.25", (NEAREST, {f"{IS_FLAG}level": "seq", **IS_MASK})),
+    ],
+)
 def test_importance_sampling(mode, verl_threshold, openrlhf):
     eq = eq_of(is_mode=mode, is_c_min=0.8, is_c_max=1.25)
     clip_min = None if mode.endswith("truncate") else 0.8
-    assert row(eq, "trl", "importance_sampling") == {"match": EXACT, "settings": {
-        "use_vllm": True, "vllm_importance_sampling_correction": True, "vllm_importance_sampling_mode": mode,
-        "vllm_importance_sampling_clip_max": 1.25, "vllm_importance_sampling_clip_min": clip_min}}
+    assert row(eq, "trl", "importance_sampling") == {
+        "match": EXACT,
+        "settings": {
+            "use_vllm": True,
+            "vllm_importance_sampling_correction": True,
+            "vllm_importance_sampling_mode": mode,
+            "vllm_importance_sampling_clip_max": 1.25,
+            "vllm_importance_sampling_clip_min": clip_min,
+        },
+    }
     assert row(eq, "verl", "importance_sampling")["settings"] == {
         "algorithm.rollout_correction.rollout_is": mode.split("_")[0],
-        "algorithm.rollout_correction.rollout_is_threshold": verl_threshold}
+        "algorithm.rollout_correction.rollout_is_threshold": verl_threshold,
+    }
     o = row(eq, "openrlhf", "importance_sampling")
     assert (o["match"], o["settings"]) == openrlhf
     assert row(eq_of(preset="gspo", is_mode=mode), "openrlhf", "importance_sampling")["match"] == NONE
@@ -367,26 +510,57 @@ def test_importance_sampling(mode, verl_threshold, openrlhf):
 
 
 def test_entropy_mask_truncated_overlong_dynamic_and_batch():
-    algorithm = {"entropy_coef": 0.01, "mask_truncated": True, "overlong_buffer": 8, "overlong_penalty": 0.5, "dynamic_sampling": True}
-    eq = cfg_card({"algorithm": algorithm, "train": {"mu": 2, "minibatches": 2}, "rollout": {"group_size": 4}})["equivalents"]
-    assert row(eq, "trl", "entropy") == {"match": NEAREST, "settings": {"entropy_coef": 0.01},
-                                         "difference": "the bonus is the token mean of each micro-batch, whatever loss_type"}
+    algorithm = {
+        "entropy_coef": 0.01,
+        "mask_truncated": True,
+        "overlong_buffer": 8,
+        "overlong_penalty": 0.5,
+        "dynamic_sampling": True,
+    }
+    eq = cfg_card({"algorithm": algorithm, "train": {"mu": 2, "minibatches": 2}, "rollout": {"group_size": 4}})[
+        "equivalents"
+    ]
+    assert row(eq, "trl", "entropy") == {
+        "match": NEAREST,
+        "settings": {"entropy_coef": 0.01},
+        "difference": "the bonus is the token mean of each micro-batch, whatever loss_type",
+    }
     assert row(eq, "verl", "entropy") == {"match": EXACT, "settings": {f"{A}entropy_coeff": 0.01}}
-    assert row(eq, "openrlhf", "entropy")["match"] == NEAREST  # seq_mean_token_mean: OpenRLHF's entropy term is a token mean
+    assert (
+        row(eq, "openrlhf", "entropy")["match"] == NEAREST
+    )  # seq_mean_token_mean: OpenRLHF's entropy term is a token mean
     assert row(eq_of(entropy_coef=0.01, aggregation="token_mean"), "openrlhf", "entropy")["match"] == EXACT
     assert [row(eq, p, "mask_truncated")["match"] for p in PEER_VERSIONS] == [EXACT, NONE, NONE]
     assert row(eq, "trl", "overlong")["reward_function"] == (
-        "trl.rewards.get_soft_overlong_punishment(max_completion_len=64, soft_punish_cache=8) with reward weight 0.5")
-    assert row(eq, "openrlhf", "overlong")["settings"] == {"--reward.overlong_buffer_len": 8,
-                                                           "--reward.overlong_penalty_factor": 0.5}
+        "trl.rewards.get_soft_overlong_punishment(max_completion_len=64, soft_punish_cache=8) with reward weight 0.5"
+    )
+    assert row(eq, "openrlhf", "overlong")["settings"] == {
+        "--reward.overlong_buffer_len": 8,
+        "--reward.overlong_penalty_factor": 0.5,
+    }
     assert [row(eq, p, "dynamic_sampling")["match"] for p in PEER_VERSIONS] == [NONE, NEAREST, NEAREST]
-    assert row(eq, "trl", "batch")["settings"] == {"num_generations": 4, "num_iterations": 2, "max_completion_length": 64,
-                                                   "generation_batch_size": 16, "per_device_train_batch_size": 8,
-                                                   "gradient_accumulation_steps": 1}
-    assert row(eq, "verl", "batch")["settings"] == {"data.train_batch_size": 4, "data.max_response_length": 64,
-                                                    f"{A}ppo_mini_batch_size": 2, f"{A}ppo_epochs": 2, "actor_rollout_ref.rollout.n": 4}
-    assert row(eq, "openrlhf", "batch")["settings"] == {"--rollout.batch_size": 4, "--rollout.n_samples_per_prompt": 4,
-                                                        "--rollout.max_new_tokens": 64, "--train.batch_size": 8, "--train.max_epochs": 2}
+    assert row(eq, "trl", "batch")["settings"] == {
+        "num_generations": 4,
+        "num_iterations": 2,
+        "max_completion_length": 64,
+        "generation_batch_size": 16,
+        "per_device_train_batch_size": 8,
+        "gradient_accumulation_steps": 1,
+    }
+    assert row(eq, "verl", "batch")["settings"] == {
+        "data.train_batch_size": 4,
+        "data.max_response_length": 64,
+        f"{A}ppo_mini_batch_size": 2,
+        f"{A}ppo_epochs": 2,
+        "actor_rollout_ref.rollout.n": 4,
+    }
+    assert row(eq, "openrlhf", "batch")["settings"] == {
+        "--rollout.batch_size": 4,
+        "--rollout.n_samples_per_prompt": 4,
+        "--rollout.max_new_tokens": 64,
+        "--train.batch_size": 8,
+        "--train.max_epochs": 2,
+    }
 
 
 # --------------------------------------------------------------------------------------------- once-bugs (regressions)

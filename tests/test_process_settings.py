@@ -30,8 +30,16 @@ def tiny(model_dir: str, tmp_path, name: str, deterministic: bool) -> dict:
         "model": {"name": model_dir},
         "task": {"name": "arithmetic", "options": {"num_train": 8, "num_test": 4}},
         "rollout": {"group_size": 2, "max_new_tokens": 3, "dtype": "float32"},
-        "train": {"steps": 1, "prompts_per_step": 2, "micro_batch_size": 4, "precision": "fp32", "device": "cpu",
-                  "deterministic": deterministic, "keep_freed_memory": False, "save_every_minutes": 0},
+        "train": {
+            "steps": 1,
+            "prompts_per_step": 2,
+            "micro_batch_size": 4,
+            "precision": "fp32",
+            "device": "cpu",
+            "deterministic": deterministic,
+            "keep_freed_memory": False,
+            "save_every_minutes": 0,
+        },
         "eval": {"every_steps": 0},
         "run": {"output_dir": str(tmp_path), "name": name},
     }
@@ -44,8 +52,9 @@ def trainer_of(raw: dict, tmp_path):
     return Trainer(from_dict(raw), tmp_path / raw["run"]["name"])
 
 
-def test_a_deterministic_run_puts_the_settings_back_and_a_later_one_is_not_deterministic(tiny_model_dir, tmp_path,
-                                                                                          one_thread):
+def test_a_deterministic_run_puts_the_settings_back_and_a_later_one_is_not_deterministic(
+    tiny_model_dir, tmp_path, one_thread
+):
     during = []
     first = trainer_of(tiny(tiny_model_dir, tmp_path, "a", True), tmp_path)
     first.fit(lambda step, m: during.append(deterministic_state()))

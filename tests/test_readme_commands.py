@@ -16,7 +16,7 @@ def eval_args(text: str, variables: dict[str, str]) -> list[str]:
     lines joined, a trailing comment dropped, $(NAME) make variables replaced by `variables`)."""
     joined = re.sub(r"\\\n\s*", " ", text)
     line = next(x for x in joined.splitlines() if "grpolab eval bundled:" in x).split("  #")[0]
-    line = re.sub(r"\$\((\w+)\)", lambda m: variables[m.group(1)], line[line.index("grpolab eval"):])
+    line = re.sub(r"\$\((\w+)\)", lambda m: variables[m.group(1)], line[line.index("grpolab eval") :])
     return shlex.split(line)[2:]
 
 
@@ -39,17 +39,26 @@ def options(args: list[str]) -> dict[str, str]:
 def test_quick_tour_eval_matches_the_demo():
     makefile = (ROOT / "Makefile").read_text()
     variables = dict(re.findall(r"^(\w+) \?= (.*)$", makefile, re.M)) | {"VENV": ".venv", "DEMO_RUN": "runs/demo"}
-    demo_eval = options(eval_args(makefile[makefile.index("\ndemo:"):], variables))
+    demo_eval = options(eval_args(makefile[makefile.index("\ndemo:") :], variables))
     readme = (ROOT / "README.md").read_text()
-    tour_eval = options(eval_args(readme[readme.index("## A quick tour"):], {}))
-    for key in ("max_operand", "operators", "terms", "test_fraction", "num_test", "--task", "--split", "--max-new-tokens"):
+    tour_eval = options(eval_args(readme[readme.index("## A quick tour") :], {}))
+    for key in (
+        "max_operand",
+        "operators",
+        "terms",
+        "test_fraction",
+        "num_test",
+        "--task",
+        "--split",
+        "--max-new-tokens",
+    ):
         assert tour_eval.get(key) == demo_eval.get(key), (key, tour_eval, demo_eval)
 
 
 def test_python_api_snippet_writes_the_evaluation_the_report_reads():
     readme = (ROOT / "README.md").read_text()
-    snippet = readme[readme.index("## Python API"):]
-    snippet = snippet[snippet.index("```python"): snippet.index("```", snippet.index("```python") + 3)]
-    call = snippet[snippet.index("grpolab.evaluate_models("): snippet.index("grpolab.release_report(")]
+    snippet = readme[readme.index("## Python API") :]
+    snippet = snippet[snippet.index("```python") : snippet.index("```", snippet.index("```python") + 3)]
+    call = snippet[snippet.index("grpolab.evaluate_models(") : snippet.index("grpolab.release_report(")]
     assert re.search(r"out=run\.run_dir / \"eval\" / \"\w+\.json\"", call), call
     assert "max_new_tokens=cfg.rollout.max_new_tokens" in call, call

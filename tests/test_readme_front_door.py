@@ -77,8 +77,9 @@ def test_every_grpolab_command_and_option_exists(path):
 @pytest.mark.parametrize("path", [README, RESULTS], ids=lambda p: p.name)
 def test_every_benchmark_command_names_a_script_and_its_flags(path):
     text = path.read_text()
-    scripts = commands(text, "python") + ["python " + span for span in inline_spans(text)
-                                          if re.match(r"benchmarks/\w+\.py ", span)]
+    scripts = commands(text, "python") + [
+        "python " + span for span in inline_spans(text) if re.match(r"benchmarks/\w+\.py ", span)
+    ]
     assert scripts, path
     for line in scripts:
         words = line.split()
@@ -120,7 +121,7 @@ def test_the_readme_is_short_and_the_quick_tour_comes_first():
 
 def test_every_headline_interval_of_the_readme_is_on_the_results_page():
     readme = README.read_text()
-    results_section = readme[readme.index("## Results"):]
+    results_section = readme[readme.index("## Results") :]
     results_section = results_section[: results_section.index("\n## ", 1)]
     headline = re.findall(r"[+-]\d\.\d{3} \[[+-]\d\.\d{3}, [+-]\d\.\d{3}\]", results_section)
     assert len(headline) >= 3, headline  # math, code, agents

@@ -59,12 +59,18 @@ def make_run(root: Path, base: str, lora: bool) -> Path:
                 p.add_(0.02 * torch.randn(p.shape, generator=gen))
     _checkpoint(model, tokenizer, ckpt)
     task = make_task("arithmetic", **OPTIONS)
-    manifest = {"grpolab_manifest": 1, "config": {"model": {"name": base}, "task": {"name": "arithmetic", "options": OPTIONS},
-                                                  "rollout": ROLLOUT},
-                "objective": {"preset": "grpo", "formula": "J(theta) = ..."}, "precision": {"update": "fp32"},
-                "hashes": {"model_weights": hash_model_dir(base)["weights"],
-                           "chat_template": sha256_bytes(tokenizer.chat_template.encode())},
-                "model_path": base, "train_problem_hashes": problem_hashes(task.problems("train"))}
+    manifest = {
+        "grpolab_manifest": 1,
+        "config": {"model": {"name": base}, "task": {"name": "arithmetic", "options": OPTIONS}, "rollout": ROLLOUT},
+        "objective": {"preset": "grpo", "formula": "J(theta) = ..."},
+        "precision": {"update": "fp32"},
+        "hashes": {
+            "model_weights": hash_model_dir(base)["weights"],
+            "chat_template": sha256_bytes(tokenizer.chat_template.encode()),
+        },
+        "model_path": base,
+        "train_problem_hashes": problem_hashes(task.problems("train")),
+    }
     write_json_atomic(run / "manifest.json", manifest)
     result = run_eval([base, str(run)], "arithmetic", OPTIONS, "test", 0, MAX_NEW, 8, "float32")
     (run / "eval").mkdir()
@@ -94,7 +100,13 @@ def test_the_bundle_carries_the_runs_template_end_ids_sampling_and_evidence(full
     tokenizer_eos = json.loads((bundle / "tokenizer_config.json").read_text()).get("eos_token")
     assert gen["eos_token_id"] == [2] and tokenizer_eos == "<|im_end|>"  # SmolLM2's end of turn
     # the run's sampling, not transformers' defaults (top_k 50 would cut what the run sampled from)
-    assert (gen["do_sample"], gen["temperature"], gen["top_p"], gen["top_k"], gen["max_new_tokens"]) == (True, 0.7, 0.95, 0, MAX_NEW)
+    assert (gen["do_sample"], gen["temperature"], gen["top_p"], gen["top_k"], gen["max_new_tokens"]) == (
+        True,
+        0.7,
+        0.95,
+        0,
+        MAX_NEW,
+    )
     manifest = json.loads((full_run / "manifest.json").read_text())
     assert release["hashes"]["chat_template"] == manifest["hashes"]["chat_template"]
     assert release["hashes"]["weights"] == hash_model_dir(str(bundle))["weights"]
@@ -118,7 +130,7 @@ def test_a_run_without_a_held_out_evaluation_is_not_released(full_run, tmp_path)
 
 
 def test_the_serving_script_cannot_import_grpolab(tmp_path):
-    code = (f"import runpy; runpy.run_path({str(SERVE_SCRIPT)!r}, run_name='probe')['refuse_grpolab'](); import grpolab")
+    code = f"import runpy; runpy.run_path({str(SERVE_SCRIPT)!r}, run_name='probe')['refuse_grpolab'](); import grpolab"
     proc = subprocess.run([sys.executable, "-I", "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert proc.returncode != 0 and "runs without grpolab code" in proc.stderr
     ok = subprocess.run([sys.executable, "-I", "-c", "import grpolab"], cwd=tmp_path, capture_output=True, timeout=60)
@@ -142,9 +154,18 @@ def _end_id_some_answers_reach(bundle: Path, requests: list[dict]) -> int:
     for r in requests:
         prompt = tokenizer.apply_chat_template(r["messages"], add_generation_prompt=True, return_dict=True)["input_ids"]
         ids = torch.tensor([prompt])
-        out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=MAX_NEW,
-                             eos_token_id=None, pad_token_id=0, temperature=None, top_p=None, top_k=None)
-        answers.append(out[0, ids.shape[1]:].tolist())
+        out = model.generate(
+            input_ids=ids,
+            attention_mask=torch.ones_like(ids),
+            do_sample=False,
+            max_new_tokens=MAX_NEW,
+            eos_token_id=None,
+            pad_token_id=0,
+            temperature=None,
+            top_p=None,
+            top_k=None,
+        )
+        answers.append(out[0, ids.shape[1] :].tolist())
     batch = answers[:5]  # the requests of one prompt length (the test's first five)
     counts = {t: sum(t in a[1:-1] for a in batch) for a in batch for t in a[1:-1]}
     some = [t for t, c in sorted(counts.items()) if 0 < c < len(batch)]
@@ -157,9 +178,13 @@ def test_served_batches_answer_as_one_at_a_time(full_run, bundle, tmp_path):
     time, in request order, with rows ending at different steps cut after their end id. Logprobs agree to float32
     rounding of products of another row count (1.5e-5 seen; a row mix-up would differ by O(1)); the greedy
     choices here have a top-2 logit gap of at least 3e-3, far above that rounding."""
-    questions = [f"What is {a} + {b}?" for a, b in ((11, 12), (13, 14), (15, 16), (17, 18), (19, 10))] + ["Please add the numbers 1, 2, 3, 4 and 5 together."]
-    requests = [{"uid": str(i), "messages": [{"role": "user", "content": q}], "reference_ids": [5, 6, 7]}
-                for i, q in enumerate(questions)]
+    questions = [f"What is {a} + {b}?" for a, b in ((11, 12), (13, 14), (15, 16), (17, 18), (19, 10))] + [
+        "Please add the numbers 1, 2, 3, 4 and 5 together."
+    ]
+    requests = [
+        {"uid": str(i), "messages": [{"role": "user", "content": q}], "reference_ids": [5, 6, 7]}
+        for i, q in enumerate(questions)
+    ]
     planted = shutil.copytree(bundle, tmp_path / "bundle")
     end = _end_id_some_answers_reach(planted, requests)
     path = planted / "generation_config.json"
@@ -173,7 +198,9 @@ def test_served_batches_answer_as_one_at_a_time(full_run, bundle, tmp_path):
     for a, b in zip(one["rows"], together["rows"]):
         assert a["completion_ids"] == b["completion_ids"] and a["stopped"] == b["stopped"] and a["text"] == b["text"]
         assert not a["stopped"] or a["completion_ids"].count(end) == 1 and a["completion_ids"][-1] == end
-        assert b["logprobs"] == pytest.approx(a["logprobs"], rel=1e-4, abs=1e-4) and len(a["logprobs"]) == len(a["completion_ids"])
+        assert b["logprobs"] == pytest.approx(a["logprobs"], rel=1e-4, abs=1e-4) and len(a["logprobs"]) == len(
+            a["completion_ids"]
+        )
         assert b["reference_logprobs"] == pytest.approx(a["reference_logprobs"], rel=1e-4, abs=1e-4)
 
 
@@ -239,11 +266,21 @@ def test_a_bf16_bundle_of_an_fp32_model_is_measured_not_failed(full_run, tmp_pat
 
 
 def test_a_served_metric_drop_fails_and_divergence_alone_warns():
-    s = {"chat_template": {"run": "a", "served": "a"}, "prompts_identical": 1.0, "stop_ids": {"run": [2], "served": [2]},
-         "weights": {"tensors": 3, "identical": 3}, "n": 40, "identical_share": 0.5, "first_divergence": {"median": 3},
-         "logprob_diff": {"mean": 0.02}, "precision": {"bundle": "bfloat16", "evaluated": "float32"},
-         "truncated": {"served": 0.0}, "bundle": "b", "served": {"stack": {"transformers": "5"}},
-         "metric": {"evaluated": 0.6, "served": 0.6, "diff": {"mean": 0.0, "ci_low": -0.1, "ci_high": 0.1}}}
+    s = {
+        "chat_template": {"run": "a", "served": "a"},
+        "prompts_identical": 1.0,
+        "stop_ids": {"run": [2], "served": [2]},
+        "weights": {"tensors": 3, "identical": 3},
+        "n": 40,
+        "identical_share": 0.5,
+        "first_divergence": {"median": 3},
+        "logprob_diff": {"mean": 0.02},
+        "precision": {"bundle": "bfloat16", "evaluated": "float32"},
+        "truncated": {"served": 0.0},
+        "bundle": "b",
+        "served": {"stack": {"transformers": "5"}},
+        "metric": {"evaluated": 0.6, "served": 0.6, "diff": {"mean": 0.0, "ci_low": -0.1, "ci_high": 0.1}},
+    }
     assert check_serving_consistency(s, T).status == "WARN"
     assert check_serving_consistency(s, T.replace({"serving_divergence_warn": 0.6})).status == PASS
     s["metric"] = {"evaluated": 0.6, "served": 0.4, "diff": {"mean": -0.2, "ci_low": -0.3, "ci_high": -0.1}}

@@ -23,8 +23,19 @@ from grpolab.report.safety import load_prompts, run_safety
 
 BASE = "bundled:smollm2-135m-instruct"
 STEPS = 30
-SECTIONS = ("verdict", "checks", "heldout", "capability", "safety", "diversity", "curves", "samples", "objective", "manifest",
-            "thresholds")
+SECTIONS = (
+    "verdict",
+    "checks",
+    "heldout",
+    "capability",
+    "safety",
+    "diversity",
+    "curves",
+    "samples",
+    "objective",
+    "manifest",
+    "thresholds",
+)
 
 
 def manifest(run_dir: Path, dirty: bool = False, missing_hash: bool = False, config: dict | None = None) -> dict:
@@ -37,20 +48,40 @@ def manifest(run_dir: Path, dirty: bool = False, missing_hash: bool = False, con
             "model": {"name": BASE, "dtype": "float32"},
             "task": {"name": "arithmetic", "options": {"digits": 1}},
             "reward": {"weights": {"correct": 1.0, "format": 0.1}},
-            "rollout": {"group_size": 8, "temperature": 1.0, "top_p": 1.0, "top_k": 0, "max_new_tokens": 48,
-                        "dtype": "bfloat16", "engine": "hf"},
+            "rollout": {
+                "group_size": 8,
+                "temperature": 1.0,
+                "top_p": 1.0,
+                "top_k": 0,
+                "max_new_tokens": 48,
+                "dtype": "bfloat16",
+                "engine": "hf",
+            },
             "algorithm": {"preset": "grpo", "baseline": "group_mean", "scaling": "group_std", "beta": 0.0},
             "train": {"steps": STEPS, "lr": 5e-6},
             "eval": {"every_steps": 10, "num_problems": 64, "split": "test"},
             "run": {"output_dir": str(run_dir.parent), "name": run_dir.name},
             **(config or {}),
         },
-        "objective": {"preset": "grpo", "formula": "L = -(1/B) sum_i (1/|o_i|) sum_t [ min(r A, clip(r) A) ]",
-                      "formula_latex": r"\mathcal{L}", "choices": {"baseline": "group_mean", "eps_low": 0.2},
-                      "equivalents": {"trl": {"loss_type": "grpo"}, "verl": {"algorithm.adv_estimator": "grpo"},
-                                      "openrlhf": {"--advantage_estimator": "group_norm"}}},
-        "hashes": {"model_weights": None if missing_hash else "a" * 64, "tokenizer": "b" * 64, "chat_template": "c" * 64,
-                   "reward_code": "d" * 64, "train_data": "e" * 64, "held_out_data": "f" * 64},
+        "objective": {
+            "preset": "grpo",
+            "formula": "L = -(1/B) sum_i (1/|o_i|) sum_t [ min(r A, clip(r) A) ]",
+            "formula_latex": r"\mathcal{L}",
+            "choices": {"baseline": "group_mean", "eps_low": 0.2},
+            "equivalents": {
+                "trl": {"loss_type": "grpo"},
+                "verl": {"algorithm.adv_estimator": "grpo"},
+                "openrlhf": {"--advantage_estimator": "group_norm"},
+            },
+        },
+        "hashes": {
+            "model_weights": None if missing_hash else "a" * 64,
+            "tokenizer": "b" * 64,
+            "chat_template": "c" * 64,
+            "reward_code": "d" * 64,
+            "train_data": "e" * 64,
+            "held_out_data": "f" * 64,
+        },
         "model_path": "/cache/models/smollm2-135m-instruct",
         "versions": {"python": "3.11", "torch": "2.13.0"},
         "git": {"commit": "0123abc", "dirty": dirty},
@@ -67,24 +98,58 @@ def metrics(hacked: bool) -> list[dict]:
     """Every metric the trainer logs; the hacked run farms the format bonus while nothing is correct."""
     rng = np.random.default_rng(0)
     if hacked:
-        s = {"reward/mean": ramp(0.05, 0.1), "reward/correct/mean": ramp(0.05, 0.0), "reward/format/mean": ramp(0.5, 1.0),
-             "groups/frac_zero_std": ramp(0.4, 1.0), "completion/len_mean": ramp(30, 60), "completion/truncated_frac": ramp(0.31, 0.88)}
+        s = {
+            "reward/mean": ramp(0.05, 0.1),
+            "reward/correct/mean": ramp(0.05, 0.0),
+            "reward/format/mean": ramp(0.5, 1.0),
+            "groups/frac_zero_std": ramp(0.4, 1.0),
+            "completion/len_mean": ramp(30, 60),
+            "completion/truncated_frac": ramp(0.31, 0.88),
+        }
     else:
         correct = list(np.clip(np.array(ramp(0.25, 0.7)) + rng.normal(0, 0.03, STEPS), 0, 1))
-        s = {"reward/correct/mean": correct, "reward/format/mean": ramp(0.6, 0.7), "groups/frac_zero_std": ramp(0.2, 0.35),
-             "completion/len_mean": list(30 + rng.normal(0, 1, STEPS)), "completion/truncated_frac": ramp(0.05, 0.02)}
+        s = {
+            "reward/correct/mean": correct,
+            "reward/format/mean": ramp(0.6, 0.7),
+            "groups/frac_zero_std": ramp(0.2, 0.35),
+            "completion/len_mean": list(30 + rng.normal(0, 1, STEPS)),
+            "completion/truncated_frac": ramp(0.05, 0.02),
+        }
         s["reward/mean"] = [c + 0.1 * f for c, f in zip(correct, s["reward/format/mean"])]
     rows = []
     for i in range(STEPS):
         row = {"step": i + 1, **{k: float(v[i]) for k, v in s.items()}}
-        row.update({"reward/std": 0.3, "reward/invalid_frac": 0.0, "groups/frac_zero_std/easy": min(1.0, row["groups/frac_zero_std"] + 0.1),
-                    "groups/frac_zero_std/hard": max(0.0, row["groups/frac_zero_std"] - 0.1), "completion/len_max": 48.0,
-                    "loss/policy": 0.01, "loss/kl": 0.0, "loss/total": 0.01, "policy/kl": 0.001 * i, "policy/entropy": 1.0 - 0.01 * i,
-                    "policy/clip_frac_low": 0.01, "policy/clip_frac_high": 0.02, "policy/approx_kl_old": 0.001,
-                    "loss/signal_token_frac": 0.6, "optim/grad_norm": float(2 + rng.random()), "sampler/logp_diff_mean": 0.03,
-                    "sampler/logp_diff_max": 0.5, "sampler/is_weight_min": 1.0, "sampler/is_weight_mean": 1.0,
-                    "sampler/is_weight_max": 1.0, "optim/lr": 5e-6, "time/rollout_s": 8.0, "time/reward_s": 0.001,
-                    "time/update_s": 12.0, "time/step_s": 20.0, "throughput/tokens_per_s": 100.0, "memory/peak_rss_mb": 5000.0})
+        row.update(
+            {
+                "reward/std": 0.3,
+                "reward/invalid_frac": 0.0,
+                "groups/frac_zero_std/easy": min(1.0, row["groups/frac_zero_std"] + 0.1),
+                "groups/frac_zero_std/hard": max(0.0, row["groups/frac_zero_std"] - 0.1),
+                "completion/len_max": 48.0,
+                "loss/policy": 0.01,
+                "loss/kl": 0.0,
+                "loss/total": 0.01,
+                "policy/kl": 0.001 * i,
+                "policy/entropy": 1.0 - 0.01 * i,
+                "policy/clip_frac_low": 0.01,
+                "policy/clip_frac_high": 0.02,
+                "policy/approx_kl_old": 0.001,
+                "loss/signal_token_frac": 0.6,
+                "optim/grad_norm": float(2 + rng.random()),
+                "sampler/logp_diff_mean": 0.03,
+                "sampler/logp_diff_max": 0.5,
+                "sampler/is_weight_min": 1.0,
+                "sampler/is_weight_mean": 1.0,
+                "sampler/is_weight_max": 1.0,
+                "optim/lr": 5e-6,
+                "time/rollout_s": 8.0,
+                "time/reward_s": 0.001,
+                "time/update_s": 12.0,
+                "time/step_s": 20.0,
+                "throughput/tokens_per_s": 100.0,
+                "memory/peak_rss_mb": 5000.0,
+            }
+        )
         if i == 3:
             row["policy/entropy"] = None  # non-finite values are written as null
         if (i + 1) % 10 == 0:
@@ -98,37 +163,80 @@ def samples() -> list[dict]:
     out = []
     for step in range(1, STEPS + 1):
         for j, (comp, r) in enumerate([("3 + 4 = \\boxed{7}", 1.1), ("see http://example.com, it is 8", 0.0)]):
-            out.append({"step": step, "uid": f"arithmetic/3 + 4#{j}", "gold": "7", "completion": comp, "reward": r,
-                        "advantage": 0.7 if r else -0.7, "reward/correct": float(r > 0), "reward/format": float(r > 0)})
+            out.append(
+                {
+                    "step": step,
+                    "uid": f"arithmetic/3 + 4#{j}",
+                    "gold": "7",
+                    "completion": comp,
+                    "reward": r,
+                    "advantage": 0.7 if r else -0.7,
+                    "reward/correct": float(r > 0),
+                    "reward/format": float(r > 0),
+                }
+            )
     return out
 
 
-def eval_json(task: str, models: list[tuple[str, str, list[bool]]], slices=("easy", "hard"), max_new_tokens: int = 48) -> dict:
+def eval_json(
+    task: str, models: list[tuple[str, str, list[bool]]], slices=("easy", "hard"), max_new_tokens: int = 48
+) -> dict:
     """An eval JSON as run_eval writes it; models = [(name, path, correct per item)], the first is the base."""
     n = len(models[0][2])
     rows, first = [], None
     for name, path, correct in models:
-        items = [{"uid": f"{task}/{i}", "slice": slices[i % len(slices)], "gold": str(i),
-                  "completion": f"the answer is {i if c else i + 1}", "correct": c, "length": 10, "truncated": False,
-                  "scores": {"accuracy": float(c)}}
-                 for i, c in enumerate(correct)]
+        items = [
+            {
+                "uid": f"{task}/{i}",
+                "slice": slices[i % len(slices)],
+                "gold": str(i),
+                "completion": f"the answer is {i if c else i + 1}",
+                "correct": c,
+                "length": 10,
+                "truncated": False,
+                "scores": {"accuracy": float(c)},
+            }
+            for i, c in enumerate(correct)
+        ]
         m, lo, hi = bootstrap_ci(np.array(correct, float))
         per = {}
         for s in slices:
             v = np.array([it["correct"] for it in items if it["slice"] == s], float)
             sm, sl, sh = bootstrap_ci(v)
             per[s] = {"accuracy": sm, "ci_low": sl, "ci_high": sh, "n": len(v)}
-        row = {"model": name, "path": path, "method": "greedy", "accuracy": m, "ci_low": lo, "ci_high": hi, "n": n,
-               "per_slice": per, "metrics": {"accuracy": {"mean": m, "ci_low": lo, "ci_high": hi}},
-               "len_mean": 10.0, "truncated_frac": 0.0, "problems_per_s": 5.0, "items": items}
+        row = {
+            "model": name,
+            "path": path,
+            "method": "greedy",
+            "accuracy": m,
+            "ci_low": lo,
+            "ci_high": hi,
+            "n": n,
+            "per_slice": per,
+            "metrics": {"accuracy": {"mean": m, "ci_low": lo, "ci_high": hi}},
+            "len_mean": 10.0,
+            "truncated_frac": 0.0,
+            "problems_per_s": 5.0,
+            "items": items,
+        }
         if first is None:
             first = np.array(correct, float)
         else:
             d, dl, dh = paired_bootstrap_diff(first, np.array(correct, float))
             row["diff_vs_first"] = {"mean": d, "ci_low": dl, "ci_high": dh}
         rows.append(row)
-    return {"task": task, "task_options": {}, "split": "test", "n": n, "data_hash": f"x-{task}", "decoding": "greedy",
-            "max_new_tokens": max_new_tokens, "dtype": "bfloat16", "metric": "math-verify", "models": rows}
+    return {
+        "task": task,
+        "task_options": {},
+        "split": "test",
+        "n": n,
+        "data_hash": f"x-{task}",
+        "decoding": "greedy",
+        "max_new_tokens": max_new_tokens,
+        "dtype": "bfloat16",
+        "metric": "math-verify",
+        "models": rows,
+    }
 
 
 def sampled_json(run: Path, models: list[tuple[str, str, list[int]]], samples: int = 8) -> dict:
@@ -137,14 +245,29 @@ def sampled_json(run: Path, models: list[tuple[str, str, list[int]]], samples: i
     config = json.loads((run / "manifest.json").read_text())["config"]
     rows = []
     for name, path, counts in models:
-        items = [{"uid": f"arithmetic/{i}", "slice": "all", "slices": ["all"], "length": 5, "truncated": False,
-                  "samples": [{"correct": j < c} for j in range(samples)],
-                  "scores": {"accuracy": float(c > 0), f"pass@{samples}": pass_at_k(samples, c, samples)}}
-                 for i, c in enumerate(counts)]
+        items = [
+            {
+                "uid": f"arithmetic/{i}",
+                "slice": "all",
+                "slices": ["all"],
+                "length": 5,
+                "truncated": False,
+                "samples": [{"correct": j < c} for j in range(samples)],
+                "scores": {"accuracy": float(c > 0), f"pass@{samples}": pass_at_k(samples, c, samples)},
+            }
+            for i, c in enumerate(counts)
+        ]
         rows.append(model_row(name, path, summarise(items, 1.0), {"checked": False, "manifest": None}, "sampled"))
     decoding = {"greedy": True, "samples": samples, "temperature": config["rollout"]["temperature"]}
-    return {"task": "arithmetic", "split": "test", "n": len(models[0][2]), "data_hash": "sampled-set", "decoding": decoding,
-            "models": rows, "diversity": eval_settings(config, DiversitySettings(), "float32", f"step-{STEPS}")}
+    return {
+        "task": "arithmetic",
+        "split": "test",
+        "n": len(models[0][2]),
+        "data_hash": "sampled-set",
+        "decoding": decoding,
+        "models": rows,
+        "diversity": eval_settings(config, DiversitySettings(), "float32", f"step-{STEPS}"),
+    }
 
 
 def pattern(p: float, n: int = 80, seed: int = 0) -> list[bool]:
@@ -162,13 +285,20 @@ def make_run(root: Path, name: str, hacked: bool = False, with_safety: bool = Tr
     (run / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in samples()))
     base = pattern(0.3)
     trained = [False] * 80 if hacked else [b or x for b, x in zip(base, pattern(0.6, seed=1))]
-    (run / "eval" / "base_vs_trained.json").write_text(json.dumps(eval_json("arithmetic", [(BASE, BASE, base), (str(run), str(ckpt), trained)])))
+    (run / "eval" / "base_vs_trained.json").write_text(
+        json.dumps(eval_json("arithmetic", [(BASE, BASE, base), (str(run), str(ckpt), trained)]))
+    )
     counts = [int(x) for x in np.random.default_rng(3).integers(0, 9, 64)]
     trained_counts = [0] * 64 if hacked else [max(c, 1) for c in counts]  # the hacked run lost every right sample
-    (run / "eval" / "diversity.json").write_text(json.dumps(sampled_json(run, [(BASE, BASE, counts), (str(run), str(ckpt), trained_counts)])))
+    (run / "eval" / "diversity.json").write_text(
+        json.dumps(sampled_json(run, [(BASE, BASE, counts), (str(run), str(ckpt), trained_counts)]))
+    )
     gsm = pattern(0.2, 50, seed=2)
-    (run / "eval" / "capability_gsm8k.json").write_text(json.dumps(eval_json("gsm8k", [(BASE, BASE, gsm), (str(run), str(ckpt), gsm)], ("all",))))
+    (run / "eval" / "capability_gsm8k.json").write_text(
+        json.dumps(eval_json("gsm8k", [(BASE, BASE, gsm), (str(run), str(ckpt), gsm)], ("all",)))
+    )
     if with_safety:
+
         def fake(model, prompts, max_new_tokens, dtype):
             return ["I'm sorry, I can't help with that."] * len(prompts)
 
@@ -193,9 +323,19 @@ def test_report_contains_every_section(healthy):
     page = (run / "report.html").read_text()
     for sec in SECTIONS:
         assert f'<section id="{sec}">' in page, sec
-    for title in ("Training reward", "Held-out accuracy (periodic eval)", "Response length", "Truncation rate",
-                  "Policy entropy", "Clip fractions", "KL divergence", "Zero-variance groups", "Sampler vs trainer",
-                  "Gradient norm", "Held-out accuracy"):
+    for title in (
+        "Training reward",
+        "Held-out accuracy (periodic eval)",
+        "Response length",
+        "Truncation rate",
+        "Policy entropy",
+        "Clip fractions",
+        "KL divergence",
+        "Zero-variance groups",
+        "Sampler vs trainer",
+        "Gradient norm",
+        "Held-out accuracy",
+    ):
         assert f'alt="{title}' in page, title
     assert page.count('src="data:image/png;base64,') >= 12
     assert "grpolab train configs/quickstart.yaml --set run.name=healthy" in page
@@ -240,18 +380,26 @@ def test_hacked_run_is_not_shipped_and_failures_come_first(hacked):
 
 
 # the demo's configuration: no reference model (beta 0), one pass and one minibatch, correctness-only reward
-DEMO_CONFIG = {"reward": {"weights": {"correct": 1.0, "format": 0.0}},
-               "algorithm": {"preset": "grpo", "beta": 0.0, "kl_placement": "loss", "overlong_buffer": 0},
-               "train": {"steps": STEPS, "lr": 1e-5, "mu": 1, "minibatches": 1}}
+DEMO_CONFIG = {
+    "reward": {"weights": {"correct": 1.0, "format": 0.0}},
+    "algorithm": {"preset": "grpo", "beta": 0.0, "kl_placement": "loss", "overlong_buffer": 0},
+    "train": {"steps": STEPS, "lr": 1e-5, "mu": 1, "minibatches": 1},
+}
 
 
 def test_demo_configuration_shows_na_checks_and_ships_on_the_rest(tmp_path):
     run = make_run(tmp_path, "demo", config=DEMO_CONFIG)
     rep = build_report(run, ReportOptions())
     na = {c.name for c in rep["checks"] if c.status == "N/A"}
-    assert na == {"kl_blowup", "clip_blowup", "bonus_vs_correctness", "reward_follows_length",
-                  "serving_consistency", "rollback_ready"}  # N/A until `grpolab release` ran
-    assert [c.status for c in rep["checks"]][-len(na):] == ["N/A"] * len(na)  # listed last
+    assert na == {
+        "kl_blowup",
+        "clip_blowup",
+        "bonus_vs_correctness",
+        "reward_follows_length",
+        "serving_consistency",
+        "rollback_ready",
+    }  # N/A until `grpolab release` ran
+    assert [c.status for c in rep["checks"]][-len(na) :] == ["N/A"] * len(na)  # listed last
     label, why = rep["verdict"]
     assert label == "ship" and "N/A in this configuration" in why, why
     page = (run / "report.html").read_text()
@@ -275,7 +423,9 @@ def test_old_manifest_without_the_fields_declares_nothing_na(tmp_path):
 
 def test_cli_thresholds_skip_safety_and_strict(tmp_path):
     run = make_run(tmp_path, "cli", with_safety=False)
-    res = CliRunner().invoke(app, ["report", str(run), "--skip-safety", "--threshold", "zero_std_warn=0.95", "--baseline", "base"])
+    res = CliRunner().invoke(
+        app, ["report", str(run), "--skip-safety", "--threshold", "zero_std_warn=0.95", "--baseline", "base"]
+    )
     assert res.exit_code == 0, res.output
     assert "verdict: not established" in res.output and "safety_regression" in res.output
     page = (run / "report.html").read_text()
@@ -314,7 +464,12 @@ def test_capability_task_runs_eval_for_base_and_trained(tmp_path, monkeypatch):
 
     def fake_run_eval(models, task, options, split, limit, max_new_tokens, batch_size, dtype, progress=None):
         calls.append((models, task, options, limit))
-        result = eval_json(task, [(models[0], models[0], pattern(0.5, 40)), (models[1], models[1], [False] * 40)], ("all",), max_new_tokens)
+        result = eval_json(
+            task,
+            [(models[0], models[0], pattern(0.5, 40)), (models[1], models[1], [False] * 40)],
+            ("all",),
+            max_new_tokens,
+        )
         return {**result, "task_options": options}
 
     monkeypatch.setattr("grpolab.evaluation.heldout.run_eval", fake_run_eval)
@@ -338,14 +493,19 @@ def test_capability_on_the_training_generator_with_other_options(tmp_path, monke
     primary = json.loads((run / "eval" / "base_vs_trained.json").read_text())
 
     def fake_run_eval(models, task, options, split, limit, max_new_tokens, batch_size, dtype, progress=None):
-        worse = eval_json(task, [(models[0], models[0], pattern(0.6, 40)), (models[1], models[1], [False] * 40)],
-                          ("all",), max_new_tokens)
+        worse = eval_json(
+            task,
+            [(models[0], models[0], pattern(0.6, 40)), (models[1], models[1], [False] * 40)],
+            ("all",),
+            max_new_tokens,
+        )
         return {**worse, "task_options": options}
 
     monkeypatch.setattr("grpolab.evaluation.heldout.run_eval", fake_run_eval)
     (run / "eval" / "base_vs_trained.json").rename(run / "eval" / "zz_base_vs_trained.json")  # sorts after capability_
-    rep = build_report(run, ReportOptions(capability_task="arithmetic", capability_options={"operators": "*"},
-                                          skip_safety=True))
+    rep = build_report(
+        run, ReportOptions(capability_task="arithmetic", capability_options={"operators": "*"}, skip_safety=True)
+    )
     saved = json.loads((run / "eval" / "capability_arithmetic.json").read_text())
     assert saved["capability"] is True and saved["task_options"] == {"operators": "*"}
     assert rep["heldout"]["source"] == "eval/zz_base_vs_trained.json"
@@ -370,10 +530,21 @@ def test_screenshot_is_not_blank(healthy, tmp_path):
     from PIL import Image
 
     shot = tmp_path / "report.png"
-    cmd = [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-           "--disable-background-networking", "--disable-component-update", "--disable-sync",
-           f"--user-data-dir={tmp_path / 'profile'}", f"--screenshot={shot}", "--window-size=1280,4000",
-           (healthy[0] / "report.html").resolve().as_uri()]
+    cmd = [
+        chromium,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--user-data-dir={tmp_path / 'profile'}",
+        f"--screenshot={shot}",
+        "--window-size=1280,4000",
+        (healthy[0] / "report.html").resolve().as_uri(),
+    ]
     subprocess.run(cmd, capture_output=True, timeout=120)
     assert shot.is_file()
     pixels = np.asarray(Image.open(shot).convert("L"), dtype=float)

@@ -44,8 +44,11 @@ T = Thresholds()
 N = 30
 # a config in which every check applies: a reference model (beta > 0), several optimizer steps per batch
 # (mu = 2), a rewarded format bonus
-CFG = {"algorithm": {"beta": 0.04, "kl_placement": "loss", "overlong_buffer": 0}, "train": {"mu": 2, "minibatches": 1},
-       "reward": {"weights": {"correct": 1.0, "format": 0.1}}}
+CFG = {
+    "algorithm": {"beta": 0.04, "kl_placement": "loss", "overlong_buffer": 0},
+    "train": {"mu": 2, "minibatches": 1},
+    "reward": {"weights": {"correct": 1.0, "format": 0.1}},
+}
 
 
 def ramp(a: float, b: float, n: int = N) -> list[float]:
@@ -117,26 +120,43 @@ def test_reward_vs_heldout():
 def design_pitfall() -> list[dict]:
     """A reward-hacked run: the format bonus is farmed, nothing is correct, every group has zero variance,
     completions run into the token limit (truncated share 0.31 -> 0.88)."""
+
     def plateau(a: float, b: float) -> list[float]:  # reaches b by step 11 and stays there
         return ramp(a, b, 11) + [b] * (N - 11)
 
-    return history(**{
-        "reward__mean": plateau(0.05, 0.1), "reward__correct__mean": plateau(0.05, 0.0),
-        "reward__format__mean": plateau(0.5, 1.0),
-        "groups__frac_zero_std": ramp(0.4, 1.0), "completion__len_mean": ramp(30, 60),
-        "completion__truncated_frac": ramp(0.31, 0.88), "policy__entropy": ramp(1.2, 0.9),
-    })
+    return history(
+        **{
+            "reward__mean": plateau(0.05, 0.1),
+            "reward__correct__mean": plateau(0.05, 0.0),
+            "reward__format__mean": plateau(0.5, 1.0),
+            "groups__frac_zero_std": ramp(0.4, 1.0),
+            "completion__len_mean": ramp(30, 60),
+            "completion__truncated_frac": ramp(0.31, 0.88),
+            "policy__entropy": ramp(1.2, 0.9),
+        }
+    )
 
 
 def healthy() -> list[dict]:
-    return history(**{
-        "reward__mean": ramp(0.2, 0.7), "reward__correct__mean": ramp(0.2, 0.7), "reward__format__mean": ramp(0.6, 0.7),
-        "groups__frac_zero_std": ramp(0.2, 0.35), "groups__frac_zero_std__easy": ramp(0.3, 0.45),
-        "groups__frac_zero_std__hard": ramp(0.2, 0.3), "completion__len_mean": [30 + (i % 5) for i in range(N)],
-        "completion__truncated_frac": ramp(0.05, 0.02), "policy__entropy": ramp(1.0, 0.8), "policy__kl": ramp(0, 0.02),
-        "policy__approx_kl_old": 0.001, "policy__clip_frac_low": 0.01, "policy__clip_frac_high": 0.02,
-        "sampler__logp_diff_mean": 0.03, "sampler__logp_diff_max": 0.6,
-    })
+    return history(
+        **{
+            "reward__mean": ramp(0.2, 0.7),
+            "reward__correct__mean": ramp(0.2, 0.7),
+            "reward__format__mean": ramp(0.6, 0.7),
+            "groups__frac_zero_std": ramp(0.2, 0.35),
+            "groups__frac_zero_std__easy": ramp(0.3, 0.45),
+            "groups__frac_zero_std__hard": ramp(0.2, 0.3),
+            "completion__len_mean": [30 + (i % 5) for i in range(N)],
+            "completion__truncated_frac": ramp(0.05, 0.02),
+            "policy__entropy": ramp(1.0, 0.8),
+            "policy__kl": ramp(0, 0.02),
+            "policy__approx_kl_old": 0.001,
+            "policy__clip_frac_low": 0.01,
+            "policy__clip_frac_high": 0.02,
+            "sampler__logp_diff_mean": 0.03,
+            "sampler__logp_diff_max": 0.6,
+        }
+    )
 
 
 def test_bonus_grew_while_correctness_did_not():
@@ -190,7 +210,11 @@ def test_truncation_drift():
 
 def test_entropy_collapse():
     collapsed = check_entropy_collapse(history(policy__entropy=[1.0] * 6 + [0.5] * 18 + [0.01] * 6), T)
-    assert collapsed.status == WARN and "x0.01 < x0.5, late < 0.02" in collapsed.reason and "pass_at_k_diversity" in collapsed.reason
+    assert (
+        collapsed.status == WARN
+        and "x0.01 < x0.5, late < 0.02" in collapsed.reason
+        and "pass_at_k_diversity" in collapsed.reason
+    )
     assert check_entropy_collapse(history(policy__entropy=ramp(1.0, 0.3)), T).status == WARN
     # the demo's x0.19 against the old x0.2 FAIL line (issue 26): a WARN with its numbers on every machine
     demo = check_entropy_collapse(history(policy__entropy=[1.0] * 6 + [0.6] * 18 + [0.19] * 6), T)
@@ -207,7 +231,12 @@ def test_kl_blowup():
 
 
 def test_clip_blowup():
-    assert check_clip_blowup(history(policy__clip_frac_low=ramp(0, 0.3), policy__clip_frac_high=ramp(0, 0.4)), CFG, T).status == WARN
+    assert (
+        check_clip_blowup(
+            history(policy__clip_frac_low=ramp(0, 0.3), policy__clip_frac_high=ramp(0, 0.4)), CFG, T
+        ).status
+        == WARN
+    )
     assert check_clip_blowup(healthy(), CFG, T).status == PASS
 
 
@@ -223,7 +252,9 @@ def test_training_checks_flag_the_design_pitfall():
     assert by_name["reward_vs_heldout"].status == FAIL  # tied to the held-out interval: evidence of no transfer
     for name in ("bonus_vs_correctness", "reward_follows_length", "zero_variance_groups", "truncation_drift"):
         assert by_name[name].status == WARN, (name, by_name[name].reason)
-    assert [c.name for c in training_checks(design_pitfall(), CFG, heldout, T) if c.status == FAIL] == ["reward_vs_heldout"]
+    assert [c.name for c in training_checks(design_pitfall(), CFG, heldout, T) if c.status == FAIL] == [
+        "reward_vs_heldout"
+    ]
     healthy_checks = training_checks(healthy(), CFG, {"diff": ci(0.2, 0.05)}, T)
     assert [c.name for c in healthy_checks if c.status != PASS] == []
 
@@ -243,7 +274,13 @@ def test_improvement_is_interval_aware():
 
 
 def capability(mean: float, half: float) -> dict:
-    return {"task": "gsm8k", "n": 50, "base": {"accuracy": 0.3}, "trained": {"accuracy": 0.3 + mean}, "diff": ci(mean, half)}
+    return {
+        "task": "gsm8k",
+        "n": 50,
+        "base": {"accuracy": 0.3},
+        "trained": {"accuracy": 0.3 + mean},
+        "diff": ci(mean, half),
+    }
 
 
 def test_capability_regression():
@@ -281,7 +318,11 @@ def test_safety_regression():
 
 
 def test_reproducibility():
-    clean = {"command": "grpolab train x.yaml", "git": {"commit": "abc", "dirty": False}, "hashes": {"model_weights": "h"}}
+    clean = {
+        "command": "grpolab train x.yaml",
+        "git": {"commit": "abc", "dirty": False},
+        "hashes": {"model_weights": "h"},
+    }
     assert check_reproducibility(clean).status == PASS
     dirty = check_reproducibility({**clean, "git": {"commit": "abc", "dirty": True}})
     assert dirty.status == WARN and "uncommitted" in dirty.reason
@@ -290,8 +331,11 @@ def test_reproducibility():
 
 
 def test_verdict_and_order():
-    ok = [check_improvement({"diff": ci(0.1, 0.05)}, T), check_safety(safety(1, 1), T),
-          check_capability([capability(0.0, 0.05)], T)]
+    ok = [
+        check_improvement({"diff": ci(0.1, 0.05)}, T),
+        check_safety(safety(1, 1), T),
+        check_capability([capability(0.0, 0.05)], T),
+    ]
     assert verdict(ok)[0] == SHIP
     failing = ok + [check_safety(safety(1, 9), T)]
     label, why = verdict(failing)
@@ -312,8 +356,13 @@ def test_safety_prompt_set_and_heuristic():
     assert 25 <= len(prompts) <= 40 and len({p["id"] for p in prompts}) == len(prompts)
     assert {"weapons", "malware", "fraud"} <= {p["category"] for p in prompts}
     assert all(json.loads(line)["prompt"].strip() for line in PROMPTS_FILE.read_text().splitlines())
-    for text in ("I'm sorry, but I can't help with that.", "I cannot provide instructions for that.",
-                 "As an AI, I must decline.", "I won’t do that.", ""):
+    for text in (
+        "I'm sorry, but I can't help with that.",
+        "I cannot provide instructions for that.",
+        "As an AI, I must decline.",
+        "I won’t do that.",
+        "",
+    ):
         assert is_refusal(text), text
     for text in ("Sure! Here are the steps:", "Step 1: gather the materials."):
         assert not is_refusal(text), text

@@ -26,9 +26,17 @@ T = Thresholds()
 
 
 def evidence(mean: float, lo: float, hi: float) -> dict:
-    return {"k": 8, "samples": 8, "temperature": 0.8, "n": 64, "source": "eval/diversity.json",
-            "base": {"mean": 0.8, "ci_low": 0.7, "ci_high": 0.9}, "trained": {"mean": 0.8 + mean, "ci_low": 0, "ci_high": 1},
-            "diff": {"mean": mean, "ci_low": lo, "ci_high": hi}, "pass1": {"mean": 0.2, "ci_low": 0.1, "ci_high": 0.3}}
+    return {
+        "k": 8,
+        "samples": 8,
+        "temperature": 0.8,
+        "n": 64,
+        "source": "eval/diversity.json",
+        "base": {"mean": 0.8, "ci_low": 0.7, "ci_high": 0.9},
+        "trained": {"mean": 0.8 + mean, "ci_low": 0, "ci_high": 1},
+        "diff": {"mean": mean, "ci_low": lo, "ci_high": hi},
+        "pass1": {"mean": 0.2, "ci_low": 0.1, "ci_high": 0.3},
+    }
 
 
 def test_diversity_check_fail_warn_pass_na():
@@ -47,9 +55,19 @@ def test_diversity_check_fail_warn_pass_na():
 
 
 def sampled(models: list[tuple[str, str, list[list[bool]]]], temperature: float = 0.8) -> dict:
-    rows = [{"model": name, "path": path, "items": [{"uid": f"p{i}", "samples": [{"correct": c} for c in s]}
-                                                    for i, s in enumerate(per)]} for name, path, per in models]
-    return {"task": "arithmetic", "decoding": {"samples": len(models[0][2][0]), "temperature": temperature}, "models": rows}
+    rows = [
+        {
+            "model": name,
+            "path": path,
+            "items": [{"uid": f"p{i}", "samples": [{"correct": c} for c in s]} for i, s in enumerate(per)],
+        }
+        for name, path, per in models
+    ]
+    return {
+        "task": "arithmetic",
+        "decoding": {"samples": len(models[0][2][0]), "temperature": temperature},
+        "models": rows,
+    }
 
 
 def test_diversity_comparison_hand_computed():
@@ -67,8 +85,12 @@ def test_diversity_comparison_hand_computed():
         DiversitySettings(samples=4)
 
 
-CONFIG = {"model": {"name": "bundled:smollm2-135m-instruct"}, "task": {"name": "arithmetic", "options": {"max_operand": 20}},
-          "rollout": {"temperature": 0.8, "top_p": 1.0, "max_new_tokens": 48}, "eval": {"split": "test"}}
+CONFIG = {
+    "model": {"name": "bundled:smollm2-135m-instruct"},
+    "task": {"name": "arithmetic", "options": {"max_operand": 20}},
+    "rollout": {"temperature": 0.8, "top_p": 1.0, "max_new_tokens": 48},
+    "eval": {"split": "test"},
+}
 
 
 def checkpointed(tmp_path: Path, step: int) -> Path:
@@ -81,45 +103,78 @@ def checkpointed(tmp_path: Path, step: int) -> Path:
 def test_run_diversity_samples_at_the_training_temperature_and_caches(tmp_path, monkeypatch):
     calls = []
 
-    def fake_run_eval(models, task, options, split, limit, max_new_tokens, batch_size, dtype, samples, temperature, top_p, seed,
-                      progress=None):
+    def fake_run_eval(
+        models,
+        task,
+        options,
+        split,
+        limit,
+        max_new_tokens,
+        batch_size,
+        dtype,
+        samples,
+        temperature,
+        top_p,
+        seed,
+        progress=None,
+    ):
         calls.append((models, task, options, split, limit, max_new_tokens, samples, temperature, top_p))
         n = 30  # at the minimum of evidence (min_diversity_problems)
-        return sampled([(models[0], models[0], [[True] + [False] * 7] * n), (models[1], models[1], [[False] * 8] * n)],
-                       temperature)
+        return sampled(
+            [(models[0], models[0], [[True] + [False] * 7] * n), (models[1], models[1], [[False] * 8] * n)], temperature
+        )
 
     monkeypatch.setattr("grpolab.evaluation.heldout.run_eval", fake_run_eval)
     run = checkpointed(tmp_path, 10)
     d, note = run_diversity(run, latest_checkpoint(run), CONFIG, "base", DiversitySettings(), "float32", lambda s: None)
-    assert note == "" and calls == [(["base", str(run / "checkpoints" / "step-10")], "arithmetic", {"max_operand": 20}, "test", 64, 48, 8, 0.8, 1.0)]
+    assert note == "" and calls == [
+        (["base", str(run / "checkpoints" / "step-10")], "arithmetic", {"max_operand": 20}, "test", 64, 48, 8, 0.8, 1.0)
+    ]
     assert d["diff"]["mean"] == -1.0 and check_diversity(d, note, T).status == FAIL
     assert json.loads((run / "eval" / CACHE_NAME).read_text())["diversity"]["checkpoint"] == "step-10"
     run_diversity(run, latest_checkpoint(run), CONFIG, "base", DiversitySettings(), "float32", lambda s: None)
     assert len(calls) == 1  # cached
     checkpointed(tmp_path, 20)  # a newer checkpoint: the cache no longer describes the trained model
     run_diversity(run, latest_checkpoint(run), CONFIG, "base", DiversitySettings(), "float32", lambda s: None)
-    run_diversity(run, latest_checkpoint(run), CONFIG, "base", DiversitySettings(n_problems=32), "float32", lambda s: None)
+    run_diversity(
+        run, latest_checkpoint(run), CONFIG, "base", DiversitySettings(n_problems=32), "float32", lambda s: None
+    )
     assert len(calls) == 3 and calls[-1][4] == 32
 
 
 def test_run_diversity_not_measured_reasons(tmp_path):
     (tmp_path / "empty").mkdir()
     assert run_diversity(tmp_path / "empty", None, CONFIG, "b", DiversitySettings(), "float32", print) == (
-        None, "the run directory has no complete checkpoint to sample")
+        None,
+        "the run directory has no complete checkpoint to sample",
+    )
     agent = {**CONFIG, "task": {"name": "agent"}}
     d, note = run_diversity(tmp_path / "empty", None, agent, "b", DiversitySettings(), "float32", print)
     assert d is None and "one greedy episode" in note
     with pytest.raises(GrpolabError, match="config.rollout.temperature"):
-        run_diversity(checkpointed(tmp_path, 1), tmp_path / "run" / "checkpoints" / "step-1", {"task": {"name": "arithmetic"}}, "b", DiversitySettings(), "float32", print)
+        run_diversity(
+            checkpointed(tmp_path, 1),
+            tmp_path / "run" / "checkpoints" / "step-1",
+            {"task": {"name": "arithmetic"}},
+            "b",
+            DiversitySettings(),
+            "float32",
+            print,
+        )
 
 
 # ---------------------------------------------------------------- the verdict of demo-like evidence
 
-DEMO = {"reward": {"weights": {"correct": 1.0, "format": 0.0}},
-        "algorithm": {"preset": "grpo", "beta": 0.0, "kl_placement": "loss", "overlong_buffer": 0},
-        "train": {"mu": 1, "minibatches": 1}}
-MANIFEST = {"command": "grpolab train configs/quickstart.yaml", "git": {"commit": "abc", "dirty": False},
-            "hashes": {"model_weights": "h"}}
+DEMO = {
+    "reward": {"weights": {"correct": 1.0, "format": 0.0}},
+    "algorithm": {"preset": "grpo", "beta": 0.0, "kl_placement": "loss", "overlong_buffer": 0},
+    "train": {"mu": 1, "minibatches": 1},
+}
+MANIFEST = {
+    "command": "grpolab train configs/quickstart.yaml",
+    "git": {"commit": "abc", "dirty": False},
+    "hashes": {"model_weights": "h"},
+}
 
 
 def demo_rows(entropy_late: float = 0.19) -> list[dict]:
@@ -127,20 +182,42 @@ def demo_rows(entropy_late: float = 0.19) -> list[dict]:
     rows = []
     for i in range(30):
         c = 0.3 + 0.3 * i / 29
-        rows.append({"step": i + 1, "reward/mean": c, "reward/correct/mean": c, "groups/frac_zero_std": 0.3,
-                     "completion/len_mean": 20.0 + i % 3, "completion/truncated_frac": 0.05 - 0.001 * i,
-                     "policy/entropy": 1.0 if i < 6 else (entropy_late if i >= 24 else 0.6),
-                     "sampler/logp_diff_mean": 0.0, "sampler/logp_diff_max": 0.0})
+        rows.append(
+            {
+                "step": i + 1,
+                "reward/mean": c,
+                "reward/correct/mean": c,
+                "groups/frac_zero_std": 0.3,
+                "completion/len_mean": 20.0 + i % 3,
+                "completion/truncated_frac": 0.05 - 0.001 * i,
+                "policy/entropy": 1.0 if i < 6 else (entropy_late if i >= 24 else 0.6),
+                "sampler/logp_diff_mean": 0.0,
+                "sampler/logp_diff_max": 0.0,
+            }
+        )
     return rows
 
 
 def demo_evidence(diversity: dict | None) -> dict:
     prompts = [{"id": str(i), "category": "x", "prompt": "p"} for i in range(30)]
-    return {"heldout": {"diff": {"mean": 0.259, "ci_low": 0.199, "ci_high": 0.320, "n": 266}, "source": "eval/base_vs_trained.json"},
-            "capability": [{"task": "arithmetic", "n": 100, "base": {"accuracy": 0.2}, "trained": {"accuracy": 0.456},
-                            "diff": {"mean": 0.256, "ci_low": 0.077, "ci_high": 0.436}}],
-            "safety": summarize(prompts, ["I cannot."] * 30, ["I cannot."] * 30), "diversity": diversity,
-            "diversity_note": "skipped with --skip-diversity"}
+    return {
+        "heldout": {
+            "diff": {"mean": 0.259, "ci_low": 0.199, "ci_high": 0.320, "n": 266},
+            "source": "eval/base_vs_trained.json",
+        },
+        "capability": [
+            {
+                "task": "arithmetic",
+                "n": 100,
+                "base": {"accuracy": 0.2},
+                "trained": {"accuracy": 0.456},
+                "diff": {"mean": 0.256, "ci_low": 0.077, "ci_high": 0.436},
+            }
+        ],
+        "safety": summarize(prompts, ["I cannot."] * 30, ["I cannot."] * 30),
+        "diversity": diversity,
+        "diversity_note": "skipped with --skip-diversity",
+    }
 
 
 def test_demo_with_collapsed_entropy_and_a_clear_gain_ships_with_a_warning():
@@ -165,6 +242,8 @@ def test_demo_whose_pass_at_8_dropped_beyond_its_interval_is_not_shipped():
 
 def test_entropy_ratio_either_side_of_the_old_fail_line_gives_the_same_verdict():
     """x0.19 and x0.21 (the old FAIL line was x0.2): the same WARN and the same verdict on every machine."""
-    verdicts = {verdict(all_checks(demo_rows(late), [], DEMO, [MANIFEST], demo_evidence(evidence(0.0, 0.0, 0.0)), T))[0]
-                for late in (0.19, 0.21, 0.01)}
+    verdicts = {
+        verdict(all_checks(demo_rows(late), [], DEMO, [MANIFEST], demo_evidence(evidence(0.0, 0.0, 0.0)), T))[0]
+        for late in (0.19, 0.21, 0.01)
+    }
     assert verdicts == {SHIP}

@@ -43,10 +43,18 @@ def history(**series: list[float] | float) -> list[dict]:
 
 def config(beta=0.0, mu=1, minibatches=1, weights=None, **algorithm) -> dict:
     """A resolved config as in manifest.json; the demo's values by default (no KL, one pass, correctness only)."""
-    return {"algorithm": {"beta": beta, "kl_placement": "loss", "overlong_buffer": 0, "surrogate": "ppo_clip",
-                          "dynamic_sampling": False, **algorithm},
-            "train": {"mu": mu, "minibatches": minibatches},
-            "reward": {"weights": {"correct": 1.0, "format": 0.0} if weights is None else weights}}
+    return {
+        "algorithm": {
+            "beta": beta,
+            "kl_placement": "loss",
+            "overlong_buffer": 0,
+            "surrogate": "ppo_clip",
+            "dynamic_sampling": False,
+            **algorithm,
+        },
+        "train": {"mu": mu, "minibatches": minibatches},
+        "reward": {"weights": {"correct": 1.0, "format": 0.0} if weights is None else weights},
+    }
 
 
 DEMO = config()
@@ -61,13 +69,23 @@ def ci(mean: float, half: float, n: int = 100) -> dict:
 def demo_history() -> list[dict]:
     """What the demo logs: KL, old-policy drift and clip fractions are exactly 0; reward == correctness."""
     correct = ramp(0.2, 0.7)
-    return history(**{
-        "reward__mean": correct, "reward__correct__mean": correct, "reward__format__mean": ramp(0.6, 0.7),
-        "groups__frac_zero_std": ramp(0.2, 0.35), "completion__len_mean": [30 + (i % 5) for i in range(N)],
-        "completion__truncated_frac": ramp(0.05, 0.02), "policy__entropy": ramp(1.0, 0.8), "policy__kl": 0.0,
-        "policy__approx_kl_old": 0.0, "policy__clip_frac_low": 0.0, "policy__clip_frac_high": 0.0,
-        "sampler__logp_diff_mean": 0.03, "sampler__logp_diff_max": 0.6,
-    })
+    return history(
+        **{
+            "reward__mean": correct,
+            "reward__correct__mean": correct,
+            "reward__format__mean": ramp(0.6, 0.7),
+            "groups__frac_zero_std": ramp(0.2, 0.35),
+            "completion__len_mean": [30 + (i % 5) for i in range(N)],
+            "completion__truncated_frac": ramp(0.05, 0.02),
+            "policy__entropy": ramp(1.0, 0.8),
+            "policy__kl": 0.0,
+            "policy__approx_kl_old": 0.0,
+            "policy__clip_frac_low": 0.0,
+            "policy__clip_frac_high": 0.0,
+            "sampler__logp_diff_mean": 0.03,
+            "sampler__logp_diff_max": 0.6,
+        }
+    )
 
 
 # ---------------------------------------------------------------- N/A: kl_blowup
@@ -96,7 +114,9 @@ def test_kl_blowup_grades_only_the_applicable_part():
     # both parts apply: the worse counts
     assert C.check_kl_blowup(history(policy__kl=0.01, policy__approx_kl_old=0.9), FULL, T).status == C.WARN
     # mu = 1 but two minibatches: the second optimizer step sees a moved policy, so drift applies
-    assert C.check_kl_blowup(history(policy__approx_kl_old=0.9), config(beta=0.0, mu=1, minibatches=2), T).status == C.WARN
+    assert (
+        C.check_kl_blowup(history(policy__approx_kl_old=0.9), config(beta=0.0, mu=1, minibatches=2), T).status == C.WARN
+    )
 
 
 def test_kl_blowup_applicable_part_without_its_metric_is_not_measured():
@@ -134,15 +154,21 @@ def test_code_runs_judge_bonuses_and_length_against_the_code_correctness_compone
     """A code run has no `correct` component: pass_fraction (or all_pass) is its correctness, so the hacking checks
     are N/A when it is the whole reward and judge a bonus against it otherwise, instead of 'too few steps'."""
     code_only = config(weights={"pass_fraction": 1.0})
-    rows = history(reward__mean=ramp(0.2, 0.5), completion__len_mean=ramp(60, 30),
-                   reward__pass_fraction__mean=ramp(0.2, 0.5), reward__format__mean=ramp(0.0, 1.0))
+    rows = history(
+        reward__mean=ramp(0.2, 0.5),
+        completion__len_mean=ramp(60, 30),
+        reward__pass_fraction__mean=ramp(0.2, 0.5),
+        reward__format__mean=ramp(0.0, 1.0),
+    )
     assert C.check_format_vs_correct(rows, {"pass_fraction": 1.0}, T).status == NA
     assert C.check_reward_length_corr(rows, code_only, T).status == NA
     flat = [{**r, "reward/pass_fraction/mean": 0.3} for r in rows]  # the bonus grew, passing did not
     farmed = C.check_format_vs_correct(flat, {"pass_fraction": 1.0, "format": 0.2}, T)
     assert farmed.status == C.WARN and farmed.numbers["correct_early"] == 0.3 and "farming" in farmed.reason
     both = C.check_format_vs_correct(flat, {"all_pass": 1.0, "pass_fraction": 0.5}, T)
-    assert both.status == NA and not both.measured and "reward/all_pass/mean" in both.reason  # all_pass not logged: too little evidence
+    assert (
+        both.status == NA and not both.measured and "reward/all_pass/mean" in both.reason
+    )  # all_pass not logged: too little evidence
     length = C.check_reward_length_corr(rows, config(weights={"pass_fraction": 1.0, "format": 0.2}), T)
     assert length.status == C.PASS and length.numbers["corr_reward_correct"] == 1.0
 
@@ -170,8 +196,11 @@ def test_reward_follows_length_is_na_when_the_reward_is_correctness():
     r = C.check_reward_length_corr(demo_history(), DEMO, T)
     assert r.status == NA and "correct" in r.reason
     # any other term in the reward makes the check applicable again
-    for cfg in (config(weights={"correct": 1.0, "format": 0.1}), config(overlong_buffer=16),
-                config(beta=0.04, kl_placement="reward")):
+    for cfg in (
+        config(weights={"correct": 1.0, "format": 0.1}),
+        config(overlong_buffer=16),
+        config(beta=0.04, kl_placement="reward"),
+    ):
         assert C.check_reward_length_corr(demo_history(), cfg, T).status == C.PASS, cfg
     # with KL in the loss (not in the reward) the logged reward is still correctness
     assert C.check_reward_length_corr(demo_history(), config(beta=0.04, kl_placement="loss"), T).status == NA
@@ -193,15 +222,20 @@ def test_missing_config_fields_are_unknown_never_na():
     assert C.check_format_vs_correct(hacked, None, T).status == C.WARN
     assert C.check_format_vs_correct(history(reward__correct__mean=0.3), None, T).status == NA
     # the trainer's penalties (overlong, KL in the reward) are logged as components but are not bonuses
-    penalties = history(reward__correct__mean=0.3, reward__overlong__mean=ramp(-1.0, 0.0),
-                        reward__kl_penalty__mean=ramp(0.0, 0.5))
+    penalties = history(
+        reward__correct__mean=0.3, reward__overlong__mean=ramp(-1.0, 0.0), reward__kl_penalty__mean=ramp(0.0, 0.5)
+    )
     assert C.check_format_vs_correct(penalties, None, T).status == NA
 
 
 def test_training_checks_take_the_config_and_mark_the_demo():
     by_name = {c.name: c for c in C.training_checks(demo_history(), DEMO, {"diff": ci(0.2, 0.05)}, T)}
-    assert {n for n, c in by_name.items() if c.status == NA} == {"kl_blowup", "clip_blowup", "bonus_vs_correctness",
-                                                                 "reward_follows_length"}
+    assert {n for n, c in by_name.items() if c.status == NA} == {
+        "kl_blowup",
+        "clip_blowup",
+        "bonus_vs_correctness",
+        "reward_follows_length",
+    }
     assert {c.status for c in by_name.values()} == {C.PASS, NA}
     full = C.training_checks(demo_history(), FULL, {"diff": ci(0.2, 0.05)}, T)
     assert [c.name for c in full if c.status == NA] == []
@@ -213,7 +247,9 @@ def test_training_checks_take_the_config_and_mark_the_demo():
 def thirty_prompts(base: int, trained: int) -> dict:
     """The safety summary of 30 prompts: the base complies with the first `base`, the trained model the first `trained`."""
     prompts = [{"id": str(i), "category": "x", "prompt": "p"} for i in range(30)]
-    return summarize(prompts, ["Sure."] * base + ["I cannot."] * (30 - base), ["Sure."] * trained + ["I cannot."] * (30 - trained))
+    return summarize(
+        prompts, ["Sure."] * base + ["I cannot."] * (30 - base), ["Sure."] * trained + ["I cannot."] * (30 - trained)
+    )
 
 
 def passing_gates() -> list:
@@ -279,24 +315,36 @@ def test_reward_follows_length_pass_names_the_condition_that_held():
 
 def test_bonus_pass_says_whether_correctness_rose_with_the_bonus():
     weights = {"correct": 1.0, "format": 0.1}
-    with_correct = C.check_format_vs_correct(history(reward__correct__mean=ramp(0.2, 0.7),
-                                                     reward__format__mean=ramp(0.0, 1.0)), weights, T)
+    with_correct = C.check_format_vs_correct(
+        history(reward__correct__mean=ramp(0.2, 0.7), reward__format__mean=ramp(0.0, 1.0)), weights, T
+    )
     assert with_correct.status == C.PASS and "format" in with_correct.reason and "rose too" in with_correct.reason
     quiet = C.check_format_vs_correct(history(reward__correct__mean=0.3, reward__format__mean=0.5), weights, T)
     assert quiet.status == C.PASS and "no rewarded bonus grew" in quiet.reason
     # a rewarded bonus with too few values: not a silent pass
-    sparse = C.check_format_vs_correct(history(reward__correct__mean=0.3, reward__format__mean=[0.5] + [None] * (N - 1)),
-                                       weights, T)
+    sparse = C.check_format_vs_correct(
+        history(reward__correct__mean=0.3, reward__format__mean=[0.5] + [None] * (N - 1)), weights, T
+    )
     assert sparse.status == NA and not sparse.measured and sparse.reason.startswith("too little evidence")
 
 
-HEALTHY = history(**{
-    "reward__mean": ramp(0.2, 0.7), "reward__correct__mean": ramp(0.2, 0.7), "reward__format__mean": ramp(0.6, 0.7),
-    "groups__frac_zero_std": ramp(0.2, 0.35), "completion__len_mean": [30 + (i % 5) for i in range(N)],
-    "completion__truncated_frac": ramp(0.05, 0.02), "policy__entropy": ramp(1.0, 0.8), "policy__kl": ramp(0, 0.02),
-    "policy__approx_kl_old": 0.001, "policy__clip_frac_low": 0.01, "policy__clip_frac_high": 0.02,
-    "sampler__logp_diff_mean": 0.03, "sampler__logp_diff_max": 0.6,
-})
+HEALTHY = history(
+    **{
+        "reward__mean": ramp(0.2, 0.7),
+        "reward__correct__mean": ramp(0.2, 0.7),
+        "reward__format__mean": ramp(0.6, 0.7),
+        "groups__frac_zero_std": ramp(0.2, 0.35),
+        "completion__len_mean": [30 + (i % 5) for i in range(N)],
+        "completion__truncated_frac": ramp(0.05, 0.02),
+        "policy__entropy": ramp(1.0, 0.8),
+        "policy__kl": ramp(0, 0.02),
+        "policy__approx_kl_old": 0.001,
+        "policy__clip_frac_low": 0.01,
+        "policy__clip_frac_high": 0.02,
+        "sampler__logp_diff_mean": 0.03,
+        "sampler__logp_diff_max": 0.6,
+    }
+)
 
 
 def test_every_training_pass_reason_states_its_threshold():
@@ -319,14 +367,22 @@ def test_safety_pass_with_a_tolerated_increase_does_not_claim_no_increase():
 def dynamic_history() -> list[dict]:
     """Dynamic sampling drops zero-variance groups: the kept batch (kept/...) looks healthy while the sampled
     batch (the unprefixed names) shows truncation taking over, a farmed bonus and dead groups."""
-    return history(**{
-        "reward__mean": ramp(0.1, 0.2), "reward__correct__mean": ramp(0.1, 0.0), "reward__format__mean": ramp(0.2, 1.0),
-        "completion__len_mean": ramp(30, 47), "completion__truncated_frac": ramp(0.1, 0.7),
-        "groups__frac_zero_std": ramp(0.3, 1.0),
-        "kept__reward__mean": ramp(0.4, 0.6), "kept__reward__correct__mean": ramp(0.4, 0.6),
-        "kept__reward__format__mean": ramp(0.9, 1.0), "kept__completion__len_mean": 30.0,
-        "kept__completion__truncated_frac": 0.02, "kept__groups__frac_zero_std": 0.0,
-    })
+    return history(
+        **{
+            "reward__mean": ramp(0.1, 0.2),
+            "reward__correct__mean": ramp(0.1, 0.0),
+            "reward__format__mean": ramp(0.2, 1.0),
+            "completion__len_mean": ramp(30, 47),
+            "completion__truncated_frac": ramp(0.1, 0.7),
+            "groups__frac_zero_std": ramp(0.3, 1.0),
+            "kept__reward__mean": ramp(0.4, 0.6),
+            "kept__reward__correct__mean": ramp(0.4, 0.6),
+            "kept__reward__format__mean": ramp(0.9, 1.0),
+            "kept__completion__len_mean": 30.0,
+            "kept__completion__truncated_frac": 0.02,
+            "kept__groups__frac_zero_std": 0.0,
+        }
+    )
 
 
 def test_checks_read_the_sampled_batch_not_the_kept_one():
@@ -341,7 +397,13 @@ def test_checks_read_the_sampled_batch_not_the_kept_one():
 
 def test_no_check_reads_a_kept_metric():
     """A history with only kept/ names gives every metric-history check nothing to read."""
-    kept_only = [{"step": r["step"], **{k: v for k, v in r.items() if k.startswith("kept/")}} for r in dynamic_history()]
-    for c in C.training_checks(kept_only, config(weights={"correct": 1.0, "format": 0.1}, dynamic_sampling=True, mu=2),
-                               {"diff": ci(0.1, 0.05)}, T):
+    kept_only = [
+        {"step": r["step"], **{k: v for k, v in r.items() if k.startswith("kept/")}} for r in dynamic_history()
+    ]
+    for c in C.training_checks(
+        kept_only,
+        config(weights={"correct": 1.0, "format": 0.1}, dynamic_sampling=True, mu=2),
+        {"diff": ci(0.1, 0.05)},
+        T,
+    ):
         assert c.status in (C.WARN, NA) and not c.measured, (c.name, c.status, c.reason)  # not measured / too little

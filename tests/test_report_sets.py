@@ -71,7 +71,9 @@ def test_set_of_agreeing_runs_ships_and_its_interval_is_that_of_the_pooled_runs(
     d, d1 = rep["heldout"]["diff"], one["heldout"]["diff"]
     pooled = paired_interval(np.array(pattern(0.3), float), np.array(better(11), float))  # one run's t interval
     assert d["mean"] == pytest.approx(d1["mean"]) and d["runs"] == 3 and d["n"] == N
-    assert (d["mean"], d["ci_low"], d["ci_high"]) == pytest.approx((pooled["mean"], pooled["ci_low"], pooled["ci_high"]), abs=1e-12)
+    assert (d["mean"], d["ci_low"], d["ci_high"]) == pytest.approx(
+        (pooled["mean"], pooled["ci_low"], pooled["ci_high"]), abs=1e-12
+    )
     div = next(c for c in rep["checks"] if c.name == "pass_at_k_diversity")
     assert div.status == "PASS" and "of 3 runs" in div.numbers["source"]
     assert (tmp_path / "out" / "report.html").is_file()
@@ -128,19 +130,29 @@ def test_cli_report_takes_several_runs(tmp_path):
 
 
 def row(name: str, scores: list[float], manifest: Path | None = None) -> dict:
-    return {"model": name, "items": [{"uid": f"u{i}", "scores": {"accuracy": s}} for i, s in enumerate(scores)],
-            "held_out": {"checked": manifest is not None, "manifest": str(manifest) if manifest else None}}
+    return {
+        "model": name,
+        "items": [{"uid": f"u{i}", "scores": {"accuracy": s}} for i, s in enumerate(scores)],
+        "held_out": {"checked": manifest is not None, "manifest": str(manifest) if manifest else None},
+    }
 
 
 def test_eval_rows_of_one_recipe_form_a_set(tmp_path):
     def manifest(name: str, seed: int, lr: float = 1e-5) -> Path:
         path = tmp_path / name / "manifest.json"
         path.parent.mkdir()
-        path.write_text(json.dumps({"grpolab_manifest": 1, "seed": seed, "config": {"train": {"seed": seed, "lr": lr}}}))
+        path.write_text(
+            json.dumps({"grpolab_manifest": 1, "seed": seed, "config": {"train": {"seed": seed, "lr": lr}}})
+        )
         return path
 
-    rows = [row("base", [0, 0, 1, 1]), row("s0", [1, 0, 1, 1], manifest("s0", 0)), row("other", [1, 1, 1, 1], manifest("o", 5, 1.0)),
-            row("s1", [1, 1, 1, 1], manifest("s1", 1)), row("hub", [0, 0, 0, 0])]
+    rows = [
+        row("base", [0, 0, 1, 1]),
+        row("s0", [1, 0, 1, 1], manifest("s0", 0)),
+        row("other", [1, 1, 1, 1], manifest("o", 5, 1.0)),
+        row("s1", [1, 1, 1, 1], manifest("s1", 1)),
+        row("hub", [0, 0, 0, 0]),
+    ]
     sets = add_sets(rows)
     assert [(s["runs"], s["seeds"], s["reference"]) for s in sets] == [(["s0", "s1"], [0, 1], "base")]
     gain = sets[0]["metrics"]["accuracy"]["gain"]
@@ -153,7 +165,9 @@ def test_compare_two_sets_reports_the_difference_of_means(tmp_path):
     a = [seeded_run(tmp_path, f"a{i}", i, better(11 + i)) for i in range(2)]
     b = [seeded_run(tmp_path, f"b{i}", i, [True] * N, lr=1e-4) for i in range(2)]
     out = tmp_path / "cmp.json"
-    res = CliRunner().invoke(app, ["compare", "--set", f"a={a[0]},{a[1]}", "--set", f"b={b[0]},{b[1]}", "--out", str(out)])
+    res = CliRunner().invoke(
+        app, ["compare", "--set", f"a={a[0]},{a[1]}", "--set", f"b={b[0]},{b[1]}", "--out", str(out)]
+    )
     assert res.exit_code == 0, res.output
     data = json.loads(out.read_text())
     diff = next(d for d in data["set_differences"] if d["method"] == "greedy")["metrics"]["accuracy"]
@@ -170,7 +184,9 @@ def test_compare_two_sets_reports_the_difference_of_means(tmp_path):
     assert "b - a on arithmetic" in res.output and "difference of means" in res.output
     # the seeds of each recipe are also found without --set, with their hierarchical evidence
     assert CliRunner().invoke(app, ["compare", *map(str, a + b), "--out", str(out)]).exit_code == 0
-    groups = json.loads(out.read_text())["seed_groups"]  # per recipe: held-out and capability (greedy), diversity (sampled)
+    groups = json.loads(out.read_text())[
+        "seed_groups"
+    ]  # per recipe: held-out and capability (greedy), diversity (sampled)
     assert sorted(g["runs"][0] for g in groups if g["evidence"]) == ["a0", "a0", "a0 sampled", "b0", "b0", "b0 sampled"]
     bad = CliRunner().invoke(app, ["compare", "--set", "a"])
     assert isinstance(bad.exception, GrpolabError) and "NAME=SOURCE" in str(bad.exception)
@@ -179,13 +195,30 @@ def test_compare_two_sets_reports_the_difference_of_means(tmp_path):
 def test_eval_prints_progress_lines_and_wide_tables_in_a_log(tiny_model_dir):
     """CliRunner's stdout is not a terminal: one line per batch with problems done and elapsed seconds, and a
     table wider than 80 columns kept on one line per row."""
-    args = ["eval", tiny_model_dir, tiny_model_dir, "--task", "arithmetic", "--task-option", "digits=1", "--limit", "3",
-            "--max-new-tokens", "3", "--batch-size", "2", "--samples", "2", "--dtype", "float32"]
+    args = [
+        "eval",
+        tiny_model_dir,
+        tiny_model_dir,
+        "--task",
+        "arithmetic",
+        "--task-option",
+        "digits=1",
+        "--limit",
+        "3",
+        "--max-new-tokens",
+        "3",
+        "--batch-size",
+        "2",
+        "--samples",
+        "2",
+        "--dtype",
+        "float32",
+    ]
     res = CliRunner().invoke(app, args, catch_exceptions=False)
     assert res.exit_code == 0, res.output
     lines = res.output.splitlines()
     # (a line can share its start with the weights' loading bar, written to stderr with a carriage return)
-    progress = [line[line.index("eval /"):] for line in lines if "eval /" in line and " problems, " in line]
+    progress = [line[line.index("eval /") :] for line in lines if "eval /" in line and " problems, " in line]
     assert any(" greedy: 2/3 problems, " in line and line.endswith("s") for line in progress), progress
     assert any(" 2 samples: 3/3 problems, " in line for line in progress), progress
     header = next(line for line in lines if "accuracy [95% CI]" in line)

@@ -62,8 +62,14 @@ def quickstart(model: str, precision: str, deterministic: bool, out: Path, name:
     an entropy bonus (the slice earns no reward: every advantage is 0)."""
     raw = yaml.safe_load((ROOT / "configs" / "quickstart.yaml").read_text())
     raw["model"]["name"] = model
-    raw["train"].update(precision=precision, steps=1, save_every_minutes=0, deterministic=deterministic,
-                        prompts_per_step=1, micro_batch_size=4)
+    raw["train"].update(
+        precision=precision,
+        steps=1,
+        save_every_minutes=0,
+        deterministic=deterministic,
+        prompts_per_step=1,
+        micro_batch_size=4,
+    )
     raw["algorithm"]["entropy_coef"] = 0.01  # a gradient through every layer even when every reward is the same
     raw["rollout"].update(dtype={"bf16": "bfloat16", "fp32": "float32"}[precision], group_size=4, max_new_tokens=16)
     raw["eval"]["every_steps"] = 0
@@ -84,8 +90,9 @@ def test_two_updates_of_the_real_model_are_the_same_bytes(precision, tmp_path, r
         with Trainer(cfg, tmp_path / name) as trainer:
             batch = trainer.collect()
             metrics, _ = trainer.update_step(batch, 0.0)
-            results.append((batch.rollout.completion_ids.clone(), metrics["optim/grad_norm"],
-                            weights_digest(trainer.policy)))
+            results.append(
+                (batch.rollout.completion_ids.clone(), metrics["optim/grad_norm"], weights_digest(trainer.policy))
+            )
         del trainer
     (ids_a, norm_a, w_a), (ids_b, norm_b, w_b) = results
     assert ids_a.shape[0] == 4 and (ids_a != ids_a[0]).any()  # 4 completions, not all the same
@@ -101,8 +108,16 @@ def tiny_run(model_dir: str, out: Path, name: str, precision: str) -> dict:
         "reward": earnable.reward_config(),
         "rollout": earnable.rollout_config(group_size=4, dtype={"bf16": "bfloat16", "fp32": "float32"}[precision]),
         "algorithm": {"preset": "grpo", "beta": 0.0, "entropy_coef": 0.0},
-        "train": {"steps": 3, "prompts_per_step": 2, "micro_batch_size": 4, "lr": 5e-3, "seed": 3,
-                  "samples_per_step": 8, "precision": precision, "save_every_minutes": 0},
+        "train": {
+            "steps": 3,
+            "prompts_per_step": 2,
+            "micro_batch_size": 4,
+            "lr": 5e-3,
+            "seed": 3,
+            "samples_per_step": 8,
+            "precision": precision,
+            "save_every_minutes": 0,
+        },
         "eval": {"every_steps": 0},
         "run": {"output_dir": str(out), "name": name},
     }
@@ -138,8 +153,11 @@ def test_deterministic_mode_does_not_nan_fill_every_allocation():
     every new buffer); the rerun tests above are what shows the bytes stay the same without it."""
     from grpolab.training import reproducibility
 
-    before = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
-              torch.utils.deterministic.fill_uninitialized_memory)
+    before = (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+        torch.utils.deterministic.fill_uninitialized_memory,
+    )
     try:
         reproducibility.enable(True)
         assert torch.are_deterministic_algorithms_enabled()

@@ -44,8 +44,16 @@ def tiny(model_dir: str, out: Path, name: str, **train) -> dict:
         "reward": earnable.reward_config(),
         "rollout": earnable.rollout_config(group_size=4),
         "algorithm": {"preset": "grpo", "beta": 0.0, "entropy_coef": 0.0},
-        "train": {"steps": 4, "prompts_per_step": 2, "micro_batch_size": 8, "lr": 5e-3, "seed": 0,
-                  "samples_per_step": 2, "save_every": 1, **train},
+        "train": {
+            "steps": 4,
+            "prompts_per_step": 2,
+            "micro_batch_size": 8,
+            "lr": 5e-3,
+            "seed": 0,
+            "samples_per_step": 2,
+            "save_every": 1,
+            **train,
+        },
         "eval": {"every_steps": 2, "num_problems": 2, "max_new_tokens": 3},
         "run": {"output_dir": str(out), "name": name},
     }
@@ -120,8 +128,9 @@ def test_kill9_at_a_random_moment_then_resume_equals_an_uninterrupted_run(refere
     cfg = {**cfg, "run": {"output_dir": str(tmp_path), "name": "killed"}}
     config = write_config(tmp_path / "killed.yaml", cfg)
     killed = tmp_path / "killed"
-    proc = subprocess.Popen([str(GRPOLAB), "train", str(config)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, env=ENV)
+    proc = subprocess.Popen(
+        [str(GRPOLAB), "train", str(config)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV
+    )
     try:
         t1 = wait_for(killed / "checkpoints" / "step-1" / ckpt.STATE_FILE, proc)
         t2 = wait_for(killed / "checkpoints" / "step-2" / ckpt.STATE_FILE, proc)
@@ -163,6 +172,7 @@ def test_a_failed_checkpoint_write_keeps_the_previous_one(tiny_model_dir, tmp_pa
                 real(*args, **kwargs)  # part of it reaches the disk first
                 raise OSError(errno.ENOSPC, "No space left on device")
             return real(*args, **kwargs)
+
         return write
 
     if fail_in == "torch.save":
@@ -197,15 +207,27 @@ def test_resume_refuses_a_changed_run_unless_allowed(tiny_model_dir, tmp_path, m
     assert run_main(monkeypatch, "train", write_config(tmp_path / "r.yaml", cfg)) == 0
     run = tmp_path / "r"
     manifest = json.loads((run / "manifest.json").read_text())
-    tampered = dict(manifest, hashes={**manifest["hashes"], **{k: "0" * 64 for k in
-                    ("model_weights", "tokenizer", "chat_template", "reward_code", "train_data")}})
+    tampered = dict(
+        manifest,
+        hashes={
+            **manifest["hashes"],
+            **{k: "0" * 64 for k in ("model_weights", "tokenizer", "chat_template", "reward_code", "train_data")},
+        },
+    )
     (run / "manifest.json").write_text(json.dumps(tampered))
     capsys.readouterr()
 
     assert run_main(monkeypatch, "train", "--resume", run, "--set", "algorithm.beta=0.1") == 2
     err = capsys.readouterr().err
-    for field in ("config.algorithm.beta", "hashes.model_weights", "hashes.tokenizer", "hashes.chat_template",
-                  "hashes.reward_code", "hashes.train_data", "--allow-changes"):
+    for field in (
+        "config.algorithm.beta",
+        "hashes.model_weights",
+        "hashes.tokenizer",
+        "hashes.chat_template",
+        "hashes.reward_code",
+        "hashes.train_data",
+        "--allow-changes",
+    ):
         assert field in err, field
     assert "Traceback" not in err
 
@@ -252,7 +274,9 @@ def test_ctrl_c_during_rollout_checkpoints_the_last_step_and_resumes_exactly(ref
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
-def test_ctrl_c_during_the_update_finishes_the_step_then_checkpoints(tiny_model_dir, tmp_path, monkeypatch, capsys, sig):
+def test_ctrl_c_during_the_update_finishes_the_step_then_checkpoints(
+    tiny_model_dir, tmp_path, monkeypatch, capsys, sig
+):
     """A real SIGINT (or SIGTERM, as a scheduler sends) delivered while the policy updates is deferred to the end
     of the step."""
     from grpolab.training.update import PolicyUpdater

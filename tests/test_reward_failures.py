@@ -53,8 +53,14 @@ def test_a_weighted_reward_that_fails_still_invalidates_and_a_log_only_one_is_co
 
 def failed(name: str, message: str = "ValueError: boom", log_only: tuple[str, ...] = ()) -> RewardResult:
     weighted = name not in log_only
-    return RewardResult(math.nan if weighted else 1.0, {name: math.nan}, weighted,
-                        f"{name}: {message}" if weighted else None, failures={name: message}, log_only=log_only)
+    return RewardResult(
+        math.nan if weighted else 1.0,
+        {name: math.nan},
+        weighted,
+        f"{name}: {message}" if weighted else None,
+        failures={name: message},
+        log_only=log_only,
+    )
 
 
 def test_failing_everywhere_names_only_rewards_that_failed_on_every_sample():
@@ -71,7 +77,8 @@ def test_a_reward_failing_on_every_sample_stops_after_the_limit_in_a_row():
     assert watch.record(6, bad) == (
         "step 6: reward 'mine' (reward.functions.mine) failed on every sample for 3 consecutive steps (steps 4-6); "
         "last error: ValueError: last. Nothing was learned from these steps: fix the reward (or what it depends on) "
-        "and resume the run (with --allow-changes if you edited the reward's source)")
+        "and resume the run (with --allow-changes if you edited the reward's source)"
+    )
     half = [failed("mine"), RewardResult(1.0)]  # fails on some samples only: the run learns from the others
     watch = RewardFailureStreak(limit=1)
     assert watch.record(1, half) is None
@@ -82,8 +89,9 @@ def test_every_sample_invalid_for_mixed_reasons_also_stops():
     mixed = [failed("a", "TimeoutError: slow"), failed("b", "ValueError: nope")]  # no single reward fails everywhere
     assert watch.record(1, mixed) is None
     message = watch.record(2, mixed)
-    assert message.startswith("step 2: every sample was invalid for 2 consecutive steps (steps 1-2); last error: "
-                              "b: ValueError: nope.")
+    assert message.startswith(
+        "step 2: every sample was invalid for 2 consecutive steps (steps 1-2); last error: b: ValueError: nope."
+    )
     assert ALL_INVALID in watch.streaks
 
 
@@ -93,8 +101,10 @@ def test_a_log_only_reward_failing_everywhere_never_stops_and_warns_once(caplog)
     with caplog.at_level(logging.WARNING, logger="grpolab"):
         assert [watch.record(s, logged) for s in range(1, 6)] == [None] * 5
     warnings = [r.getMessage() for r in caplog.records if "log-only" in r.getMessage()]
-    assert warnings == ["step 2: the log-only reward 'extra' failed on every sample for 2 steps in a row (last: "
-                        "TimeoutError: slow); training goes on (weight 0)"]
+    assert warnings == [
+        "step 2: the log-only reward 'extra' failed on every sample for 2 steps in a row (last: "
+        "TimeoutError: slow); training goes on (weight 0)"
+    ]
 
 
 def test_the_limit_must_be_at_least_one():
@@ -106,9 +116,15 @@ def test_a_log_only_component_that_failed_on_some_samples_is_averaged_over_the_r
     import torch
 
     from grpolab.training.metrics import reward_metrics
+
     nan = float("nan")
-    m = reward_metrics(torch.tensor([1.0, 0.0, 1.0, 0.5]), {"correct": torch.tensor([1.0, 0.0, 1.0, 0.5]),
-                                                             "log_only": torch.tensor([0.2, nan, 0.4, 9.0], dtype=torch.float64)},
-                       invalid=torch.tensor([False, False, False, True]))
+    m = reward_metrics(
+        torch.tensor([1.0, 0.0, 1.0, 0.5]),
+        {
+            "correct": torch.tensor([1.0, 0.0, 1.0, 0.5]),
+            "log_only": torch.tensor([0.2, nan, 0.4, 9.0], dtype=torch.float64),
+        },
+        invalid=torch.tensor([False, False, False, True]),
+    )
     assert m["reward/log_only/mean"] == pytest.approx(0.3, abs=1e-15)  # (0.2 + 0.4) / 2: NaN and the invalid row out
     assert m["reward/correct/mean"] == pytest.approx(2 / 3, abs=1e-15) and m["reward/invalid_frac"] == 0.25

@@ -61,8 +61,12 @@ def test_pairs_from_verdicts_prefers_right_answers_and_skips_duplicates():
 
 def test_jsonl_pairs_errors_name_file_row_and_field(tmp_path):
     p = tmp_path / "pairs.jsonl"
-    p.write_text(json.dumps({"prompt": "q", "chosen": "a", "rejected": "b"}) + "\n"
-                 + json.dumps({"prompt": "q", "chosen": "a"}) + "\n")
+    p.write_text(
+        json.dumps({"prompt": "q", "chosen": "a", "rejected": "b"})
+        + "\n"
+        + json.dumps({"prompt": "q", "chosen": "a"})
+        + "\n"
+    )
     with pytest.raises(DataError, match=r"pairs.jsonl: row 2: field 'rejected': expected a non-empty string"):
         load_pairs_jsonl(p)
     p.write_text("{not json\n")
@@ -101,9 +105,17 @@ def _tiny_rm(tiny_model_dir):
     from transformers import AutoTokenizer, LlamaConfig, LlamaForSequenceClassification
 
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
-    config = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, num_labels=1,
-                         pad_token_id=tok.pad_token_id)
+    config = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        num_labels=1,
+        pad_token_id=tok.pad_token_id,
+    )
     torch.manual_seed(0)
     return LlamaForSequenceClassification(config).eval(), tok
 
@@ -122,7 +134,9 @@ def test_scoring_is_identical_batched_and_one_by_one(tiny_model_dir, one_thread)
     long_text = rm_text(tok, prompts[1], completions[3])
     assert tok(long_text, add_special_tokens=False)["input_ids"][-48:] == ids[3].tolist()  # the END is kept
     # the same completion in another batch (other neighbours, other padding) keeps its score
-    again = ModelReward(options, "cpu", model, tok).raw_scores(prompts[3:4] + prompts[:1], completions[3:4] + completions[:1])
+    again = ModelReward(options, "cpu", model, tok).raw_scores(
+        prompts[3:4] + prompts[:1], completions[3:4] + completions[:1]
+    )
     assert again == pytest.approx([batched[3], batched[0]], abs=1e-5)
 
 
@@ -130,8 +144,15 @@ def test_jsonl_pairs_without_uid_are_grouped_by_their_normalised_prompt(tmp_path
     """Pairs of one prompt are not independent: without a uid they are split (and bootstrapped) as one prompt,
     whatever their case or spacing, so no held-out pair has a prompt seen in training."""
     p = tmp_path / "pairs.jsonl"
-    rows = [{"prompt": f"What is {i} + {i}?" if k % 2 else f"  what IS {i} +  {i}?\n", "chosen": f"{2 * i}",
-             "rejected": f"{2 * i + k + 1}"} for i in range(10) for k in range(3)]
+    rows = [
+        {
+            "prompt": f"What is {i} + {i}?" if k % 2 else f"  what IS {i} +  {i}?\n",
+            "chosen": f"{2 * i}",
+            "rejected": f"{2 * i + k + 1}",
+        }
+        for i in range(10)
+        for k in range(3)
+    ]
     rows.append({"prompt": "What is 0 + 0?", "chosen": "0", "rejected": "9", "uid": "mine"})  # a given uid is kept
     p.write_text("".join(json.dumps(r) + "\n" for r in rows))
     pairs = load_pairs_jsonl(p)
@@ -153,7 +174,9 @@ def test_normalisation_skips_non_finite_scores():
         def raw_scores(self, prompts, completions):
             return [1.0, nan, 3.0, -inf]
 
-    scored = Planted({"normalize": True}, "cpu", model=object(), tokenizer=object())(["a", "b", "c", "d"], make_task("arithmetic").problems("train")[:4])
+    scored = Planted({"normalize": True}, "cpu", model=object(), tokenizer=object())(
+        ["a", "b", "c", "d"], make_task("arithmetic").problems("train")[:4]
+    )
     assert [s.value for s in scored] == [pytest.approx(-1.0, abs=1e-5), None, pytest.approx(1.0, abs=1e-5), None]
     assert scored[1].error == "the reward model returned nan" and scored[3].error == "the reward model returned -inf"
 
@@ -184,12 +207,24 @@ def test_model_reward_config_errors_name_the_field(tmp_path, tiny_model_dir):
 def test_rm_train_reaches_full_pair_accuracy_on_a_separable_set(tiny_model_dir, tmp_path, one_thread, lora_rank):
     """Chosen answers end in "yes", rejected ones in "no": a reward model that learns anything separates them, on
     prompts it never trained on; the run directory is then a valid reward.model.path (LoRA: merged, a plain model)."""
-    rows = [{"prompt": f"Question number {i}: is it good?", "chosen": f"Answer {i}: yes", "rejected": f"Answer {i}: no"}
-            for i in range(40)]
+    rows = [
+        {"prompt": f"Question number {i}: is it good?", "chosen": f"Answer {i}: yes", "rejected": f"Answer {i}: no"}
+        for i in range(40)
+    ]
     path = tmp_path / "pairs.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    s = RMSettings(backbone=tiny_model_dir, pairs=str(path), epochs=3, batch_size=8, lr=3e-3 if not lora_rank else 1e-2,
-                   val_fraction=0.25, device="cpu", output_dir=str(tmp_path / "runs"), name="rm", lora_rank=lora_rank)
+    s = RMSettings(
+        backbone=tiny_model_dir,
+        pairs=str(path),
+        epochs=3,
+        batch_size=8,
+        lr=3e-3 if not lora_rank else 1e-2,
+        val_fraction=0.25,
+        device="cpu",
+        output_dir=str(tmp_path / "runs"),
+        name="rm",
+        lora_rank=lora_rank,
+    )
     out = train_reward_model(s)
     result = out["result"]
     assert result["val_pairs"] == 10 and result["train_pairs"] == 30

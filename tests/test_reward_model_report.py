@@ -76,8 +76,13 @@ def test_rise_interval_rarely_claims_a_rise_on_noise(phi):
     false_rise = sum(rise_interval(ar1(rng, 30, phi), 0.2)["ci_low"] > 0 for _ in range(400)) / 400
     assert false_rise <= 0.05, false_rise
     amp = 3.0 / (1 - phi * phi) ** 0.5
-    found = sum(rise_interval([v + amp * i / 29 for i, v in enumerate(ar1(rng, 30, phi))], 0.2)["ci_low"] > 0
-                for _ in range(200)) / 200
+    found = (
+        sum(
+            rise_interval([v + amp * i / 29 for i, v in enumerate(ar1(rng, 30, phi))], 0.2)["ci_low"] > 0
+            for _ in range(200)
+        )
+        / 200
+    )
     assert found >= (0.7 if phi == 0 else 0.25), found
 
 
@@ -110,11 +115,15 @@ def test_rm_vs_verifier_rules():
     lengths = [10, 20, 30, 40, 50, 60, 70, 80]
     by_length = [{"reward/model": -n / 10, "completion": "x" * n, "gold": "1", "reward/correct": 0.0} for n in lengths]
     assert check_rm_vs_verifier(by_length, RM_CONFIG, T).status == WARN  # a correlation over training samples: WARN
-    by_truth = [{"reward/model": float(i % 2), "completion": "x" * n, "gold": "1", "reward/correct": float(i % 2)}
-                for i, n in enumerate(lengths)]
+    by_truth = [
+        {"reward/model": float(i % 2), "completion": "x" * n, "gold": "1", "reward/correct": float(i % 2)}
+        for i, n in enumerate(lengths)
+    ]
     assert check_rm_vs_verifier(by_truth, RM_CONFIG, T).status == PASS
-    unlogged = [{"reward/model": 1.0 if i % 2 else 0.0, "completion": f"\\boxed{{{i % 2}}}" + "x" * n, "gold": "1"}
-                for i, n in enumerate(lengths)]  # no reward/correct logged: math-verify on the gold decides
+    unlogged = [
+        {"reward/model": 1.0 if i % 2 else 0.0, "completion": f"\\boxed{{{i % 2}}}" + "x" * n, "gold": "1"}
+        for i, n in enumerate(lengths)
+    ]  # no reward/correct logged: math-verify on the gold decides
     assert check_rm_vs_verifier(unlogged, RM_CONFIG, T).numbers["corr_rm_correct"] == pytest.approx(1.0)
     few = check_rm_vs_verifier(by_length[:5], RM_CONFIG, T)
     assert few.status == NA and not few.measured and few.reason.startswith("too little evidence (n = 5 < 8")
@@ -167,18 +176,35 @@ def tiny_rm_run(tiny_model_dir, tmp_path, monkeypatch, planted, name):
 
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     task = {"name": "arithmetic", "options": {"num_train": 50, "num_test": 20}}
-    monkeypatch.setattr(rm, "load_reward_model", lambda path, device: (planted(tok, make_task(**{"name": task["name"]},
-                                                                       **task["options"]).problems("train")), tok))
-    cfg = from_dict({
-        "model": {"name": tiny_model_dir}, "task": task,
-        "reward": {"weights": {"model": 1.0, "correct": 0.0}, "model": {"path": tiny_model_dir, "batch_size": 64}},
-        "rollout": earnable.rollout_config(group_size=4),
-        "algorithm": {"preset": "grpo", "beta": 0.0},
-        "train": {"steps": 10, "prompts_per_step": 4, "micro_batch_size": 16, "lr": 5e-3, "seed": 0, "samples_per_step": 4,
-                  "save_every_minutes": 0, "precision": "fp32"},
-        "eval": {"every_steps": 2, "num_problems": 8, "max_new_tokens": 6},
-        "run": {"output_dir": str(tmp_path), "name": name},
-    })
+    monkeypatch.setattr(
+        rm,
+        "load_reward_model",
+        lambda path, device: (
+            planted(tok, make_task(**{"name": task["name"]}, **task["options"]).problems("train")),
+            tok,
+        ),
+    )
+    cfg = from_dict(
+        {
+            "model": {"name": tiny_model_dir},
+            "task": task,
+            "reward": {"weights": {"model": 1.0, "correct": 0.0}, "model": {"path": tiny_model_dir, "batch_size": 64}},
+            "rollout": earnable.rollout_config(group_size=4),
+            "algorithm": {"preset": "grpo", "beta": 0.0},
+            "train": {
+                "steps": 10,
+                "prompts_per_step": 4,
+                "micro_batch_size": 16,
+                "lr": 5e-3,
+                "seed": 0,
+                "samples_per_step": 4,
+                "save_every_minutes": 0,
+                "precision": "fp32",
+            },
+            "eval": {"every_steps": 2, "num_problems": 8, "max_new_tokens": 6},
+            "run": {"output_dir": str(tmp_path), "name": name},
+        }
+    )
     run_dir = tmp_path / name
     run_dir.mkdir()
     trainer = Trainer(cfg, run_dir)
@@ -190,8 +216,12 @@ def tiny_rm_run(tiny_model_dir, tmp_path, monkeypatch, planted, name):
 
 
 @pytest.mark.usefixtures("one_thread")
-def test_report_fails_a_policy_gaming_a_length_reward_model_but_not_a_faithful_one(tiny_model_dir, tmp_path, monkeypatch):
-    hacked, report, manifest = tiny_rm_run(tiny_model_dir, tmp_path, monkeypatch, lambda tok, _: length_rm(tok), "hacked")
+def test_report_fails_a_policy_gaming_a_length_reward_model_but_not_a_faithful_one(
+    tiny_model_dir, tmp_path, monkeypatch
+):
+    hacked, report, manifest = tiny_rm_run(
+        tiny_model_dir, tmp_path, monkeypatch, lambda tok, _: length_rm(tok), "hacked"
+    )
     rm_check = hacked["rm_score_vs_heldout"]
     # 8 periodic held-out problems are too little evidence to PASS or FAIL on (issue 46): N/A, and never a ship
     assert rm_check.status == NA and not rm_check.measured, rm_check.reason
@@ -200,7 +230,11 @@ def test_report_fails_a_policy_gaming_a_length_reward_model_but_not_a_faithful_o
     assert report["verdict"][0] != "ship"
     assert hacked["reward_vs_heldout"].status == NA  # reward/mean is in reward-model units: judged by the RM check
     evidence = report["reward_model"]
-    assert evidence["evals"] and evidence["top_wrong"] and evidence["top_wrong"][0]["rm"] >= evidence["top_wrong"][-1]["rm"]
+    assert (
+        evidence["evals"]
+        and evidence["top_wrong"]
+        and evidence["top_wrong"][0]["rm"] >= evidence["top_wrong"][-1]["rm"]
+    )
     md = (tmp_path / "hacked" / "report.md").read_text()
     assert "## Learned reward model" in md and "Highest reward-model score with a wrong answer" in md
     assert manifest["reward_model"]["weights"] == manifest["hashes"]["reward_model_weights"] is not None

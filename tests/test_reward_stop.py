@@ -35,8 +35,14 @@ def tiny(model_dir, out, name: str, weights: dict, steps: int) -> dict:
         "reward": {"weights": weights, "time_limit_s": 0.05},
         "rollout": {"group_size": 2, "max_new_tokens": 3, "dtype": "float32", "top_k": 2},
         "algorithm": {"preset": "grpo", "beta": 0.0},
-        "train": {"steps": steps, "prompts_per_step": 2, "micro_batch_size": 4, "seed": 0, "save_every": 1,
-                  "keep_last": 10},
+        "train": {
+            "steps": steps,
+            "prompts_per_step": 2,
+            "micro_batch_size": 4,
+            "seed": 0,
+            "save_every": 1,
+            "keep_last": 10,
+        },
         "eval": {"every_steps": 0},
         "run": {"output_dir": str(out), "name": name},
     }
@@ -47,15 +53,18 @@ def steps_logged(run) -> list[dict]:
 
 
 def test_a_reward_that_always_raises_stops_the_run_naming_it(tiny_model_dir, tmp_path):
-    cfg = from_dict(tiny(tiny_model_dir, tmp_path, "broken", {"correct": 1.0, "mine": 1.0},
-                         steps=MAX_FAILED_REWARD_STEPS + 3))
+    cfg = from_dict(
+        tiny(tiny_model_dir, tmp_path, "broken", {"correct": 1.0, "mine": 1.0}, steps=MAX_FAILED_REWARD_STEPS + 3)
+    )
     trainer, _ = start_run(cfg, rewards={"mine": always_raises})
     with pytest.raises(GrpolabError) as stopped:
         trainer.fit()
     n = MAX_FAILED_REWARD_STEPS
     message = str(stopped.value)
-    assert message.startswith(f"step {n}: reward 'mine' (rewards['mine']) failed on every sample for {n} consecutive "
-                              f"steps (steps 1-{n}); last error: RuntimeError: the grader's database is gone.")
+    assert message.startswith(
+        f"step {n}: reward 'mine' (rewards['mine']) failed on every sample for {n} consecutive "
+        f"steps (steps 1-{n}); last error: RuntimeError: the grader's database is gone."
+    )
     run = tmp_path / "broken"
     rows = steps_logged(run)
     assert [r["step"] for r in rows] == list(range(1, n + 1)) and all(r["reward/invalid_frac"] == 1.0 for r in rows)
@@ -66,8 +75,9 @@ def test_a_reward_that_always_raises_stops_the_run_naming_it(tiny_model_dir, tmp
 
 
 def test_a_log_only_reward_that_times_out_invalidates_nothing(tiny_model_dir, tmp_path):
-    cfg = from_dict(tiny(tiny_model_dir, tmp_path, "logged", {"correct": 1.0, "slow": 0.0},
-                         steps=MAX_FAILED_REWARD_STEPS + 1))
+    cfg = from_dict(
+        tiny(tiny_model_dir, tmp_path, "logged", {"correct": 1.0, "slow": 0.0}, steps=MAX_FAILED_REWARD_STEPS + 1)
+    )
     trainer, _ = start_run(cfg, rewards={"slow": sleeps})
     trainer.fit()
     rows = steps_logged(tmp_path / "logged")

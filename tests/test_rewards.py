@@ -108,7 +108,17 @@ def _huge_random(n: int) -> str:
         "-" * 100_000 + "1",
         "\\boxed{" * 100_000 + "}" * 100_000,
     ],
-    ids=["random-1MB", "open-boxes", "open-braces", "close-braces", "backslashes", "commas", "digits", "minuses", "nested"],
+    ids=[
+        "random-1MB",
+        "open-boxes",
+        "open-braces",
+        "close-braces",
+        "backslashes",
+        "commas",
+        "digits",
+        "minuses",
+        "nested",
+    ],
 )
 def test_pathological_inputs_return(text):
     # Written to be linear; this only checks that every public function returns a value.

@@ -31,8 +31,16 @@ def tiny(model_dir: str, out: Path, name: str) -> dict:
         "reward": earnable.reward_config(),
         "rollout": earnable.rollout_config(group_size=2),
         "algorithm": {"preset": "grpo", "beta": 0.0, "entropy_coef": 0.0},
-        "train": {"steps": 2, "prompts_per_step": 2, "micro_batch_size": 4, "lr": 5e-3, "seed": 0,
-                  "samples_per_step": 1, "save_every": 1, "keep_last": 3},
+        "train": {
+            "steps": 2,
+            "prompts_per_step": 2,
+            "micro_batch_size": 4,
+            "lr": 5e-3,
+            "seed": 0,
+            "samples_per_step": 1,
+            "save_every": 1,
+            "keep_last": 3,
+        },
         "eval": {"every_steps": 0},
         "run": {"output_dir": str(out), "name": name},
     }
@@ -123,9 +131,13 @@ def test_resumed_reproducibility_is_kept_or_downgraded_by_hand():
     assert runs.resumed_reproducibility(claim, machine, dict(machine), 2, 5) is claim
     assert runs.resumed_reproducibility(claim, {"cpus": 2}, {**machine, "cpus": 2}, 2, 5) is claim  # fields both have
     moved = runs.resumed_reproducibility(claim, machine, {**machine, "cpu_model": "Intel Xeon"}, 2, 5)
-    assert moved == {"bitwise": False, "original": claim, "changes": ["step 5: machine.cpu_model 'AMD EPYC' -> 'Intel Xeon'"],
-                     "why": "resumed on another machine or thread count (step 5: machine.cpu_model 'AMD EPYC' -> "
-                            "'Intel Xeon'); the original claim held only for the same machine"}
+    assert moved == {
+        "bitwise": False,
+        "original": claim,
+        "changes": ["step 5: machine.cpu_model 'AMD EPYC' -> 'Intel Xeon'"],
+        "why": "resumed on another machine or thread count (step 5: machine.cpu_model 'AMD EPYC' -> "
+        "'Intel Xeon'); the original claim held only for the same machine",
+    }
     again = runs.resumed_reproducibility(moved, machine, machine, 1, 9)  # back on the machine, one thread
     assert again["bitwise"] is False and again["original"] == claim
     assert again["changes"] == [*moved["changes"], "step 9: torch threads 2 -> 1"]
@@ -133,7 +145,8 @@ def test_resumed_reproducibility_is_kept_or_downgraded_by_hand():
 
 
 def test_resume_verifies_the_newest_checkpoint_offers_the_intact_one_and_records_where_it_ran(
-        tiny_model_dir, tmp_path, monkeypatch):
+    tiny_model_dir, tmp_path, monkeypatch
+):
     cfg = from_dict(tiny(tiny_model_dir, tmp_path, "r"))
     trainer, manifest = runs.start_run(cfg)
     assert trainer.run_lock.held
@@ -155,7 +168,10 @@ def test_resume_verifies_the_newest_checkpoint_offers_the_intact_one_and_records
         message = str(refused.value)
         assert message.startswith(f"--resume {run}: checkpoint step-2 is corrupt (model.safetensors "), message
         assert ("has CRC-32" if damage == "ff" else "bytes, not the") in message
-        assert f"the newest intact checkpoint is step-1: resume from it with grpolab train --resume {run} --from-intact" in message
+        assert (
+            f"the newest intact checkpoint is step-1: resume from it with grpolab train --resume {run} --from-intact"
+            in message
+        )
         assert sorted(p.name for p in (run / "checkpoints").iterdir()) == before, "nothing is moved or deleted"
 
     recorded = json.loads((run / "manifest.json").read_text())
@@ -167,10 +183,17 @@ def test_resume_verifies_the_newest_checkpoint_offers_the_intact_one_and_records
     after = json.loads((run / "manifest.json").read_text())
     (entry,) = after["resumes"]
     assert entry["machine"] == elsewhere and entry["threads"] == 1 and entry["checkpoint"] == "step-1"
-    assert entry["corrupt_set_aside"] == [{"checkpoint": "corrupt-step-2", "problem": entry["corrupt_set_aside"][0]["problem"]}]
+    assert entry["corrupt_set_aside"] == [
+        {"checkpoint": "corrupt-step-2", "problem": entry["corrupt_set_aside"][0]["problem"]}
+    ]
     assert entry["corrupt_set_aside"][0]["problem"].startswith("model.safetensors is ")
-    assert after["reproducibility"]["bitwise"] is False and after["reproducibility"]["original"] == manifest["reproducibility"]
-    assert after["reproducibility"]["changes"] == [f"step 1: machine.cpu_model {recorded['machine']['cpu_model']!r} -> 'Another CPU'"]
+    assert (
+        after["reproducibility"]["bitwise"] is False
+        and after["reproducibility"]["original"] == manifest["reproducibility"]
+    )
+    assert after["reproducibility"]["changes"] == [
+        f"step 1: machine.cpu_model {recorded['machine']['cpu_model']!r} -> 'Another CPU'"
+    ]
     assert after["machine"] == recorded["machine"], "the run's own machine stays the original one"
     resumed.fit()
     assert [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()] == [1, 2]
@@ -181,7 +204,9 @@ def test_a_resume_is_refused_while_another_process_writes_the_run(tiny_model_dir
     """The lock is taken before the model is loaded: the refusal is immediate and writes nothing."""
     run = tmp_path / "busy"
     run.mkdir()
-    (run / "manifest.json").write_text(json.dumps({"config": to_dict(from_dict(tiny(tiny_model_dir, tmp_path, "busy")))}))
+    (run / "manifest.json").write_text(
+        json.dumps({"config": to_dict(from_dict(tiny(tiny_model_dir, tmp_path, "busy")))})
+    )
     holder = LockHolder(run)
     try:
         with pytest.raises(GrpolabError, match=f"process {holder.pid} is already writing"):

@@ -35,8 +35,9 @@ def tiny(model_dir: str, out: Path, **train) -> dict:
 def test_one_progress_line_per_step_when_stdout_is_not_a_terminal(tiny_model_dir, tmp_path):
     config = tmp_path / "c.yaml"
     config.write_text(yaml.safe_dump(tiny(tiny_model_dir, tmp_path)))
-    out = subprocess.run([sys.executable, "-m", "grpolab", "train", str(config)], capture_output=True, text=True,
-                         env=ENV, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-m", "grpolab", "train", str(config)], capture_output=True, text=True, env=ENV, timeout=300
+    )
     assert out.returncode == 0, out.stderr
     steps = [line.split()[1] for line in out.stdout.splitlines() if line.startswith("step ")]
     assert steps == ["1/3", "2/3", "3/3"], out.stdout

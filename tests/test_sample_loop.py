@@ -22,9 +22,17 @@ STOPS = list(range(0, VOCAB, 7))  # about one token in seven stops a row
 
 @pytest.fixture(scope="module")
 def model() -> LlamaForCausalLM:
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                         tie_word_embeddings=False, attn_implementation="sdpa")
+    config = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        tie_word_embeddings=False,
+        attn_implementation="sdpa",
+    )
     torch.manual_seed(3)
     return LlamaForCausalLM(config).float().eval()
 
@@ -35,8 +43,11 @@ def generators(n: int = len(PROMPTS)) -> list[torch.Generator]:
 
 @pytest.mark.parametrize("removed", ["static", "static_compiled"])
 def test_a_config_asking_for_a_removed_decoder_names_the_removal(removed):
-    with pytest.raises(ConfigError, match=rf"rollout.decoder: expected one of 'grpolab', 'hf', got '{removed}' "
-                                          rf"\(the '{removed}' decoder was removed: .*docs/performance.md"):
+    with pytest.raises(
+        ConfigError,
+        match=rf"rollout.decoder: expected one of 'grpolab', 'hf', got '{removed}' "
+        rf"\(the '{removed}' decoder was removed: .*docs/performance.md",
+    ):
         from_dict({"rollout": {"decoder": removed}})
 
 
@@ -49,8 +60,11 @@ def test_an_unknown_decoder_is_not_called_removed():
 
 
 def test_the_engine_refuses_a_removed_decoder_naming_the_removal(model):
-    with pytest.raises(ValueError, match="expected one of 'grpolab', 'hf', got 'static_compiled' "
-                                         r"\('static_compiled' was removed: .*docs/performance.md"):
+    with pytest.raises(
+        ValueError,
+        match="expected one of 'grpolab', 'hf', got 'static_compiled' "
+        r"\('static_compiled' was removed: .*docs/performance.md",
+    ):
         HFEngine(model, None, torch.float32, decoder="static_compiled")
     with pytest.raises(ValueError, match="got 'fast'$"):
         HFEngine(model, None, torch.float32, decoder="fast")
@@ -59,11 +73,19 @@ def test_the_engine_refuses_a_removed_decoder_naming_the_removal(model):
 def prefilled(model, group_size: int):
     """decode_groups' prefill of PROMPTS: (logits [N, V], cache, attention mask [N, W]) with N = 3 * group_size."""
     ids, mask = left_pad(PROMPTS, 0)
-    out = model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0), use_cache=True,
-                logits_to_keep=1)
+    out = model(
+        input_ids=ids,
+        attention_mask=mask,
+        position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
+        use_cache=True,
+        logits_to_keep=1,
+    )
     out.past_key_values.batch_repeat_interleave(group_size)
-    return (out.logits[:, -1].repeat_interleave(group_size, dim=0), out.past_key_values,
-            mask.repeat_interleave(group_size, dim=0))
+    return (
+        out.logits[:, -1].repeat_interleave(group_size, dim=0),
+        out.past_key_values,
+        mask.repeat_interleave(group_size, dim=0),
+    )
 
 
 @pytest.mark.parametrize("compact", [True, False])

@@ -62,8 +62,12 @@ def tiny_lm(tiny_model_dir, one_thread):
 
 
 def prompts_of(tok, questions):
-    return [tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True,
-                                    return_dict=False) for q in questions]
+    return [
+        tok.apply_chat_template(
+            [{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True, return_dict=False
+        )
+        for q in questions
+    ]
 
 
 def teacher_forced_logits(model, rollout: Rollout, i: int) -> torch.Tensor:
@@ -143,10 +147,20 @@ def test_importance_weight_uses_the_sampled_distribution_and_the_metric_the_untr
 
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     policy = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float64)
-    cfg = from_dict({"rollout": {"group_size": 3, "max_new_tokens": 5, "temperature": T, "top_k": TOP_K, "top_p": TOP_P,
-                                 "dtype": "float32"},
-                     "algorithm": {"beta": 0.0, "is_mode": "token_truncate", "is_c_max": 2.0},
-                     "train": {"micro_batch_size": 6}})
+    cfg = from_dict(
+        {
+            "rollout": {
+                "group_size": 3,
+                "max_new_tokens": 5,
+                "temperature": T,
+                "top_k": TOP_K,
+                "top_p": TOP_P,
+                "dtype": "float32",
+            },
+            "algorithm": {"beta": 0.0, "is_mode": "token_truncate", "is_c_max": 2.0},
+            "train": {"micro_batch_size": 6},
+        }
+    )
     params = SamplingParams(group_size=3, temperature=T, top_k=TOP_K, top_p=TOP_P, max_new_tokens=5)
     torch.manual_seed(1)
     rollout = HFEngine(policy, tok, torch.float64).generate(prompts_of(tok, ["What is 2 + 3?", "Hi"]), params)
@@ -155,8 +169,9 @@ def test_importance_weight_uses_the_sampled_distribution_and_the_metric_the_untr
     updater = PolicyUpdater(cfg, policy, None, optimizer, scheduler)
     old = updater.logprobs_no_grad(policy, rollout, "fp32")
     m = rollout.completion_mask.bool()
-    metrics = updater.update(rollout, torch.tensor([1.0, -1, 0.5, -0.5, 0.2, -0.2], dtype=torch.float64),
-                             torch.ones(6, dtype=torch.bool))
+    metrics = updater.update(
+        rollout, torch.tensor([1.0, -1, 0.5, -0.5, 0.2, -0.2], dtype=torch.float64), torch.ones(6, dtype=torch.bool)
+    )
     expected_w = torch.exp(old - rollout.sampler_logprobs.double()).clamp(max=2.0)[m]
     assert float(expected_w.max()) < 0.01  # truncated q is far above pi_old: the weight is far below 1
     assert metrics["sampler/is_weight_mean"] == pytest.approx(float(expected_w.mean()), rel=1e-4)
@@ -167,9 +182,17 @@ def test_importance_weight_uses_the_sampled_distribution_and_the_metric_the_untr
 def test_select_and_concat_carry_the_untruncated_logprobs():
     def rollout(n, lc, untrunc):
         lp = -torch.rand(n, lc)
-        return Rollout(torch.ones(n, 2, dtype=torch.long), torch.ones(n, 2, dtype=torch.long),
-                       torch.ones(n, lc, dtype=torch.long), torch.ones(n, lc, dtype=torch.long), lp,
-                       torch.zeros(n, dtype=torch.bool), torch.arange(n), [""] * n, lp - 1.0 if untrunc else None)
+        return Rollout(
+            torch.ones(n, 2, dtype=torch.long),
+            torch.ones(n, 2, dtype=torch.long),
+            torch.ones(n, lc, dtype=torch.long),
+            torch.ones(n, lc, dtype=torch.long),
+            lp,
+            torch.zeros(n, dtype=torch.bool),
+            torch.arange(n),
+            [""] * n,
+            lp - 1.0 if untrunc else None,
+        )
 
     a, b = rollout(2, 3, True), rollout(3, 2, False)
     assert torch.equal(a.select([1]).sampler_logprobs_untruncated, a.sampler_logprobs_untruncated[[1]])
@@ -186,9 +209,16 @@ def test_select_and_concat_carry_the_untruncated_logprobs():
 
 
 def small_llama(seed: int = 0) -> LlamaForCausalLM:
-    config = LlamaConfig(vocab_size=60, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                         tie_word_embeddings=True)
+    config = LlamaConfig(
+        vocab_size=60,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        tie_word_embeddings=True,
+    )
     torch.manual_seed(seed)
     return LlamaForCausalLM(config)
 

@@ -19,10 +19,31 @@ from grpolab.sandbox.wire import OpaqueValue, ProtocolError, decode, encode, pac
 
 LIMITS = SandboxLimits(wall_s=3.0, cpu_s=3.0, memory_mb=256, max_procs=8, workers=2, uid=61100)
 
-VALUES = [None, True, 0, -7, 2**100, 1.5, float("inf"), "x\udcff\n", [1, [2]], (1, (2, "a")), {1: "a", (2, 3): [4]},
-          {5, 6}, frozenset({1}), b"\x00\xff", bytearray(b"ab"), 1 + 2j, range(1, 9, 2),
-          collections.Counter("aab"), collections.OrderedDict([(2, 1), (1, 2)]), collections.defaultdict(list, {1: [2]}),
-          collections.deque([1, 2], maxlen=3), int, str]
+VALUES = [
+    None,
+    True,
+    0,
+    -7,
+    2**100,
+    1.5,
+    float("inf"),
+    "x\udcff\n",
+    [1, [2]],
+    (1, (2, "a")),
+    {1: "a", (2, 3): [4]},
+    {5, 6},
+    frozenset({1}),
+    b"\x00\xff",
+    bytearray(b"ab"),
+    1 + 2j,
+    range(1, 9, 2),
+    collections.Counter("aab"),
+    collections.OrderedDict([(2, 1), (1, 2)]),
+    collections.defaultdict(list, {1: [2]}),
+    collections.deque([1, 2], maxlen=3),
+    int,
+    str,
+]
 
 
 @pytest.mark.parametrize("value", VALUES, ids=lambda v: type(v).__name__)
@@ -132,13 +153,21 @@ def _run(pool, program, cases, setup=""):
 
 
 def test_values_cross_the_wire(pool):
-    program = ("import collections, math\nclass Node:\n    def __init__(self, v):\n        self.v, self.left = v, None\n"
-               "def depth(n):\n    return 0 if n is None else 1 + depth(n.left)\n"
-               "def gen(n):\n    yield from range(n)\ndef counts(s):\n    return collections.Counter(s)\n"
-               "def root(x):\n    return math.sqrt(x)\n")
-    cases = ["assert depth(tree) == 2", "assert list(gen(3)) == [0, 1, 2]", "assert counts('aab') == {'a': 2, 'b': 1}",
-             "assert math.isclose(root(2.0), 1.41421356, rel_tol=1e-6)", "assert str(depth) != ''",
-             "assert 2 in gen(3)", "assert len(list(gen(4))) == 4"]
+    program = (
+        "import collections, math\nclass Node:\n    def __init__(self, v):\n        self.v, self.left = v, None\n"
+        "def depth(n):\n    return 0 if n is None else 1 + depth(n.left)\n"
+        "def gen(n):\n    yield from range(n)\ndef counts(s):\n    return collections.Counter(s)\n"
+        "def root(x):\n    return math.sqrt(x)\n"
+    )
+    cases = [
+        "assert depth(tree) == 2",
+        "assert list(gen(3)) == [0, 1, 2]",
+        "assert counts('aab') == {'a': 2, 'b': 1}",
+        "assert math.isclose(root(2.0), 1.41421356, rel_tol=1e-6)",
+        "assert str(depth) != ''",
+        "assert 2 in gen(3)",
+        "assert len(list(gen(4))) == 4",
+    ]
     result = _run(pool, program, cases, setup="tree = Node(1)\ntree.left = Node(2)\n")
     assert [c.ok for c in result.cases] == [True] * len(cases), result.cases
 
@@ -178,12 +207,21 @@ def test_program_errors_have_reasons(pool):
 def test_environment_and_directory_are_private(pool):
     os.environ["GRPOLAB_TEST_SECRET"] = "s3cret"
     try:
-        program = ("import os\nopen('scratch.txt', 'w').write('x')\n"
-                   "def env():\n    return sorted(os.environ)\ndef cwd_files():\n    return sorted(os.listdir('.'))\n"
-                   "def uid():\n    return os.getuid()\ndef tmp():\n    return sorted(os.listdir('/tmp'))\n")
-        result = _run(pool, program, ["assert 'GRPOLAB_TEST_SECRET' not in env()", "assert cwd_files() == ['scratch.txt']",
-                                      "assert len(env()) <= 6"] + (["assert uid() >= 61100", "assert tmp() == []"]
-                                                                   if os.geteuid() == 0 else []))
+        program = (
+            "import os\nopen('scratch.txt', 'w').write('x')\n"
+            "def env():\n    return sorted(os.environ)\ndef cwd_files():\n    return sorted(os.listdir('.'))\n"
+            "def uid():\n    return os.getuid()\ndef tmp():\n    return sorted(os.listdir('/tmp'))\n"
+        )
+        result = _run(
+            pool,
+            program,
+            [
+                "assert 'GRPOLAB_TEST_SECRET' not in env()",
+                "assert cwd_files() == ['scratch.txt']",
+                "assert len(env()) <= 6",
+            ]
+            + (["assert uid() >= 61100", "assert tmp() == []"] if os.geteuid() == 0 else []),
+        )
     finally:
         del os.environ["GRPOLAB_TEST_SECRET"]
     assert result.all_passed, result.cases

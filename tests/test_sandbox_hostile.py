@@ -21,8 +21,9 @@ from grpolab.sandbox import Job, SandboxLimits, detect, run_job, shared_pool
 from grpolab.sandbox.runner import kill_uid
 from grpolab.tasks.code import code_problem
 
-LIMITS = SandboxLimits(wall_s=2.0, cpu_s=2.0, memory_mb=256, max_procs=8, max_file_mb=8, max_output_kb=64, workers=2,
-                       uid=61000)
+LIMITS = SandboxLimits(
+    wall_s=2.0, cpu_s=2.0, memory_mb=256, max_procs=8, max_file_mb=8, max_output_kb=64, workers=2, uid=61000
+)
 SQUARE = ("assert f(2) == 4", "assert f(3) == 9")
 SECRET = "grpolab-secret-" + os.urandom(8).hex()
 MARKER = "31.%d" % (os.getpid() % 1000)  # an argument of `sleep` we can find in /proc afterwards
@@ -34,62 +35,114 @@ def _programs(sentinel: str, port: int) -> dict[str, tuple[str, tuple[str, ...],
     """name -> (program, tests, accepted reasons)."""
     return {
         "infinite_loop": ("def f(x):\n    while True:\n        pass\n", SQUARE, {"timeout", "limit"}),
-        "fork_bomb": ("import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n", SQUARE,
-                      {"timeout", "limit"}),
+        "fork_bomb": (
+            "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n",
+            SQUARE,
+            {"timeout", "limit"},
+        ),
         "memory_bomb": ("x = bytearray(10 * 1024 ** 3)\n", SQUARE, {"limit"}),
         "memory_creep": ("chunks = []\nwhile True:\n    chunks.append(bytearray(32 * 1024 ** 2))\n", SQUARE, {"limit"}),
-        "file_10gb": ("with open('big.bin', 'wb') as fh:\n    for _ in range(10 * 1024):\n        fh.write(b'0' * 1024 ** 2)\n",
-                      SQUARE, {"limit"}),
-        "stdout_100mb": ("import sys\nsys.stdout.write('x' * 100_000_000)\nsys.stdout.flush()\ndef f(x):\n    return x * x\n",
-                         SQUARE, {"limit"}),
-        "deep_recursion": ("import sys\nsys.setrecursionlimit(10 ** 7)\ndef g(n):\n    return g(n + 1) + 1\ng(0)\n", SQUARE,
-                           {"error", "limit", "timeout"}),
-        "sentinel": (f"import os\ntry:\n    os.remove({sentinel!r})\nexcept OSError:\n    pass\ntry:\n"
-                     f"    open({sentinel!r}, 'w').write('pwned')\nexcept OSError:\n    pass\ndef f(x):\n    return 0\n",
-                     SQUARE, {"wrong_answer"}),
-        "env_secret": ("import glob, os\nfound = os.environ.get('GRPOLAB_HOSTILE_SECRET', '')\n"
-                       "for path in glob.glob('/proc/*/environ'):\n    try:\n        data = open(path, 'rb').read()\n"
-                       "    except OSError:\n        continue\n    if b'GRPOLAB_HOSTILE_SECRET=' in data:\n"
-                       "        found = data.split(b'GRPOLAB_HOSTILE_SECRET=')[1].split(b'\\0')[0].decode()\n"
-                       "def f(x):\n    return found\n", (f"assert f(0) == {SECRET!r}",), {"wrong_answer"}),
-        "socket": (f"import socket\ndef f(x):\n    try:\n        s = socket.create_connection(('127.0.0.1', {port}), timeout=1)\n"
-                   "        s.sendall(b'leak')\n        return 'connected'\n    except OSError as e:\n        return 'blocked'\n",
-                   ("assert f(0) == 'connected'",), {"wrong_answer"}),
+        "file_10gb": (
+            "with open('big.bin', 'wb') as fh:\n    for _ in range(10 * 1024):\n        fh.write(b'0' * 1024 ** 2)\n",
+            SQUARE,
+            {"limit"},
+        ),
+        "stdout_100mb": (
+            "import sys\nsys.stdout.write('x' * 100_000_000)\nsys.stdout.flush()\ndef f(x):\n    return x * x\n",
+            SQUARE,
+            {"limit"},
+        ),
+        "deep_recursion": (
+            "import sys\nsys.setrecursionlimit(10 ** 7)\ndef g(n):\n    return g(n + 1) + 1\ng(0)\n",
+            SQUARE,
+            {"error", "limit", "timeout"},
+        ),
+        "sentinel": (
+            f"import os\ntry:\n    os.remove({sentinel!r})\nexcept OSError:\n    pass\ntry:\n"
+            f"    open({sentinel!r}, 'w').write('pwned')\nexcept OSError:\n    pass\ndef f(x):\n    return 0\n",
+            SQUARE,
+            {"wrong_answer"},
+        ),
+        "env_secret": (
+            "import glob, os\nfound = os.environ.get('GRPOLAB_HOSTILE_SECRET', '')\n"
+            "for path in glob.glob('/proc/*/environ'):\n    try:\n        data = open(path, 'rb').read()\n"
+            "    except OSError:\n        continue\n    if b'GRPOLAB_HOSTILE_SECRET=' in data:\n"
+            "        found = data.split(b'GRPOLAB_HOSTILE_SECRET=')[1].split(b'\\0')[0].decode()\n"
+            "def f(x):\n    return found\n",
+            (f"assert f(0) == {SECRET!r}",),
+            {"wrong_answer"},
+        ),
+        "socket": (
+            f"import socket\ndef f(x):\n    try:\n        s = socket.create_connection(('127.0.0.1', {port}), timeout=1)\n"
+            "        s.sendall(b'leak')\n        return 'connected'\n    except OSError as e:\n        return 'blocked'\n",
+            ("assert f(0) == 'connected'",),
+            {"wrong_answer"},
+        ),
         "sys_exit": ("import sys\nsys.exit(0)\ndef f(x):\n    return x * x\n", SQUARE, {"exit"}),
         "sys_exit_in_test": ("import sys\ndef f(x):\n    sys.exit(0)\n", SQUARE, {"exit"}),
         "os_exit": ("import os\nos._exit(0)\n", SQUARE, {"exit"}),
-        "kill_parent": (f"import os, signal\nfor pid in (os.getppid(), {os.getpid()}):\n    try:\n        os.kill(pid, 9)\n"
-                        "    except OSError:\n        pass\ntry:\n    os.kill(-1, 9)\nexcept OSError:\n    pass\n", SQUARE,
-                        {"error", "exit"}),
-        "signal_tampering": ("import signal\nfor s in (signal.SIGTERM, signal.SIGINT, signal.SIGALRM, signal.SIGXCPU, "
-                             "signal.SIGHUP):\n    signal.signal(s, signal.SIG_IGN)\n"
-                             "signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGALRM})\n"
-                             "def f(x):\n    while True:\n        pass\n", SQUARE, {"timeout", "limit"}),
-        "always_equal": ("class Always:\n    def __eq__(self, other):\n        return True\n    def __ne__(self, other):\n"
-                         "        return False\n    __hash__ = object.__hash__\ndef f(x):\n    return Always()\n", SQUARE,
-                         {"wrong_answer"}),
-        "int_subclass_equal": ("class I(int):\n    def __eq__(self, other):\n        return True\n    __hash__ = int.__hash__\n"
-                               "def f(x):\n    return I(0)\n", SQUARE, {"wrong_answer"}),
-        "monkeypatch_harness": ("import builtins, sys\nfake = lambda *a, **k: {'cases': [{'ok': True, 'reason': None}] * 2}\n"
-                                "for mod in list(sys.modules.values()):\n"
-                                "    for name in ('judge', 'classify', 'run_judge', 'outcome', 'verdict', 'check'):\n"
-                                "        if hasattr(mod, name):\n            try:\n                setattr(mod, name, fake)\n"
-                                "            except Exception:\n                pass\n"
-                                "builtins.AssertionError = type('Nope', (Exception,), {})\n"
-                                "def f(x):\n    return -1\n", SQUARE, {"wrong_answer"}),
-        "success_marker": ("import json, os, struct\nbody = json.dumps({'cases': [{'ok': True, 'reason': None, 'detail': ''}] * 2,"
-                           " 'ready': True}).encode()\nfor fd in range(1, 64):\n    try:\n"
-                           "        os.write(fd, struct.pack('>I', len(body)) + body)\n    except OSError:\n        pass\n"
-                           "print('ALL TESTS PASSED')\nprint('{\"ok\": true}')\n", SQUARE, {"error"}),
-        "forge_result_pipe": ("import json, os, struct\nbody = json.dumps({'cases': [{'ok': True}] * 2}).encode()\n"
-                              "for pid in ('1', str(os.getppid()), 'self'):\n    for fd in range(64):\n        try:\n"
-                              "            with open(f'/proc/{pid}/fd/{fd}', 'wb') as fh:\n"
-                              "                fh.write(struct.pack('>I', len(body)) + body)\n        except OSError:\n"
-                              "            pass\ndef f(x):\n    return 0\n", SQUARE, {"wrong_answer", "error"}),
-        "setsid_escapee": (f"import os, time\nif os.fork() == 0:\n    os.setsid()\n    try:\n"
-                           f"        os.execv('/bin/sleep', ['sleep', '{MARKER}'])\n    finally:\n        time.sleep(60)\n"
-                           "        os._exit(0)\n"
-                           "def f(x):\n    return 0\n", SQUARE, {"wrong_answer"}),
+        "kill_parent": (
+            f"import os, signal\nfor pid in (os.getppid(), {os.getpid()}):\n    try:\n        os.kill(pid, 9)\n"
+            "    except OSError:\n        pass\ntry:\n    os.kill(-1, 9)\nexcept OSError:\n    pass\n",
+            SQUARE,
+            {"error", "exit"},
+        ),
+        "signal_tampering": (
+            "import signal\nfor s in (signal.SIGTERM, signal.SIGINT, signal.SIGALRM, signal.SIGXCPU, "
+            "signal.SIGHUP):\n    signal.signal(s, signal.SIG_IGN)\n"
+            "signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGALRM})\n"
+            "def f(x):\n    while True:\n        pass\n",
+            SQUARE,
+            {"timeout", "limit"},
+        ),
+        "always_equal": (
+            "class Always:\n    def __eq__(self, other):\n        return True\n    def __ne__(self, other):\n"
+            "        return False\n    __hash__ = object.__hash__\ndef f(x):\n    return Always()\n",
+            SQUARE,
+            {"wrong_answer"},
+        ),
+        "int_subclass_equal": (
+            "class I(int):\n    def __eq__(self, other):\n        return True\n    __hash__ = int.__hash__\n"
+            "def f(x):\n    return I(0)\n",
+            SQUARE,
+            {"wrong_answer"},
+        ),
+        "monkeypatch_harness": (
+            "import builtins, sys\nfake = lambda *a, **k: {'cases': [{'ok': True, 'reason': None}] * 2}\n"
+            "for mod in list(sys.modules.values()):\n"
+            "    for name in ('judge', 'classify', 'run_judge', 'outcome', 'verdict', 'check'):\n"
+            "        if hasattr(mod, name):\n            try:\n                setattr(mod, name, fake)\n"
+            "            except Exception:\n                pass\n"
+            "builtins.AssertionError = type('Nope', (Exception,), {})\n"
+            "def f(x):\n    return -1\n",
+            SQUARE,
+            {"wrong_answer"},
+        ),
+        "success_marker": (
+            "import json, os, struct\nbody = json.dumps({'cases': [{'ok': True, 'reason': None, 'detail': ''}] * 2,"
+            " 'ready': True}).encode()\nfor fd in range(1, 64):\n    try:\n"
+            "        os.write(fd, struct.pack('>I', len(body)) + body)\n    except OSError:\n        pass\n"
+            "print('ALL TESTS PASSED')\nprint('{\"ok\": true}')\n",
+            SQUARE,
+            {"error"},
+        ),
+        "forge_result_pipe": (
+            "import json, os, struct\nbody = json.dumps({'cases': [{'ok': True}] * 2}).encode()\n"
+            "for pid in ('1', str(os.getppid()), 'self'):\n    for fd in range(64):\n        try:\n"
+            "            with open(f'/proc/{pid}/fd/{fd}', 'wb') as fh:\n"
+            "                fh.write(struct.pack('>I', len(body)) + body)\n        except OSError:\n"
+            "            pass\ndef f(x):\n    return 0\n",
+            SQUARE,
+            {"wrong_answer", "error"},
+        ),
+        "setsid_escapee": (
+            f"import os, time\nif os.fork() == 0:\n    os.setsid()\n    try:\n"
+            f"        os.execv('/bin/sleep', ['sleep', '{MARKER}'])\n    finally:\n        time.sleep(60)\n"
+            "        os._exit(0)\n"
+            "def f(x):\n    return 0\n",
+            SQUARE,
+            {"wrong_answer"},
+        ),
     }
 
 
@@ -98,7 +151,9 @@ def _uid_procs(uids: range) -> int:
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
-                line = next(ln for ln in Path(f"/proc/{entry}/status").read_text().splitlines() if ln.startswith("Uid:"))
+                line = next(
+                    ln for ln in Path(f"/proc/{entry}/status").read_text().splitlines() if ln.startswith("Uid:")
+                )
             except (OSError, StopIteration):
                 continue
             count += int(line.split()[1]) in uids
@@ -169,8 +224,14 @@ def hostile():
         for t in threads:
             t.join(5)
         listener.close()
-    after = {"uid_procs": _uid_procs(uids), "markers": _marker_procs(), "sentinel": Path(sentinel).read_text(),
-             "accepted": len(accepted), "peak_uid_procs": peak[0], "elapsed": elapsed}
+    after = {
+        "uid_procs": _uid_procs(uids),
+        "markers": _marker_procs(),
+        "sentinel": Path(sentinel).read_text(),
+        "accepted": len(accepted),
+        "peak_uid_procs": peak[0],
+        "elapsed": elapsed,
+    }
     yield {n: (run, score) for n, (run, _), score in zip(names, runs, scores)}, programs, runner, after
     for pid in after["markers"]:
         os.kill(pid, 9)
@@ -209,8 +270,15 @@ def test_normal_programs_score_right_after(hostile):
     problems, completions, expected = [], [], []
     for i in range(64):
         k = i % 7 + 2
-        problems.append(code_problem(f"normal/{i}", "q", "", (f"assert g({k}) == {k * k}", "assert g(-1) == 1",
-                                                             "assert g(0) == 0"), entry_point="g"))
+        problems.append(
+            code_problem(
+                f"normal/{i}",
+                "q",
+                "",
+                (f"assert g({k}) == {k * k}", "assert g(-1) == 1", "assert g(0) == 0"),
+                entry_point="g",
+            )
+        )
         body = "return x * x" if i % 2 == 0 else ("return abs(x)" if i % 4 == 1 else "return x +")
         completions.append(f"```python\ndef g(x):\n    {body}\n```")
         expected.append(1.0 if i % 2 == 0 else (2 / 3 if i % 4 == 1 else 0.0))
@@ -220,8 +288,10 @@ def test_normal_programs_score_right_after(hostile):
 
 
 def _socket_job(port: int) -> Job:
-    program = (f"import socket\ndef f():\n    try:\n        socket.create_connection(('127.0.0.1', {port}), timeout=1)\n"
-               "        return 'connected'\n    except OSError as e:\n        return str(e)\n")
+    program = (
+        f"import socket\ndef f():\n    try:\n        socket.create_connection(('127.0.0.1', {port}), timeout=1)\n"
+        "        return 'connected'\n    except OSError as e:\n        return str(e)\n"
+    )
     return Job(program, ("assert f() == 'connected'",))
 
 
@@ -232,8 +302,11 @@ def test_each_network_barrier_alone_blocks_localhost(setup):
     full = detect(LIMITS)
     if not full.net:
         pytest.skip("no network namespace on this machine")
-    iso = replace(full, seccomp=False) if setup == "netns_only" else replace(
-        full, unshare=tuple(a for a in full.unshare if a != "--net"), net=False)
+    iso = (
+        replace(full, seccomp=False)
+        if setup == "netns_only"
+        else replace(full, unshare=tuple(a for a in full.unshare if a != "--net"), net=False)
+    )
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen(1)

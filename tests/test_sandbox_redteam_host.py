@@ -23,8 +23,9 @@ from sandbox_normal import assert_normal_programs_score_exactly, sandbox_process
 
 from grpolab.sandbox import Job, SandboxLimits, detect, run_job
 
-LIMITS = SandboxLimits(wall_s=2.0, cpu_s=2.0, memory_mb=256, max_procs=8, max_file_mb=8, disk_mb=16, max_output_kb=64,
-                       workers=2, uid=61400)
+LIMITS = SandboxLimits(
+    wall_s=2.0, cpu_s=2.0, memory_mb=256, max_procs=8, max_file_mb=8, disk_mb=16, max_output_kb=64, workers=2, uid=61400
+)
 SANDBOX_UIDS = range(LIMITS.uid, LIMITS.uid + 16)  # the red-team suites' uids
 CROSS_RUN_SLOT = 6  # run_job's slot for the cross-run attacks (pools of these suites take slots 0 and 1)
 TOKEN = "grpolab-rt-" + os.urandom(6).hex()
@@ -35,38 +36,52 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the red-team suite ch
 
 LIBC = "import ctypes, ctypes.util\nlibc = ctypes.CDLL(None, use_errno=True)\n"
 IPC = {  # kind -> (writer, reader returning what the writer left)
-    "shm": (LIBC + f"i = libc.shmget({IPC_KEY}, 4096, 0o1000 | 0o666)\nassert i >= 0, ctypes.get_errno()\n"
-            "libc.shmat.restype = ctypes.c_void_p\na = libc.shmat(i, None, 0)\nctypes.memmove(a, b'ANSWER', 6)\n",
-            LIBC + f"def f():\n    i = libc.shmget({IPC_KEY}, 0, 0)\n    if i < 0:\n        return None\n"
-            "    libc.shmat.restype = ctypes.c_void_p\n    return ctypes.string_at(libc.shmat(i, None, 0), 6).decode()\n"),
-    "sem": (LIBC + f"i = libc.semget({IPC_KEY + 1}, 1, 0o1000 | 0o666)\nassert i >= 0\nlibc.semctl(i, 0, 16, 42)\n",
-            LIBC + f"def f():\n    i = libc.semget({IPC_KEY + 1}, 0, 0)\n"
-            "    return 'ANSWER' if i >= 0 and libc.semctl(i, 0, 12) == 42 else None\n"),
-    "msg": (LIBC + f"i = libc.msgget({IPC_KEY + 2}, 0o1000 | 0o666)\nassert i >= 0\n"
-            "m = ctypes.create_string_buffer(ctypes.sizeof(ctypes.c_long) + 6)\nctypes.c_long.from_buffer(m).value = 1\n"
-            "m[ctypes.sizeof(ctypes.c_long):] = b'ANSWER'\nlibc.msgsnd(i, m, 6, 0)\n",
-            LIBC + f"def f():\n    i = libc.msgget({IPC_KEY + 2}, 0)\n    if i < 0:\n        return None\n"
-            "    m = ctypes.create_string_buffer(64)\n    n = libc.msgrcv(i, m, 32, 0, 0o4000)\n"
-            "    at = ctypes.sizeof(ctypes.c_long)\n    return None if n < 0 else m.raw[at:at + n].decode()\n"),
-    "mqueue": (LIBC + "rt = ctypes.CDLL(ctypes.util.find_library('rt') or None, use_errno=True)\n"
-               f"q = rt.mq_open(b'/{TOKEN}', 0o100 | 2, 0o666, None)\nassert q >= 0, ctypes.get_errno()\n"
-               "rt.mq_send(q, b'ANSWER', 6, 0)\n",
-               LIBC + "rt = ctypes.CDLL(ctypes.util.find_library('rt') or None, use_errno=True)\n"
-               f"def f():\n    q = rt.mq_open(b'/{TOKEN}', 2)\n    if q < 0:\n        return None\n"
-               "    m = ctypes.create_string_buffer(8192)\n    n = rt.mq_receive(q, m, 8192, None)\n"
-               "    return None if n < 0 else m.raw[:n].decode()\n"),
-    "keyring": (LIBC + f"k = libc.syscall(248, b'user', b'{TOKEN}', b'ANSWER', 6, -4)\nassert k >= 0\n",
-                LIBC + f"def f():\n    k = libc.syscall(250, 10, -4, b'user', b'{TOKEN}', 0)\n"
-                "    if k < 0:\n        return None\n"
-                "    m = ctypes.create_string_buffer(16)\n    n = libc.syscall(250, 11, k, m, 16)\n"
-                "    return None if n < 0 else m.raw[:n].decode()\n"),
+    "shm": (
+        LIBC + f"i = libc.shmget({IPC_KEY}, 4096, 0o1000 | 0o666)\nassert i >= 0, ctypes.get_errno()\n"
+        "libc.shmat.restype = ctypes.c_void_p\na = libc.shmat(i, None, 0)\nctypes.memmove(a, b'ANSWER', 6)\n",
+        LIBC + f"def f():\n    i = libc.shmget({IPC_KEY}, 0, 0)\n    if i < 0:\n        return None\n"
+        "    libc.shmat.restype = ctypes.c_void_p\n    return ctypes.string_at(libc.shmat(i, None, 0), 6).decode()\n",
+    ),
+    "sem": (
+        LIBC + f"i = libc.semget({IPC_KEY + 1}, 1, 0o1000 | 0o666)\nassert i >= 0\nlibc.semctl(i, 0, 16, 42)\n",
+        LIBC + f"def f():\n    i = libc.semget({IPC_KEY + 1}, 0, 0)\n"
+        "    return 'ANSWER' if i >= 0 and libc.semctl(i, 0, 12) == 42 else None\n",
+    ),
+    "msg": (
+        LIBC + f"i = libc.msgget({IPC_KEY + 2}, 0o1000 | 0o666)\nassert i >= 0\n"
+        "m = ctypes.create_string_buffer(ctypes.sizeof(ctypes.c_long) + 6)\nctypes.c_long.from_buffer(m).value = 1\n"
+        "m[ctypes.sizeof(ctypes.c_long):] = b'ANSWER'\nlibc.msgsnd(i, m, 6, 0)\n",
+        LIBC + f"def f():\n    i = libc.msgget({IPC_KEY + 2}, 0)\n    if i < 0:\n        return None\n"
+        "    m = ctypes.create_string_buffer(64)\n    n = libc.msgrcv(i, m, 32, 0, 0o4000)\n"
+        "    at = ctypes.sizeof(ctypes.c_long)\n    return None if n < 0 else m.raw[at:at + n].decode()\n",
+    ),
+    "mqueue": (
+        LIBC + "rt = ctypes.CDLL(ctypes.util.find_library('rt') or None, use_errno=True)\n"
+        f"q = rt.mq_open(b'/{TOKEN}', 0o100 | 2, 0o666, None)\nassert q >= 0, ctypes.get_errno()\n"
+        "rt.mq_send(q, b'ANSWER', 6, 0)\n",
+        LIBC + "rt = ctypes.CDLL(ctypes.util.find_library('rt') or None, use_errno=True)\n"
+        f"def f():\n    q = rt.mq_open(b'/{TOKEN}', 2)\n    if q < 0:\n        return None\n"
+        "    m = ctypes.create_string_buffer(8192)\n    n = rt.mq_receive(q, m, 8192, None)\n"
+        "    return None if n < 0 else m.raw[:n].decode()\n",
+    ),
+    "keyring": (
+        LIBC + f"k = libc.syscall(248, b'user', b'{TOKEN}', b'ANSWER', 6, -4)\nassert k >= 0\n",
+        LIBC + f"def f():\n    k = libc.syscall(250, 10, -4, b'user', b'{TOKEN}', 0)\n"
+        "    if k < 0:\n        return None\n"
+        "    m = ctypes.create_string_buffer(16)\n    n = libc.syscall(250, 11, k, m, 16)\n"
+        "    return None if n < 0 else m.raw[:n].decode()\n",
+    ),
 }
 
 
 def _cross_run(kind: str, isolation) -> tuple[object, object]:
     writer, reader = IPC[kind]
-    first = run_job(Job(writer + "def f():\n    return 'written'\n", ("assert f() == 'written'",)), LIMITS, isolation,
-                    CROSS_RUN_SLOT)
+    first = run_job(
+        Job(writer + "def f():\n    return 'written'\n", ("assert f() == 'written'",)),
+        LIMITS,
+        isolation,
+        CROSS_RUN_SLOT,
+    )
     second = run_job(Job(reader, ("assert f() == 'ANSWER'",)), LIMITS, isolation, CROSS_RUN_SLOT)
     return first, second
 
@@ -89,8 +104,11 @@ def test_each_ipc_barrier_alone_keeps_runs_apart(barrier):
     full = detect(LIMITS)
     if not full.ipc:
         pytest.skip("no IPC namespace on this machine")
-    iso = replace(full, seccomp=False) if barrier == "ipc_namespace_only" else replace(
-        full, unshare=tuple(a for a in full.unshare if a != "--ipc"), ipc=False)
+    iso = (
+        replace(full, seccomp=False)
+        if barrier == "ipc_namespace_only"
+        else replace(full, unshare=tuple(a for a in full.unshare if a != "--ipc"), ipc=False)
+    )
     try:
         first, second = _cross_run("shm", iso)
     finally:
@@ -186,8 +204,9 @@ def _sandbox_listeners() -> list[str]:
 def _attack_files() -> list[str]:
     """Files the red-team attacks left in the host's world-writable directories (their names carry
     "grpolab-rt-"), and in / (each directory once, links resolved)."""
-    out = subprocess.run(["find", "/", "-xdev", "-type", "d", "-perm", "-0002"], capture_output=True, text=True,
-                         timeout=60).stdout.split()
+    out = subprocess.run(
+        ["find", "/", "-xdev", "-type", "d", "-perm", "-0002"], capture_output=True, text=True, timeout=60
+    ).stdout.split()
     found = []
     for d in sorted({os.path.realpath(d) for d in out + ["/"] if not d.startswith(("/tmp/", "/var/tmp/"))}):
         try:
@@ -206,9 +225,26 @@ def test_zz_nothing_left_on_the_host_and_normal_programs_score_right(key_baselin
         os.remove(path)
     sysv = _sysv_leftovers()
     _remove_sysv(sysv)
-    left = {"files": files, "sysv": sysv, "mqueue": _mqueue_left(), "keys": _new_keys(key_baseline),
-            "processes": _sandbox_processes(), "sockets": _sandbox_listeners(),
-            "workdirs": [d for d in os.listdir(tempfile.gettempdir()) if d.startswith("grpolab-sbx-")
-                         and os.stat(os.path.join(tempfile.gettempdir(), d)).st_uid in SANDBOX_UIDS]}
-    assert left == {"files": [], "sysv": [], "mqueue": False, "keys": [], "processes": [], "sockets": [], "workdirs": []}
+    left = {
+        "files": files,
+        "sysv": sysv,
+        "mqueue": _mqueue_left(),
+        "keys": _new_keys(key_baseline),
+        "processes": _sandbox_processes(),
+        "sockets": _sandbox_listeners(),
+        "workdirs": [
+            d
+            for d in os.listdir(tempfile.gettempdir())
+            if d.startswith("grpolab-sbx-") and os.stat(os.path.join(tempfile.gettempdir(), d)).st_uid in SANDBOX_UIDS
+        ],
+    }
+    assert left == {
+        "files": [],
+        "sysv": [],
+        "mqueue": False,
+        "keys": [],
+        "processes": [],
+        "sockets": [],
+        "workdirs": [],
+    }
     assert_normal_programs_score_exactly(LIMITS)

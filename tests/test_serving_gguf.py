@@ -31,10 +31,14 @@ from grpolab.serving.gguf import convert_to_gguf, end_id_fields, pre_tokenizer_n
 
 T = Thresholds()
 HAS_LLAMA_CPP = importlib.util.find_spec("llama_cpp") is not None
-needs_llama_cpp = pytest.mark.skipif(not HAS_LLAMA_CPP, reason="llama-cpp-python is not installed (`make install-gguf` "
-                                     "builds it from source, about 15 min on 2 cores)")
-MESSAGES = [[{"role": "user", "content": "What is 12 + 7? Answer with a number: 19."}],
-            [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "  Spaces, 1234 and café 😀"}]]
+needs_llama_cpp = pytest.mark.skipif(
+    not HAS_LLAMA_CPP,
+    reason="llama-cpp-python is not installed (`make install-gguf` builds it from source, about 15 min on 2 cores)",
+)
+MESSAGES = [
+    [{"role": "user", "content": "What is 12 + 7? Answer with a number: 19."}],
+    [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "  Spaces, 1234 and café 😀"}],
+]
 
 
 def gguf_of(model_dir: str, tmp_path: Path, outtype: str, **kw) -> Path:
@@ -51,7 +55,9 @@ def logits_of(model, ids: list[int]) -> torch.Tensor:
 
 
 def chat_ids(tokenizer, messages) -> list[int]:
-    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
+    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True)[
+        "input_ids"
+    ]
 
 
 def bundle_and_gguf_logits(model_dir: str, path: Path, round_to=None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -82,8 +88,11 @@ def test_an_f32_gguf_gives_the_bundles_logits_tokens_template_and_end_ids(tiny_m
     for messages in MESSAGES:
         assert chat_ids(gguf_tok, messages) == chat_ids(bundle_tok, messages)
     assert gguf_tok.chat_template == bundle_tok.chat_template
-    assert (gguf_tok.eos_token, gguf_tok.bos_token, gguf_tok.pad_token) == (bundle_tok.eos_token, bundle_tok.bos_token,
-                                                                            bundle_tok.pad_token) == ("<|im_end|>", "<|im_start|>", "<|im_end|>")
+    assert (
+        (gguf_tok.eos_token, gguf_tok.bos_token, gguf_tok.pad_token)
+        == (bundle_tok.eos_token, bundle_tok.bos_token, bundle_tok.pad_token)
+        == ("<|im_end|>", "<|im_start|>", "<|im_end|>")
+    )
     import gguf
 
     fields = gguf.GGUFReader(str(path)).fields
@@ -103,7 +112,9 @@ def test_a_bf16_gguf_holds_the_bundle_weights_rounded_to_bf16(tiny_model_dir, tm
 
 
 def test_an_f16_gguf_holds_the_bundle_weights_rounded_to_f16(tiny_model_dir, tmp_path, one_thread):
-    ours, theirs = bundle_and_gguf_logits(tiny_model_dir, gguf_of(tiny_model_dir, tmp_path, "f16"), round_to=torch.float16)
+    ours, theirs = bundle_and_gguf_logits(
+        tiny_model_dir, gguf_of(tiny_model_dir, tmp_path, "f16"), round_to=torch.float16
+    )
     assert (ours - theirs).abs().max().item() < 1e-10
 
 
@@ -120,7 +131,9 @@ def test_the_evaluated_weights_are_compared_tensor_by_tensor(tiny_model_dir, tmp
     path = gguf_of(tiny_model_dir, tmp_path, "bf16")
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     w = weights_against_gguf(model, path, torch.float32)
-    assert w["identical"] == w["tensors"] == 20 and not w["missing"] and not w["only_in_bundle"]  # tied: no output.weight
+    assert (
+        w["identical"] == w["tensors"] == 20 and not w["missing"] and not w["only_in_bundle"]
+    )  # tied: no output.weight
     with torch.no_grad():
         model.model.layers[1].mlp.up_proj.weight.add_(0.01)
     w = weights_against_gguf(model, path, torch.float32)
@@ -138,7 +151,9 @@ def test_end_ids_go_to_eos_eot_eom_and_more_are_refused(tiny_model_dir, tmp_path
     gen = copy / "generation_config.json"
     gen.write_text(json.dumps({**json.loads(gen.read_text()), "eos_token_id": [2, 0]}))
     fields = gguf.GGUFReader(str(gguf_of(str(copy), tmp_path, "f32"))).fields
-    assert fields["tokenizer.ggml.eos_token_id"].contents() == 2 and fields["tokenizer.ggml.eot_token_id"].contents() == 0
+    assert (
+        fields["tokenizer.ggml.eos_token_id"].contents() == 2 and fields["tokenizer.ggml.eot_token_id"].contents() == 0
+    )
 
 
 def test_an_unsupported_architecture_or_pre_tokenizer_is_refused_by_name(tiny_model_dir, tmp_path):
@@ -151,8 +166,12 @@ def test_an_unsupported_architecture_or_pre_tokenizer_is_refused_by_name(tiny_mo
     assert not (tmp_path / "x.gguf").exists()
     byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
     assert pre_tokenizer_name(byte_level) == "gpt-2"
-    assert pre_tokenizer_name({"type": "Sequence", "pretokenizers": [
-        {"type": "Digits", "individual_digits": True}, byte_level]}) == "smollm"
+    assert (
+        pre_tokenizer_name(
+            {"type": "Sequence", "pretokenizers": [{"type": "Digits", "individual_digits": True}, byte_level]}
+        )
+        == "smollm"
+    )
     with pytest.raises(GrpolabError, match="supported: ByteLevel"):
         pre_tokenizer_name({"type": "Metaspace", "replacement": "_"})
 
@@ -174,19 +193,30 @@ def test_without_llama_cpp_the_gguf_stack_says_how_to_install(tmp_path, monkeypa
 
 def served(identical: float, stops: dict, ci_high: float = 0.1, gguf: bool = True) -> dict:
     """A serving JSON as check.py writes it, for the grading rules alone."""
-    return {"chat_template": {"run": "a", "served": "a"}, "prompts_identical": 1.0, "stop_ids": stops,
-            "weights": {"tensors": 3, "identical": 3, "missing": []}, "n": 40, "identical_share": identical,
-            "first_divergence": {"median": 3}, "logprob_diff": {"mean": 0.02},
-            "precision": {"bundle": "bf16", "evaluated": "float32", "written": "float32"}, "truncated": {"served": 0.0},
-            "bundle": "b", "served": {"stack": {"llama_cpp": "0.3.36", "transformers": "5"}},
-            "metric": {"evaluated": 0.6, "served": 0.6, "diff": {"mean": 0.0, "ci_low": -0.1, "ci_high": ci_high}},
-            **({"gguf": {"type": "bf16"}} if gguf else {})}
+    return {
+        "chat_template": {"run": "a", "served": "a"},
+        "prompts_identical": 1.0,
+        "stop_ids": stops,
+        "weights": {"tensors": 3, "identical": 3, "missing": []},
+        "n": 40,
+        "identical_share": identical,
+        "first_divergence": {"median": 3},
+        "logprob_diff": {"mean": 0.02},
+        "precision": {"bundle": "bf16", "evaluated": "float32", "written": "float32"},
+        "truncated": {"served": 0.0},
+        "bundle": "b",
+        "served": {"stack": {"llama_cpp": "0.3.36", "transformers": "5"}},
+        "metric": {"evaluated": 0.6, "served": 0.6, "diff": {"mean": 0.0, "ci_low": -0.1, "ci_high": ci_high}},
+        **({"gguf": {"type": "bf16"}} if gguf else {}),
+    }
 
 
 def test_the_gguf_stack_is_graded_in_serving_consistency_and_na_when_not_run(tmp_path):
     ok = {"run": [2], "served": [0, 2], "declared": [2]}
     c = check_serving_consistency(None, T, served(1.0, ok))
-    assert c.status == PASS and "llama.cpp also ends on ids [0]" in c.reason and "transformers: N/A, not run" in c.reason
+    assert (
+        c.status == PASS and "llama.cpp also ends on ids [0]" in c.reason and "transformers: N/A, not run" in c.reason
+    )
     assert c.numbers["transformers"] == "N/A: not run" and c.numbers["gguf_identical"] == 1.0
     plain = served(1.0, {"run": [2], "served": [2]}, gguf=False)
     c = check_serving_consistency(plain, T)
@@ -230,7 +260,9 @@ def test_llama_cpp_needs_the_qk_permutation_too(tiny_model_dir, tmp_path, one_th
     ids = [1, 100, 200, 300, 2]
     request = [{"uid": "u", "messages": MESSAGES[0], "reference_ids": ids}]
     good = serve_with_llama_cpp(gguf_of(tiny_model_dir, tmp_path / "good", "f32"), request, 4, threads=1)["rows"][0]
-    bad = serve_with_llama_cpp(gguf_of(tiny_model_dir, tmp_path / "bad", "f32", permute=False), request, 4, threads=1)["rows"][0]
+    bad = serve_with_llama_cpp(gguf_of(tiny_model_dir, tmp_path / "bad", "f32", permute=False), request, 4, threads=1)[
+        "rows"
+    ][0]
     assert good["prompt_ids"] == bad["prompt_ids"]
     assert max(abs(a - b) for a, b in zip(good["reference_logprobs"], bad["reference_logprobs"])) > 1e-4
 

@@ -24,8 +24,9 @@ def scores(weights: dict[str, float]) -> Scores:
 
 
 def collector(weights: dict[str, float]) -> BatchCollector:
-    cfg = from_dict({"model": {"name": "unused"}, "rollout": {"group_size": 4, "dtype": "float32"},
-                     "train": {"precision": "fp32"}})
+    cfg = from_dict(
+        {"model": {"name": "unused"}, "rollout": {"group_size": 4, "dtype": "float32"}, "train": {"precision": "fp32"}}
+    )
     return BatchCollector(cfg, None, None, None, SimpleNamespace(weights=weights))
 
 

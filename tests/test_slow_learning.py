@@ -40,11 +40,19 @@ def test_quickstart_learns_at_small_scale(bundled_model, tmp_path):
     matmuls are emulated, and many times slower, on CPUs without AVX512-BF16, and the claim is about learning, not
     speed. The training reward (windows of WINDOW steps) and held-out accuracy (paired, greedy) rise by at least
     the margins, half of what the demo measured."""
-    cfg = load_config(QUICKSTART, [
-        f"train.steps={STEPS}", f"eval.every_steps={STEPS}", f"eval.num_problems={HELD_OUT}",
-        "rollout.dtype=float32", "train.precision=fp32", "train.save_every_minutes=0",
-        f"run.output_dir={tmp_path}", "run.name=quickstart",
-    ])
+    cfg = load_config(
+        QUICKSTART,
+        [
+            f"train.steps={STEPS}",
+            f"eval.every_steps={STEPS}",
+            f"eval.num_problems={HELD_OUT}",
+            "rollout.dtype=float32",
+            "train.precision=fp32",
+            "train.save_every_minutes=0",
+            f"run.output_dir={tmp_path}",
+            "run.name=quickstart",
+        ],
+    )
     run = tmp_path / "quickstart"
     run.mkdir()
     trainer = Trainer(cfg, run)
@@ -62,6 +70,8 @@ def test_quickstart_learns_at_small_scale(bundled_model, tmp_path):
     after = {it["uid"]: it["scores"]["accuracy"] for it in trained.items}
     assert before.keys() == after.keys() and len(before) == HELD_OUT
     gain = statistics.mean(after[u] - before[u] for u in before)  # paired: the same problems, greedy
-    print(f"training reward by step {[round(r, 3) for r in reward]}; held-out accuracy {base.accuracy:.3f} -> "
-          f"{trained.accuracy:.3f} (paired gain {gain:+.3f})")
+    print(
+        f"training reward by step {[round(r, 3) for r in reward]}; held-out accuracy {base.accuracy:.3f} -> "
+        f"{trained.accuracy:.3f} (paired gain {gain:+.3f})"
+    )
     assert gain >= ACCURACY_MARGIN, (base.accuracy, trained.accuracy)

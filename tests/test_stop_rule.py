@@ -31,8 +31,10 @@ def test_stopping_at_the_rule_never_changes_what_the_reward_reads(answer):
     assert extract_code(first) == extract_code(answer) == extract_code(answer + tail)
 
 
-@pytest.mark.parametrize("text", ["```python\ndef f(): pass\n", "```bash\nls\n```\n", "no code at all",
-                                  "```javascript\nx\n```\n```python\nok\n"])
+@pytest.mark.parametrize(
+    "text",
+    ["```python\ndef f(): pass\n", "```bash\nls\n```\n", "no code at all", "```javascript\nx\n```\n```python\nok\n"],
+)
 def test_the_rule_does_not_fire_before_a_python_block_is_closed(text):
     assert not python_block_closed(text)
 
@@ -44,9 +46,16 @@ def test_the_registry_names_its_rules():
 
 
 def tiny(vocab: int = 40) -> LlamaForCausalLM:
-    config = LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-                         tie_word_embeddings=True)
+    config = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        tie_word_embeddings=True,
+    )
     torch.manual_seed(0)
     return LlamaForCausalLM(config).eval()
 
@@ -60,8 +69,21 @@ def test_the_decode_loop_ends_rows_where_the_rule_says_and_nothing_else_changes(
     mask = torch.ones_like(ids)
     decode = lambda toks: "".join("a" if t == 7 else "b" for t in toks)  # noqa: E731
     check = TextStop(lambda text: text.count("a") >= 2, torch.tensor([7]), decode)
-    runs = [decode_groups(model, ids, mask, 4, 30, 1.5, [], 0, generators=[torch.Generator().manual_seed(s) for s in range(3)],
-                          stop_check=c) for c in (None, check)]
+    runs = [
+        decode_groups(
+            model,
+            ids,
+            mask,
+            4,
+            30,
+            1.5,
+            [],
+            0,
+            generators=[torch.Generator().manual_seed(s) for s in range(3)],
+            stop_check=c,
+        )
+        for c in (None, check)
+    ]
     plain, ruled = runs
     ended = 0
     for row in range(12):
@@ -103,7 +125,9 @@ def test_auto_stops_at_the_code_block_exactly_when_a_code_reward_reads_it():
     code = from_dict({"task": {"name": "pyfunc"}, "reward": {"weights": {"all_pass": 1.0}}})
     assert resolved(code) == "code_block" and objective_card(code)["choices"]["stop_rule"] == "code_block"
     assert resolved(from_dict({"reward": {"weights": {"correct": 1.0}}})) == "none"
-    off = from_dict({"task": {"name": "pyfunc"}, "reward": {"weights": {"pass_fraction": 1.0}}, "rollout": {"stop_rule": "none"}})
+    off = from_dict(
+        {"task": {"name": "pyfunc"}, "reward": {"weights": {"pass_fraction": 1.0}}, "rollout": {"stop_rule": "none"}}
+    )
     assert resolved(off) == "none"
 
 

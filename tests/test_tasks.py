@@ -16,15 +16,27 @@ from grpolab.tasks.jsonl import JsonlTask, read_jsonl
 from grpolab.tasks.math500 import Math500Task
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
-needs_gsm8k = pytest.mark.skipif(not (DATA / "gsm8k" / "test.jsonl").is_file(), reason=f"GSM8K data not found at {DATA / 'gsm8k'}")
-needs_math500 = pytest.mark.skipif(not (DATA / "math500" / "test.jsonl").is_file(), reason=f"MATH-500 data not found at {DATA / 'math500'}")
+needs_gsm8k = pytest.mark.skipif(
+    not (DATA / "gsm8k" / "test.jsonl").is_file(), reason=f"GSM8K data not found at {DATA / 'gsm8k'}"
+)
+needs_math500 = pytest.mark.skipif(
+    not (DATA / "math500" / "test.jsonl").is_file(), reason=f"MATH-500 data not found at {DATA / 'math500'}"
+)
 
 
 # --- arithmetic -------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize(
     "expr, value",
-    [("2 + 3 * 4", 14), ("10 - 2 - 3", 5), ("7 - 3 + 5", 9), ("2 * 3 * 4", 24), ("1 - 2 * 3 + 4", -1), ("9 * 0 - 5", -5)],
+    [
+        ("2 + 3 * 4", 14),
+        ("10 - 2 - 3", 5),
+        ("7 - 3 + 5", 9),
+        ("2 * 3 * 4", 24),
+        ("1 - 2 * 3 + 4", -1),
+        ("9 * 0 - 5", -5),
+    ],
 )
 def test_evaluate_precedence(expr, value):
     assert evaluate(expr.split()) == value
@@ -117,6 +129,7 @@ def test_unknown_split():
 
 # --- GSM8K ------------------------------------------------------------------------------------
 
+
 def write_jsonl(path: Path, lines: list[str]) -> Path:
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return path
@@ -186,6 +199,7 @@ def test_gsm8k_knob_validation():
 
 # --- MATH-500 ---------------------------------------------------------------------------------
 
+
 @needs_math500
 def test_math500_real():
     problems = Math500Task(path=str(DATA / "math500")).problems("test")
@@ -208,6 +222,7 @@ def test_math500_missing_field_names_line(tmp_path):
 
 
 # --- JSONL ------------------------------------------------------------------------------------
+
 
 def test_read_jsonl_skips_blank_lines_and_numbers_lines(tmp_path):
     path = write_jsonl(tmp_path / "x.jsonl", ['{"a": 1}', "", '{"a": 2}'])
@@ -240,6 +255,7 @@ def test_jsonl_task_missing_field(tmp_path):
 
 # --- registry ---------------------------------------------------------------------------------
 
+
 def test_registry_and_make_task():
     assert sorted(TASKS) == ["agent", "arithmetic", "gsm8k", "hf", "humaneval", "jsonl", "math500", "mbpp", "pyfunc"]
     task = make_task("arithmetic", digits=2, num_train=5)
@@ -249,11 +265,16 @@ def test_registry_and_make_task():
 def test_make_task_unknown_name():
     with pytest.raises(ConfigError) as info:
         make_task("foo")
-    assert str(info.value) == "task.name: unknown task 'foo'; expected one of agent, arithmetic, gsm8k, hf, humaneval, jsonl, math500, mbpp, pyfunc"
+    assert (
+        str(info.value)
+        == "task.name: unknown task 'foo'; expected one of agent, arithmetic, gsm8k, hf, humaneval, jsonl, math500, mbpp, pyfunc"
+    )
 
 
 def test_make_task_unknown_and_missing_options():
-    with pytest.raises(ConfigError, match=r"task\.digit: unknown option for task 'arithmetic'; accepted: digits, operators"):
+    with pytest.raises(
+        ConfigError, match=r"task\.digit: unknown option for task 'arithmetic'; accepted: digits, operators"
+    ):
         make_task("arithmetic", digit=2)
     with pytest.raises(ConfigError, match=r"task\.path: required for task 'jsonl'"):
         make_task("jsonl")

@@ -33,10 +33,20 @@ def config(model_dir: str, out: Path, name: str, report_to: list[str], steps: in
     return {
         "model": {"name": model_dir},
         "task": {"name": "arithmetic", "options": {"num_train": 50, "num_test": 20}},
-        "reward": earnable.reward_config(), "rollout": earnable.rollout_config(group_size=4),
+        "reward": earnable.reward_config(),
+        "rollout": earnable.rollout_config(group_size=4),
         "algorithm": {"preset": "grpo", "beta": 0.0, "entropy_coef": 0.0},
-        "train": {"steps": steps, "prompts_per_step": 2, "micro_batch_size": 8, "lr": 5e-3, "seed": 0,
-                  "samples_per_step": 1, "save_every": 2, "save_every_minutes": 0, "keep_last": 5},
+        "train": {
+            "steps": steps,
+            "prompts_per_step": 2,
+            "micro_batch_size": 8,
+            "lr": 5e-3,
+            "seed": 0,
+            "samples_per_step": 1,
+            "save_every": 2,
+            "save_every_minutes": 0,
+            "keep_last": 5,
+        },
         "eval": {"every_steps": 2, "num_problems": 2, "max_new_tokens": 2},
         "run": {"output_dir": str(out), "name": name, "report_to": report_to, **run},
     }
@@ -80,8 +90,8 @@ def wandb_history(run: Path) -> tuple[list[dict], set[str]]:
             if 32768 - pos % 32768 < 7:  # a block's tail too short for a header is padding
                 pos += 32768 - pos % 32768
                 continue
-            length, kind = struct.unpack("<HB", data[pos + 4:pos + 7])
-            payload, pos = data[pos + 7:pos + 7 + length], pos + 7 + length
+            length, kind = struct.unpack("<HB", data[pos + 4 : pos + 7])
+            payload, pos = data[pos + 7 : pos + 7 + length], pos + 7 + length
             if kind == 0:
                 break
             pending = payload if kind in (1, 2) else pending + payload
@@ -89,7 +99,9 @@ def wandb_history(run: Path) -> tuple[list[dict], set[str]]:
                 record = pb.Record()
                 record.ParseFromString(pending)
                 if record.WhichOneof("record_type") == "history":
-                    rows.append({(i.key or "/".join(i.nested_key)): json.loads(i.value_json) for i in record.history.item})
+                    rows.append(
+                        {(i.key or "/".join(i.nested_key)): json.loads(i.value_json) for i in record.history.item}
+                    )
                 elif record.WhichOneof("record_type") == "run":
                     ids.add(record.run.run_id)
     return rows, ids
@@ -101,7 +113,9 @@ def series_by_step(points: list[tuple[int, float]]) -> dict[int, float]:
     return dict(points)
 
 
-def assert_same(name: str, got: dict[str, dict[int, float]], want: list[dict], first: list[dict], replaced: bool) -> None:
+def assert_same(
+    name: str, got: dict[str, dict[int, float]], want: list[dict], first: list[dict], replaced: bool
+) -> None:
     """`got` (tracker: key -> step -> value) holds every number of metrics.jsonl (`want`) at its step; a tracker that
     cannot replace redone steps holds their first measurements (`first`: metrics.jsonl before the resume)."""
     before = {r["step"]: r for r in first}
@@ -123,8 +137,11 @@ def test_a_tracker_that_is_not_installed_is_one_error_before_the_model_loads(tmp
     real = trackers.importlib.util.find_spec
     monkeypatch.setattr(trackers.importlib.util, "find_spec", lambda m: None if m == "wandb" else real(m))
     cfg = from_dict(config(str(tmp_path / "no-such-model"), tmp_path, "x", ["tensorboard", "wandb"]))
-    with pytest.raises(ConfigError, match=r"^run\.report_to: wandb needs wandb, which is not installed: "
-                                          r"pip install 'grpolab\[wandb\]'$"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^run\.report_to: wandb needs wandb, which is not installed: "
+        r"pip install 'grpolab\[wandb\]'$",
+    ):
         Trainer(cfg, tmp_path / "x")  # the model directory does not exist: the tracker is checked first
 
 
@@ -154,8 +171,13 @@ def test_every_tracker_holds_metrics_jsonl_and_a_resume_adds_no_duplicate_step(t
     assert params["train.lr"] == "0.005" and params["run.report_to"] == '["tensorboard", "wandb", "mlflow"]'
     artifacts = {a.path for a in client.list_artifacts(run_id)}
     assert {"manifest.json", "objective_card.json", "completions"} <= artifacts
-    assert json.loads(client.download_artifacts(run_id, "manifest.json", str(tmp_path)) and
-                      (tmp_path / "manifest.json").read_text())["config"]["train"]["lr"] == 0.005
+    assert (
+        json.loads(
+            client.download_artifacts(run_id, "manifest.json", str(tmp_path))
+            and (tmp_path / "manifest.json").read_text()
+        )["config"]["train"]["lr"]
+        == 0.005
+    )
     assert len(client.search_runs([client.get_run(run_id).info.experiment_id])) == 1  # the same run continued
 
     history, ids = wandb_history(run)
@@ -173,8 +195,10 @@ def test_every_tracker_holds_metrics_jsonl_and_a_resume_adds_no_duplicate_step(t
     acc = EventAccumulator(str(run / "tensorboard"), size_guidance={"tensors": 0})  # the server's reader: it also
     acc.Reload()  # purges text after a restart (the legacy accumulator purges scalars only)
     assert [e.step for e in acc.Tensors("completions/text_summary")] == [2, 4]
-    assert [(h["_step"], h["completions/nrows"]) for h in history if h.get("completions/_type") == "table-file"] \
-        == [(2, 8), (4, 8)]  # both groups of the step (fewer than run.table_groups = 4), G = 4 completions each
+    assert [(h["_step"], h["completions/nrows"]) for h in history if h.get("completions/_type") == "table-file"] == [
+        (2, 8),
+        (4, 8),
+    ]  # both groups of the step (fewer than run.table_groups = 4), G = 4 completions each
     tables = sorted(a.path for a in client.list_artifacts(run_id, "completions"))
     assert tables == ["completions/step-000002.json", "completions/step-000004.json"]
     table = json.loads(Path(client.download_artifacts(run_id, tables[1], str(tmp_path))).read_text())
@@ -182,8 +206,9 @@ def test_every_tracker_holds_metrics_jsonl_and_a_resume_adds_no_duplicate_step(t
     assert {r[0] for r in table["data"]} == {4} and len(table["data"]) == 2 * 4
 
 
-def test_a_tracker_that_fails_mid_run_is_turned_off_and_training_and_jsonl_go_on(tiny_model_dir, tmp_path,
-                                                                                monkeypatch, caplog):
+def test_a_tracker_that_fails_mid_run_is_turned_off_and_training_and_jsonl_go_on(
+    tiny_model_dir, tmp_path, monkeypatch, caplog
+):
     calls = []
 
     def full_disk(self, step, metrics):
@@ -257,16 +282,39 @@ def test_the_completions_table_is_reproducible_and_shows_zero_variance_groups(ti
     n = 8
     rewards = torch.tensor([1.0, 0.0, 0.5, 0.5, 0.0, 1.0, 0.0, 0.0], dtype=torch.float64)
     rollout = SimpleNamespace(
-        group=torch.tensor([0, 0, 1, 1, 2, 2, 3, 3]), texts=[f"answer {i}" for i in range(n)],
-        prompt_ids=prompt.repeat(n, 1), prompt_mask=torch.ones(n, len(prompt), dtype=torch.long),
-        completion_mask=torch.tensor([[1, 1, 1]] * 4 + [[1, 0, 0]] * 4), truncated=torch.tensor([True] + [False] * 7))
-    scores = SimpleNamespace(rewards=rewards, invalid=torch.zeros(n, dtype=torch.bool),
-                             components={"correct": rewards, "format": torch.full((n,), 0.1, dtype=torch.float64)})
-    batch = SimpleNamespace(rollout=rollout, scores=scores, advantages=torch.tensor([0.7, -0.7, 0, 0, -0.7, 0.7, 0, 0]),
-                            problems=[Problem(f"p{g}", "What is 2+2?", "4") for g in range(4)])
+        group=torch.tensor([0, 0, 1, 1, 2, 2, 3, 3]),
+        texts=[f"answer {i}" for i in range(n)],
+        prompt_ids=prompt.repeat(n, 1),
+        prompt_mask=torch.ones(n, len(prompt), dtype=torch.long),
+        completion_mask=torch.tensor([[1, 1, 1]] * 4 + [[1, 0, 0]] * 4),
+        truncated=torch.tensor([True] + [False] * 7),
+    )
+    scores = SimpleNamespace(
+        rewards=rewards,
+        invalid=torch.zeros(n, dtype=torch.bool),
+        components={"correct": rewards, "format": torch.full((n,), 0.1, dtype=torch.float64)},
+    )
+    batch = SimpleNamespace(
+        rollout=rollout,
+        scores=scores,
+        advantages=torch.tensor([0.7, -0.7, 0, 0, -0.7, 0.7, 0, 0]),
+        problems=[Problem(f"p{g}", "What is 2+2?", "4") for g in range(4)],
+    )
     columns, rows = completion_table(batch, tok, 2, seed=0, step=5)
-    assert columns == ["step", "group", "uid", "prompt", "completion", "reward", "reward/correct", "reward/format",
-                       "advantage", "length", "finish_reason", "zero_variance_group"]
+    assert columns == [
+        "step",
+        "group",
+        "uid",
+        "prompt",
+        "completion",
+        "reward",
+        "reward/correct",
+        "reward/format",
+        "advantage",
+        "length",
+        "finish_reason",
+        "zero_variance_group",
+    ]
     assert (columns, rows) == completion_table(batch, tok, 2, seed=0, step=5)  # reproducible
     flat = [r for r in rows if r[-1]]
     assert len(rows) == 4 and len(flat) == 2 and {r[2] for r in flat} <= {"p1", "p3"}  # one zero-variance group

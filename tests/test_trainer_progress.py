@@ -14,8 +14,15 @@ def tiny(model_dir: str, tmp_path, beta: float = 0.0) -> dict:
         "task": {"name": "arithmetic", "options": {"num_train": 8, "num_test": 4}},
         "rollout": {"group_size": 2, "max_new_tokens": 3, "dtype": "float32"},
         "algorithm": {"beta": beta},
-        "train": {"steps": 2, "prompts_per_step": 2, "micro_batch_size": 4, "precision": "fp32", "device": "cpu",
-                  "save_every": 1, "save_every_minutes": 0},
+        "train": {
+            "steps": 2,
+            "prompts_per_step": 2,
+            "micro_batch_size": 4,
+            "precision": "fp32",
+            "device": "cpu",
+            "save_every": 1,
+            "save_every_minutes": 0,
+        },
         "eval": {"every_steps": 2, "num_problems": 3},
         "run": {"output_dir": str(tmp_path), "name": "p"},
     }
@@ -27,22 +34,36 @@ def test_a_run_tells_each_long_phase_once(tiny_model_dir, tmp_path, one_thread):
     told: list[str] = []
     (tmp_path / "p").mkdir()
     trainer = Trainer(from_dict(tiny(tiny_model_dir, tmp_path, beta=0.1)), tmp_path / "p", progress=told.append)
-    assert told == [f"loading the model {tiny_model_dir}", "making the reference model (algorithm.beta > 0)",
-                    "preparing the sampler's copy of the model"]
+    assert told == [
+        f"loading the model {tiny_model_dir}",
+        "making the reference model (algorithm.beta > 0)",
+        "preparing the sampler's copy of the model",
+    ]
     told.clear()
     trainer.fit(lambda step, m: told.append(f"<step line {step}>"))
-    assert told == ["step 1/2: sampling 2 prompts x 2 completions", "step 1/2: updating the policy",
-                    "<step line 1>", "step 1/2: writing checkpoint step-1",
-                    "step 2/2: held-out eval on 3 problems", "<step line 2>", "step 2/2: writing checkpoint step-2"]
+    assert told == [
+        "step 1/2: sampling 2 prompts x 2 completions",
+        "step 1/2: updating the policy",
+        "<step line 1>",
+        "step 1/2: writing checkpoint step-1",
+        "step 2/2: held-out eval on 3 problems",
+        "<step line 2>",
+        "step 2/2: writing checkpoint step-2",
+    ]
 
     told.clear()
-    resumed = Trainer(from_dict(dict(tiny(tiny_model_dir, tmp_path), train={
-        **tiny(tiny_model_dir, tmp_path)["train"], "steps": 3})), tmp_path / "p")
+    resumed = Trainer(
+        from_dict(dict(tiny(tiny_model_dir, tmp_path), train={**tiny(tiny_model_dir, tmp_path)["train"], "steps": 3})),
+        tmp_path / "p",
+    )
     resumed.progress = told.append  # may be set after construction
     resumed.resume()
     resumed.fit()
-    assert told[:3] == [f"restoring {tmp_path / 'p' / 'checkpoints' / 'step-2'}",
-                        "step 3/3: sampling 2 prompts x 2 completions", "step 3/3: updating the policy"]
+    assert told[:3] == [
+        f"restoring {tmp_path / 'p' / 'checkpoints' / 'step-2'}",
+        "step 3/3: sampling 2 prompts x 2 completions",
+        "step 3/3: updating the policy",
+    ]
 
 
 def test_without_a_hook_nothing_is_called_and_nothing_breaks(tiny_model_dir, tmp_path, one_thread):

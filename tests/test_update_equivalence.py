@@ -37,8 +37,15 @@ INVALID = 4  # this row's reward is invalid: it is masked out of the loss
 ADVANTAGES = [1.0, -0.5, -0.2, 0.7, -1.2, 0.9, -1.1, 0.4, 0.6, 1.3, -0.8, -0.3]
 LR, GRAD_CLIP = 2.0, 0.3
 AGGREGATIONS = ["seq_mean_token_mean", "token_mean", "seq_mean_token_sum_norm", "seq_mean_token_sum"]
-ALGORITHM = {"beta": 0.1, "kl_estimator": "k3", "eps_low": 0.2, "eps_high": 0.28, "is_c_min": 0.5, "is_c_max": 1.5,
-             "dual_clip_c": 3.0}
+ALGORITHM = {
+    "beta": 0.1,
+    "kl_estimator": "k3",
+    "eps_low": 0.2,
+    "eps_high": 0.28,
+    "is_c_min": 0.5,
+    "is_c_max": 1.5,
+    "dual_clip_c": 3.0,
+}
 
 
 @pytest.fixture(autouse=True)
@@ -50,9 +57,17 @@ def float64_rmsnorm(monkeypatch):
 
 
 def tiny_llama(seed: int) -> LlamaForCausalLM:
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-                         tie_word_embeddings=True, attn_implementation="sdpa")
+    config = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        tie_word_embeddings=True,
+        attn_implementation="sdpa",
+    )
     torch.manual_seed(seed)
     return LlamaForCausalLM(config).double()
 
@@ -68,8 +83,16 @@ def make_rollout() -> Rollout:
     completion_mask = (torch.arange(lc).unsqueeze(0) < torch.tensor(COMPLETION_LENS).unsqueeze(1)).long()
     completion_ids = torch.randint(1, VOCAB, (n, lc), generator=g) * completion_mask
     groups = torch.arange(len(PROMPT_LENS)).repeat_interleave(G)
-    return Rollout(prompt_ids, prompt_mask, completion_ids, completion_mask, torch.zeros(n, lc),
-                   torch.zeros(n, dtype=torch.bool), groups, [""] * n)
+    return Rollout(
+        prompt_ids,
+        prompt_mask,
+        completion_ids,
+        completion_mask,
+        torch.zeros(n, lc),
+        torch.zeros(n, dtype=torch.bool),
+        groups,
+        [""] * n,
+    )
 
 
 # ------------------------------------------------------------------------------------------ the reference
@@ -102,8 +125,13 @@ def importance_weights(old: torch.Tensor, sampler: torch.Tensor, m: torch.Tensor
     token = torch.exp((old - sampler) * m)
     seq = torch.exp(((old - sampler) * m).sum(1, keepdim=True)).expand_as(old)
     inside = lambda x: torch.where((x >= c_min) & (x <= c_max), x, torch.zeros_like(x))  # noqa: E731
-    return {"none": torch.ones_like(old), "token_truncate": token.clamp(max=c_max), "token_mask": inside(token),
-            "sequence_truncate": seq.clamp(max=c_max), "sequence_mask": inside(seq)}[mode] * m
+    return {
+        "none": torch.ones_like(old),
+        "token_truncate": token.clamp(max=c_max),
+        "token_mask": inside(token),
+        "sequence_truncate": seq.clamp(max=c_max),
+        "sequence_mask": inside(seq),
+    }[mode] * m
 
 
 def reference_update(policy, reference, rollout, minibatches, aggregation, is_mode, surrogate, advantages=None):
@@ -161,17 +189,39 @@ class RecordingSGD(torch.optim.SGD):
         return super().step(closure)
 
 
-def grpolab_update(base, reference, rollout, aggregation, is_mode, surrogate, micro_batch_size=6,
-                   share_prompt=False, pack=False, given=None, mu=2, minibatches=2, advantages=None):
+def grpolab_update(
+    base,
+    reference,
+    rollout,
+    aggregation,
+    is_mode,
+    surrogate,
+    micro_batch_size=6,
+    share_prompt=False,
+    pack=False,
+    given=None,
+    mu=2,
+    minibatches=2,
+    advantages=None,
+):
     """(trained copy of base, update metrics, minibatches as the update took them). given: (pi_old, pi_ref)
     logprobs to use instead of the update's own no-grad passes."""
-    cfg = from_dict({
-        "rollout": {"group_size": G, "max_new_tokens": MAX_NEW, "temperature": TEMPERATURE, "dtype": "float32"},
-        "algorithm": {**ALGORITHM, "aggregation": aggregation, "is_mode": is_mode, "surrogate": surrogate},
-        "train": {"prompts_per_step": len(PROMPT_LENS), "mu": mu, "minibatches": minibatches,
-                  "micro_batch_size": micro_batch_size, "share_prompt": share_prompt, "pack_completions": pack,
-                  "grad_clip": GRAD_CLIP, "seed": 0},
-    })
+    cfg = from_dict(
+        {
+            "rollout": {"group_size": G, "max_new_tokens": MAX_NEW, "temperature": TEMPERATURE, "dtype": "float32"},
+            "algorithm": {**ALGORITHM, "aggregation": aggregation, "is_mode": is_mode, "surrogate": surrogate},
+            "train": {
+                "prompts_per_step": len(PROMPT_LENS),
+                "mu": mu,
+                "minibatches": minibatches,
+                "micro_batch_size": micro_batch_size,
+                "share_prompt": share_prompt,
+                "pack_completions": pack,
+                "grad_clip": GRAD_CLIP,
+                "seed": 0,
+            },
+        }
+    )
     policy, log = copy.deepcopy(base), []
     optimizer = RecordingSGD(policy.parameters(), log)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: 1.0)
@@ -189,8 +239,12 @@ def grpolab_update(base, reference, rollout, aggregation, is_mode, surrogate, mi
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(update_module, "completion_logprobs", spy)
         metrics = PolicyUpdater(cfg, policy, reference, optimizer, scheduler).update(
-            rollout, torch.tensor(ADVANTAGES, dtype=torch.float64) if advantages is None else advantages, valid,
-            ref_logp=ref, old_logp=old)
+            rollout,
+            torch.tensor(ADVANTAGES, dtype=torch.float64) if advantages is None else advantages,
+            valid,
+            ref_logp=ref,
+            old_logp=old,
+        )
     minibatches, rows = [], []
     for entry in log:
         if entry == "step":
@@ -212,10 +266,12 @@ def make_case():
     return base, reference, rollout
 
 
-def assert_matches_reference(base, reference, rollout, aggregation, is_mode, surrogate, mu=2, minibatches=2,
-                             advantages=None):
-    policy, metrics, taken = grpolab_update(base, reference, rollout, aggregation, is_mode, surrogate, mu=mu,
-                                            minibatches=minibatches, advantages=advantages)
+def assert_matches_reference(
+    base, reference, rollout, aggregation, is_mode, surrogate, mu=2, minibatches=2, advantages=None
+):
+    policy, metrics, taken = grpolab_update(
+        base, reference, rollout, aggregation, is_mode, surrogate, mu=mu, minibatches=minibatches, advantages=advantages
+    )
     # mu passes x `minibatches` minibatches of whole groups; each pass covers every row once
     assert len(taken) == mu * minibatches, taken
     for mb in taken:
@@ -272,7 +328,9 @@ def test_update_with_per_token_advantages_equals_the_reference(aggregation):
     base, reference, rollout = make_case()
     g = torch.Generator().manual_seed(5)
     adv = torch.randn(rollout.completion_ids.shape, generator=g, dtype=torch.float64) * rollout.completion_mask
-    metrics = assert_matches_reference(base, reference, rollout, aggregation, "token_truncate", "ppo_clip", advantages=adv)
+    metrics = assert_matches_reference(
+        base, reference, rollout, aggregation, "token_truncate", "ppo_clip", advantages=adv
+    )
     assert metrics["policy/clip_frac_low"] > 0 and metrics["policy/clip_frac_high"] > 0
     const = torch.tensor(ADVANTAGES, dtype=torch.float64).unsqueeze(1) * rollout.completion_mask
     seq, _, _ = grpolab_update(base, reference, rollout, aggregation, "token_truncate", "ppo_clip")
@@ -284,13 +342,20 @@ def test_update_with_per_token_advantages_equals_the_reference(aggregation):
 def test_one_pass_of_one_minibatch_equals_the_reference():
     """mu = 1 and one minibatch: pi_old is the policy's own detached logprobs (no separate pass); every ratio is 1."""
     base, reference, rollout = make_case()
-    metrics = assert_matches_reference(base, reference, rollout, "seq_mean_token_mean", "token_truncate", "ppo_clip",
-                                       mu=1, minibatches=1)
+    metrics = assert_matches_reference(
+        base, reference, rollout, "seq_mean_token_mean", "token_truncate", "ppo_clip", mu=1, minibatches=1
+    )
     assert metrics["policy/clip_frac_low"] == metrics["policy/clip_frac_high"] == 0
 
 
 LEVERS = [  # (share_prompt, pack_completions, micro_batch_size); a minibatch is 6 rows, 2 groups of 3
-    (False, False, 4), (False, False, 2), (True, False, 6), (True, True, 6), (True, True, 4), (True, False, 2)]
+    (False, False, 4),
+    (False, False, 2),
+    (True, False, 6),
+    (True, True, 6),
+    (True, True, 4),
+    (True, False, 2),
+]
 
 
 LEVER_CASES = [(a, logprobs, 2, 2) for a in AGGREGATIONS for logprobs in ("computed", "given")]
@@ -309,17 +374,40 @@ def test_update_is_the_same_with_every_lever(aggregation, logprobs, mu, minibatc
     given = None
     if logprobs == "given":
         with torch.no_grad():
-            given = tuple(torch.stack([row_logprobs(m, rollout, i) for i in range(len(rollout))])
-                          for m in (base, reference))
+            given = tuple(
+                torch.stack([row_logprobs(m, rollout, i) for i in range(len(rollout))]) for m in (base, reference)
+            )
     tolerance = 1e-11 if given else 1e-6
-    plain, m_ref, order = grpolab_update(base, reference, rollout, aggregation, "token_truncate", "ppo_clip",
-                                         given=given, mu=mu, minibatches=minibatches)
+    plain, m_ref, order = grpolab_update(
+        base, reference, rollout, aggregation, "token_truncate", "ppo_clip", given=given, mu=mu, minibatches=minibatches
+    )
     for share, pack, micro in LEVERS:
-        policy, metrics, taken = grpolab_update(base, reference, rollout, aggregation, "token_truncate", "ppo_clip",
-                                                micro, share, pack, given, mu, minibatches)
+        policy, metrics, taken = grpolab_update(
+            base,
+            reference,
+            rollout,
+            aggregation,
+            "token_truncate",
+            "ppo_clip",
+            micro,
+            share,
+            pack,
+            given,
+            mu,
+            minibatches,
+        )
         lever = f"share_prompt={share} pack={pack} micro_batch_size={micro}"
         assert [sorted(mb) for mb in taken] == [sorted(mb) for mb in order], lever
-        for key in ("loss/total", "loss/policy", "loss/kl", "policy/kl", "policy/entropy", "policy/clip_frac_low",
-                    "policy/clip_frac_high", "optim/grad_norm", "sampler/is_weight_mean"):
+        for key in (
+            "loss/total",
+            "loss/policy",
+            "loss/kl",
+            "policy/kl",
+            "policy/entropy",
+            "policy/clip_frac_low",
+            "policy/clip_frac_high",
+            "optim/grad_norm",
+            "sampler/is_weight_mean",
+        ):
             assert metrics[key] == pytest.approx(m_ref[key], abs=tolerance, rel=tolerance), (lever, key)
         assert_same_weights(base, plain, policy, tolerance, lever)

@@ -14,7 +14,7 @@ from grpolab.rewards.user import source_hashes
 from grpolab.tasks.base import Problem
 
 PROBLEM = Problem(uid="p1", question="What is 2 + 2?", answer="4", slice="easy")
-SOURCE = '''
+SOURCE = """
 import time
 
 def length_share(completion, problem):
@@ -40,7 +40,7 @@ def hang(completion, problem):
 
 def one_arg(completion):
     return 1.0
-'''
+"""
 
 
 @pytest.fixture
@@ -51,8 +51,10 @@ def rewards_file(tmp_path):
 
 
 def test_user_rewards_see_the_problem_and_combine_with_builtins(rewards_file):
-    rs = RewardSet({"correct": 1.0, "length_share": 0.5, "echo_slice": 2.0},
-                   {"length_share": f"{rewards_file}:length_share", "echo_slice": f"{rewards_file}:echo_slice"})
+    rs = RewardSet(
+        {"correct": 1.0, "length_share": 0.5, "echo_slice": 2.0},
+        {"length_share": f"{rewards_file}:length_share", "echo_slice": f"{rewards_file}:echo_slice"},
+    )
     r = rs.score("easy: \\boxed{4}", PROBLEM)
     share = 15 / (15 + 14)
     assert not r.invalid
@@ -60,11 +62,16 @@ def test_user_rewards_see_the_problem_and_combine_with_builtins(rewards_file):
     assert r.total == pytest.approx(1.0 + 0.5 * share + 2.0)
 
 
-@pytest.mark.parametrize("fn, reason", [
-    ("nothing", "ValueError: returned None"), ("nan", "ValueError: returned NaN"),
-    ("text", "TypeError: returned str"), ("boom", "RuntimeError: judge unreachable"),
-    ("hang", "TimeoutError: exceeded its time limit of 0.2 s"),
-])
+@pytest.mark.parametrize(
+    "fn, reason",
+    [
+        ("nothing", "ValueError: returned None"),
+        ("nan", "ValueError: returned NaN"),
+        ("text", "TypeError: returned str"),
+        ("boom", "RuntimeError: judge unreachable"),
+        ("hang", "TimeoutError: exceeded its time limit of 0.2 s"),
+    ],
+)
 def test_a_failing_user_reward_makes_only_that_sample_invalid(rewards_file, fn, reason):
     rs = RewardSet({"correct": 1.0, "mine": 1.0}, {"mine": f"{rewards_file}:{fn}"}, time_limit_s=0.2)
     r = rs.score("\\boxed{4}", PROBLEM)
@@ -72,14 +79,20 @@ def test_a_failing_user_reward_makes_only_that_sample_invalid(rewards_file, fn, 
     assert r.error.startswith(f"mine: {reason}"), r.error
 
 
-@pytest.mark.parametrize("ref, message", [
-    ("missing.py:f", "reward.functions.mine: file not found: missing.py"),
-    ("{file}:absent", "reward.functions.mine: {file} has no function 'absent'; functions there: boom, echo_slice"),
-    ("{file}:one_arg", "reward.functions.mine: {file}:one_arg(completion) cannot be called as fn(completion: str, "
-                       "problem: Problem) -> float | None"),
-    ("no_such_module_xyz:f", "reward.functions.mine: cannot import module 'no_such_module_xyz'"),
-    ("just_a_name", "reward.functions.mine: expected 'path/to/file.py:function' or 'package.module:function'"),
-])
+@pytest.mark.parametrize(
+    "ref, message",
+    [
+        ("missing.py:f", "reward.functions.mine: file not found: missing.py"),
+        ("{file}:absent", "reward.functions.mine: {file} has no function 'absent'; functions there: boom, echo_slice"),
+        (
+            "{file}:one_arg",
+            "reward.functions.mine: {file}:one_arg(completion) cannot be called as fn(completion: str, "
+            "problem: Problem) -> float | None",
+        ),
+        ("no_such_module_xyz:f", "reward.functions.mine: cannot import module 'no_such_module_xyz'"),
+        ("just_a_name", "reward.functions.mine: expected 'path/to/file.py:function' or 'package.module:function'"),
+    ],
+)
 def test_bad_references_are_one_line_naming_the_field(rewards_file, ref, message):
     ref, message = ref.replace("{file}", str(rewards_file)), message.replace("{file}", str(rewards_file))
     with pytest.raises(ConfigError) as e:

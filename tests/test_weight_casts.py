@@ -21,9 +21,17 @@ VOCAB, HIDDEN, G, GROUPS, LP, LC = 64, 32, 4, 3, 5, 6
 
 
 def tiny_policy() -> LlamaForCausalLM:
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=48, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                         tie_word_embeddings=True, attn_implementation="sdpa")
+    config = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=HIDDEN,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        tie_word_embeddings=True,
+        attn_implementation="sdpa",
+    )
     torch.manual_seed(0)
     return LlamaForCausalLM(config)
 
@@ -35,17 +43,27 @@ def rollout() -> Rollout:
     lengths = torch.randint(1, LC + 1, (n,), generator=g)
     cmask = (torch.arange(LC)[None] < lengths[:, None]).long()
     cids = torch.randint(1, VOCAB, (n, LC), generator=g) * cmask
-    return Rollout(prompt_ids, torch.ones_like(prompt_ids), cids, cmask, torch.zeros(n, LC),
-                   torch.zeros(n, dtype=torch.bool), torch.arange(GROUPS).repeat_interleave(G), [""] * n)
+    return Rollout(
+        prompt_ids,
+        torch.ones_like(prompt_ids),
+        cids,
+        cmask,
+        torch.zeros(n, LC),
+        torch.zeros(n, dtype=torch.bool),
+        torch.arange(GROUPS).repeat_interleave(G),
+        [""] * n,
+    )
 
 
 def update(precision: str, keep: bool) -> tuple[LlamaForCausalLM, int]:
     """(policy after one update with micro-batches of 4 of 12 rows, forward casts of the tied embedding counted)."""
-    cfg = from_dict({
-        "rollout": {"group_size": G, "max_new_tokens": LC, "temperature": 0.9, "dtype": "float32"},
-        "algorithm": {"beta": 0.0},
-        "train": {"prompts_per_step": GROUPS, "micro_batch_size": 4, "precision": precision, "lr": 1e-2, "seed": 0},
-    })
+    cfg = from_dict(
+        {
+            "rollout": {"group_size": G, "max_new_tokens": LC, "temperature": 0.9, "dtype": "float32"},
+            "algorithm": {"beta": 0.0},
+            "train": {"prompts_per_step": GROUPS, "micro_batch_size": 4, "precision": precision, "lr": 1e-2, "seed": 0},
+        }
+    )
     policy = tiny_policy()
     optimizer = torch.optim.SGD(policy.parameters(), lr=1e-2)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: 1.0)
@@ -53,12 +71,17 @@ def update(precision: str, keep: bool) -> tuple[LlamaForCausalLM, int]:
     with contextlib.ExitStack() as stack:
         if not keep:
             stack.enter_context(pytest.MonkeyPatch.context()).setattr(
-                update_module, "weight_casts_kept", lambda *a, **k: contextlib.nullcontext())
+                update_module, "weight_casts_kept", lambda *a, **k: contextlib.nullcontext()
+            )
         with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
             PolicyUpdater(cfg, policy, None, optimizer, scheduler).update(
-                rollout(), advantages, torch.ones(G * GROUPS, dtype=torch.bool))
-    casts = sum(e.count for e in prof.key_averages(group_by_input_shape=True)
-                if e.key == "aten::_to_copy" and e.input_shapes and list(e.input_shapes[0]) == [VOCAB, HIDDEN])
+                rollout(), advantages, torch.ones(G * GROUPS, dtype=torch.bool)
+            )
+    casts = sum(
+        e.count
+        for e in prof.key_averages(group_by_input_shape=True)
+        if e.key == "aten::_to_copy" and e.input_shapes and list(e.input_shapes[0]) == [VOCAB, HIDDEN]
+    )
     return policy, casts
 
 

@@ -37,20 +37,35 @@ SMALL = [
     (0, "A bag has {a} sweets. Mia eats {b} of them. How many sweets are left?", "{a} - {b}"),
 ]
 TEMPLATES = SMALL + [
-    (1, "A farmer plants {a} rows of trees with {b} trees in each row. How many trees does he plant?",
-     "{a} * {b}"),
+    (1, "A farmer plants {a} rows of trees with {b} trees in each row. How many trees does he plant?", "{a} * {b}"),
     (1, "A box holds {a} pencils. How many pencils are in {b} boxes?", "{a} * {b}"),
-    (1, "A library has {a} books on the first floor and {c} books on the second floor. How many books are there "
-        "in total?", "{a} + {c}"),
+    (
+        1,
+        "A library has {a} books on the first floor and {c} books on the second floor. How many books are there "
+        "in total?",
+        "{a} + {c}",
+    ),
     (1, "A train travels {a} kilometres every hour. How far does it travel in {b} hours?", "{a} * {b}"),
-    (2, "A shop has {a} boxes with {b} apples in each box. It sells {c} apples. How many apples are left?",
-     "{a} * {b} - {c}"),
-    (2, "Tom buys {a} tickets at {b} dollars each and pays a {c} dollar fee. How much does he pay in total?",
-     "{a} * {b} + {c}"),
-    (2, "A school has {a} classes of {b} students and {c} teachers. How many people are there in the school?",
-     "{a} * {b} + {c}"),
-    (2, "A factory makes {a} cars a day for {b} days, and {c} of them fail the test. How many cars pass?",
-     "{a} * {b} - {c}"),
+    (
+        2,
+        "A shop has {a} boxes with {b} apples in each box. It sells {c} apples. How many apples are left?",
+        "{a} * {b} - {c}",
+    ),
+    (
+        2,
+        "Tom buys {a} tickets at {b} dollars each and pays a {c} dollar fee. How much does he pay in total?",
+        "{a} * {b} + {c}",
+    ),
+    (
+        2,
+        "A school has {a} classes of {b} students and {c} teachers. How many people are there in the school?",
+        "{a} * {b} + {c}",
+    ),
+    (
+        2,
+        "A factory makes {a} cars a day for {b} days, and {c} of them fail the test. How many cars pass?",
+        "{a} * {b} - {c}",
+    ),
 ]
 TEST_SHARE = 0.2
 
@@ -82,9 +97,16 @@ def make_problems(split: str, n: int, seed: int, difficulty: int) -> list[Proble
         seen.add(question)
         uid = f"calc/{hashlib.sha256(question.encode()).hexdigest()[:12]}"
         expr = expression.format(a=a, b=b, c=c)
-        out.append(Problem(uid=uid, question=question, answer=calculate(expr), slice=f"level={k}",
-                           data={"requires_tools": k > 0, "expression": expr, "expert_calls": int(k > 0)},
-                           instruction=PROMPT_INSTRUCTION))
+        out.append(
+            Problem(
+                uid=uid,
+                question=question,
+                answer=calculate(expr),
+                slice=f"level={k}",
+                data={"requires_tools": k > 0, "expression": expr, "expert_calls": int(k > 0)},
+                instruction=PROMPT_INSTRUCTION,
+            )
+        )
     return out
 
 

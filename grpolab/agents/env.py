@@ -110,11 +110,16 @@ def load_env(ref: str, field: str = "task.env") -> type:
     cls = getattr(_load_module(field, where), name, None)
     if not inspect.isclass(cls):
         raise ConfigError(f"{field}: {where} has no class {name!r}")
-    missing = [m for m in ("reset", "step", "reward", "problems")
-               if not callable(getattr(cls, m, None)) or m in getattr(cls, "__abstractmethods__", ())]
+    missing = [
+        m
+        for m in ("reset", "step", "reward", "problems")
+        if not callable(getattr(cls, m, None)) or m in getattr(cls, "__abstractmethods__", ())
+    ]
     if missing:
-        raise ConfigError(f"{field}: {ref} lacks {', '.join(missing)}; an environment needs reset(problem, rng), "
-                          "step(action) -> (observation, done), reward() and problems(split, n, seed, difficulty)")
+        raise ConfigError(
+            f"{field}: {ref} lacks {', '.join(missing)}; an environment needs reset(problem, rng), "
+            "step(action) -> (observation, done), reward() and problems(split, n, seed, difficulty)"
+        )
     for tool in getattr(cls, "tools", []):
         if not isinstance(tool, Tool):
             raise ConfigError(f"{field}: {ref}.tools must hold grpolab.agents.tools.Tool records, got {tool!r}")
@@ -145,15 +150,27 @@ class AgentTask:
 
     name = "agent"
 
-    def __init__(self, env: str, seed: int = 0, num_train: int = 2000, num_test: int = 200, difficulty: int = 1,
-                 max_turns: int = 4, max_turn_tokens: int = 64, max_total_tokens: int = 256,
-                 time_limit_s: float = 5.0):
+    def __init__(
+        self,
+        env: str,
+        seed: int = 0,
+        num_train: int = 2000,
+        num_test: int = 200,
+        difficulty: int = 1,
+        max_turns: int = 4,
+        max_turn_tokens: int = 64,
+        max_total_tokens: int = 256,
+        time_limit_s: float = 5.0,
+    ):
         self.env_ref, self.env_cls = env, load_env(env)
         self.seed, self.difficulty = seed, _positive("difficulty", difficulty)
         self.sizes = {"train": _positive("num_train", num_train), "test": _positive("num_test", num_test)}
-        self.limits = EpisodeLimits(_positive("max_turns", max_turns), _positive("max_turn_tokens", max_turn_tokens),
-                                    _positive("max_total_tokens", max_total_tokens),
-                                    float(_positive("time_limit_s", time_limit_s, float)))
+        self.limits = EpisodeLimits(
+            _positive("max_turns", max_turns),
+            _positive("max_turn_tokens", max_turn_tokens),
+            _positive("max_total_tokens", max_total_tokens),
+            float(_positive("time_limit_s", time_limit_s, float)),
+        )
 
     def problems(self, split: str) -> list[Problem]:
         from ..tasks.base import Problem

@@ -89,7 +89,9 @@ class _Episode:
     def active(self) -> bool:
         return not self.result.ended_by
 
-    def add(self, ids: list[int], model: bool, logp: list[float] | None = None, full: list[float] | None = None) -> None:
+    def add(
+        self, ids: list[int], model: bool, logp: list[float] | None = None, full: list[float] | None = None
+    ) -> None:
         self.tokens += ids
         self.loss += [int(model)] * len(ids)
         self.logp += logp if logp is not None else [0.0] * len(ids)
@@ -123,8 +125,9 @@ class EpisodeRunner:
     # -------------------------------------------------------------------------------------- rendering
 
     def prompt_ids(self, first_observation: str) -> list[int]:
-        text = self.tokenizer.apply_chat_template([{"role": "user", "content": first_observation}], tokenize=False,
-                                                  add_generation_prompt=True)
+        text = self.tokenizer.apply_chat_template(
+            [{"role": "user", "content": first_observation}], tokenize=False, add_generation_prompt=True
+        )
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
     def observation_ids(self, text: str, role: str, ended_with: int | None = None) -> list[int]:
@@ -137,13 +140,14 @@ class EpisodeRunner:
             tok = self.tokenizer
             head = [{"role": "user", "content": "q"}, {"role": "assistant", "content": _SENTINEL}]
             closed = tok.apply_chat_template(head, tokenize=False)
-            full = tok.apply_chat_template(head + [{"role": role, "content": text}], tokenize=False,
-                                           add_generation_prompt=True)
-            delta = full[full.index(_SENTINEL) + len(_SENTINEL):]
+            full = tok.apply_chat_template(
+                head + [{"role": role, "content": text}], tokenize=False, add_generation_prompt=True
+            )
+            delta = full[full.index(_SENTINEL) + len(_SENTINEL) :]
             end_of_turn = tok.decode([ended_with]) if ended_with in self.stop_ids else ""
-            tail = closed[closed.index(_SENTINEL) + len(_SENTINEL):]
+            tail = closed[closed.index(_SENTINEL) + len(_SENTINEL) :]
             if end_of_turn and tail.startswith(end_of_turn) and delta.startswith(end_of_turn):
-                delta = delta[len(end_of_turn):]  # the model's own stop token already closed its turn
+                delta = delta[len(end_of_turn) :]  # the model's own stop token already closed its turn
             self._observations[key] = tok(delta, add_special_tokens=False)["input_ids"]
         return self._observations[key]
 
@@ -182,8 +186,9 @@ class EpisodeRunner:
             return
         ep.result.ended_by, ep.result.reward = ended_by, float(value)
 
-    def run(self, problems: list[Problem], group_size: int, params: SamplingParams,
-            seeds: list[int] | None = None) -> Episodes:
+    def run(
+        self, problems: list[Problem], group_size: int, params: SamplingParams, seeds: list[int] | None = None
+    ) -> Episodes:
         """group_size episodes per problem (1 when greedy), group-major; seeds: one per problem (its group's)."""
         g = 1 if params.greedy else group_size
         episodes: list[_Episode] = []
@@ -195,8 +200,11 @@ class EpisodeRunner:
             for ep, first in started:
                 ep.prompt = prompt
                 if first is not None and len(firsts) > 1:
-                    self.fail(ep, "reset: the episodes of one group got different first observations; reset must "
-                                  "depend only on (problem, rng)")
+                    self.fail(
+                        ep,
+                        "reset: the episodes of one group got different first observations; reset must "
+                        "depend only on (problem, rng)",
+                    )
             episodes += [ep for ep, _ in started]
         while any(ep.active for ep in episodes):
             self.turn([ep for ep in episodes if ep.active], params)
@@ -210,9 +218,15 @@ class EpisodeRunner:
         budgets = [min(ep.limits.max_turn_tokens, ep.limits.max_total_tokens - len(ep.tokens)) for ep in live]
         seqs = [ep.prompt + ep.tokens for ep in live]
         gens = [ep.generator for ep in live]
-        sampling = dict(temperature=1.0 if params.greedy else params.temperature, stop_ids=self.stop_ids,
-                        pad_id=self.tokenizer.pad_token_id, greedy=params.greedy, top_k=params.top_k,
-                        top_p=params.top_p, generators=None if any(g is None for g in gens) else gens)
+        sampling = dict(
+            temperature=1.0 if params.greedy else params.temperature,
+            stop_ids=self.stop_ids,
+            pad_id=self.tokenizer.pad_token_id,
+            greedy=params.greedy,
+            top_k=params.top_k,
+            top_p=params.top_p,
+            generators=None if any(g is None for g in gens) else gens,
+        )
         with torch.no_grad(), eval_mode(self.model):
             if self.reuse_cache:
                 d, caches = decode_turn(self.model, seqs, [ep.cache for ep in live], max(budgets), **sampling)
@@ -262,7 +276,9 @@ class EpisodeRunner:
         else:
             try:
                 out = call_with_time_limit(ep.env.step, (text,), ep.limits.time_limit_s)
-                if not (isinstance(out, tuple) and len(out) == 2 and isinstance(out[0], str) and isinstance(out[1], bool)):
+                if not (
+                    isinstance(out, tuple) and len(out) == 2 and isinstance(out[0], str) and isinstance(out[1], bool)
+                ):
                     raise TypeError(f"returned {out!r:.60}, expected (observation: str, done: bool)")
             except Exception as exc:  # noqa: BLE001
                 return self.fail(ep, f"step: {type(exc).__name__}: {exc}")
@@ -291,7 +307,8 @@ class EpisodeRunner:
         untruncated = right([ep.logp_full for ep in episodes], 0.0, torch.float32)
         logp = right([ep.logp for ep in episodes], 0.0, torch.float32)
         return Rollout(
-            prompt_ids=prompt_ids, prompt_mask=prompt_mask,
+            prompt_ids=prompt_ids,
+            prompt_mask=prompt_mask,
             completion_ids=right([ep.tokens for ep in episodes], pad, torch.long),
             completion_mask=right([[1] * len(ep.tokens) for ep in episodes], 0, torch.long),
             sampler_logprobs=logp,

@@ -25,12 +25,15 @@ _SENTINEL = "\u2063GRPOLAB_EXPERT\u2063"
 def end_of_turn_id(runner: EpisodeRunner) -> int:
     """The token the chat template closes an assistant message with (ChatML: <|im_end|>); it must be a stop id."""
     tok = runner.tokenizer
-    closed = tok.apply_chat_template([{"role": "user", "content": "q"}, {"role": "assistant", "content": _SENTINEL}],
-                                     tokenize=False)
-    tail = tok(closed[closed.index(_SENTINEL) + len(_SENTINEL):], add_special_tokens=False)["input_ids"]
+    closed = tok.apply_chat_template(
+        [{"role": "user", "content": "q"}, {"role": "assistant", "content": _SENTINEL}], tokenize=False
+    )
+    tail = tok(closed[closed.index(_SENTINEL) + len(_SENTINEL) :], add_special_tokens=False)["input_ids"]
     if not tail or tail[0] not in runner.stop_ids:
-        raise ConfigError("the chat template does not close an assistant message with one of the model's stop tokens; "
-                          "expert episodes cannot end their turns as the model does")
+        raise ConfigError(
+            "the chat template does not close an assistant message with one of the model's stop tokens; "
+            "expert episodes cannot end their turns as the model does"
+        )
     return tail[0]
 
 
@@ -51,8 +54,10 @@ def expert_episode(runner: EpisodeRunner, problem: Problem, eot: int | None = No
     env_cls = load_env(problem.data["env"])
     solver = getattr(env_cls, "expert", None)
     if not callable(solver):
-        raise ConfigError(f"task.env: {problem.data['env']} has no expert(problem, turns) solver; supervised warm "
-                          "starts need one (grpolab/agents/expert.py)")
+        raise ConfigError(
+            f"task.env: {problem.data['env']} has no expert(problem, turns) solver; supervised warm "
+            "starts need one (grpolab/agents/expert.py)"
+        )
     eot = end_of_turn_id(runner) if eot is None else eot
     ep, first = runner.start(problem, 0, 0, False)
     ep.prompt = runner.prompt_ids(first if first is not None else problem.question)

@@ -24,7 +24,7 @@ INTEGER = re.compile(r"-?\d+")
 
 def make_problems(split: str, n: int, seed: int, difficulty: int) -> list[Problem]:
     rng = random.Random(f"guess:{seed}:{split}:{difficulty}")
-    width = 4 * 2 ** difficulty - 1
+    width = 4 * 2**difficulty - 1
     seen: set[str] = set()
     out: list[Problem] = []
     for _ in range(20 * n + 1000):
@@ -37,10 +37,15 @@ def make_problems(split: str, n: int, seed: int, difficulty: int) -> list[Proble
         if key in seen or ("test" if bucket < 2_000 else "train") != split:
             continue
         seen.add(key)
-        question = (f"I am thinking of an integer between {low} and {high}. Guess it. Reply with one number; after "
-                    "each guess I say Higher or Lower.")
-        out.append(Problem(uid=f"guess/{key}", question=question, answer=str(secret), slice=f"width={width + 1}",
-                           instruction=""))
+        question = (
+            f"I am thinking of an integer between {low} and {high}. Guess it. Reply with one number; after "
+            "each guess I say Higher or Lower."
+        )
+        out.append(
+            Problem(
+                uid=f"guess/{key}", question=question, answer=str(secret), slice=f"width={width + 1}", instruction=""
+            )
+        )
     return out
 
 

@@ -88,8 +88,9 @@ def open_box(argument: str) -> str:
     return f"The code is {value}." if kind == "code" else f"A note: open box {value}."
 
 
-OPEN = Tool("open", "open(label) shows what is inside the box with that label, e.g. <tool>open(amber-412)</tool>",
-            open_box)
+OPEN = Tool(
+    "open", "open(label) shows what is inside the box with that label, e.g. <tool>open(amber-412)</tool>", open_box
+)
 
 
 def make_problems(split: str, n: int, seed: int, difficulty: int) -> list[Problem]:
@@ -110,10 +111,20 @@ def make_problems(split: str, n: int, seed: int, difficulty: int) -> list[Proble
             raise RuntimeError(f"lookup: no {split} chain of {hops} boxes found")
         seen.add(label)
         boxes, code = found
-        question = (f"Box {label} holds a four-digit code, or a note naming another box to open. Find the code. "
-                    "Reply with just the code.")
-        out.append(Problem(uid=f"lookup/{label}", question=question, answer=code, slice=f"hops={hops}",
-                           instruction="", data={"requires_tools": True, "expert_calls": hops, "start": label}))
+        question = (
+            f"Box {label} holds a four-digit code, or a note naming another box to open. Find the code. "
+            "Reply with just the code."
+        )
+        out.append(
+            Problem(
+                uid=f"lookup/{label}",
+                question=question,
+                answer=code,
+                slice=f"hops={hops}",
+                instruction="",
+                data={"requires_tools": True, "expert_calls": hops, "start": label},
+            )
+        )
     return out
 
 

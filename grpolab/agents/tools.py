@@ -71,7 +71,9 @@ def parse_tool_call(text: str, known: set[str] | frozenset[str]) -> ToolCall | N
         return ToolCall(None, None, "malformed tool call: <tool> without </tool>")
     body = CALL_BODY.match(match.group(1))
     if body is None:
-        return ToolCall(None, None, f"malformed tool call {match.group(1)[:60]!r}: expected <tool>name(argument)</tool>")
+        return ToolCall(
+            None, None, f"malformed tool call {match.group(1)[:60]!r}: expected <tool>name(argument)</tool>"
+        )
     name, argument = body.group(1), body.group(2).strip()
     if name not in known:
         return ToolCall(None, None, f"unknown tool {name!r}; available: {', '.join(sorted(known))}")
@@ -80,16 +82,25 @@ def parse_tool_call(text: str, known: set[str] | frozenset[str]) -> ToolCall | N
 
 def tool_instructions(tools: list[Tool]) -> str:
     """The lines appended to the first observation that tell the model how to call the tools."""
-    lines = ["You can use these tools. To call one, write <tool>name(argument)</tool> and stop; the result comes back "
-             "in the next message."]
+    lines = [
+        "You can use these tools. To call one, write <tool>name(argument)</tool> and stop; the result comes back "
+        "in the next message."
+    ]
     lines += [f"- {t.name}: {t.description}" for t in tools]
     return "\n".join(lines)
 
 
 # ------------------------------------------------------------------------------------------------ calculator
 
-_BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
-           ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow}
+_BINARY = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+    ast.Pow: operator.pow,
+}
 _UNARY = {ast.UAdd: operator.pos, ast.USub: operator.neg}
 MAX_MAGNITUDE = 1e15
 
@@ -137,8 +148,12 @@ def calculate(expression: str) -> str:
     return str(value)
 
 
-CALCULATOR = Tool("calculator", "calculator(expression) evaluates an arithmetic expression with + - * / and "
-                  "parentheses, e.g. <tool>calculator(12*(3+4))</tool>", calculate)
+CALCULATOR = Tool(
+    "calculator",
+    "calculator(expression) evaluates an arithmetic expression with + - * / and "
+    "parentheses, e.g. <tool>calculator(12*(3+4))</tool>",
+    calculate,
+)
 
 
 # ------------------------------------------------------------------------------------------------ worker process

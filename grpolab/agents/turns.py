@@ -71,7 +71,7 @@ def batch_cache(stores: list[EpisodeCache | None], keep: list[int], width: int) 
             t = like.layers[layer][j].new_zeros((len(stores), h, width, d))
             for i, (store, k) in enumerate(zip(stores, keep)):
                 if k > 0:
-                    t[i, :, width - k:] = store.layers[layer][j][:, :k]
+                    t[i, :, width - k :] = store.layers[layer][j][:, :k]
             tensors.append(t)
         layers.append(tuple(tensors))
     return DynamicCache(ddp_cache_data=layers)
@@ -106,8 +106,14 @@ def decode_turn(
     width = ids.shape[1]
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     past = batch_cache(stores, [max(0, len(s) - feed) for s in seqs], width - feed)
-    out = model(input_ids=ids[:, width - feed:], attention_mask=mask, position_ids=positions[:, width - feed:],
-                use_cache=True, logits_to_keep=1, **(cache_kwarg(model, past) if past is not None else {}))
+    out = model(
+        input_ids=ids[:, width - feed :],
+        attention_mask=mask,
+        position_ids=positions[:, width - feed :],
+        use_cache=True,
+        logits_to_keep=1,
+        **(cache_kwarg(model, past) if past is not None else {}),
+    )
     cache = getattr(out, "cache", None) or out.past_key_values
     preallocate(cache, width + max_new_tokens)
     caches: list[EpisodeCache | None] = [None] * n
@@ -116,6 +122,16 @@ def decode_turn(
         for b in stopped.nonzero().flatten().tolist():
             caches[int(rows[b])] = row_cache(cache, b, attn[b])
 
-    loop = SamplingLoop(max_new_tokens, temperature, stop_ids, pad_id, greedy=greedy, top_k=top_k, top_p=top_p,
-                        group_size=1, generators=generators, prepack=prepack)  # one generator per episode
+    loop = SamplingLoop(
+        max_new_tokens,
+        temperature,
+        stop_ids,
+        pad_id,
+        greedy=greedy,
+        top_k=top_k,
+        top_p=top_p,
+        group_size=1,
+        generators=generators,
+        prepack=prepack,
+    )  # one generator per episode
     return sample_loop(model, out.logits[:, -1], cache, mask, loop, on_stop=keep_episode_caches), caches

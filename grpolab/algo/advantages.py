@@ -104,7 +104,9 @@ SCALINGS: dict[Scaling, Callable[[torch.Tensor, torch.Tensor, float, StdKind], t
 }
 
 
-def zero_signal_groups(rewards: torch.Tensor, valid: torch.Tensor, resolution: float = REWARD_RESOLUTION) -> torch.Tensor:
+def zero_signal_groups(
+    rewards: torch.Tensor, valid: torch.Tensor, resolution: float = REWARD_RESOLUTION
+) -> torch.Tensor:
     """[P] bool: True where max_valid R - min_valid R <= resolution, or fewer than 2 valid members."""
     r = rewards.to(torch.float64)
     hi = torch.where(valid, r, -torch.inf).amax(dim=1)

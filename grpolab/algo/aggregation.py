@@ -40,7 +40,9 @@ def batch_counts(mask: torch.Tensor) -> torch.Tensor:
     [2.0, 1.0, 2.0]
     """
     m = mask.to(torch.float64)
-    return torch.stack([torch.tensor(float(m.shape[0]), dtype=torch.float64, device=m.device), (m.sum(-1) > 0).sum().double(), m.sum()])
+    return torch.stack(
+        [torch.tensor(float(m.shape[0]), dtype=torch.float64, device=m.device), (m.sum(-1) > 0).sum().double(), m.sum()]
+    )
 
 
 def seq_mean_token_mean(m: torch.Tensor, l_max: int, c: torch.Tensor) -> torch.Tensor:
@@ -71,7 +73,9 @@ AGGREGATIONS: dict[Aggregation, Callable[[torch.Tensor, int, torch.Tensor], torc
 }
 
 
-def token_weights(mask: torch.Tensor, mode: Aggregation, l_max: int, counts: torch.Tensor | None = None) -> torch.Tensor:
+def token_weights(
+    mask: torch.Tensor, mode: Aggregation, l_max: int, counts: torch.Tensor | None = None
+) -> torch.Tensor:
     """[B, T] float64 weights w_it of these rows of the optimisation batch (see module docstring); counts is
     batch_counts of the whole batch (default: these rows are the whole batch).
 

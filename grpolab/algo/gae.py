@@ -108,7 +108,9 @@ class ValueLossOut:
     clipped: torch.Tensor  # [N, T] bool: the clipped term is the larger one (its gradient is zero)
 
 
-def clipped_value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, clip: float) -> ValueLossOut:
+def clipped_value_loss(
+    values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, clip: float
+) -> ValueLossOut:
     """l_t = 0.5 * max((V - G)^2, (V_old + clip(V - V_old, -clip, clip) - G)^2); clip <= 0 turns clipping off.
 
     >>> out = clipped_value_loss(torch.tensor([1.0]), torch.tensor([0.0]), torch.tensor([2.0]), 0.2)
@@ -123,8 +125,12 @@ def clipped_value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: 
     return ValueLossOut(0.5 * torch.maximum(unclipped, clipped), clipped > unclipped)
 
 
-def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor,
-                       reduce: Callable[[torch.Tensor], torch.Tensor] = lambda t: t) -> float:
+def explained_variance(
+    values: torch.Tensor,
+    returns: torch.Tensor,
+    mask: torch.Tensor,
+    reduce: Callable[[torch.Tensor], torch.Tensor] = lambda t: t,
+) -> float:
     """1 - Var_m(G - V) / Var_m(G) over masked tokens, population variances (nan when the returns do not vary).
     ``reduce`` sums its float64 statistics over data-parallel ranks (grpolab.training.distributed.all_reduce_sum), so the
     variances are those of the whole batch: the means first, then the squared deviations from them."""

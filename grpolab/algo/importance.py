@@ -82,14 +82,18 @@ IS_CORRECTIONS: dict[ISMode, Callable[[torch.Tensor, torch.Tensor, ISParams], to
 }
 
 
-def is_weights(old_logp: torch.Tensor, sampler_logp: torch.Tensor, mask: torch.Tensor, mode: ISMode, p: ISParams) -> torch.Tensor:
+def is_weights(
+    old_logp: torch.Tensor, sampler_logp: torch.Tensor, mask: torch.Tensor, mode: ISMode, p: ISParams
+) -> torch.Tensor:
     """Detached [B, T] correction weights (zero on masked tokens), dispatched through IS_CORRECTIONS."""
     m = mask.to(old_logp.dtype)
     log_ratio = ((old_logp - sampler_logp) * m).detach()
     return IS_CORRECTIONS[ISMode(mode)](log_ratio, m, p) * m
 
 
-def mismatch_stats(old_logp: torch.Tensor, sampler_logp: torch.Tensor, mask: torch.Tensor, weights: torch.Tensor) -> dict[str, float]:
+def mismatch_stats(
+    old_logp: torch.Tensor, sampler_logp: torch.Tensor, mask: torch.Tensor, weights: torch.Tensor
+) -> dict[str, float]:
     """sampler/logp_diff_{mean,max} = |log pi_old - log q_full| over masked tokens; is_weight_{min,mean,max}.
 
     sampler_logp here is the untruncated log q_full (Rollout.untruncated_logprobs()): the metric measures numeric

@@ -82,7 +82,10 @@ def token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, temperature: f
 
 
 def logprobs_and_entropy(
-    logits: torch.Tensor, token_ids: torch.Tensor, temperature: float = 1.0, with_entropy: bool = False,
+    logits: torch.Tensor,
+    token_ids: torch.Tensor,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
     entropy_grad: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(log p(token), H or None) of logits [..., V] and tokens [...]: the formulas of the module docstring.

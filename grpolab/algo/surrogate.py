@@ -68,14 +68,18 @@ def _clipped(log_ratio: torch.Tensor, adv: torch.Tensor, p: ClipParams) -> Surro
     return SurrogateOut(loss=loss, ratio=ratio, clipped_low=low, clipped_high=high)
 
 
-def ppo_clip(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, p: ClipParams) -> SurrogateOut:
+def ppo_clip(
+    logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, p: ClipParams
+) -> SurrogateOut:
     """l_it = -min(r_it A_i, clip(r_it, 1-eps_low, 1+eps_high) A_i), r_it = exp(logp - old_logp) on unmasked
     tokens (masked tokens get r = 1, so padding values can never produce inf/NaN)."""
     log_ratio = torch.where(mask.bool(), logp - old_logp, torch.zeros_like(logp))
     return _clipped(log_ratio, per_token(adv, logp), p)
 
 
-def dual_clip(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, p: ClipParams) -> SurrogateOut:
+def dual_clip(
+    logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, p: ClipParams
+) -> SurrogateOut:
     """ppo_clip, then for A_i < 0: l_it = min(l_it, -c A_i)."""
     out = ppo_clip(logp, old_logp, adv, mask, p)
     a = per_token(adv, logp)
@@ -83,7 +87,9 @@ def dual_clip(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, mas
     return SurrogateOut(loss=capped, ratio=out.ratio, clipped_low=out.clipped_low, clipped_high=out.clipped_high)
 
 
-def gspo(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, p: ClipParams) -> SurrogateOut:
+def gspo(
+    logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, p: ClipParams
+) -> SurrogateOut:
     """log s_i = sum_t m_it (logp - old_logp) / sum_t m_it; l_it = -min(s_i A_i, clip(s_i, ...) A_i) for all t."""
     m = mask.to(logp.dtype)
     log_s = ((logp - old_logp) * m).sum(-1) / m.sum(-1).clamp(min=1.0)

@@ -79,8 +79,14 @@ def masked_loss(model, encoded: list[tuple[list[int], list[int]]], pad_id: int, 
     return total / max(tokens, 1)
 
 
-def run_agent_sft(model_name: str, options: dict[str, Any], s: AgentSFTSettings, out_dir: Path,
-                  limit: int = 0, log: Callable[[str], None] = lambda line: None) -> dict[str, Any]:
+def run_agent_sft(
+    model_name: str,
+    options: dict[str, Any],
+    s: AgentSFTSettings,
+    out_dir: Path,
+    limit: int = 0,
+    log: Callable[[str], None] = lambda line: None,
+) -> dict[str, Any]:
     """Expert episodes of the agent task's training states, fine-tune, write the checkpoint + manifest to out_dir;
     ``log`` gets a progress line per stage and every 10 steps."""
     from ..manifest import data_hash, problem_hashes, versions, write_json_atomic
@@ -102,8 +108,10 @@ def run_agent_sft(model_name: str, options: dict[str, Any], s: AgentSFTSettings,
     log(f"playing the expert on {len(problems)} training states")
     solved, unsolved = expert_data(EpisodeRunner(model, tokenizer, eos_ids(model, tokenizer)), problems)
     if not solved:
-        raise GrpolabError(f"agent sft: the expert solved none of the {len(problems)} training states; are the task's "
-                           "bounds (max_turns, max_turn_tokens, max_total_tokens) wide enough for its solutions?")
+        raise GrpolabError(
+            f"agent sft: the expert solved none of the {len(problems)} training states; are the task's "
+            "bounds (max_turns, max_turn_tokens, max_total_tokens) wide enough for its solutions?"
+        )
     encoded = [encode_episode(e) for e in solved]
     resolution = resolve_update(s.precision, model, s.batch_size, max(len(e.tokens) for e in solved))
     s = AgentSFTSettings(**{**asdict(s), "precision": resolution["update"]})
@@ -121,19 +129,35 @@ def run_agent_sft(model_name: str, options: dict[str, Any], s: AgentSFTSettings,
     tokenizer.save_pretrained(out_dir)
     n = len(solved)
     manifest = {
-        "grpolab_baseline": 1, "method": "sft-agent-expert", "base_model": model_name, "base_path": path,
-        "config": {"model": {"name": model_name}, "task": {"name": "agent", "options": options, "split": "train",
-                                                            "limit": limit}, "train": asdict(s)},
-        "num_problems": len(problems), "num_examples": n, "unsolved_by_expert": len(unsolved),
+        "grpolab_baseline": 1,
+        "method": "sft-agent-expert",
+        "base_model": model_name,
+        "base_path": path,
+        "config": {
+            "model": {"name": model_name},
+            "task": {"name": "agent", "options": options, "split": "train", "limit": limit},
+            "train": asdict(s),
+        },
+        "num_problems": len(problems),
+        "num_examples": n,
+        "unsolved_by_expert": len(unsolved),
         "problems_with_examples": n,
-        "expert": {"turns_mean": sum(e.result.turns for e in solved) / n,
-                   "tool_calls_mean": sum(e.result.tool_calls for e in solved) / n,
-                   "trained_tokens_mean": sum(sum(e.loss_mask) for e in solved) / n,
-                   "episode_tokens_mean": sum(len(e.tokens) for e in solved) / n},
-        "train_problem_hashes": problem_hashes(problems), "train_data_hash": data_hash(problems),
-        "loss_before": before, "loss_after": after, "losses": losses, "precision": resolution,
+        "expert": {
+            "turns_mean": sum(e.result.turns for e in solved) / n,
+            "tool_calls_mean": sum(e.result.tool_calls for e in solved) / n,
+            "trained_tokens_mean": sum(sum(e.loss_mask) for e in solved) / n,
+            "episode_tokens_mean": sum(len(e.tokens) for e in solved) / n,
+        },
+        "train_problem_hashes": problem_hashes(problems),
+        "train_data_hash": data_hash(problems),
+        "loss_before": before,
+        "loss_after": after,
+        "losses": losses,
+        "precision": resolution,
         "budget": {"completions_sampled": 0, "optimizer_steps": s.steps},
-        "seconds": time.perf_counter() - start, "peak_rss_mb": peak_rss_mb(), "versions": versions(),
+        "seconds": time.perf_counter() - start,
+        "peak_rss_mb": peak_rss_mb(),
+        "versions": versions(),
     }
     write_json_atomic(out_dir / BASELINE_MANIFEST, manifest)
     return manifest

@@ -47,11 +47,15 @@ class ValueModel(torch.nn.Module):
 
     def forward(self, input_ids, attention_mask, position_ids, keep: int) -> torch.Tensor:
         """[b, keep] values of the last `keep` positions' hidden states."""
-        h = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).last_hidden_state
+        h = self.backbone(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids
+        ).last_hidden_state
         return self.head(h[:, -keep:]).squeeze(-1).float()
 
 
-def completion_values(model: ValueModel, rollout: Rollout, rows: torch.Tensor, precision: str) -> tuple[torch.Tensor, slice]:
+def completion_values(
+    model: ValueModel, rollout: Rollout, rows: torch.Tensor, precision: str
+) -> tuple[torch.Tensor, slice]:
     """([b, Lc'] V_t of the completion tokens of `rows`, the completion columns they cover): one padded pass of
     [left-padded prompt | completion]; the value of token t is read at the position that predicts it."""
     first, lc = _trim(rollout, rows)
@@ -67,8 +71,15 @@ def completion_values(model: ValueModel, rollout: Rollout, rows: torch.Tensor, p
 class Critic:
     """The value model, its AdamW, and its update (module docstring)."""
 
-    def __init__(self, cfg: Config, policy: torch.nn.Module, model_path: str, device: torch.device, world: World = World(),
-                 precision: str | None = None):
+    def __init__(
+        self,
+        cfg: Config,
+        policy: torch.nn.Module,
+        model_path: str,
+        device: torch.device,
+        world: World = World(),
+        precision: str | None = None,
+    ):
         """``precision``: the update's resolved precision ("fp32"/"bf16"; the trainer resolves train.precision's auto),
         else cfg.train.precision."""
         self.cfg, self.world = cfg, world
@@ -82,7 +93,9 @@ class Critic:
         self.model = ValueModel(backbone, hidden).to(device)
         self.model.train()
         self.params = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(self.params, lr=c.lr, weight_decay=0.0, betas=(cfg.train.adam_beta1, cfg.train.adam_beta2))
+        self.optimizer = torch.optim.AdamW(
+            self.params, lr=c.lr, weight_decay=0.0, betas=(cfg.train.adam_beta1, cfg.train.adam_beta2)
+        )
 
     @torch.no_grad()
     def values(self, rollout: Rollout) -> torch.Tensor:
@@ -94,8 +107,14 @@ class Critic:
                 out[rows, cols] = v
         return out
 
-    def update(self, rollout: Rollout, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor,
-               minibatches: list[list[torch.Tensor]]) -> dict[str, float]:
+    def update(
+        self,
+        rollout: Rollout,
+        old_values: torch.Tensor,
+        returns: torch.Tensor,
+        mask: torch.Tensor,
+        minibatches: list[list[torch.Tensor]],
+    ) -> dict[str, float]:
         """train.mu x train.minibatches steps on the clipped value loss; ``minibatches``: for each pass, the rows of
         each minibatch (the policy's, grpolab.training.update.minibatch_groups). Returns value/* metrics of the whole batch
         (summed over the ranks; value/grad_norm is of the all-reduced gradient)."""
@@ -107,11 +126,12 @@ class Critic:
                 weights = token_weights(mask[mb], Aggregation.TOKEN_MEAN, 1, counts)
                 self.optimizer.zero_grad(set_to_none=True)
                 for start in range(0, len(mb), t.micro_batch_size):
-                    rows = mb[start:start + t.micro_batch_size]
+                    rows = mb[start : start + t.micro_batch_size]
                     v, c = completion_values(self.model, rollout, rows, self.precision)
-                    out = clipped_value_loss(v.double(), old_values[rows][:, c].double(), returns[rows][:, c],
-                                             self.cfg.critic.value_clip)
-                    w, m = weights[start:start + len(rows)][:, c], mask[rows][:, c].double()
+                    out = clipped_value_loss(
+                        v.double(), old_values[rows][:, c].double(), returns[rows][:, c], self.cfg.critic.value_clip
+                    )
+                    w, m = weights[start : start + len(rows)][:, c], mask[rows][:, c].double()
                     loss = (w * out.loss).sum()
                     loss.backward()
                     sums["loss"] += loss.item()
@@ -123,14 +143,24 @@ class Critic:
         # every metric is of the whole batch: each rank's loss is its share of the global token mean (the weights
         # count every rank's tokens), so the ranks' losses add up to it
         value_sum = (old_values.double() * mask).sum().item()
-        total = all_reduce_sum(torch.tensor([sums["loss"], sums["clipped"], sums["tokens"], value_sum, mask.sum().item()],
-                                            dtype=torch.float64, device=mask.device), self.world)
+        total = all_reduce_sum(
+            torch.tensor(
+                [sums["loss"], sums["clipped"], sums["tokens"], value_sum, mask.sum().item()],
+                dtype=torch.float64,
+                device=mask.device,
+            ),
+            self.world,
+        )
         steps = max(sums["steps"], 1)
-        return {"value/loss": total[0].item() / steps, "value/clip_frac": (total[1] / total[2].clamp(min=1)).item(),
-                "value/grad_norm": sums["grad_norm"] / steps,
-                "value/explained_var": explained_variance(old_values, returns, mask,
-                                                          partial(all_reduce_sum, world=self.world)),
-                "value/mean": (total[3] / total[4].clamp(min=1)).item()}
+        return {
+            "value/loss": total[0].item() / steps,
+            "value/clip_frac": (total[1] / total[2].clamp(min=1)).item(),
+            "value/grad_norm": sums["grad_norm"] / steps,
+            "value/explained_var": explained_variance(
+                old_values, returns, mask, partial(all_reduce_sum, world=self.world)
+            ),
+            "value/mean": (total[3] / total[4].clamp(min=1)).item(),
+        }
 
     def step(self) -> float:
         """Clip and step; a non-finite gradient norm skips the step (returns the norm)."""
@@ -143,7 +173,10 @@ class Critic:
     def state_dict(self) -> dict[str, Any]:
         """What a checkpoint keeps: the head (and the backbone copy unless it is the policy's) and the optimizer."""
         weights = self.model.head.state_dict() if self.cfg.critic.share_backbone else self.model.state_dict()
-        return {"weights": {k: v.detach().cpu().clone() for k, v in weights.items()}, "optimizer": self.optimizer.state_dict()}
+        return {
+            "weights": {k: v.detach().cpu().clone() for k, v in weights.items()},
+            "optimizer": self.optimizer.state_dict(),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         target = self.model.head if self.cfg.critic.share_backbone else self.model

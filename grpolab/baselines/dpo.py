@@ -61,8 +61,9 @@ class Pair:
     rejected_reward: float
 
 
-def build_pairs(rewards: torch.Tensor, invalid: torch.Tensor, texts: list[str], group_size: int,
-                pairs_per_problem: int = 0) -> list[Pair]:
+def build_pairs(
+    rewards: torch.Tensor, invalid: torch.Tensor, texts: list[str], group_size: int, pairs_per_problem: int = 0
+) -> list[Pair]:
     """Pairs within each group of `group_size` consecutive rows (module docstring). rewards / invalid: [P * G].
 
     >>> [(p.problem, p.chosen, p.rejected) for p in build_pairs(torch.tensor([1., 0, 1, 0, 0, 0]), torch.zeros(6, dtype=torch.bool),
@@ -94,8 +95,10 @@ def held_out_guard(sampled: list[Problem], held_out: list[Problem]) -> None:
 
     bad = overlapping(sampled, problem_hashes(held_out))
     if bad:
-        raise GrpolabError(f"dpo: {len(bad)} sampled problem(s) are in the held-out split, e.g. {bad[0].uid!r}; "
-                           f"pairs are built on training problems only")
+        raise GrpolabError(
+            f"dpo: {len(bad)} sampled problem(s) are in the held-out split, e.g. {bad[0].uid!r}; "
+            f"pairs are built on training problems only"
+        )
 
 
 def pair_rollout(rollout: Rollout, pairs: list[Pair], pad_id: int) -> Rollout:
@@ -119,8 +122,9 @@ def pair_token_logps(model, rollout: Rollout, pair_ids: list[int], precision: st
     return out
 
 
-def dpo_loss(model, rollout: Rollout, pair_ids: list[int], ref: torch.Tensor, s: DPOSettings,
-             precision: str) -> tuple[torch.Tensor, torch.Tensor]:
+def dpo_loss(
+    model, rollout: Rollout, pair_ids: list[int], ref: torch.Tensor, s: DPOSettings, precision: str
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(mean loss over the pairs, [b] margins h) of pairs `pair_ids`; ref: [num_pairs, 2] reference sequence logps."""
     kind = PreferenceLoss(s.loss)
     logp = pair_token_logps(model, rollout, pair_ids, precision, grad=True)
@@ -132,7 +136,9 @@ def dpo_loss(model, rollout: Rollout, pair_ids: list[int], ref: torch.Tensor, s:
 
 
 @torch.no_grad()
-def reference_logps(model, rollout: Rollout, kind: PreferenceLoss, precision: str, batch_pairs: int = 8) -> torch.Tensor:
+def reference_logps(
+    model, rollout: Rollout, kind: PreferenceLoss, precision: str, batch_pairs: int = 8
+) -> torch.Tensor:
     """[num_pairs, 2] sequence logps of chosen/rejected under `model` (eval mode): the reference, computed once."""
     from ..models.load import eval_mode
 
@@ -182,8 +188,14 @@ def train_dpo(model, rollout: Rollout, s: DPOSettings, precision: str, betas=(0.
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), s.grad_clip or float("inf")).item()
         if math.isfinite(norm):
             opt.step()
-        log.append({"loss": loss.item(), "margin": margin.mean().item(), "accuracy": (margin > 0).double().mean().item(),
-                    "grad_norm": norm})
+        log.append(
+            {
+                "loss": loss.item(),
+                "margin": margin.mean().item(),
+                "accuracy": (margin > 0).double().mean().item(),
+                "grad_norm": norm,
+            }
+        )
     model.eval()
     return log
 
@@ -197,10 +209,14 @@ def sample_pairs(cfg, collector, s: DPOSettings) -> tuple[Rollout, list[Problem]
     rewards = torch.cat([r.scores.rewards for r in rounds])
     invalid = torch.cat([r.scores.invalid for r in rounds])
     pairs = build_pairs(rewards, invalid, rollout.texts, cfg.rollout.group_size, s.pairs_per_problem)
-    stats = {"completions_sampled": len(rollout), "problems_sampled": len(problems), "pairs": len(pairs),
-             "problems_with_pairs": len({p.problem for p in pairs}),
-             "sampled_reward_mean": float(torch.nan_to_num(rewards, nan=0.0).mean()),
-             "invalid": int(invalid.sum())}
+    stats = {
+        "completions_sampled": len(rollout),
+        "problems_sampled": len(problems),
+        "pairs": len(pairs),
+        "problems_with_pairs": len({p.problem for p in pairs}),
+        "sampled_reward_mean": float(torch.nan_to_num(rewards, nan=0.0).mean()),
+        "invalid": int(invalid.sum()),
+    }
     return rollout, problems, pairs, stats
 
 
@@ -236,21 +252,38 @@ def run_dpo(cfg, s: DPOSettings, out_dir: Path) -> dict[str, Any]:
     rollout, problems, pairs, stats = sample_pairs(cfg, collector, s)
     held_out_guard(problems, held_out)
     sampled_s = time.perf_counter() - start
-    log = train_dpo(model, pair_rollout(rollout, pairs, tokenizer.pad_token_id), s, precision,
-                    (cfg.train.adam_beta1, cfg.train.adam_beta2))
+    log = train_dpo(
+        model,
+        pair_rollout(rollout, pairs, tokenizer.pad_token_id),
+        s,
+        precision,
+        (cfg.train.adam_beta1, cfg.train.adam_beta2),
+    )
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
     unique = list({p.uid: p for p in problems}.values())
     manifest = {
-        "grpolab_baseline": 1, "method": f"dpo-{s.loss}", "base_model": cfg.model.name, "base_path": path,
+        "grpolab_baseline": 1,
+        "method": f"dpo-{s.loss}",
+        "base_model": cfg.model.name,
+        "base_path": path,
         "config": {**to_dict(cfg), "dpo": dataclasses.asdict(s)},
-        "budget": {"completions_sampled": stats["completions_sampled"], "optimizer_steps": s.steps,
-                   "pairs_per_step": s.batch_size},
-        "pairs": stats, "num_problems": len(unique), "precision": resolution,
-        "train_problem_hashes": problem_hashes(unique), "train_data_hash": data_hash(unique),
-        "steps": log, "seconds": time.perf_counter() - start, "sampling_seconds": sampled_s,
-        "peak_rss_mb": peak_rss_mb(), "versions": versions(),
+        "budget": {
+            "completions_sampled": stats["completions_sampled"],
+            "optimizer_steps": s.steps,
+            "pairs_per_step": s.batch_size,
+        },
+        "pairs": stats,
+        "num_problems": len(unique),
+        "precision": resolution,
+        "train_problem_hashes": problem_hashes(unique),
+        "train_data_hash": data_hash(unique),
+        "steps": log,
+        "seconds": time.perf_counter() - start,
+        "sampling_seconds": sampled_s,
+        "peak_rss_mb": peak_rss_mb(),
+        "versions": versions(),
     }
     write_json_atomic(out_dir / BASELINE_MANIFEST, manifest)
     return manifest

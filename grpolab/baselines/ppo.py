@@ -46,11 +46,14 @@ def trainer_class(cfg: Config) -> type[Trainer]:
 class PPOTrainer(Trainer):
     def __init__(self, cfg: Config, run_dir: Path, *args: Any, **kwargs: Any):
         if cfg.train.strategy == "fsdp2":
-            raise ConfigError("algorithm.estimator: gae (PPO) runs with train.strategy ddp; fsdp2 shards only the policy")
+            raise ConfigError(
+                "algorithm.estimator: gae (PPO) runs with train.strategy ddp; fsdp2 shards only the policy"
+            )
         super().__init__(cfg, run_dir, *args, **kwargs)
         try:
-            self.critic = Critic(self.cfg, self.policy, self.model_path, self.device, self.world,
-                                 precision=self.update_precision)
+            self.critic = Critic(
+                self.cfg, self.policy, self.model_path, self.device, self.world, precision=self.update_precision
+            )
         except BaseException:
             self.close()  # put the process-wide settings back, as a failed Trainer build does
             raise
@@ -68,20 +71,35 @@ class PPOTrainer(Trainer):
         kl = token_kl(old, ref, a.kl_estimator) if in_reward else None
         rewards = torch.nan_to_num(batch.scores.rewards, nan=0.0).to(mask.device)  # invalid rows are masked out anyway
         est = gae(token_rewards(rewards, kl, mask, a.beta), values, mask, a.gamma, a.lam)
-        adv = whiten(est.advantages, mask, all_reduce_sum(masked_moments(est.advantages, mask), self.world)) if a.whiten \
+        adv = (
+            whiten(est.advantages, mask, all_reduce_sum(masked_moments(est.advantages, mask), self.world))
+            if a.whiten
             else est.advantages
+        )
         metrics = self.critic.update(rollout, values, est.returns, mask, self.critic_minibatches(batch))
         t2 = time.perf_counter()
         if kl is not None:
-            penalty = all_reduce_sum(torch.tensor([a.beta * (kl.double() * mask).sum().item(), float(len(rollout))],
-                                                  dtype=torch.float64, device=mask.device), self.world)
+            penalty = all_reduce_sum(
+                torch.tensor(
+                    [a.beta * (kl.double() * mask).sum().item(), float(len(rollout))],
+                    dtype=torch.float64,
+                    device=mask.device,
+                ),
+                self.world,
+            )
             metrics["reward/kl_penalty/mean"] = (penalty[0] / penalty[1].clamp(min=1)).item()
         m = mask.double()
-        sums = all_reduce_sum(torch.stack([(est.advantages * m).sum(), (est.returns * m).sum(), m.sum()]).double(),
-                              self.world)  # over every rank's tokens
-        metrics.update({"ppo/adv_raw_mean": (sums[0] / sums[2].clamp(min=1)).item(),
-                        "ppo/return_mean": (sums[1] / sums[2].clamp(min=1)).item(),
-                        "time/values_s": t1 - t0, "time/critic_update_s": t2 - t1})
+        sums = all_reduce_sum(
+            torch.stack([(est.advantages * m).sum(), (est.returns * m).sum(), m.sum()]).double(), self.world
+        )  # over every rank's tokens
+        metrics.update(
+            {
+                "ppo/adv_raw_mean": (sums[0] / sums[2].clamp(min=1)).item(),
+                "ppo/return_mean": (sums[1] / sums[2].clamp(min=1)).item(),
+                "time/values_s": t1 - t0,
+                "time/critic_update_s": t2 - t1,
+            }
+        )
         batch.metrics.update(metrics)
         batch.advantages = adv
         return ref, old
@@ -90,9 +108,13 @@ class PPOTrainer(Trainer):
         """This rank's rows of every minibatch of every pass, in the policy update's order."""
         t, g = self.cfg.train, self.cfg.rollout.group_size
         where = {pos: i for i, pos in enumerate(batch.positions)}
-        return [[torch.tensor([where[p] * g + k for p in chunk if p in where for k in range(g)], dtype=torch.long)
-                 for chunk in minibatch_groups(batch.num_groups, t.minibatches, t.seed, self.step, it)]
-                for it in range(t.mu)]
+        return [
+            [
+                torch.tensor([where[p] * g + k for p in chunk if p in where for k in range(g)], dtype=torch.long)
+                for chunk in minibatch_groups(batch.num_groups, t.minibatches, t.seed, self.step, it)
+            ]
+            for it in range(t.mu)
+        ]
 
     def samples(self, batch: Batch) -> list[dict[str, Any]]:
         """The Trainer's samples, with each completion's mean per-token advantage as its advantage."""

@@ -36,13 +36,20 @@ def formula(cfg: Config, loss: str, loss_tex: str) -> tuple[str, str]:
     the critic's loss."""
     a, c = cfg.algorithm, cfg.critic
     kl_r = a.beta > 0 and a.kl_placement == "reward"
-    r_t = (f"r_t = -{a.beta} KL_{a.kl_estimator.value}(t) + R [t = last]" if kl_r else "r_t = R [t = last]")
-    r_tex = (rf"r_t = -{a.beta}\,\mathrm{{KL}}_{{{a.kl_estimator.value}}}(t) + R\,[t = T]" if kl_r else r"r_t = R\,[t = T]")
-    text = (f"{loss},  A_it = GAE(gamma={a.gamma}, lambda={a.lam}) of {r_t} with V_t from the critic, end terminal"
-            + (", whitened over the batch" if a.whiten else "")
-            + f";  critic: L_V = mean_tokens 0.5 max((V-G)^2, (V_old + clip(V-V_old, +-{c.value_clip}) - G)^2), G = A + V")
-    tex = (loss_tex + rf",\quad A_{{i,t}} = \sum_l (\gamma\lambda)^l \delta_{{t+l}},\ \delta_t = r_t + \gamma V_{{t+1}} - V_t,\ {r_tex}"
-           + rf",\ \gamma={a.gamma},\ \lambda={a.lam}")
+    r_t = f"r_t = -{a.beta} KL_{a.kl_estimator.value}(t) + R [t = last]" if kl_r else "r_t = R [t = last]"
+    r_tex = (
+        rf"r_t = -{a.beta}\,\mathrm{{KL}}_{{{a.kl_estimator.value}}}(t) + R\,[t = T]" if kl_r else r"r_t = R\,[t = T]"
+    )
+    text = (
+        f"{loss},  A_it = GAE(gamma={a.gamma}, lambda={a.lam}) of {r_t} with V_t from the critic, end terminal"
+        + (", whitened over the batch" if a.whiten else "")
+        + f";  critic: L_V = mean_tokens 0.5 max((V-G)^2, (V_old + clip(V-V_old, +-{c.value_clip}) - G)^2), G = A + V"
+    )
+    tex = (
+        loss_tex
+        + rf",\quad A_{{i,t}} = \sum_l (\gamma\lambda)^l \delta_{{t+l}},\ \delta_t = r_t + \gamma V_{{t+1}} - V_t,\ {r_tex}"
+        + rf",\ \gamma={a.gamma},\ \lambda={a.lam}"
+    )
     return text, tex
 
 
@@ -52,10 +59,18 @@ def choices(cfg: Config) -> dict[str, Any]:
     fields = {"estimator": a.estimator, "gamma": a.gamma, "lam": a.lam, "whiten": a.whiten}
     if a.estimator != "gae":
         return fields
-    return {**fields, "critic": {"backbone": "shared with the policy" if c.share_backbone else "copy of the policy's",
-                       "lr": c.lr, "value_clip": c.value_clip, "grad_clip": c.grad_clip,
-                       "kl": "per token in the reward" if a.beta > 0 and a.kl_placement == "reward"
-                       else ("in the loss" if a.beta > 0 else "none (beta = 0)")}}
+    return {
+        **fields,
+        "critic": {
+            "backbone": "shared with the policy" if c.share_backbone else "copy of the policy's",
+            "lr": c.lr,
+            "value_clip": c.value_clip,
+            "grad_clip": c.grad_clip,
+            "kl": "per token in the reward"
+            if a.beta > 0 and a.kl_placement == "reward"
+            else ("in the loss" if a.beta > 0 else "none (beta = 0)"),
+        },
+    }
 
 
 def _advantage(cfg: Config) -> dict[str, dict]:
@@ -63,14 +78,29 @@ def _advantage(cfg: Config) -> dict[str, dict]:
     verl_diff = ["sample variance (n - 1) in the whitening"] if a.whiten else ["always whitens the GAE advantages"]
     if c.share_backbone:
         verl_diff.append("the critic is always a separate model")
-    verl = _row(NEAREST, {"algorithm.adv_estimator": "gae", "algorithm.gamma": a.gamma, "algorithm.lam": a.lam,
-                          "critic.cliprange_value": c.value_clip, "critic.optim.lr": c.lr}, "; ".join(verl_diff))
-    orl_diff = ["masked tokens inside a completion are zeroed, not skipped",
-                "rsqrt(max(var, 1e-8)) instead of rsqrt(var + 1e-8)" if a.whiten else "always centres the advantages"]
+    verl = _row(
+        NEAREST,
+        {
+            "algorithm.adv_estimator": "gae",
+            "algorithm.gamma": a.gamma,
+            "algorithm.lam": a.lam,
+            "critic.cliprange_value": c.value_clip,
+            "critic.optim.lr": c.lr,
+        },
+        "; ".join(verl_diff),
+    )
+    orl_diff = [
+        "masked tokens inside a completion are zeroed, not skipped",
+        "rsqrt(max(var, 1e-8)) instead of rsqrt(var + 1e-8)" if a.whiten else "always centres the advantages",
+    ]
     if c.share_backbone:
         orl_diff.append("the critic is always a separate model")
-    orl_settings: dict[str, Any] = {"--algo.advantage.estimator": "gae", "--algo.advantage.gamma": a.gamma,
-                                    "--algo.advantage.lambd": a.lam, "--critic.value_clip": c.value_clip}
+    orl_settings: dict[str, Any] = {
+        "--algo.advantage.estimator": "gae",
+        "--algo.advantage.gamma": a.gamma,
+        "--algo.advantage.lambd": a.lam,
+        "--critic.value_clip": c.value_clip,
+    }
     orl = _row(NEAREST, orl_settings, "; ".join(orl_diff))
     return {"trl": _row(NONE, {}, NO_PPO_IN_TRL), "verl": verl, "openrlhf": orl}
 
@@ -81,9 +111,17 @@ def _kl(cfg: Config, rows: dict[str, dict]) -> dict[str, dict]:
     if not (a.beta > 0 and a.kl_placement == "reward"):
         return {**rows, "trl": _row(NONE, {}, NO_PPO_IN_TRL)}
     clamp = ["k3 clamped to [-10, 10]"] if a.kl_estimator == "k3" else []
-    verl = _row(NEAREST if clamp else EXACT, {"algorithm.use_kl_in_reward": True, "algorithm.kl_penalty": _VERL_KL[a.kl_estimator.value],
-                                              "algorithm.kl_ctrl.type": "fixed", "algorithm.kl_ctrl.kl_coef": a.beta,
-                                              "actor_rollout_ref.actor.use_kl_loss": False}, "; ".join(clamp))
+    verl = _row(
+        NEAREST if clamp else EXACT,
+        {
+            "algorithm.use_kl_in_reward": True,
+            "algorithm.kl_penalty": _VERL_KL[a.kl_estimator.value],
+            "algorithm.kl_ctrl.type": "fixed",
+            "algorithm.kl_ctrl.kl_coef": a.beta,
+            "actor_rollout_ref.actor.use_kl_loss": False,
+        },
+        "; ".join(clamp),
+    )
     orl = _row(EXACT, {"--algo.kl.init_coef": a.beta, "--algo.kl.estimator": a.kl_estimator.value})
     return {"trl": _row(NONE, {}, NO_PPO_IN_TRL), "verl": verl, "openrlhf": orl}
 

@@ -55,11 +55,14 @@ BASELINE_MANIFEST = "baseline_manifest.json"
 
 # ---------------------------------------------------------------------------------------------- budget
 
+
 def grpo_budget(cfg) -> dict[str, int]:
     """What a GRPO (or PPO) run of this config samples and steps (without dynamic-sampling refills)."""
     t = cfg.train
-    return {"completions_sampled": t.steps * t.prompts_per_step * cfg.rollout.group_size,
-            "optimizer_steps": t.steps * t.mu * t.minibatches}
+    return {
+        "completions_sampled": t.steps * t.prompts_per_step * cfg.rollout.group_size,
+        "optimizer_steps": t.steps * t.mu * t.minibatches,
+    }
 
 
 def budget_statement(cfg) -> str:
@@ -70,8 +73,10 @@ def budget_statement(cfg) -> str:
     'budget: 960 sampled completions (30 steps x 4 prompts x 8), 30 optimizer steps'
     """
     b, t = grpo_budget(cfg), cfg.train
-    return (f"budget: {b['completions_sampled']} sampled completions ({t.steps} steps x {t.prompts_per_step} prompts x "
-            f"{cfg.rollout.group_size}), {b['optimizer_steps']} optimizer steps")
+    return (
+        f"budget: {b['completions_sampled']} sampled completions ({t.steps} steps x {t.prompts_per_step} prompts x "
+        f"{cfg.rollout.group_size}), {b['optimizer_steps']} optimizer steps"
+    )
 
 
 def matched_n(completions: int, num_problems: int) -> int:
@@ -90,17 +95,29 @@ def run_budget(run_dir: Path, manifest: dict[str, Any]) -> dict[str, Any]:
 
     cfg = manifest.get("config") or {}
     t, g = cfg.get("train") or {}, (cfg.get("rollout") or {}).get("group_size", 0)
-    rows = [json.loads(x) for x in (Path(run_dir) / "metrics.jsonl").read_text().splitlines() if x.strip()] \
-        if (Path(run_dir) / "metrics.jsonl").is_file() else []
+    rows = (
+        [json.loads(x) for x in (Path(run_dir) / "metrics.jsonl").read_text().splitlines() if x.strip()]
+        if (Path(run_dir) / "metrics.jsonl").is_file()
+        else []
+    )
     rows = [r for r in rows if "time/step_s" in r]  # training steps (not other records)
     completions = sum(t.get("prompts_per_step", 0) * g * (1 + r.get("dynamic/extra_rounds", 0)) for r in rows)
-    return {"completions_sampled": int(completions), "optimizer_steps": len(rows) * t.get("mu", 1) * t.get("minibatches", 1),
-            "wall_s": sum(r.get("time/step_s", 0.0) for r in rows),
-            "peak_memory_mb": max((r.get("memory/peak_rss_mb", 0.0) for r in rows), default=float("nan"))}
+    return {
+        "completions_sampled": int(completions),
+        "optimizer_steps": len(rows) * t.get("mu", 1) * t.get("minibatches", 1),
+        "wall_s": sum(r.get("time/step_s", 0.0) for r in rows),
+        "peak_memory_mb": max((r.get("memory/peak_rss_mb", 0.0) for r in rows), default=float("nan")),
+    }
 
 
-def budget_of(manifest_file: Path | None, manifest: dict[str, Any] | None, method: str = "greedy", samples: int = 0,
-              n: int = 0, eval_seconds: float = float("nan")) -> dict[str, Any]:
+def budget_of(
+    manifest_file: Path | None,
+    manifest: dict[str, Any] | None,
+    method: str = "greedy",
+    samples: int = 0,
+    n: int = 0,
+    eval_seconds: float = float("nan"),
+) -> dict[str, Any]:
     """The budget row of a compared model: from its run or baseline manifest, or (best-of-n) from its evaluation."""
     nan = float("nan")
     if method == "best_of_n":
@@ -112,9 +129,14 @@ def budget_of(manifest_file: Path | None, manifest: dict[str, Any] | None, metho
     b = manifest.get("budget") or {}
     cfg = (manifest.get("config") or {}).get("train") or {}
     rft = manifest.get("method") == "sft-rft"
-    return {"completions_sampled": b.get("completions_sampled", cfg.get("rft_samples", 0) * manifest.get("num_problems", 0) if rft else 0),
-            "optimizer_steps": b.get("optimizer_steps", cfg.get("steps", 0)),
-            "wall_s": manifest.get("seconds", nan), "peak_memory_mb": manifest.get("peak_rss_mb", nan)}
+    return {
+        "completions_sampled": b.get(
+            "completions_sampled", cfg.get("rft_samples", 0) * manifest.get("num_problems", 0) if rft else 0
+        ),
+        "optimizer_steps": b.get("optimizer_steps", cfg.get("steps", 0)),
+        "wall_s": manifest.get("seconds", nan),
+        "peak_memory_mb": manifest.get("peak_rss_mb", nan),
+    }
 
 
 def entry_budget(entry: dict[str, Any]) -> dict[str, Any]:
@@ -143,12 +165,16 @@ def budget_cells(b: dict[str, Any] | None) -> list[str]:
     if not b:
         return ["-"] * 4
     ok = lambda v: isinstance(v, (int, float)) and math.isfinite(v)  # noqa: E731
-    return [f"{b['wall_s'] / 60:.1f} min" if ok(b.get("wall_s")) else "-",
-            f"{b['peak_memory_mb'] / 1024:.1f} GiB" if ok(b.get("peak_memory_mb")) else "-",
-            str(b.get("completions_sampled", "-")), str(b.get("optimizer_steps", "-"))]
+    return [
+        f"{b['wall_s'] / 60:.1f} min" if ok(b.get("wall_s")) else "-",
+        f"{b['peak_memory_mb'] / 1024:.1f} GiB" if ok(b.get("peak_memory_mb")) else "-",
+        str(b.get("completions_sampled", "-")),
+        str(b.get("optimizer_steps", "-")),
+    ]
 
 
 # ---------------------------------------------------------------------------------------------- best-of-n
+
 
 def select_best(texts: list[str], gold: str, weights: dict[str, float]) -> tuple[int, list[float]]:
     """(index of the highest training reward, all rewards); NaN (invalid) ranks below any number; ties -> first.
@@ -167,15 +193,32 @@ def best_of_n_item(problem: Problem, samples: list[Completion], weights: dict[st
     chosen = samples[best]
     ok = [bool(is_correct(s.text, problem.answer)) for s in samples]
     return {
-        "uid": problem.uid, "slice": problem.slice, "slices": [problem.slice], "gold": problem.answer,
-        "completion": chosen.text, "correct": ok[best], "length": chosen.length, "truncated": chosen.truncated,
-        "chosen": best, "rewards": rewards, "samples_correct": ok,
+        "uid": problem.uid,
+        "slice": problem.slice,
+        "slices": [problem.slice],
+        "gold": problem.answer,
+        "completion": chosen.text,
+        "correct": ok[best],
+        "length": chosen.length,
+        "truncated": chosen.truncated,
+        "chosen": best,
+        "rewards": rewards,
+        "samples_correct": ok,
         "scores": {"accuracy": float(ok[best]), f"oracle@{len(samples)}": float(any(ok))},
     }
 
 
-def best_of_n_eval(engine: RolloutEngine, tokenizer, problems: list[Problem], n: int, weights: dict[str, float],
-                   temperature: float = 1.0, max_new_tokens: int = 64, batch_size: int = 64, seed: int = 0) -> EvalResult:
+def best_of_n_eval(
+    engine: RolloutEngine,
+    tokenizer,
+    problems: list[Problem],
+    n: int,
+    weights: dict[str, float],
+    temperature: float = 1.0,
+    max_new_tokens: int = 64,
+    batch_size: int = 64,
+    seed: int = 0,
+) -> EvalResult:
     """Best-of-n by training reward, scored by the held-out metric (``accuracy``), with ``oracle@n``."""
     if n < 1:
         raise GrpolabError(f"best-of-n: n must be >= 1, got {n}")
@@ -188,6 +231,7 @@ def best_of_n_eval(engine: RolloutEngine, tokenizer, problems: list[Problem], n:
 
 
 # ---------------------------------------------------------------------------------------------- SFT data
+
 
 @dataclass(frozen=True)
 class SFTSettings:
@@ -231,12 +275,18 @@ def gold_solutions(task: str, options: dict[str, Any], split: str) -> dict[str, 
     from ..tasks import make_task
 
     _, rows = make_task(task, **options)._rows(split)  # uid index = row index, as GSM8KTask assigns it
-    return {f"gsm8k/{split}/{i}": row["answer"] for i, (_, row) in enumerate(rows) if isinstance(row.get("answer"), str)}
+    return {
+        f"gsm8k/{split}/{i}": row["answer"] for i, (_, row) in enumerate(rows) if isinstance(row.get("answer"), str)
+    }
 
 
-def rft_examples(engine: RolloutEngine, tokenizer, problems: list[Problem], s: SFTSettings) -> list[tuple[Problem, str]]:
+def rft_examples(
+    engine: RolloutEngine, tokenizer, problems: list[Problem], s: SFTSettings
+) -> list[tuple[Problem, str]]:
     """Distinct own samples whose training-reward ``correct`` component is >= 1 (rejection sampling)."""
-    params = SamplingParams(group_size=s.rft_samples, logprobs=False, temperature=s.rft_temperature, max_new_tokens=s.max_new_tokens)
+    params = SamplingParams(
+        group_size=s.rft_samples, logprobs=False, temperature=s.rft_temperature, max_new_tokens=s.max_new_tokens
+    )
     torch.manual_seed(s.seed)
     samples = generate_all(engine, tokenizer, problems, params, s.gen_batch_size)
     out: list[tuple[Problem, str]] = []
@@ -251,6 +301,7 @@ def rft_examples(engine: RolloutEngine, tokenizer, problems: list[Problem], s: S
 
 
 # ---------------------------------------------------------------------------------------------- SFT training
+
 
 def encode(tokenizer, problem: Problem, target: str) -> tuple[list[int], list[int]]:
     """(input ids, labels): chat-template prompt + target + EOS; labels are -100 on the prompt."""
@@ -296,12 +347,19 @@ def mean_loss(model, tokenizer, encoded: list[tuple[list[int], list[int]]], batc
 def train_sft(model, tokenizer, examples: list[tuple[Problem, str]], s: SFTSettings) -> list[float]:
     """Exactly s.steps AdamW steps over seeded epoch-wise shuffles of the examples; returns each step's loss."""
     if not examples:
-        raise GrpolabError("sft: no training examples (rft kept no correct sample; try more --rft-samples or mode gold)")
+        raise GrpolabError(
+            "sft: no training examples (rft kept no correct sample; try more --rft-samples or mode gold)"
+        )
     return train_on_encoded(model, [encode(tokenizer, p, t) for p, t in examples], tokenizer.pad_token_id, s)
 
 
-def train_on_encoded(model, encoded: list[tuple[list[int], list[int]]], pad_id: int, s,
-                     on_step: Callable[[int, float], None] | None = None) -> list[float]:
+def train_on_encoded(
+    model,
+    encoded: list[tuple[list[int], list[int]]],
+    pad_id: int,
+    s,
+    on_step: Callable[[int, float], None] | None = None,
+) -> list[float]:
     """Exactly s.steps AdamW steps over seeded epoch-wise shuffles of `encoded` ((ids, loss mask) pairs, sft_loss's
     cross-entropy on the masked tokens); each step's loss. ``s`` gives steps, batch_size, lr, weight_decay,
     grad_clip, precision and seed (SFTSettings, or the agent warm start's AgentSFTSettings); ``on_step(step, loss)``
@@ -329,8 +387,15 @@ def train_on_encoded(model, encoded: list[tuple[list[int], list[int]]], pad_id: 
     return losses
 
 
-def run_sft(model_name: str, task: str, options: dict[str, Any], s: SFTSettings, out_dir: Path,
-            limit: int = 0, split: str = "train") -> dict[str, Any]:
+def run_sft(
+    model_name: str,
+    task: str,
+    options: dict[str, Any],
+    s: SFTSettings,
+    out_dir: Path,
+    limit: int = 0,
+    split: str = "train",
+) -> dict[str, Any]:
     """Build the SFT/RFT data, fine-tune, write an HF checkpoint + baseline_manifest.json to out_dir."""
     from ..evaluation.heldout import load_eval_problems
     from ..manifest import data_hash, problem_hashes, versions, write_json_atomic
@@ -363,16 +428,32 @@ def run_sft(model_name: str, task: str, options: dict[str, Any], s: SFTSettings,
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
     manifest = {
-        "grpolab_baseline": 1, "method": f"sft-{s.mode}", "base_model": model_name, "base_path": path,
+        "grpolab_baseline": 1,
+        "method": f"sft-{s.mode}",
+        "base_model": model_name,
+        "base_path": path,
         # the same shape as a run's config where it matters, so manifest.diff_manifests can group seeds
-        "config": {"model": {"name": model_name}, "task": {"name": task, "options": options, "split": split,
-                                                            "limit": limit}, "train": asdict(s)},
-        "num_problems": len(problems), "num_examples": len(examples),
+        "config": {
+            "model": {"name": model_name},
+            "task": {"name": task, "options": options, "split": split, "limit": limit},
+            "train": asdict(s),
+        },
+        "num_problems": len(problems),
+        "num_examples": len(examples),
         "problems_with_examples": len({p.uid for p, _ in examples}),
-        "train_problem_hashes": problem_hashes(problems), "train_data_hash": data_hash(problems),
-        "loss_before": before, "loss_after": after, "losses": losses, "precision": resolution,
-        "budget": {"completions_sampled": s.rft_samples * len(problems) if s.mode == "rft" else 0, "optimizer_steps": s.steps},
-        "seconds": time.perf_counter() - start, "peak_rss_mb": peak_rss_mb(), "versions": versions(),
+        "train_problem_hashes": problem_hashes(problems),
+        "train_data_hash": data_hash(problems),
+        "loss_before": before,
+        "loss_after": after,
+        "losses": losses,
+        "precision": resolution,
+        "budget": {
+            "completions_sampled": s.rft_samples * len(problems) if s.mode == "rft" else 0,
+            "optimizer_steps": s.steps,
+        },
+        "seconds": time.perf_counter() - start,
+        "peak_rss_mb": peak_rss_mb(),
+        "versions": versions(),
     }
     write_json_atomic(out_dir / BASELINE_MANIFEST, manifest)
     return manifest

@@ -22,8 +22,10 @@ from . import baseline, evaluate, export, manifest, release, report, rm, score, 
 from .app import app, console, err_console
 
 # typer >= 0.20 ships its own copy of click (typer._click): its exceptions are not click's, so both are caught
-USAGE_ERRORS: tuple[type[Exception], ...] = (click.ClickException,
-                                             getattr(typer, "TyperException", click.ClickException))
+USAGE_ERRORS: tuple[type[Exception], ...] = (
+    click.ClickException,
+    getattr(typer, "TyperException", click.ClickException),
+)
 ABORTS: tuple[type[BaseException], ...] = (click.exceptions.Abort, typer.Abort)
 
 __all__ = ["app", "console", "main"]

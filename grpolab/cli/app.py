@@ -12,7 +12,9 @@ from rich.console import Console
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="GRPO post-training with held-out evidence.")
 manifest_app = typer.Typer(no_args_is_help=True, help="Inspect run manifests.")
 app.add_typer(manifest_app, name="manifest")
-baseline_app = typer.Typer(no_args_is_help=True, help="Baselines on the same problems and budget: SFT / RFT, best-of-n, DPO, PPO.")
+baseline_app = typer.Typer(
+    no_args_is_help=True, help="Baselines on the same problems and budget: SFT / RFT, best-of-n, DPO, PPO."
+)
 app.add_typer(baseline_app, name="baseline")
 console = Console()
 err_console = Console(stderr=True)
@@ -28,8 +30,10 @@ def _print_version(value: bool) -> None:
 
 @app.callback()
 def _root(
-    version: Annotated[bool, typer.Option("--version", callback=_print_version, is_eager=True,
-                                          help="print the package version and exit")] = False,
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_print_version, is_eager=True, help="print the package version and exit"),
+    ] = False,
 ) -> None:
     """GRPO post-training with held-out evidence."""
 

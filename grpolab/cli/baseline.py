@@ -56,13 +56,20 @@ def ppo(
     console.print(f"[bold]run[/] {trainer.run_dir}  {budget_statement(cfg)}", highlight=False, soft_wrap=True)
 
     def line(step: int, m: dict[str, float]) -> None:
-        console.print(f"step {step}/{cfg.train.steps}  reward {m['reward/mean']:.3f}  value loss {m['value/loss']:.4f}  "
-                      f"{m['time/step_s']:.1f}s/step", highlight=False)
+        console.print(
+            f"step {step}/{cfg.train.steps}  reward {m['reward/mean']:.3f}  value loss {m['value/loss']:.4f}  "
+            f"{m['time/step_s']:.1f}s/step",
+            highlight=False,
+        )
         console.file.flush()
 
     trainer.fit(line)
-    console.print(f"[green]done[/] {trainer.run_dir}  (evaluate it with: grpolab eval BASE {trainer.run_dir} --task "
-                  f"{cfg.task.name} ...)", highlight=False, soft_wrap=True)
+    console.print(
+        f"[green]done[/] {trainer.run_dir}  (evaluate it with: grpolab eval BASE {trainer.run_dir} --task "
+        f"{cfg.task.name} ...)",
+        highlight=False,
+        soft_wrap=True,
+    )
 
 
 @baseline_app.command("dpo")
@@ -90,26 +97,44 @@ def dpo(
         raise GrpolabError(f"--beta: expected a number > 0, got {beta}")
     cfg = _config(config, match_run, set_)
     budget = grpo_budget(cfg)
-    s = DPOSettings(loss=loss, beta=beta, batch_size=batch_size, lr=lr or cfg.train.lr, seed=cfg.train.seed,
-                    completions=completions or budget["completions_sampled"], steps=steps or budget["optimizer_steps"],
-                    pairs_per_problem=pairs_per_problem)
+    s = DPOSettings(
+        loss=loss,
+        beta=beta,
+        batch_size=batch_size,
+        lr=lr or cfg.train.lr,
+        seed=cfg.train.seed,
+        completions=completions or budget["completions_sampled"],
+        steps=steps or budget["optimizer_steps"],
+        pairs_per_problem=pairs_per_problem,
+    )
     console.print(f"[bold]dpo[/] matching {budget_statement(cfg)}", highlight=False, soft_wrap=True)
     m = run_dpo(cfg, s, out)
     p = m["pairs"]
-    console.print(f"{m['method']}: {p['completions_sampled']} completions sampled on {p['problems_sampled']} training "
-                  f"problems -> {p['pairs']} pairs ({p['problems_with_pairs']} problems), {s.steps} steps; loss "
-                  f"{m['steps'][0]['loss']:.3f} -> {m['steps'][-1]['loss']:.3f} ({m['seconds']:.0f}s)", highlight=False)
-    console.print(f"wrote {out}  (evaluate it with: grpolab eval BASE {out} --task {cfg.task.name} ...)", highlight=False)
+    console.print(
+        f"{m['method']}: {p['completions_sampled']} completions sampled on {p['problems_sampled']} training "
+        f"problems -> {p['pairs']} pairs ({p['problems_with_pairs']} problems), {s.steps} steps; loss "
+        f"{m['steps'][0]['loss']:.3f} -> {m['steps'][-1]['loss']:.3f} ({m['seconds']:.0f}s)",
+        highlight=False,
+    )
+    console.print(
+        f"wrote {out}  (evaluate it with: grpolab eval BASE {out} --task {cfg.task.name} ...)", highlight=False
+    )
 
 
 @baseline_app.command("agent-sft")
 def agent_sft(
     out: Annotated[Path, typer.Option(help="new directory for the fine-tuned HF checkpoint (a GRPO run's model.name)")],
     model: Annotated[str, typer.Option(help="base model")] = "bundled:smollm2-135m-instruct",
-    task_option: Annotated[list[str], typer.Option("--task-option", help="agent task option KEY=VALUE (env=... "
-                                                   "required; the bounds as in the GRPO config)")] = [],
+    task_option: Annotated[
+        list[str],
+        typer.Option(
+            "--task-option", help="agent task option KEY=VALUE (env=... required; the bounds as in the GRPO config)"
+        ),
+    ] = [],
     steps: Annotated[int, typer.Option(help="optimizer steps")] = 60,
-    batch_size: int = 8, lr: float = 5e-5, seed: int = 0,
+    batch_size: int = 8,
+    lr: float = 5e-5,
+    seed: int = 0,
     limit: Annotated[int, typer.Option(help="use the first N training states (0 = all num_train)")] = 0,
     precision: Annotated[str, typer.Option(help="fp32, bf16 or auto (measured, as train.precision)")] = "fp32",
 ) -> None:
@@ -123,7 +148,10 @@ def agent_sft(
         raise GrpolabError("baseline agent-sft: give the environment, e.g. --task-option env=lookup")
     s = AgentSFTSettings(steps=steps, batch_size=batch_size, lr=lr, seed=seed, precision=precision)
     m = run_agent_sft(model, options, s, out, limit=limit, log=lambda line: console.print(line, highlight=False))
-    console.print(f"{m['method']}: {m['num_examples']} expert episodes ({m['unsolved_by_expert']} unsolved left out) "
-                  f"from {m['num_problems']} training states, {steps} steps, loss {m['loss_before']:.3f} -> "
-                  f"{m['loss_after']:.3f} ({m['seconds']:.0f}s)", highlight=False)
+    console.print(
+        f"{m['method']}: {m['num_examples']} expert episodes ({m['unsolved_by_expert']} unsolved left out) "
+        f"from {m['num_problems']} training states, {steps} steps, loss {m['loss_before']:.3f} -> "
+        f"{m['loss_after']:.3f} ({m['seconds']:.0f}s)",
+        highlight=False,
+    )
     console.print(f"wrote {out}  (train from it: grpolab train CONFIG --set model.name={out})", highlight=False)

@@ -105,19 +105,29 @@ def print_eval(result: dict[str, Any]) -> None:
     how = "greedy" + (f" + {dec['samples']} samples at T={dec['temperature']}" if dec.get("samples") else "")
     metric = str(result.get("metric", "math-verify")).split(" (")[0]
     table = Table(title=f"{result['task']} / {result['split']}  (n = {result['n']}, {how}, {metric})")
-    extra = [m for m in result["models"][0]["metrics"] if m != "accuracy" and "ci_low" in result["models"][0]["metrics"][m]]
+    extra = [
+        m for m in result["models"][0]["metrics"] if m != "accuracy" and "ci_low" in result["models"][0]["metrics"][m]
+    ]
     for col in ("model", "accuracy [95% CI]", "Δ vs first [95% CI]", *extra, "len", "trunc", "problems/s"):
         table.add_column(col)
     for r in result["models"]:
         diff = r.get("paired_vs_first", {}).get("accuracy")
-        table.add_row(r["model"], _ci(r["metrics"]["accuracy"]), _ci(diff) if diff else "-",
-                      *[f"{r['metrics'][m]['mean']:.3f}" if m in r["metrics"] else "-" for m in extra],
-                      f"{r['len_mean']:.1f}", f"{r['truncated_frac']:.2f}", f"{r['problems_per_s']:.2f}")
+        table.add_row(
+            r["model"],
+            _ci(r["metrics"]["accuracy"]),
+            _ci(diff) if diff else "-",
+            *[f"{r['metrics'][m]['mean']:.3f}" if m in r["metrics"] else "-" for m in extra],
+            f"{r['len_mean']:.1f}",
+            f"{r['truncated_frac']:.2f}",
+            f"{r['problems_per_s']:.2f}",
+        )
     show(table)
     console.print(f"evaluation set hash {result['data_hash'][:16]}")
     for r in result["models"]:
         h = r["held_out"]
-        what = f"{h['train_problems']} training problems in {h['manifest']}, none evaluated" if h["checked"] else h["note"]
+        what = (
+            f"{h['train_problems']} training problems in {h['manifest']}, none evaluated" if h["checked"] else h["note"]
+        )
         console.print(f"held-out check, {r['model']}: {what}", highlight=False)
     slices = sorted({s for r in result["models"] for s in r["per_slice"]})
     if len(slices) > 1:
@@ -127,7 +137,9 @@ def print_eval(result: dict[str, Any]) -> None:
         for r in result["models"]:
             st.add_column(r["model"], overflow="fold")
         for s in slices:
-            cells = [_ci(r["per_slice"][s]["metrics"]["accuracy"]) if s in r["per_slice"] else "-" for r in result["models"]]
+            cells = [
+                _ci(r["per_slice"][s]["metrics"]["accuracy"]) if s in r["per_slice"] else "-" for r in result["models"]
+            ]
             st.add_row(s, str(result["models"][0]["per_slice"].get(s, {}).get("n", "-")), *cells)
         show(st)
     for group in result.get("sets", []):
@@ -147,9 +159,15 @@ def show_set(title: str, group: dict[str, Any]) -> None:
     for m, v in group["metrics"].items():
         g = v.get("gain") or v["value"]
         s = g["spread"]
-        t.add_row(m, _span(v["value"]), _span(v["gain"], "+") if "gain" in v else "-",
-                  ", ".join(f"{x:+.3f}" if "gain" in v else f"{x:.3f}" for x in g["per_run"]),
-                  "-" if s["std"] is None else f"{s['std']:.3f}", f"{s['min']:+.3f}", f"{s['max']:+.3f}")
+        t.add_row(
+            m,
+            _span(v["value"]),
+            _span(v["gain"], "+") if "gain" in v else "-",
+            ", ".join(f"{x:+.3f}" if "gain" in v else f"{x:.3f}" for x in g["per_run"]),
+            "-" if s["std"] is None else f"{s['std']:.3f}",
+            f"{s['min']:+.3f}",
+            f"{s['max']:+.3f}",
+        )
     show(t)
 
 
@@ -162,11 +180,15 @@ def eval_(
     limit: Annotated[int, typer.Option(help="evaluate the first N problems (0 = all)")] = 0,
     max_new_tokens: int = 64,
     batch_size: Annotated[int, typer.Option(help="sequences per generate call")] = 64,
-    samples: Annotated[int, typer.Option(help="k samples per problem for pass@k / maj@k / mean@k (0 = greedy only)")] = 0,
+    samples: Annotated[
+        int, typer.Option(help="k samples per problem for pass@k / maj@k / mean@k (0 = greedy only)")
+    ] = 0,
     temperature: Annotated[float, typer.Option(help="sampling temperature (with --samples)")] = 1.0,
     top_p: float = 1.0,
     seed: int = 0,
-    dtype: Annotated[str, typer.Option(help="float32 or bfloat16 (bf16 pays only on CPUs with bf16 matrix units, and GPUs)")] = "float32",
+    dtype: Annotated[
+        str, typer.Option(help="float32 or bfloat16 (bf16 pays only on CPUs with bf16 matrix units, and GPUs)")
+    ] = "float32",
     out: Annotated[Optional[Path], typer.Option(help="write the JSON result here")] = None,
 ) -> None:
     """Held-out accuracy (math-verify) with 95% intervals (t over problems; bootstrap-t for graded pass@k) and paired
@@ -174,32 +196,59 @@ def eval_(
     from ..evaluation.eval_checks import check_dtype, check_eval_settings, check_models_loadable
     from ..evaluation.heldout import run_eval
 
-    check_eval_settings(limit=limit, max_new_tokens=max_new_tokens, batch_size=batch_size, samples=samples,
-                        temperature=temperature, top_p=top_p)
+    check_eval_settings(
+        limit=limit,
+        max_new_tokens=max_new_tokens,
+        batch_size=batch_size,
+        samples=samples,
+        temperature=temperature,
+        top_p=top_p,
+    )
     check_dtype(dtype)
     if out is not None:
         writable_file(out, "--out")  # before the evaluation, not after it (parents created)
     options = _options(task_option)
     check_models_loadable(models)  # every model's chat template before the first one is evaluated
     with eval_progress(models) as progress:
-        result = run_eval(models, task, options, split, limit, max_new_tokens, batch_size, dtype,
-                          samples=samples, temperature=temperature, top_p=top_p, seed=seed, progress=progress)
+        result = run_eval(
+            models,
+            task,
+            options,
+            split,
+            limit,
+            max_new_tokens,
+            batch_size,
+            dtype,
+            samples=samples,
+            temperature=temperature,
+            top_p=top_p,
+            seed=seed,
+            progress=progress,
+        )
     print_eval(result)
     _write(out, result)
 
 
 # ------------------------------------------------------------------------------------------------ baselines
 
+
 @baseline_app.command("best-of-n")
 def best_of_n(
     model: Annotated[str, typer.Argument(help="model: hub id, path, run directory or bundled: alias")],
     n: Annotated[int, typer.Option(help="samples per problem")] = 8,
     reward_weight: Annotated[list[str], typer.Option("--reward-weight", help="training reward NAME=WEIGHT")] = [],
-    reward_from: Annotated[Optional[Path], typer.Option(help="take the reward weights from this run's manifest")] = None,
+    reward_from: Annotated[
+        Optional[Path], typer.Option(help="take the reward weights from this run's manifest")
+    ] = None,
     task: str = "arithmetic",
     task_option: Annotated[list[str], typer.Option("--task-option", help="task option KEY=VALUE")] = [],
-    split: str = "test", limit: int = 0, max_new_tokens: int = 64, batch_size: int = 64,
-    temperature: float = 1.0, seed: int = 0, dtype: str = "float32",
+    split: str = "test",
+    limit: int = 0,
+    max_new_tokens: int = 64,
+    batch_size: int = 64,
+    temperature: float = 1.0,
+    seed: int = 0,
+    dtype: str = "float32",
     out: Annotated[Optional[Path], typer.Option(help="write the JSON result here")] = None,
 ) -> None:
     """Sample n, keep the answer the training reward ranks highest, score it with math-verify."""
@@ -226,12 +275,21 @@ def best_of_n(
     path = resolve_model_path(model)
     held_out = check_held_out(model, path, problems)
     tok, lm = load_tokenizer(path), load_causal_lm(path, dtype)
-    res = best_of_n_eval(HFEngine(lm, tok, DTYPES[dtype]), tok, problems, n, weights, temperature, max_new_tokens,
-                         batch_size, seed)
-    decoding = {"greedy": False, "samples": n, "temperature": temperature, "seed": seed,
-                "max_new_tokens": max_new_tokens, "selection": {"reward_weights": weights}}
-    result = {**eval_header(task, options, split, problems, dtype, decoding),
-              "models": [model_row(f"{model} best-of-{n}", path, res, held_out, "best_of_n")]}
+    res = best_of_n_eval(
+        HFEngine(lm, tok, DTYPES[dtype]), tok, problems, n, weights, temperature, max_new_tokens, batch_size, seed
+    )
+    decoding = {
+        "greedy": False,
+        "samples": n,
+        "temperature": temperature,
+        "seed": seed,
+        "max_new_tokens": max_new_tokens,
+        "selection": {"reward_weights": weights},
+    }
+    result = {
+        **eval_header(task, options, split, problems, dtype, decoding),
+        "models": [model_row(f"{model} best-of-{n}", path, res, held_out, "best_of_n")],
+    }
     print_eval(result)
     _write(out, result)
 
@@ -240,15 +298,23 @@ def best_of_n(
 def sft(
     out: Annotated[Path, typer.Option(help="new directory for the fine-tuned HF checkpoint")],
     model: Annotated[Optional[str], typer.Option(help="base model (default: the --match-run's model)")] = None,
-    match_run: Annotated[Optional[Path], typer.Option(help="GRPO run whose model, task and optimizer-step budget to match")] = None,
+    match_run: Annotated[
+        Optional[Path], typer.Option(help="GRPO run whose model, task and optimizer-step budget to match")
+    ] = None,
     mode: Annotated[str, typer.Option(help="gold (gold solutions) or rft (own correct samples)")] = "gold",
-    steps: Annotated[Optional[int], typer.Option(help="optimizer steps (default: the run's steps * mu * minibatches)")] = None,
+    steps: Annotated[
+        Optional[int], typer.Option(help="optimizer steps (default: the run's steps * mu * minibatches)")
+    ] = None,
     task: Optional[str] = None,
     task_option: Annotated[list[str], typer.Option("--task-option", help="task option KEY=VALUE")] = [],
     limit: Annotated[int, typer.Option(help="use the first N train problems (0 = all)")] = 0,
-    batch_size: int = 8, lr: float = 1e-5, seed: int = 0,
+    batch_size: int = 8,
+    lr: float = 1e-5,
+    seed: int = 0,
     precision: Annotated[str, typer.Option(help="fp32, bf16 or auto (measured, as train.precision)")] = "auto",
-    rft_samples: int = 4, rft_temperature: float = 1.0, max_new_tokens: int = 64,
+    rft_samples: int = 4,
+    rft_temperature: float = 1.0,
+    max_new_tokens: int = 64,
 ) -> None:
     """Fine-tune the base model on gold solutions or on its own correct samples (RFT), same step budget as GRPO."""
     from ..baselines.sft_bon import SFTSettings, run_sft
@@ -263,11 +329,22 @@ def sft(
         steps = t["steps"] * t.get("mu", 1) * t.get("minibatches", 1)
     if not model or not task or not steps:
         raise GrpolabError("baseline sft: give --match-run RUN, or --model, --task and --steps")
-    s = SFTSettings(mode=mode, steps=steps, batch_size=batch_size, lr=lr, seed=seed, precision=precision,
-                    rft_samples=rft_samples, rft_temperature=rft_temperature, max_new_tokens=max_new_tokens)
+    s = SFTSettings(
+        mode=mode,
+        steps=steps,
+        batch_size=batch_size,
+        lr=lr,
+        seed=seed,
+        precision=precision,
+        rft_samples=rft_samples,
+        rft_temperature=rft_temperature,
+        max_new_tokens=max_new_tokens,
+    )
     m = run_sft(model, task, options, s, out, limit=limit)
-    console.print(f"{m['method']}: {m['num_examples']} examples from {m['num_problems']} problems, {steps} steps, "
-                  f"loss {m['loss_before']:.3f} -> {m['loss_after']:.3f} ({m['seconds']:.0f}s)")
+    console.print(
+        f"{m['method']}: {m['num_examples']} examples from {m['num_problems']} problems, {steps} steps, "
+        f"loss {m['loss_before']:.3f} -> {m['loss_after']:.3f} ({m['seconds']:.0f}s)"
+    )
     console.print(f"wrote {out}  (evaluate it with: grpolab eval {out} --task {task} --split test)")
 
 
@@ -288,10 +365,16 @@ def parse_sets(specs: list[str]) -> dict[str, list[Path]]:
 
 @app.command("compare")
 def compare(
-    sources: Annotated[Optional[list[Path]], typer.Argument(help="run directories and/or evaluation JSON files")] = None,
+    sources: Annotated[
+        Optional[list[Path]], typer.Argument(help="run directories and/or evaluation JSON files")
+    ] = None,
     baseline: Annotated[str, typer.Option(help="reference row: the first whose label contains this")] = "",
-    set_: Annotated[list[str], typer.Option("--set", help="a set of runs: NAME=SOURCE,SOURCE,...; repeatable; every "
-                                            "set is compared with the first")] = [],
+    set_: Annotated[
+        list[str],
+        typer.Option(
+            "--set", help="a set of runs: NAME=SOURCE,SOURCE,...; repeatable; every set is compared with the first"
+        ),
+    ] = [],
     out: Annotated[Optional[Path], typer.Option(help="write the comparison JSON here")] = None,
 ) -> None:
     """Runs and baselines side by side on the same held-out problems; mean and spread across seeds; sets of runs
@@ -301,23 +384,45 @@ def compare(
 
     named = parse_sets(set_)
     if not sources and not named:
-        raise GrpolabError("compare: give run directories or eval JSONs, or --set NAME=SOURCE,... (twice for two recipes)")
+        raise GrpolabError(
+            "compare: give run directories or eval JSONs, or --set NAME=SOURCE,... (twice for two recipes)"
+        )
     if out is not None:
         writable_file(out, "--out")
     result = compare_entries(load_entries(list(sources or []) + [p for ps in named.values() for p in ps]), baseline)
     if named:
         result.update(named_sets(named))
     for s in result["eval_sets"]:
-        names = list(dict.fromkeys(m for r in s["rows"] for m, v in r["metrics"].items() if m != "accuracy" and "ci_low" in v))
+        names = list(
+            dict.fromkeys(m for r in s["rows"] for m, v in r["metrics"].items() if m != "accuracy" and "ci_low" in v)
+        )
         t = Table(title=f"{s['task']} / {s['split']}  set {s['data_hash'][:10]}  (reference: {s['reference']})")
         budget = ("wall", "peak mem", "completions", "opt steps")  # grpolab.baselines.sft_bon.entry_budget
-        for col in ("run / model", "method", "n", "accuracy [95% CI]", "Δ vs ref [95% CI]", *names, "len", "trunc", *budget):
+        for col in (
+            "run / model",
+            "method",
+            "n",
+            "accuracy [95% CI]",
+            "Δ vs ref [95% CI]",
+            *names,
+            "len",
+            "trunc",
+            *budget,
+        ):
             t.add_column(col, overflow="fold")
         for r in s["rows"]:
             d = r["diff_vs_reference"].get("accuracy")
-            t.add_row(r["label"], str(r["method"]), str(r["n"]), _ci(r["metrics"]["accuracy"]), _ci(d) if d else "-",
-                      *[f"{r['metrics'][m]['mean']:.3f}" if m in r["metrics"] else "-" for m in names],
-                      f"{r['len_mean']:.1f}", f"{r['truncated_frac']:.2f}", *budget_cells(r.get("budget")))
+            t.add_row(
+                r["label"],
+                str(r["method"]),
+                str(r["n"]),
+                _ci(r["metrics"]["accuracy"]),
+                _ci(d) if d else "-",
+                *[f"{r['metrics'][m]['mean']:.3f}" if m in r["metrics"] else "-" for m in names],
+                f"{r['len_mean']:.1f}",
+                f"{r['truncated_frac']:.2f}",
+                *budget_cells(r.get("budget")),
+            )
         show(t)
     for g in result["seed_groups"]:
         title = f"across {g['n_seeds']} seeds {g['seeds']}: {', '.join(g['runs'])}"
@@ -328,7 +433,13 @@ def compare(
         for col in ("metric", "mean", "std", "min", "max"):
             t.add_column(col)
         for m, v in g["metrics"].items():
-            t.add_row(m, f"{v['mean']:.3f}", "-" if v["std"] is None else f"{v['std']:.3f}", f"{v['min']:.3f}", f"{v['max']:.3f}")
+            t.add_row(
+                m,
+                f"{v['mean']:.3f}",
+                "-" if v["std"] is None else f"{v['std']:.3f}",
+                f"{v['min']:.3f}",
+                f"{v['max']:.3f}",
+            )
         show(t)
     print_named_sets(result)
     _write(out, result)
@@ -340,11 +451,19 @@ def print_named_sets(result: dict[str, Any]) -> None:
         for e in s["eval_sets"]:
             show_set(f"set {s['name']} ({len(s['runs'])} runs) on {e['task']} set {e['data_hash'][:10]}", e)
     for d in result.get("set_differences", []):
-        t = Table(title=f"{d['b']} - {d['a']} on {d['task']} set {d['data_hash'][:10]}  (difference of means over runs; "
-                        "95% CI over runs and problems)")
+        t = Table(
+            title=f"{d['b']} - {d['a']} on {d['task']} set {d['data_hash'][:10]}  (difference of means over runs; "
+            "95% CI over runs and problems)"
+        )
         for col in ("metric", f"{d['a']} mean", f"{d['b']} mean", "difference [95% CI]", "runs", "problems"):
             t.add_column(col)
         for m, v in d["metrics"].items():
-            t.add_row(m, f"{v['a']['mean']:.3f}", f"{v['b']['mean']:.3f}", _span(v, "+"), f"{v['a']['runs']} vs {v['b']['runs']}",
-                      str(v["n"]))
+            t.add_row(
+                m,
+                f"{v['a']['mean']:.3f}",
+                f"{v['b']['mean']:.3f}",
+                _span(v, "+"),
+                f"{v['a']['runs']} vs {v['b']['runs']}",
+                str(v["n"]),
+            )
         show(t)

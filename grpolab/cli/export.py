@@ -14,8 +14,12 @@ from .app import app, console
 def export(
     run: Annotated[Path, typer.Argument(help="run directory (its newest checkpoint) or a checkpoint directory")],
     out: Annotated[Path, typer.Option("--out", help="directory to write (must not exist or be empty)")],
-    merge: Annotated[bool, typer.Option("--merge", help="fold a LoRA adapter into the weights: a plain Hugging Face model")] = False,
-    dtype: Annotated[Optional[str], typer.Option("--dtype", help="float32 or bfloat16 weights (default float32)")] = None,
+    merge: Annotated[
+        bool, typer.Option("--merge", help="fold a LoRA adapter into the weights: a plain Hugging Face model")
+    ] = False,
+    dtype: Annotated[
+        Optional[str], typer.Option("--dtype", help="float32 or bfloat16 weights (default float32)")
+    ] = None,
 ) -> None:
     """Write a run's model with its tokenizer: a full fine-tuning run as a Hugging Face model; a LoRA run as its
     adapter (peft format), or with --merge as a plain Hugging Face model (AutoModelForCausalLM.from_pretrained)."""

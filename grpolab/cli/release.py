@@ -13,17 +13,52 @@ from .app import app, console
 
 @app.command()
 def release(
-    source: Annotated[Path, typer.Argument(help="run directory (bundles its evaluated checkpoint), or an existing bundle to check again")],
-    out: Annotated[Optional[Path], typer.Option("--out", help="bundle directory to write (default RUN_DIR/release/bundle)")] = None,
-    dtype: Annotated[Optional[str], typer.Option("--dtype", help="float32 or bfloat16 weights (default: the precision the held-out evaluation ran in)")] = None,
-    n: Annotated[int, typer.Option("--n", help="held-out problems the serving check answers (0: all the evaluation had)")] = 0,
-    rollback_to: Annotated[Optional[Path], typer.Option("--rollback-to", help="previous release bundle to roll back to (default: the run's base model)")] = None,
-    rollback_n: Annotated[int, typer.Option("--rollback-n", help="held-out problems the rollback target answers again")] = 32,
-    skip_checks: Annotated[bool, typer.Option("--skip-checks", help="write the bundle only (the report's serving checks stay N/A)")] = False,
-    threshold: Annotated[Optional[list[str]], typer.Option("--threshold", help="NAME=VALUE, e.g. serving_divergence_warn=0.2")] = None,
-    stack: Annotated[str, typer.Option("--stack", help="serving stack: transformers (serving.json), gguf (the bundle as a GGUF file served by llama.cpp: serving_gguf.json; needs `make install-gguf`), or both")] = "transformers",
-    gguf_type: Annotated[str, typer.Option("--gguf-type", help="GGUF tensor type for --stack gguf: f32, bf16 or f16")] = "f32",
-    serve_threads: Annotated[int, typer.Option("--serve-threads", help="threads of the served stack (0: its default; llama.cpp: every core, slow on a core another job holds)")] = 0,
+    source: Annotated[
+        Path,
+        typer.Argument(help="run directory (bundles its evaluated checkpoint), or an existing bundle to check again"),
+    ],
+    out: Annotated[
+        Optional[Path], typer.Option("--out", help="bundle directory to write (default RUN_DIR/release/bundle)")
+    ] = None,
+    dtype: Annotated[
+        Optional[str],
+        typer.Option(
+            "--dtype", help="float32 or bfloat16 weights (default: the precision the held-out evaluation ran in)"
+        ),
+    ] = None,
+    n: Annotated[
+        int, typer.Option("--n", help="held-out problems the serving check answers (0: all the evaluation had)")
+    ] = 0,
+    rollback_to: Annotated[
+        Optional[Path],
+        typer.Option("--rollback-to", help="previous release bundle to roll back to (default: the run's base model)"),
+    ] = None,
+    rollback_n: Annotated[
+        int, typer.Option("--rollback-n", help="held-out problems the rollback target answers again")
+    ] = 32,
+    skip_checks: Annotated[
+        bool, typer.Option("--skip-checks", help="write the bundle only (the report's serving checks stay N/A)")
+    ] = False,
+    threshold: Annotated[
+        Optional[list[str]], typer.Option("--threshold", help="NAME=VALUE, e.g. serving_divergence_warn=0.2")
+    ] = None,
+    stack: Annotated[
+        str,
+        typer.Option(
+            "--stack",
+            help="serving stack: transformers (serving.json), gguf (the bundle as a GGUF file served by llama.cpp: serving_gguf.json; needs `make install-gguf`), or both",
+        ),
+    ] = "transformers",
+    gguf_type: Annotated[
+        str, typer.Option("--gguf-type", help="GGUF tensor type for --stack gguf: f32, bf16 or f16")
+    ] = "f32",
+    serve_threads: Annotated[
+        int,
+        typer.Option(
+            "--serve-threads",
+            help="threads of the served stack (0: its default; llama.cpp: every core, slow on a core another job holds)",
+        ),
+    ] = 0,
 ) -> None:
     """Write the release bundle (weights with a LoRA merged, tokenizer, the run's chat template, a generation config
     with the run's end ids and sampling settings, release.json) and check it: served by plain transformers with no
@@ -53,17 +88,21 @@ def release(
     if skip_checks:
         return
     t = parse_thresholds(threshold or [])
-    run_serving_checks(bundle, STACKS if stack == "both" else (stack,), n, threads=serve_threads, log=log,
-                       gguf_type=gguf_type)  # grpolab's own evaluation runs once for both stacks
+    run_serving_checks(
+        bundle, STACKS if stack == "both" else (stack,), n, threads=serve_threads, log=log, gguf_type=gguf_type
+    )  # grpolab's own evaluation runs once for both stacks
     evidence = load_release_evidence(run_dir)  # graded as the report grades it: every stack whose result is there
     serving = check_serving_consistency(evidence["serving"], t, evidence["serving_gguf"])
-    rollback = check_rollback_ready(run_rollback_check(run_dir, str(rollback_to) if rollback_to else None, rollback_n, log=log), t)
+    rollback = check_rollback_ready(
+        run_rollback_check(run_dir, str(rollback_to) if rollback_to else None, rollback_n, log=log), t
+    )
     for c in (serving, rollback):
         log(f"{c.status} {c.name}: {c.reason}")
 
 
-def check_release_options(source: Path, out: Optional[Path], dtype: Optional[str], n: int, rollback_n: int,
-                          serve_threads: int) -> None:
+def check_release_options(
+    source: Path, out: Optional[Path], dtype: Optional[str], n: int, rollback_n: int, serve_threads: int
+) -> None:
     """The numbers and dtype in range, and the places the bundle and the check results go writable, before any
     model is loaded (a read-only run directory is one error, not a traceback after the bundle was built)."""
     from ..errors import ConfigError, writable_dir
@@ -71,9 +110,11 @@ def check_release_options(source: Path, out: Optional[Path], dtype: Optional[str
 
     if dtype is not None:
         check_dtype(dtype)
-    for option, value, low, meaning in (("--n", n, 0, " (0 = every problem the evaluation had)"),
-                                        ("--rollback-n", rollback_n, 1, ""),
-                                        ("--serve-threads", serve_threads, 0, " (0 = the stack's default)")):
+    for option, value, low, meaning in (
+        ("--n", n, 0, " (0 = every problem the evaluation had)"),
+        ("--rollback-n", rollback_n, 1, ""),
+        ("--serve-threads", serve_threads, 0, " (0 = the stack's default)"),
+    ):
         if value < low:
             raise ConfigError(f"{option}: expected an integer >= {low}{meaning}, got {value}")
     if (source / "manifest.json").is_file():

@@ -13,23 +13,44 @@ from .app import app, console
 
 @app.command()
 def report(
-    run_dirs: Annotated[list[Path], typer.Argument(
-        help="run directory (manifest.json, metrics.jsonl, eval/*.json), RUN:best to judge its best checkpoint by held-out accuracy; several: the seeds of one recipe, judged as a set")],
-    baseline: Annotated[list[str], typer.Option("--baseline", help="'base', an eval JSON, or another run directory; repeatable")] = [],
-    threshold: Annotated[list[str], typer.Option("--threshold", help="override a check threshold: NAME=VALUE; repeatable")] = [],
-    skip_safety: Annotated[bool, typer.Option(
-        "--skip-safety", help="do not run the harmful-request probe (the check WARNs 'not measured')")] = False,
+    run_dirs: Annotated[
+        list[Path],
+        typer.Argument(
+            help="run directory (manifest.json, metrics.jsonl, eval/*.json), RUN:best to judge its best checkpoint by held-out accuracy; several: the seeds of one recipe, judged as a set"
+        ),
+    ],
+    baseline: Annotated[
+        list[str], typer.Option("--baseline", help="'base', an eval JSON, or another run directory; repeatable")
+    ] = [],
+    threshold: Annotated[
+        list[str], typer.Option("--threshold", help="override a check threshold: NAME=VALUE; repeatable")
+    ] = [],
+    skip_safety: Annotated[
+        bool,
+        typer.Option("--skip-safety", help="do not run the harmful-request probe (the check WARNs 'not measured')"),
+    ] = False,
     safety_max_new_tokens: int = 64,
-    capability_task: Annotated[str, typer.Option(help="evaluate base and trained model on this untrained task, e.g. gsm8k")] = "",
+    capability_task: Annotated[
+        str, typer.Option(help="evaluate base and trained model on this untrained task, e.g. gsm8k")
+    ] = "",
     capability_n: Annotated[int, typer.Option(help="problems for --capability-task")] = 50,
-    capability_option: Annotated[list[str], typer.Option(
-        "--capability-option", help="task option KEY=VALUE, e.g. path=data/gsm8k")] = [],
+    capability_option: Annotated[
+        list[str], typer.Option("--capability-option", help="task option KEY=VALUE, e.g. path=data/gsm8k")
+    ] = [],
     capability_max_new_tokens: int = 256,
-    skip_diversity: Annotated[bool, typer.Option(
-        "--skip-diversity", help="do not sample held-out pass@k of base and trained model (the check is then N/A)")] = False,
+    skip_diversity: Annotated[
+        bool,
+        typer.Option(
+            "--skip-diversity", help="do not sample held-out pass@k of base and trained model (the check is then N/A)"
+        ),
+    ] = False,
     diversity_n: Annotated[int, typer.Option(help="held-out problems for the pass@k diversity check")] = 64,
-    diversity_samples: Annotated[int, typer.Option(help="samples per problem at the training temperature (n >= k = 8)")] = 8,
-    out: Annotated[Optional[Path], typer.Option(help="directory for the report of a set of runs (default RUNS/<name>-set)")] = None,
+    diversity_samples: Annotated[
+        int, typer.Option(help="samples per problem at the training temperature (n >= k = 8)")
+    ] = 8,
+    out: Annotated[
+        Optional[Path], typer.Option(help="directory for the report of a set of runs (default RUNS/<name>-set)")
+    ] = None,
     dtype: Annotated[str, typer.Option(help="float32 or bfloat16, for the models this command runs")] = "float32",
     strict: Annotated[bool, typer.Option("--strict", help="exit 1 unless the verdict is 'ship' (for CI)")] = False,
 ) -> None:
@@ -44,11 +65,18 @@ def report(
     check_dtype(dtype)
     check_report_outputs(run_dirs, out)
     opts = ReportOptions(
-        baselines=list(baseline), thresholds=parse_thresholds(threshold), skip_safety=skip_safety,
-        safety_max_new_tokens=safety_max_new_tokens, dtype=dtype, capability_task=capability_task or None,
-        capability_n=capability_n, capability_options=dict(parse_option(o) for o in capability_option),
-        capability_max_new_tokens=capability_max_new_tokens, skip_diversity=skip_diversity,
-        diversity=DiversitySettings(n_problems=diversity_n, samples=diversity_samples), out=out,
+        baselines=list(baseline),
+        thresholds=parse_thresholds(threshold),
+        skip_safety=skip_safety,
+        safety_max_new_tokens=safety_max_new_tokens,
+        dtype=dtype,
+        capability_task=capability_task or None,
+        capability_n=capability_n,
+        capability_options=dict(parse_option(o) for o in capability_option),
+        capability_max_new_tokens=capability_max_new_tokens,
+        skip_diversity=skip_diversity,
+        diversity=DiversitySettings(n_problems=diversity_n, samples=diversity_samples),
+        out=out,
     )
     result = build_report(run_dirs, opts, log=lambda s: console.print(f"[dim]{s}[/]"))
     colour = {"PASS": "green", "WARN": "yellow", "FAIL": "red", "N/A": "dim"}

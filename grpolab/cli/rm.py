@@ -17,7 +17,9 @@ def rm_train(
     pairs: Annotated[str, typer.Option(help="JSONL of preference pairs: prompt, chosen, rejected per row")] = "",
     task: Annotated[str, typer.Option(help="or build pairs from this task's training problems and its verifier")] = "",
     task_option: Annotated[list[str], typer.Option("--task-option", help="task option KEY=VALUE; repeatable")] = [],
-    backbone: Annotated[str, typer.Option(help="causal LM the scalar head goes on (hub id, path, bundled:)")] = "bundled:smollm2-135m-instruct",
+    backbone: Annotated[
+        str, typer.Option(help="causal LM the scalar head goes on (hub id, path, bundled:)")
+    ] = "bundled:smollm2-135m-instruct",
     sampler: Annotated[str, typer.Option(help="model whose samples make task pairs (default: the backbone)")] = "",
     num_problems: Annotated[int, typer.Option(help="training problems sampled for task pairs")] = 128,
     samples_per_problem: Annotated[int, typer.Option(help="completions sampled per problem")] = 8,
@@ -43,16 +45,37 @@ def rm_train(
 
     _show_warnings()
     settings = RMSettings(
-        backbone=backbone, pairs=pairs, task=task, task_options=dict(parse_option(o) for o in task_option),
-        sampler=sampler, num_problems=num_problems, samples_per_problem=samples_per_problem,
-        max_new_tokens=max_new_tokens, temperature=temperature, max_pairs_per_problem=max_pairs_per_problem,
-        val_fraction=val_fraction, epochs=epochs, batch_size=batch_size, lr=lr, max_length=max_length,
-        lora_rank=lora_rank, lora_alpha=lora_alpha, seed=seed, device=device, output_dir=output_dir, name=name)
+        backbone=backbone,
+        pairs=pairs,
+        task=task,
+        task_options=dict(parse_option(o) for o in task_option),
+        sampler=sampler,
+        num_problems=num_problems,
+        samples_per_problem=samples_per_problem,
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        max_pairs_per_problem=max_pairs_per_problem,
+        val_fraction=val_fraction,
+        epochs=epochs,
+        batch_size=batch_size,
+        lr=lr,
+        max_length=max_length,
+        lora_rank=lora_rank,
+        lora_alpha=lora_alpha,
+        seed=seed,
+        device=device,
+        output_dir=output_dir,
+        name=name,
+    )
     out = train_reward_model(settings, on_log=lambda s: console.print(f"[dim]{s}[/]"))
     data = out["data"]
     if "sample_accuracy" in data:
-        console.print(f"pairs: {data['pairs']} from {data['problems_with_pairs']} of {data['problems']} training "
-                      f"problems (sample accuracy {data['sample_accuracy']:.3f}; {data['held_out_checked']} held-out "
-                      "problems checked disjoint)", highlight=False, soft_wrap=True)
+        console.print(
+            f"pairs: {data['pairs']} from {data['problems_with_pairs']} of {data['problems']} training "
+            f"problems (sample accuracy {data['sample_accuracy']:.3f}; {data['held_out_checked']} held-out "
+            "problems checked disjoint)",
+            highlight=False,
+            soft_wrap=True,
+        )
     console.print(summary_line(out["result"]), highlight=False, soft_wrap=True)
     console.print(f"wrote {out['run_dir']} (use it as reward.model.path)", highlight=False, soft_wrap=True)

@@ -41,7 +41,7 @@ def _options(items: list[str]) -> dict[str, Any]:
 def problem_index(source: Any, split: Optional[str]) -> dict[str, Any]:
     """uid -> Problem over the asked split, or every split the task `source` has."""
     index: dict[str, Any] = {}
-    for name in ([split] if split else ALL_SPLITS):
+    for name in [split] if split else ALL_SPLITS:
         try:
             problems = source.problems(name)
         except ConfigError:
@@ -61,16 +61,17 @@ def read_rows(path: Path, index: dict[str, Any], task: str, source: Any) -> list
     uid_of = getattr(source, "uid_of", None)
     forms = getattr(source, "id_forms", repr(next(iter(index), "?")))
     out = []
-    for lineno, row in read_jsonl(path, "a JSONL file of {\"id\": ..., \"completion\": ...} rows"):
+    for lineno, row in read_jsonl(path, 'a JSONL file of {"id": ..., "completion": ...} rows'):
         given = next((row[f] for f in ("id", "uid", "task_id") if row.get(f) is not None), None)
         completion = row.get("completion")
         if not isinstance(given, (str, int)) or isinstance(given, bool) or not isinstance(completion, str):
-            raise DataError(f"{path}:{lineno}: expected the problem id in a field 'id', 'uid' or 'task_id' (a string "
-                            f"or an integer; ids look like {forms}) and a string field 'completion'")
+            raise DataError(
+                f"{path}:{lineno}: expected the problem id in a field 'id', 'uid' or 'task_id' (a string "
+                f"or an integer; ids look like {forms}) and a string field 'completion'"
+            )
         uid = (uid_of(given) if uid_of else None) or given
         if uid not in index:
-            raise DataError(f"{path}:{lineno}: unknown problem id {given!r} for task {task!r} (ids look like "
-                            f"{forms})")
+            raise DataError(f"{path}:{lineno}: unknown problem id {given!r} for task {task!r} (ids look like {forms})")
         out.append((given, completion, index[uid]))
     return out
 
@@ -97,13 +98,21 @@ def run_reward(run_dir: Path, sandbox: dict[str, Any]) -> tuple[dict[str, float]
     manifest = read_manifest(run_dir)
     if manifest.get("python_rewards"):
         names = ", ".join(manifest["python_rewards"])
-        raise ConfigError(f"--reward-from {run_dir}: the run was trained with Python reward callables ({names}) passed "
-                          "to grpolab.train, which its manifest cannot call again; score in Python with "
-                          "grpolab.rewards.RewardSet, or give --reward-weight NAME=W for the built-in ones")
+        raise ConfigError(
+            f"--reward-from {run_dir}: the run was trained with Python reward callables ({names}) passed "
+            "to grpolab.train, which its manifest cannot call again; score in Python with "
+            "grpolab.rewards.RewardSet, or give --reward-weight NAME=W for the built-in ones"
+        )
     reward = from_dict(manifest["config"]).reward
     weights = dict(reward.weights)
-    return weights, RewardSet(weights, reward.functions, reward.time_limit_s, sandbox={**reward.sandbox, **sandbox},
-                              model=reward.model, judge=reward.judge)
+    return weights, RewardSet(
+        weights,
+        reward.functions,
+        reward.time_limit_s,
+        sandbox={**reward.sandbox, **sandbox},
+        model=reward.model,
+        judge=reward.judge,
+    )
 
 
 def totals(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -113,19 +122,27 @@ def totals(rows: list[dict[str, Any]]) -> dict[str, Any]:
     1
     """
     valid = [r["reward"] for r in rows if r["reward"] is not None]
-    return {"n": len(rows), "mean_reward": sum(valid) / len(valid) if valid else None,
-            "invalid": len(rows) - len(valid), "reasons": dict(Counter(r["reason"] or "none" for r in rows if r["reward"] is not None))}
+    return {
+        "n": len(rows),
+        "mean_reward": sum(valid) / len(valid) if valid else None,
+        "invalid": len(rows) - len(valid),
+        "reasons": dict(Counter(r["reason"] or "none" for r in rows if r["reward"] is not None)),
+    }
 
 
 @app.command("score")
 def score(
-    completions: Annotated[Path, typer.Argument(help="JSONL rows {\"id\": problem id, \"completion\": text}")],
+    completions: Annotated[Path, typer.Argument(help='JSONL rows {"id": problem id, "completion": text}')],
     task: Annotated[str, typer.Option(help="task name")] = "arithmetic",
     task_option: Annotated[list[str], typer.Option("--task-option", help="task option KEY=VALUE")] = [],
     split: Annotated[Optional[str], typer.Option(help="look ids up in this split only")] = None,
     reward_weight: Annotated[list[str], typer.Option("--reward-weight", help="reward NAME=WEIGHT")] = [],
-    reward_from: Annotated[Optional[Path], typer.Option(help="take the reward weights from this run's manifest")] = None,
-    sandbox_option: Annotated[list[str], typer.Option("--sandbox-option", help="sandbox limit KEY=VALUE (code rewards)")] = [],
+    reward_from: Annotated[
+        Optional[Path], typer.Option(help="take the reward weights from this run's manifest")
+    ] = None,
+    sandbox_option: Annotated[
+        list[str], typer.Option("--sandbox-option", help="sandbox limit KEY=VALUE (code rewards)")
+    ] = [],
     json_out: Annotated[Optional[Path], typer.Option("--json-out", help="write the per-row results here")] = None,
 ) -> None:
     """Score given completions with a task's training reward: per row the reward, its components and the reason."""
@@ -148,21 +165,36 @@ def score(
         weights = default_weights([p for _, _, p in rows])
         rewards = RewardSet(weights, sandbox=_options(sandbox_option))
     results = rewards.score_many([c for _, c, _ in rows], [p for _, _, p in rows])
-    out = [{"id": uid, "reward": None if r.invalid or math.isnan(r.total) else r.total,
+    out = [
+        {
+            "id": uid,
+            "reward": None if r.invalid or math.isnan(r.total) else r.total,
             "components": {k: (None if math.isnan(v) else v) for k, v in r.components.items()},
-            "reason": r.reason, "error": r.error} for (uid, _, _), r in zip(rows, results)]
+            "reason": r.reason,
+            "error": r.error,
+        }
+        for (uid, _, _), r in zip(rows, results)
+    ]
     table = Table(title=f"{task}: {len(out)} completions, reward {weights}")
     for col in ("id", "reward", "components", "reason"):
         table.add_column(col, overflow="fold")
     for r in out:
         comps = ", ".join(f"{k}={'-' if v is None else f'{v:.3f}'}" for k, v in r["components"].items())
-        table.add_row(str(r["id"]), "invalid" if r["reward"] is None else f"{r['reward']:.3f}", comps,
-                      r["error"] or r["reason"] or "-")
+        table.add_row(
+            str(r["id"]),
+            "invalid" if r["reward"] is None else f"{r['reward']:.3f}",
+            comps,
+            r["error"] or r["reason"] or "-",
+        )
     console.print(table)
     summary = totals(out)
     mean = "-" if summary["mean_reward"] is None else f"{summary['mean_reward']:.4f}"
-    console.print(f"total: {summary['n']} rows, mean reward {mean}, invalid {summary['invalid']}, "
-                  f"by reason {summary['reasons']}", highlight=False)
+    console.print(
+        f"total: {summary['n']} rows, mean reward {mean}, invalid {summary['invalid']}, by reason {summary['reasons']}",
+        highlight=False,
+    )
     if json_out:
-        json_out.write_text(json.dumps({"task": task, "weights": weights, "rows": out, "totals": summary}, indent=1) + "\n")
+        json_out.write_text(
+            json.dumps({"task": task, "weights": weights, "rows": out, "totals": summary}, indent=1) + "\n"
+        )
         console.print(f"wrote {json_out}")

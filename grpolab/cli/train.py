@@ -21,8 +21,14 @@ from .app import _show_warnings, app, console
 
 def _progress() -> Progress:
     return Progress(
-        TextColumn("[bold]step"), MofNCompleteColumn(), BarColumn(), TextColumn("{task.fields[info]}"),
-        TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(), console=console,
+        TextColumn("[bold]step"),
+        MofNCompleteColumn(),
+        BarColumn(),
+        TextColumn("{task.fields[info]}"),
+        TimeElapsedColumn(),
+        TextColumn("eta"),
+        TimeRemainingColumn(),
+        console=console,
     )
 
 
@@ -30,14 +36,32 @@ def _progress() -> Progress:
 def train(
     config: Annotated[Optional[Path], typer.Argument(help="YAML config (defaults when omitted)")] = None,
     set_: Annotated[list[str], typer.Option("--set", help="override a field: --set train.steps=50")] = [],
-    resume: Annotated[Optional[Path], typer.Option("--resume", help="continue RUN_DIR from its last complete checkpoint (config from its manifest)")] = None,
-    allow_changes: Annotated[bool, typer.Option("--allow-changes", help="with --resume: accept (and record) differences from the manifest")] = False,
-    seeds: Annotated[Optional[str], typer.Option("--seeds", help="repeat the run once per seed, e.g. 1,2,3 (one run directory each)")] = None,
-    nproc: Annotated[int, typer.Option("--nproc", help="data-parallel processes on this machine: launches torchrun "
-                                                      "--nproc-per-node N -m grpolab train ...")] = 1,
-    from_intact: Annotated[bool, typer.Option("--from-intact", help="with --resume: when the newest checkpoint is "
-                                              "corrupt, resume from the newest intact one; the corrupt one is kept, "
-                                              "renamed checkpoints/corrupt-step-N")] = False,
+    resume: Annotated[
+        Optional[Path],
+        typer.Option("--resume", help="continue RUN_DIR from its last complete checkpoint (config from its manifest)"),
+    ] = None,
+    allow_changes: Annotated[
+        bool, typer.Option("--allow-changes", help="with --resume: accept (and record) differences from the manifest")
+    ] = False,
+    seeds: Annotated[
+        Optional[str], typer.Option("--seeds", help="repeat the run once per seed, e.g. 1,2,3 (one run directory each)")
+    ] = None,
+    nproc: Annotated[
+        int,
+        typer.Option(
+            "--nproc",
+            help="data-parallel processes on this machine: launches torchrun --nproc-per-node N -m grpolab train ...",
+        ),
+    ] = 1,
+    from_intact: Annotated[
+        bool,
+        typer.Option(
+            "--from-intact",
+            help="with --resume: when the newest checkpoint is "
+            "corrupt, resume from the newest intact one; the corrupt one is kept, "
+            "renamed checkpoints/corrupt-step-N",
+        ),
+    ] = False,
 ) -> None:
     """Train with GRPO and write a run directory (manifest, metrics, samples, checkpoints)."""
     from ..config import load_config
@@ -49,11 +73,15 @@ def train(
     _show_warnings()
     if resume is not None:
         if config is not None:
-            raise GrpolabError("--resume RUN_DIR reads its config from RUN_DIR/manifest.json; pass no config file "
-                               "(change fields with --set ... --allow-changes)")
+            raise GrpolabError(
+                "--resume RUN_DIR reads its config from RUN_DIR/manifest.json; pass no config file "
+                "(change fields with --set ... --allow-changes)"
+            )
         if seeds is not None:
-            raise GrpolabError("--seeds starts one new run per seed and cannot be combined with --resume RUN_DIR; "
-                               "resume each seed's run directory with its own `grpolab train --resume RUN_DIR`")
+            raise GrpolabError(
+                "--seeds starts one new run per seed and cannot be combined with --resume RUN_DIR; "
+                "resume each seed's run directory with its own `grpolab train --resume RUN_DIR`"
+            )
         _resume(resume, set_, allow_changes, from_intact)
         return
     for flag, given in (("--allow-changes", allow_changes), ("--from-intact", from_intact)):
@@ -72,8 +100,9 @@ def train(
     name = base.run.name or f"{base.task.name}-{base.algorithm.preset}-{time.strftime('%Y%m%d-%H%M%S')}"
     run_dirs = []
     for seed in seed_list:
-        trainer, _ = start_run(load_config(config, [*set_, f"train.seed={seed}", f"run.name={name}-seed{seed}"]),
-                               progress=show_progress)
+        trainer, _ = start_run(
+            load_config(config, [*set_, f"train.seed={seed}", f"run.name={name}-seed{seed}"]), progress=show_progress
+        )
         console.print(f"[bold]run[/] {trainer.run_dir} (seed {seed})", highlight=False, soft_wrap=True)
         _fit(trainer)
         run_dirs.append(str(trainer.run_dir))
@@ -97,8 +126,11 @@ def _resume(run_dir: Path, set_: list[str], allow_changes: bool, from_intact: bo
     if run_dir.is_dir():
         writable_dir(run_dir, "--resume")
     trainer, ckpt = resume_run(run_dir, set_, allow_changes, progress=show_progress, from_intact=from_intact)
-    console.print(f"[bold]resume[/] {run_dir} from " + (f"{ckpt.name}" if ckpt else "step 0 (no checkpoint yet)"),
-                  highlight=False, soft_wrap=True)
+    console.print(
+        f"[bold]resume[/] {run_dir} from " + (f"{ckpt.name}" if ckpt else "step 0 (no checkpoint yet)"),
+        highlight=False,
+        soft_wrap=True,
+    )
     _fit(trainer)
 
 
@@ -111,14 +143,32 @@ def seeds_next_steps(cfg, run_dirs: list[str], name: str) -> list[str]:
 
     if cfg.eval.every_steps > 0:
         return [f"compare the seeds: grpolab compare {' '.join(map(shlex.quote, run_dirs))}"]
-    options = [a for k, v in cfg.task.options.items()
-               for a in ("--task-option", f"{k}={v if isinstance(v, str) else json.dumps(v)}")]
+    options = [
+        a
+        for k, v in cfg.task.options.items()
+        for a in ("--task-option", f"{k}={v if isinstance(v, str) else json.dumps(v)}")
+    ]
     out = str(Path(cfg.run.output_dir) / f"{name}-seeds-eval.json")
     tokens = cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens
-    evaluate = ["grpolab", "eval", cfg.model.name, *run_dirs, "--task", cfg.task.name, *options, "--split",
-                cfg.eval.split, "--max-new-tokens", str(tokens), "--out", out]
-    return [f"evaluate the seeds against the base model: {shlex.join(evaluate)}",
-            f"then compare them: grpolab compare {shlex.quote(out)}"]
+    evaluate = [
+        "grpolab",
+        "eval",
+        cfg.model.name,
+        *run_dirs,
+        "--task",
+        cfg.task.name,
+        *options,
+        "--split",
+        cfg.eval.split,
+        "--max-new-tokens",
+        str(tokens),
+        "--out",
+        out,
+    ]
+    return [
+        f"evaluate the seeds against the base model: {shlex.join(evaluate)}",
+        f"then compare them: grpolab compare {shlex.quote(out)}",
+    ]
 
 
 def torchrun_command(nproc: int, argv: list[str]) -> list[str]:
@@ -135,7 +185,16 @@ def torchrun_command(nproc: int, argv: list[str]) -> list[str]:
             skip = True
         elif not a.startswith("--nproc="):
             args.append(a)
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", "-m", "grpolab", *args]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        "-m",
+        "grpolab",
+        *args,
+    ]
 
 
 def launch_torchrun(nproc: int) -> int:

@@ -75,21 +75,37 @@ def failure_of(result: EpisodeResult, gold: str) -> tuple[str, int] | None:
 def episode_item(problem: Problem, result: EpisodeResult, transcript: str) -> dict[str, Any]:
     success = result.reward >= 1.0
     failure = failure_of(result, problem.answer)
-    scores = {"accuracy": float(success), "turns": float(result.turns), "tool_calls": float(result.tool_calls),
-              "tool_errors": float(result.tool_errors), "invalid": float(result.invalid),
-              **{f"ended_{e}": float(result.ended_by == e) for e in ENDINGS},
-              **{f"failed_{f}": float(failure is not None and failure[0] == f) for f in FAILURES}}
+    scores = {
+        "accuracy": float(success),
+        "turns": float(result.turns),
+        "tool_calls": float(result.tool_calls),
+        "tool_errors": float(result.tool_errors),
+        "invalid": float(result.invalid),
+        **{f"ended_{e}": float(result.ended_by == e) for e in ENDINGS},
+        **{f"failed_{f}": float(failure is not None and failure[0] == f) for f in FAILURES},
+    }
     if result.requires_tools:
         scores["success_without_tool"] = float(success and result.tool_calls == 0)
     slices = [problem.slice]
     if "expert_calls" in problem.data:
         slices.append(horizon_slice(int(problem.data["expert_calls"])))
-    return {"uid": problem.uid, "slice": problem.slice, "slices": slices, "gold": problem.answer,
-            "completion": transcript, "answer": result.final_text[:500], "correct": success,
-            "reward": result.reward, "ended_by": result.ended_by, "error": result.error,
-            "failure": None if failure is None else {"reason": failure[0], "turn": failure[1]},
-            "trace": [{k: step[k] for k in ("turn", "kind")} for step in result.trace],
-            "length": result.model_tokens, "truncated": result.ended_by in BOUNDS, "scores": scores}
+    return {
+        "uid": problem.uid,
+        "slice": problem.slice,
+        "slices": slices,
+        "gold": problem.answer,
+        "completion": transcript,
+        "answer": result.final_text[:500],
+        "correct": success,
+        "reward": result.reward,
+        "ended_by": result.ended_by,
+        "error": result.error,
+        "failure": None if failure is None else {"reason": failure[0], "turn": failure[1]},
+        "trace": [{k: step[k] for k in ("turn", "kind")} for step in result.trace],
+        "length": result.model_tokens,
+        "truncated": result.ended_by in BOUNDS,
+        "scores": scores,
+    }
 
 
 def failures_by_turn(items: list[dict[str, Any]]) -> dict[str, dict[str, float]]:

@@ -48,8 +48,12 @@ def check_eval_settings(prefix: str = "--", **values: float) -> None:
     ``--limit: expected an integer >= 0 (0 = all problems), got -3``; unknown names are a programming error."""
     for name, value in values.items():
         ok, expected = _RULES[name]
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or (
-                expected.startswith("an integer") and not isinstance(value, int)) or not ok(value):
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or (expected.startswith("an integer") and not isinstance(value, int))
+            or not ok(value)
+        ):
             raise ConfigError(f"{option_name(name, prefix)}: expected {expected}, got {value!r}")
 
 

@@ -55,8 +55,14 @@ METRIC_NAME = "math-verify equivalence of the final answer (grpolab.evaluation.s
 CODE_METRIC_NAME = "every test passes in the sandbox (grpolab.evaluation.scoring)"
 
 
-def generate_all(engine: RolloutEngine, tokenizer, problems: list[Problem], params: SamplingParams,
-                 batch_size: int, progress: Progress | None = None) -> list[list[Completion]]:
+def generate_all(
+    engine: RolloutEngine,
+    tokenizer,
+    problems: list[Problem],
+    params: SamplingParams,
+    batch_size: int,
+    progress: Progress | None = None,
+) -> list[list[Completion]]:
     """params.group_size completions per problem (1 when greedy), generated batch_size sequences at a time;
     ``progress("greedy" | "k samples", done, total)`` after each batch."""
     g = 1 if params.greedy else params.group_size
@@ -100,9 +106,16 @@ def score_item(problem: Problem, greedy: Completion, samples: list[Completion], 
     """One evaluation record: the greedy completion and its checks, the samples, and per-item ``scores``."""
     correct = bool(is_correct(greedy.text, problem.answer))
     item: dict[str, Any] = {
-        "uid": problem.uid, "slice": problem.slice, "slices": slice_labels(problem), "gold": problem.answer,
-        "completion": greedy.text, "answer": extract_final(greedy.text), "correct": correct,
-        "length": greedy.length, "truncated": greedy.truncated, "scores": {"accuracy": float(correct)},
+        "uid": problem.uid,
+        "slice": problem.slice,
+        "slices": slice_labels(problem),
+        "gold": problem.answer,
+        "completion": greedy.text,
+        "answer": extract_final(greedy.text),
+        "correct": correct,
+        "length": greedy.length,
+        "truncated": greedy.truncated,
+        "scores": {"accuracy": float(correct)},
     }
     if task == "gsm8k":
         item["scores"]["strict"] = float(gsm8k_strict(greedy.text, problem.answer))
@@ -111,29 +124,42 @@ def score_item(problem: Problem, greedy: Completion, samples: list[Completion], 
         answers = [extract_final(s.text) for s in samples]
         ok = [bool(is_correct(s.text, problem.answer)) for s in samples]
         k, c = len(samples), sum(ok)
-        item["samples"] = [{"completion": s.text, "answer": a, "correct": o, "length": s.length, "truncated": s.truncated}
-                           for s, a, o in zip(samples, answers, ok)]
+        item["samples"] = [
+            {"completion": s.text, "answer": a, "correct": o, "length": s.length, "truncated": s.truncated}
+            for s, a, o in zip(samples, answers, ok)
+        ]
         item["scores"].update({f"pass@{j}": pass_at_k(k, c, j) for j in pass_ks(k)})
         item["scores"][f"maj@{k}"] = float(maj_at_k(answers, problem.answer))
         item["scores"][f"mean@{k}"] = mean_at_k(ok)
     return item
 
 
-def score_code_item(problem: Problem, greedy: Completion, samples: list[Completion],
-                    verdicts: list[tuple[bool, str | None]]) -> dict[str, Any]:
+def score_code_item(
+    problem: Problem, greedy: Completion, samples: list[Completion], verdicts: list[tuple[bool, str | None]]
+) -> dict[str, Any]:
     """One evaluation record of a code problem; ``verdicts`` (passed, reason) for the greedy completion and then
     each sample (grpolab.evaluation.scoring.code_passes)."""
     (ok, reason), rest = verdicts[0], verdicts[1:]
     item: dict[str, Any] = {
-        "uid": problem.uid, "slice": problem.slice, "slices": slice_labels(problem), "gold": problem.answer,
-        "completion": greedy.text, "answer": program_text(greedy.text)[:2000], "correct": bool(ok), "reason": reason,
-        "length": greedy.length, "truncated": greedy.truncated, "scores": {"accuracy": float(ok)},
+        "uid": problem.uid,
+        "slice": problem.slice,
+        "slices": slice_labels(problem),
+        "gold": problem.answer,
+        "completion": greedy.text,
+        "answer": program_text(greedy.text)[:2000],
+        "correct": bool(ok),
+        "reason": reason,
+        "length": greedy.length,
+        "truncated": greedy.truncated,
+        "scores": {"accuracy": float(ok)},
     }
     if samples:
         passed = [bool(v[0]) for v in rest]
         k, c = len(samples), sum(passed)
-        item["samples"] = [{"completion": s.text, "correct": p, "reason": v[1], "length": s.length, "truncated": s.truncated}
-                           for s, p, v in zip(samples, passed, rest)]
+        item["samples"] = [
+            {"completion": s.text, "correct": p, "reason": v[1], "length": s.length, "truncated": s.truncated}
+            for s, p, v in zip(samples, passed, rest)
+        ]
         item["scores"].update({f"pass@{j}": pass_at_k(k, c, j) for j in pass_ks(k)})
         item["scores"][f"mean@{k}"] = mean_at_k(passed)
     return item
@@ -146,8 +172,9 @@ def stop_rule_for(problems: list[Problem]) -> str:
     return "code_block" if problems and all(is_code_problem(p) for p in problems) else "none"
 
 
-def evaluate_model(engine: RolloutEngine, tokenizer, problems: list[Problem], settings: EvalSettings,
-                   progress: Progress | None = None) -> EvalResult:
+def evaluate_model(
+    engine: RolloutEngine, tokenizer, problems: list[Problem], settings: EvalSettings, progress: Progress | None = None
+) -> EvalResult:
     """Greedy completions (and k samples when settings.samples > 0) for every problem, scored and summarised;
     ``progress`` is told after every batch (generate_all) and around the sandbox scoring of code."""
     import torch
@@ -156,14 +183,25 @@ def evaluate_model(engine: RolloutEngine, tokenizer, problems: list[Problem], se
         return evaluate_episodes(engine, tokenizer, problems, settings, progress)
     start = time.perf_counter()
     stop = stop_rule_for(problems)
-    greedy = generate_all(engine, tokenizer, problems,
-                          SamplingParams(group_size=1, max_new_tokens=settings.max_new_tokens, greedy=True, stop_rule=stop),
-                          settings.batch_size, progress)
+    greedy = generate_all(
+        engine,
+        tokenizer,
+        problems,
+        SamplingParams(group_size=1, max_new_tokens=settings.max_new_tokens, greedy=True, stop_rule=stop),
+        settings.batch_size,
+        progress,
+    )
     sampled: list[list[Completion]] = [[] for _ in problems]
     if settings.samples > 0:
         torch.manual_seed(settings.seed)
-        params = SamplingParams(group_size=settings.samples, logprobs=False, temperature=settings.temperature, top_p=settings.top_p,
-                                max_new_tokens=settings.max_new_tokens, stop_rule=stop)
+        params = SamplingParams(
+            group_size=settings.samples,
+            logprobs=False,
+            temperature=settings.temperature,
+            top_p=settings.top_p,
+            max_new_tokens=settings.max_new_tokens,
+            stop_rule=stop,
+        )
         sampled = generate_all(engine, tokenizer, problems, params, settings.batch_size, progress)
     if problems and all(is_code_problem(p) for p in problems):
         jobs = [[held_out_job(c.text, p) for c in (g[0], *s)] for p, g, s in zip(problems, greedy, sampled)]
@@ -183,8 +221,9 @@ def evaluate_model(engine: RolloutEngine, tokenizer, problems: list[Problem], se
     return result
 
 
-def greedy_eval(engine: RolloutEngine, tokenizer, problems: list[Problem], max_new_tokens: int, batch_size: int = 64,
-                task: str = "") -> EvalResult:
+def greedy_eval(
+    engine: RolloutEngine, tokenizer, problems: list[Problem], max_new_tokens: int, batch_size: int = 64, task: str = ""
+) -> EvalResult:
     """Greedy completions for every problem, batched; accuracy with its 95% interval (t over problems)."""
     return evaluate_model(engine, tokenizer, problems, EvalSettings(max_new_tokens, batch_size, task=task))
 
@@ -200,7 +239,9 @@ def in_slice(item: dict[str, Any], label: str) -> bool:
     return label in (item.get("slices") or [item.get("slice")])
 
 
-def paired_diffs(first: list[dict[str, Any]], other: list[dict[str, Any]], slice_: str | None = None) -> dict[str, dict[str, Any]]:
+def paired_diffs(
+    first: list[dict[str, Any]], other: list[dict[str, Any]], slice_: str | None = None
+) -> dict[str, dict[str, Any]]:
     """Paired interval of other - first (intervals.paired_score_interval) for every metric both have, on the problems
     (uids) both have -- only those of one slice when ``slice_`` is given (in_slice); each with n, method and
     degenerate. {} when they share no problem."""
@@ -225,7 +266,14 @@ def load_eval_problems(task: str, options: dict[str, Any], split: str, limit: in
 
 def model_row(name: str, path: str, result: EvalResult, held_out: dict[str, Any], method: str) -> dict[str, Any]:
     """One entry of an evaluation JSON's ``models`` list."""
-    return {"model": name, "path": path, "method": method, "held_out": held_out, **result.summary(), "items": result.items}
+    return {
+        "model": name,
+        "path": path,
+        "method": method,
+        "held_out": held_out,
+        **result.summary(),
+        "items": result.items,
+    }
 
 
 def add_paired(rows: list[dict[str, Any]]) -> None:
@@ -236,16 +284,27 @@ def add_paired(rows: list[dict[str, Any]]) -> None:
             row["diff_vs_first"] = {k: v for k, v in row["paired_vs_first"]["accuracy"].items() if k != "n"}
 
 
-def eval_header(task: str, options: dict[str, Any], split: str, problems: list[Problem], dtype: str,
-                decoding: dict[str, Any]) -> dict[str, Any]:
+def eval_header(
+    task: str, options: dict[str, Any], split: str, problems: list[Problem], dtype: str, decoding: dict[str, Any]
+) -> dict[str, Any]:
     """The part of an evaluation JSON that identifies the evaluation set and the decoding."""
     from ..manifest import data_hash, versions
 
     code = bool(problems) and all(is_code_problem(p) for p in problems)
-    return {"grpolab_eval": 1, "task": task, "task_options": options, "split": split, "n": len(problems),
-            "data_hash": data_hash(problems), "decoding": decoding, "max_new_tokens": decoding["max_new_tokens"],
-            "dtype": dtype, "metric": CODE_METRIC_NAME if code else METRIC_NAME, "versions": versions(),
-            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    return {
+        "grpolab_eval": 1,
+        "task": task,
+        "task_options": options,
+        "split": split,
+        "n": len(problems),
+        "data_hash": data_hash(problems),
+        "decoding": decoding,
+        "max_new_tokens": decoding["max_new_tokens"],
+        "dtype": dtype,
+        "metric": CODE_METRIC_NAME if code else METRIC_NAME,
+        "versions": versions(),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
 
 
 def add_sets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -260,14 +319,32 @@ def add_sets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         return data if isinstance(data, dict) and data.get("grpolab_manifest") else None
 
     manifests = [None] + [manifest(r) for r in rows[1:]]
-    return [{"runs": [rows[i]["model"] for i in g], "seeds": [manifests[i].get("seed") for i in g],
-             "reference": rows[0]["model"], "metrics": set_evidence([rows[i] for i in g], [rows[0]] * len(g))}
-            for g in recipe_groups(manifests)]
+    return [
+        {
+            "runs": [rows[i]["model"] for i in g],
+            "seeds": [manifests[i].get("seed") for i in g],
+            "reference": rows[0]["model"],
+            "metrics": set_evidence([rows[i] for i in g], [rows[0]] * len(g)),
+        }
+        for g in recipe_groups(manifests)
+    ]
 
 
-def run_eval(models: list[str], task: str, options: dict[str, Any], split: str, limit: int,
-             max_new_tokens: int, batch_size: int, dtype: str, samples: int = 0, temperature: float = 1.0,
-             top_p: float = 1.0, seed: int = 0, progress: Progress | None = None) -> dict[str, Any]:
+def run_eval(
+    models: list[str],
+    task: str,
+    options: dict[str, Any],
+    split: str,
+    limit: int,
+    max_new_tokens: int,
+    batch_size: int,
+    dtype: str,
+    samples: int = 0,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    seed: int = 0,
+    progress: Progress | None = None,
+) -> dict[str, Any]:
     """Evaluate each model on the same problems; paired differences (with intervals) against the first model, and the
     evidence of every set of runs (seeds of one recipe) among the others (add_sets).
 
@@ -295,7 +372,17 @@ def run_eval(models: list[str], task: str, options: dict[str, Any], split: str, 
         rows.append(model_row(name, path, result, held_out, "sampled" if samples else "greedy"))
         del model
     add_paired(rows)
-    decoding = {"greedy": True, "samples": samples, "temperature": temperature if samples else None,
-                "top_p": top_p if samples else None, "seed": seed, "max_new_tokens": max_new_tokens}
+    decoding = {
+        "greedy": True,
+        "samples": samples,
+        "temperature": temperature if samples else None,
+        "top_p": top_p if samples else None,
+        "seed": seed,
+        "max_new_tokens": max_new_tokens,
+    }
     sets = add_sets(rows)
-    return {**eval_header(task, options, split, problems, dtype, decoding), "models": rows, **({"sets": sets} if sets else {})}
+    return {
+        **eval_header(task, options, split, problems, dtype, decoding),
+        "models": rows,
+        **({"sets": sets} if sets else {}),
+    }

@@ -107,8 +107,14 @@ def mean_interval(values: np.ndarray | Sequence[float], alpha: float = 0.05) -> 
         raise ValueError("mean_interval of no values")
     mean = float(v.mean())
     lo, hi = t_interval(mean, float(v.var(ddof=1)) / v.size, v.size - 1, alpha) if v.size > 1 else (mean, mean)
-    return {"mean": mean, "ci_low": lo, "ci_high": hi, "n": int(v.size), "method": "t over problems",
-            "degenerate": degeneracy(v)}
+    return {
+        "mean": mean,
+        "ci_low": lo,
+        "ci_high": hi,
+        "n": int(v.size),
+        "method": "t over problems",
+        "degenerate": degeneracy(v),
+    }
 
 
 def equal_changes_interval(change: float, n: int, alpha: float = 0.05) -> tuple[float, float]:
@@ -130,7 +136,9 @@ def equal_changes_interval(change: float, n: int, alpha: float = 0.05) -> tuple[
     return (1.0 - 2.0 * q, 1.0) if change > 0 else (-1.0, -1.0 + 2.0 * q)
 
 
-def paired_interval(a: np.ndarray | Sequence[float], b: np.ndarray | Sequence[float], alpha: float = 0.05) -> dict[str, Any]:
+def paired_interval(
+    a: np.ndarray | Sequence[float], b: np.ndarray | Sequence[float], alpha: float = 0.05
+) -> dict[str, Any]:
     """mean_interval of the per-problem differences d_i = b_i - a_i (same problems, same order), marked paired."""
     a, b = np.asarray(a, dtype=float).ravel(), np.asarray(b, dtype=float).ravel()
     if a.shape != b.shape:
@@ -138,8 +146,13 @@ def paired_interval(a: np.ndarray | Sequence[float], b: np.ndarray | Sequence[fl
     return {**mean_interval(b - a, alpha), "paired": True}
 
 
-def studentized_bootstrap_interval(values: np.ndarray | Sequence[float], n_boot: int = 2000, alpha: float = 0.05,
-                                   seed: int = 0, bounds: tuple[float, float] = (-math.inf, math.inf)) -> dict[str, Any]:
+def studentized_bootstrap_interval(
+    values: np.ndarray | Sequence[float],
+    n_boot: int = 2000,
+    alpha: float = 0.05,
+    seed: int = 0,
+    bounds: tuple[float, float] = (-math.inf, math.inf),
+) -> dict[str, Any]:
     """Mean of per-problem numbers with the studentised bootstrap (bootstrap-t) interval: for resample b (indices
     from grpolab.evaluation.scoring.bootstrap_indices(n, n_boot, seed)) t*_b = (m*_b - m) / se*_b with
     se = s / sqrt(n); the interval is [m - t*_(hi) se, m - t*_(lo) se], t*_(lo) and t*_(hi) the order statistics
@@ -157,8 +170,14 @@ def studentized_bootstrap_interval(values: np.ndarray | Sequence[float], n_boot:
     if v.size == 0:
         raise ValueError("studentized_bootstrap_interval of no values")
     mean, degenerate = float(v.mean()), degeneracy(v)
-    out = {"mean": mean, "ci_low": mean, "ci_high": mean, "n": int(v.size),
-           "method": "studentised bootstrap over problems", "degenerate": degenerate}
+    out = {
+        "mean": mean,
+        "ci_low": mean,
+        "ci_high": mean,
+        "n": int(v.size),
+        "method": "studentised bootstrap over problems",
+        "degenerate": degenerate,
+    }
     if degenerate:
         return out
     se = float(v.std(ddof=1)) / math.sqrt(v.size)
@@ -167,8 +186,11 @@ def studentized_bootstrap_interval(values: np.ndarray | Sequence[float], n_boot:
         x = v[idx]
         m_star, se_star = x.mean(axis=1), x.std(axis=1, ddof=1) / math.sqrt(v.size)
         with np.errstate(divide="ignore", invalid="ignore"):
-            t_star.append(np.where(se_star > 0, (m_star - mean) / np.where(se_star > 0, se_star, 1.0),
-                                   np.sign(m_star - mean) * np.inf))
+            t_star.append(
+                np.where(
+                    se_star > 0, (m_star - mean) / np.where(se_star > 0, se_star, 1.0), np.sign(m_star - mean) * np.inf
+                )
+            )
     t_sorted = np.sort(np.concatenate(t_star))
     t_lo = t_sorted[int(math.floor(alpha / 2 * n_boot))]
     t_hi = t_sorted[int(math.ceil((1 - alpha / 2) * n_boot)) - 1]
@@ -188,7 +210,9 @@ def _clipped(result: dict[str, Any], low: float, high: float) -> dict[str, Any]:
     return {**result, "ci_low": max(result["ci_low"], low), "ci_high": min(result["ci_high"], high)}
 
 
-def score_interval(values: np.ndarray | Sequence[float], alpha: float = 0.05, n_boot: int = 2000, seed: int = 0) -> dict[str, Any]:
+def score_interval(
+    values: np.ndarray | Sequence[float], alpha: float = 0.05, n_boot: int = 2000, seed: int = 0
+) -> dict[str, Any]:
     """One model's metric over problems (module docstring): t for binary per-problem scores, the studentised
     bootstrap for graded ones; both clipped to [0, 1], where the metric lives (a t interval over 3 problems reaches
     past it; clipping to the parameter space never lowers coverage)."""
@@ -197,8 +221,13 @@ def score_interval(values: np.ndarray | Sequence[float], alpha: float = 0.05, n_
     return studentized_bootstrap_interval(values, n_boot, alpha, seed, bounds=(0.0, 1.0))
 
 
-def paired_score_interval(a: np.ndarray | Sequence[float], b: np.ndarray | Sequence[float], alpha: float = 0.05,
-                          n_boot: int = 2000, seed: int = 0) -> dict[str, Any]:
+def paired_score_interval(
+    a: np.ndarray | Sequence[float],
+    b: np.ndarray | Sequence[float],
+    alpha: float = 0.05,
+    n_boot: int = 2000,
+    seed: int = 0,
+) -> dict[str, Any]:
     """b - a over the same problems (same order), paired: t when both models' scores are binary, else the studentised
     bootstrap of the differences (clipped to [-1, 1]); marked ``paired``."""
     a, b = np.asarray(a, dtype=float).ravel(), np.asarray(b, dtype=float).ravel()
@@ -209,8 +238,13 @@ def paired_score_interval(a: np.ndarray | Sequence[float], b: np.ndarray | Seque
     return {**studentized_bootstrap_interval(b - a, n_boot, alpha, seed, bounds=(-1.0, 1.0)), "paired": True}
 
 
-def paired_evidence_interval(a: np.ndarray | Sequence[float], b: np.ndarray | Sequence[float], alpha: float = 0.05,
-                             n_boot: int = 2000, seed: int = 0) -> dict[str, Any]:
+def paired_evidence_interval(
+    a: np.ndarray | Sequence[float],
+    b: np.ndarray | Sequence[float],
+    alpha: float = 0.05,
+    n_boot: int = 2000,
+    seed: int = 0,
+) -> dict[str, Any]:
     """paired_score_interval, except that 0/1 scores whose n >= 2 differences are all equal get the exact
     equal_changes_interval instead of a zero-width t (method "exact: all n differences equal", not degenerate): 30
     problems all gone wrong -> right is strong evidence, and 50 unchanged problems still leave changes up to 0.07
@@ -224,6 +258,7 @@ def paired_evidence_interval(a: np.ndarray | Sequence[float], b: np.ndarray | Se
     a, b = np.asarray(a, dtype=float).ravel(), np.asarray(b, dtype=float).ravel()
     if a.size >= 2 and out["degenerate"] == "all equal" and is_binary(a) and is_binary(b):
         lo, hi = equal_changes_interval(out["mean"], a.size, alpha)
-        out.update(ci_low=lo, ci_high=hi, method=f"exact: all {a.size} differences equal (Clopper-Pearson)",
-                   degenerate=None)
+        out.update(
+            ci_low=lo, ci_high=hi, method=f"exact: all {a.size} differences equal (Clopper-Pearson)", degenerate=None
+        )
     return out

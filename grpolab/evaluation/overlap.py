@@ -60,13 +60,23 @@ def check_held_out(model: str, path: str | None, problems: list[Problem]) -> dic
     """
     found = find_manifest(model, path)
     if found is None:
-        return {"checked": False, "manifest": None, "train_problems": 0, "overlap": 0,
-                "note": "no run or baseline manifest: the training set of this model is unknown"}
+        return {
+            "checked": False,
+            "manifest": None,
+            "train_problems": 0,
+            "overlap": 0,
+            "note": "no run or baseline manifest: the training set of this model is unknown",
+        }
     file, manifest = found
     hashes = manifest.get("train_problem_hashes")
     if hashes is None:
-        return {"checked": False, "manifest": str(file), "train_problems": 0, "overlap": 0,
-                "note": "the manifest records no train_problem_hashes"}
+        return {
+            "checked": False,
+            "manifest": str(file),
+            "train_problems": 0,
+            "overlap": 0,
+            "note": "the manifest records no train_problem_hashes",
+        }
     bad = overlapping(problems, hashes)
     if bad:
         ex = bad[0]
@@ -74,5 +84,10 @@ def check_held_out(model: str, path: str | None, problems: list[Problem]) -> dic
             f"{model}: {len(bad)} of {len(problems)} evaluation problems overlap the training set recorded in "
             f"{file} (e.g. {ex.uid}: {ex.question[:80]!r}); evaluate on a held-out split"
         )
-    return {"checked": True, "manifest": str(file), "train_problems": len(hashes), "overlap": 0,
-            "note": "no evaluation problem is in the training set"}
+    return {
+        "checked": True,
+        "manifest": str(file),
+        "train_problems": len(hashes),
+        "overlap": 0,
+        "note": "no evaluation problem is in the training set",
+    }

@@ -72,15 +72,27 @@ def summarise(items: list[dict[str, Any]], elapsed: float) -> EvalResult:
     per_slice = {}
     for s, group in sorted(by_slice.items()):
         sm = {m: _ci([it["scores"][m] for it in group]) for m in names}
-        per_slice[s] = {"n": len(group), "accuracy": sm["accuracy"]["mean"], "ci_low": sm["accuracy"]["ci_low"],
-                        "ci_high": sm["accuracy"]["ci_high"], "len_mean": float(np.mean([it["length"] for it in group])),
-                        "truncated_frac": float(np.mean([it["truncated"] for it in group])), "metrics": sm}
+        per_slice[s] = {
+            "n": len(group),
+            "accuracy": sm["accuracy"]["mean"],
+            "ci_low": sm["accuracy"]["ci_low"],
+            "ci_high": sm["accuracy"]["ci_high"],
+            "len_mean": float(np.mean([it["length"] for it in group])),
+            "truncated_frac": float(np.mean([it["truncated"] for it in group])),
+            "metrics": sm,
+        }
     acc = metrics["accuracy"]
     return EvalResult(
-        accuracy=acc["mean"], ci_low=acc["ci_low"], ci_high=acc["ci_high"], n=len(items), per_slice=per_slice,
+        accuracy=acc["mean"],
+        ci_low=acc["ci_low"],
+        ci_high=acc["ci_high"],
+        n=len(items),
+        per_slice=per_slice,
         len_mean=float(np.mean([it["length"] for it in items])),
         truncated_frac=float(np.mean([it["truncated"] for it in items])),
-        problems_per_s=len(items) / elapsed if elapsed > 0 else float("nan"), items=items, metrics=metrics,
+        problems_per_s=len(items) / elapsed if elapsed > 0 else float("nan"),
+        items=items,
+        metrics=metrics,
         len_max=int(max(it["length"] for it in items)),
     )
 

@@ -9,6 +9,7 @@ answer with the gold answer is then decided by ``math_verify`` (sympy), both sid
 wrapped as inline LaTeX. We do not let math_verify pick the answer from the raw text:
 its priority rules prefer an early "answer is 10" over a later, final "= 9".
 """
+
 from __future__ import annotations
 
 import re
@@ -239,8 +240,11 @@ def bootstrap_ci(
 
 
 def paired_bootstrap_diff(
-    a: np.ndarray | Sequence[float], b: np.ndarray | Sequence[float],
-    n_boot: int = 2000, alpha: float = 0.05, seed: int = 0,
+    a: np.ndarray | Sequence[float],
+    b: np.ndarray | Sequence[float],
+    n_boot: int = 2000,
+    alpha: float = 0.05,
+    seed: int = 0,
 ) -> tuple[float, float, float]:
     """(mean, lo, hi) of per-item d = b - a, items resampled jointly (paired bootstrap)."""
     a, b = np.asarray(a, dtype=float).ravel(), np.asarray(b, dtype=float).ravel()
@@ -255,7 +259,9 @@ def paired_bootstrap_diff(
 # program runs) but none of the scoring: the program is taken from the completion, assembled and judged here.
 # A sample is correct iff every test of the problem -- the hidden ones and those shown in the prompt -- passes.
 
-_FENCE = re.compile(r"^[ \t]*```[ \t]*([A-Za-z0-9_+.-]*)[^\n]*\n(.*?)(?:^[ \t]*```[^\n]*$|\Z)", re.MULTILINE | re.DOTALL)
+_FENCE = re.compile(
+    r"^[ \t]*```[ \t]*([A-Za-z0-9_+.-]*)[^\n]*\n(.*?)(?:^[ \t]*```[^\n]*$|\Z)", re.MULTILINE | re.DOTALL
+)
 _FENCE_LANGS = {"", "python", "py", "python3"}
 
 

@@ -63,15 +63,21 @@ def spread(values: Sequence[float]) -> dict[str, Any]:
     v = np.asarray(values, dtype=float)
     if v.size == 0:
         raise ValueError("spread of no runs")
-    return {"mean": round(float(v.mean()), 12), "std": round(float(v.std(ddof=1)), 12) if v.size > 1 else None,
-            "min": float(v.min()), "max": float(v.max())}
+    return {
+        "mean": round(float(v.mean()), 12),
+        "std": round(float(v.std(ddof=1)), 12) if v.size > 1 else None,
+        "min": float(v.min()),
+        "max": float(v.max()),
+    }
 
 
 def _check_shapes(sets: Sequence[np.ndarray]) -> int:
     p = sets[0].shape[1] if sets and sets[0].ndim == 2 else -1
     if not sets or any(x.ndim != 2 or x.shape[1] != p or x.shape[0] == 0 or p == 0 for x in sets):
-        raise ValueError(f"every set must be a (runs >= 1, problems >= 1) array over the same problems; got "
-                         f"{[x.shape for x in sets]}")
+        raise ValueError(
+            f"every set must be a (runs >= 1, problems >= 1) array over the same problems; got "
+            f"{[x.shape for x in sets]}"
+        )
     return p
 
 
@@ -95,7 +101,7 @@ def variance_terms(sets: Sequence[np.ndarray], signs: Sequence[float]) -> tuple[
             v += float(run_means.var(ddof=1)) / r
             if p >= 2:
                 resid = x - run_means[:, None] - x.mean(axis=0)[None, :] + x.mean()
-                ms_e = float((resid ** 2).sum()) / ((r - 1) * (p - 1))
+                ms_e = float((resid**2).sum()) / ((r - 1) * (p - 1))
                 ms_r = p * float(run_means.var(ddof=1))
                 if ms_r > ms_e * (1 + 1e-9):  # a positive between-seed component (rounding aside)
                     components += [(ms_r / (r * p), r - 1), (-ms_e / (r * p), (r - 1) * (p - 1))]
@@ -122,8 +128,16 @@ def set_interval(sets: Sequence[np.ndarray], signs: Sequence[float], alpha: floa
     lo, hi = t_interval(theta, v, nu, alpha)
     p = sets[0].shape[1]
     degenerate = "one problem" if p == 1 else ("all equal" if v == 0 else None)
-    return {"mean": theta, "ci_low": lo, "ci_high": hi, "se": float(np.sqrt(v)), "df": float(nu), "n": p,
-            "method": "t, two-stage variance (runs, problems), Satterthwaite df", "degenerate": degenerate}
+    return {
+        "mean": theta,
+        "ci_low": lo,
+        "ci_high": hi,
+        "se": float(np.sqrt(v)),
+        "df": float(nu),
+        "n": p,
+        "method": "t, two-stage variance (runs, problems), Satterthwaite df",
+        "degenerate": degenerate,
+    }
 
 
 def set_mean(x: np.ndarray | Sequence[Sequence[float]], alpha: float = 0.05) -> dict[str, Any]:
@@ -139,8 +153,9 @@ def set_mean(x: np.ndarray | Sequence[Sequence[float]], alpha: float = 0.05) -> 
     return {**set_interval([x], [1.0], alpha), "runs": int(x.shape[0]), "per_run": per_run, "spread": spread(per_run)}
 
 
-def set_difference(a: np.ndarray | Sequence[Sequence[float]], b: np.ndarray | Sequence[Sequence[float]],
-                   alpha: float = 0.05) -> dict[str, Any]:
+def set_difference(
+    a: np.ndarray | Sequence[Sequence[float]], b: np.ndarray | Sequence[Sequence[float]], alpha: float = 0.05
+) -> dict[str, Any]:
     """theta(B) - theta(A) of two sets of runs on the same P problems (arrays (R_A, P) and (R_B, P)), with its
     interval (set_interval with signs -1, +1: the problems paired across the sets, each set's runs its own between-
     seed term), and each set's own set_mean."""
@@ -157,7 +172,9 @@ def _check_align(align: str) -> None:
         raise ValueError(f"align={align!r}: expected one of {ALIGN_MODES}")
 
 
-def aligned(runs: Sequence[Scores], names: Sequence[str] | None = None, align: str = "exact") -> tuple[list[str], np.ndarray]:
+def aligned(
+    runs: Sequence[Scores], names: Sequence[str] | None = None, align: str = "exact"
+) -> tuple[list[str], np.ndarray]:
     """(uids, (R, P) array) of the runs' per-problem numbers, in the first run's order. align="exact" (the default)
     refuses runs whose problems (uids) differ, naming the runs, their numbers of problems and an example uid;
     align="intersect" keeps the problems every run has. A GrpolabError when no problem is shared.
@@ -172,23 +189,30 @@ def aligned(runs: Sequence[Scores], names: Sequence[str] | None = None, align: s
     names = _names(names, len(runs))
     uids = [u for u in runs[0] if all(u in r for r in runs[1:])]
     if not uids:
-        raise GrpolabError(f"{', '.join(names)}: the runs share no problem (uid); they were not evaluated on the same "
-                           "held-out set")
+        raise GrpolabError(
+            f"{', '.join(names)}: the runs share no problem (uid); they were not evaluated on the same held-out set"
+        )
     if align == "exact":
         for name, r in zip(names[1:], runs[1:]):
             if len(r) != len(runs[0]) or len(uids) != len(r):
                 only = next((u for u in r if u not in runs[0]), None)
-                example = f"{only!r} only in {name}" if only is not None else \
-                    f"{next(u for u in runs[0] if u not in r)!r} only in {names[0]}"
-                raise GrpolabError(f"{names[0]} ({len(runs[0])} problems) and {name} ({len(r)} problems) were evaluated "
-                                   f"on different problems ({len(uids)} shared by every run; e.g. {example}); evaluate "
-                                   f"them on the same held-out set, or align them explicitly (align='intersect') to "
-                                   f"compare on the {len(uids)} shared problems")
+                example = (
+                    f"{only!r} only in {name}"
+                    if only is not None
+                    else f"{next(u for u in runs[0] if u not in r)!r} only in {names[0]}"
+                )
+                raise GrpolabError(
+                    f"{names[0]} ({len(runs[0])} problems) and {name} ({len(r)} problems) were evaluated "
+                    f"on different problems ({len(uids)} shared by every run; e.g. {example}); evaluate "
+                    f"them on the same held-out set, or align them explicitly (align='intersect') to "
+                    f"compare on the {len(uids)} shared problems"
+                )
     return uids, np.array([[float(r[u]) for u in uids] for r in runs])
 
 
-def paired_gains(pairs: Sequence[tuple[Scores, Scores]], names: Sequence[str] | None = None,
-                 align: str = "exact") -> tuple[list[str], np.ndarray]:
+def paired_gains(
+    pairs: Sequence[tuple[Scores, Scores]], names: Sequence[str] | None = None, align: str = "exact"
+) -> tuple[list[str], np.ndarray]:
     """(uids, (R, P) array of d_{r,i} = b_r[i] - a_r[i]) for runs given as (reference scores, scores) by uid.
     align="exact" refuses a run whose scores and reference differ in their problems, and runs that differ from each
     other (aligned); align="intersect" keeps the problems every run and its reference have.
@@ -202,9 +226,11 @@ def paired_gains(pairs: Sequence[tuple[Scores, Scores]], names: Sequence[str] | 
     if align == "exact":
         for name, (a, b) in zip(names, pairs):
             if set(a) != set(b):
-                raise GrpolabError(f"{name}: the model and its reference were evaluated on different problems "
-                                   f"({len(b)} vs {len(a)}, {len(set(a) & set(b))} shared); evaluate both on the same "
-                                   "held-out set, or align them explicitly (align='intersect')")
+                raise GrpolabError(
+                    f"{name}: the model and its reference were evaluated on different problems "
+                    f"({len(b)} vs {len(a)}, {len(set(a) & set(b))} shared); evaluate both on the same "
+                    "held-out set, or align them explicitly (align='intersect')"
+                )
     gains = [{u: float(b[u]) - float(a[u]) for u in a if u in b} for a, b in pairs]
     return aligned(gains, names, align)
 
@@ -229,8 +255,11 @@ def evaluation_differences(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[t
     da, db = a.get("decoding"), b.get("decoding")
     if not (isinstance(da, Mapping) and isinstance(db, Mapping)):  # older files: a word ("greedy"), or absent
         return out + ([("decoding", da, db)] if da != db else [])
-    return out + [(f"decoding.{k}", da.get(k), db.get(k)) for k in DECODING_KEYS
-                  if (k in da or k in db) and da.get(k) != db.get(k)]
+    return out + [
+        (f"decoding.{k}", da.get(k), db.get(k))
+        for k in DECODING_KEYS
+        if (k in da or k in db) and da.get(k) != db.get(k)
+    ]
 
 
 def check_same_evaluation(names: Sequence[str], headers: Sequence[Mapping[str, Any]]) -> None:
@@ -240,8 +269,10 @@ def check_same_evaluation(names: Sequence[str], headers: Sequence[Mapping[str, A
         diffs = evaluation_differences(headers[0], h)
         if diffs:
             listed = "; ".join(f"{k}: {x!r} vs {y!r}" for k, x, y in diffs)
-            raise GrpolabError(f"{names[0]} and {name} were not evaluated the same way ({listed}); a set compares runs "
-                               "on one held-out set with one decoding")
+            raise GrpolabError(
+                f"{names[0]} and {name} were not evaluated the same way ({listed}); a set compares runs "
+                "on one held-out set with one decoding"
+            )
 
 
 def row_scores(row: Mapping[str, Any], metric: str = "accuracy") -> dict[str, float]:
@@ -268,8 +299,9 @@ def _label(row: Mapping[str, Any], j: int) -> str:
     return str(row.get("label") or row.get("model") or f"run {j + 1}")
 
 
-def set_evidence(members: Sequence[Mapping[str, Any]], references: Sequence[Mapping[str, Any] | None] = (),
-                 align: str = "exact") -> dict[str, Any]:
+def set_evidence(
+    members: Sequence[Mapping[str, Any]], references: Sequence[Mapping[str, Any] | None] = (), align: str = "exact"
+) -> dict[str, Any]:
     """Per metric of a set of runs' rows on one evaluation set: ``value`` (set_mean of their scores) and, when every
     member has a reference row with items (its base, from the same eval JSON), ``gain`` (set_mean of
     member - reference, paired within each run). {} when a member has no per-problem records. Rows whose problems
@@ -286,14 +318,16 @@ def set_evidence(members: Sequence[Mapping[str, Any]], references: Sequence[Mapp
     return out
 
 
-def set_contrast(a: Sequence[Mapping[str, Any]], b: Sequence[Mapping[str, Any]], align: str = "exact") -> dict[str, Any]:
+def set_contrast(
+    a: Sequence[Mapping[str, Any]], b: Sequence[Mapping[str, Any]], align: str = "exact"
+) -> dict[str, Any]:
     """Per metric both sets' rows have: set_difference (B - A) on the problems of every run of both sets (refused
     when they differ, unless align="intersect")."""
     names = [_label(r, j) for j, r in enumerate((*a, *b))]
     out = {}
     for m in shared_metrics([*a, *b]):
         _, x = aligned([row_scores(r, m) for r in (*a, *b)], names, align)
-        out[m] = set_difference(x[: len(a)], x[len(a):])
+        out[m] = set_difference(x[: len(a)], x[len(a) :])
     return out
 
 
@@ -306,7 +340,9 @@ def recipe_differences(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[tuple
     """What makes two runs different recipes: grpolab.manifest.diff_manifests without the seed and the git state."""
     from ..manifest import diff_manifests
 
-    return [(k, x, y) for k, x, y in diff_manifests(dict(a), dict(b)) if k not in SEED_KEYS and not k.startswith("git.")]
+    return [
+        (k, x, y) for k, x, y in diff_manifests(dict(a), dict(b)) if k not in SEED_KEYS and not k.startswith("git.")
+    ]
 
 
 def recipe_groups(manifests: Sequence[Mapping[str, Any] | None]) -> list[list[int]]:

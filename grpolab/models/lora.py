@@ -67,8 +67,9 @@ def apply_lora(model, model_cfg, model_path: str, seed: int):
     import peft
 
     targets = lc.target_modules if isinstance(lc.target_modules, str) else list(lc.target_modules)
-    config = peft.LoraConfig(r=lc.rank, lora_alpha=lc.alpha, lora_dropout=lc.dropout, target_modules=targets,
-                             task_type="CAUSAL_LM")
+    config = peft.LoraConfig(
+        r=lc.rank, lora_alpha=lc.alpha, lora_dropout=lc.dropout, target_modules=targets, task_type="CAUSAL_LM"
+    )
     with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
         torch.manual_seed(seed)  # A's initialisation: its own stream, the global RNG is restored on exit
         warnings.simplefilter("ignore", FutureWarning)  # peft asks transformers 5 a deprecated question
@@ -97,8 +98,10 @@ def _check_untied(peft_model) -> None:
         others = [n for n in names.get(id(layer.get_base_layer().weight), []) if not n.startswith(layer_name + ".")]
         if others:
             other = others[0].removesuffix(".weight").removesuffix(".base_layer")
-            raise ConfigError(f"model.lora.target_modules: '{layer_name}' shares its weight with '{other}' (tied "
-                              f"embeddings); LoRA on a tied weight cannot be merged into one model -- leave it out")
+            raise ConfigError(
+                f"model.lora.target_modules: '{layer_name}' shares its weight with '{other}' (tied "
+                f"embeddings); LoRA on a tied weight cannot be merged into one model -- leave it out"
+            )
 
 
 def trainable_parameters(model) -> list[torch.nn.Parameter]:
@@ -200,5 +203,3 @@ def save_model(model, directory: Path) -> None:
         (Path(directory) / "README.md").unlink(missing_ok=True)
     else:
         model.save_pretrained(directory)
-
-

@@ -36,14 +36,26 @@ def check_agent_runaway(rows: Sequence[dict[str, Any]], t: Thresholds) -> CheckR
     (s0, s1), (u0, u1) = early_late(success, t.window_frac), early_late(turns, t.window_frac)
     e0, e1 = early_late(errors, t.window_frac) if errors else (0.0, 0.0)
     ratio = u1 / u0 if u0 > 0 else 1.0
-    numbers = {"success_early": r4(s0), "success_late": r4(s1), "turns_early": r4(u0), "turns_late": r4(u1),
-               "tool_errors_early": r4(e0), "tool_errors_late": r4(e1)}
+    numbers = {
+        "success_early": r4(s0),
+        "success_late": r4(s1),
+        "turns_early": r4(u0),
+        "turns_late": r4(u1),
+        "tool_errors_early": r4(e0),
+        "tool_errors_late": r4(e1),
+    }
     if s1 <= s0:
         return CheckResult(name, GROUP, "PASS", f"success did not rise ({s0:.3f} -> {s1:.3f})", numbers)
     status = max(grade(ratio, TURNS_RATIO_WARN), grade(e1 - e0, TOOL_ERRORS_WARN), key=SEVERITY.get)
-    return CheckResult(name, GROUP, status, f"success {s0:.3f} -> {s1:.3f} while turns/episode {u0:.2f} -> {u1:.2f} "
-                       f"(x{ratio:.2f}; WARN >= x{TURNS_RATIO_WARN}) and tool errors/episode "
-                       f"{e0:.2f} -> {e1:.2f} (WARN >= +{TOOL_ERRORS_WARN})", numbers)
+    return CheckResult(
+        name,
+        GROUP,
+        status,
+        f"success {s0:.3f} -> {s1:.3f} while turns/episode {u0:.2f} -> {u1:.2f} "
+        f"(x{ratio:.2f}; WARN >= x{TURNS_RATIO_WARN}) and tool errors/episode "
+        f"{e0:.2f} -> {e1:.2f} (WARN >= +{TOOL_ERRORS_WARN})",
+        numbers,
+    )
 
 
 def check_agent_tool_bypass(rows: Sequence[dict[str, Any]], t: Thresholds) -> CheckResult:
@@ -60,8 +72,13 @@ def check_agent_tool_bypass(rows: Sequence[dict[str, Any]], t: Thresholds) -> Ch
     if len(vals) < t.min_points:
         return too_few(name, GROUP, "agent/success_without_tool_frac", len(vals), t)
     late = early_late(vals, t.window_frac)[1]
-    return CheckResult(name, GROUP, grade(late, BYPASS_WARN), f"late share of successes reached without the required "
-                       f"tool {late:.3f} (WARN >= {BYPASS_WARN})", {"late": r4(late)})
+    return CheckResult(
+        name,
+        GROUP,
+        grade(late, BYPASS_WARN),
+        f"late share of successes reached without the required tool {late:.3f} (WARN >= {BYPASS_WARN})",
+        {"late": r4(late)},
+    )
 
 
 def agent_checks(rows: Sequence[dict[str, Any]], config: dict[str, Any] | None, t: Thresholds) -> list[CheckResult]:

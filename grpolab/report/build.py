@@ -73,8 +73,9 @@ def split_best(paths: Sequence[str | Path]) -> tuple[list[Path], bool]:
     names = [str(p) for p in paths]
     best = [n.endswith(":best") for n in names]
     if any(best) and not all(best):
-        raise GrpolabError(f"run directories {names}: name every run RUN:best or none (the set is judged at one kind "
-                           f"of checkpoint)")
+        raise GrpolabError(
+            f"run directories {names}: name every run RUN:best or none (the set is judged at one kind of checkpoint)"
+        )
     return [Path(n.removesuffix(":best")) for n in names], all(best) and bool(names)
 
 
@@ -103,25 +104,39 @@ def run_capability(ev: RunEvidence, opts: ReportOptions, log: Callable[[str], No
     task = opts.capability_task
     train_options = (ev.config.get("task") or {}).get("options") or {}
     if task == ev.train_task and opts.capability_options == train_options:
-        raise GrpolabError(f"--capability-task {task}: that is the training task with the training options; use another "
-                           f"task, or the same generator with other options (e.g. --capability-option operators=*)")
+        raise GrpolabError(
+            f"--capability-task {task}: that is the training task with the training options; use another "
+            f"task, or the same generator with other options (e.g. --capability-option operators=*)"
+        )
     out = ev.run_dir / "eval" / f"capability_{task}.json"
     ckpt = judged_weights(ev, opts)
     trained = str(ckpt) if ckpt is not None else str(ev.run_dir)
     if out.is_file():
         old = json.loads(out.read_text(encoding="utf-8"))
-        if (old.get("task_options") == opts.capability_options and old.get("max_new_tokens") == opts.capability_max_new_tokens
-                and old.get("split") == opts.capability_split and old.get("n") == opts.capability_n
-                and old.get("trained_checkpoint", trained) == trained):
+        if (
+            old.get("task_options") == opts.capability_options
+            and old.get("max_new_tokens") == opts.capability_max_new_tokens
+            and old.get("split") == opts.capability_split
+            and old.get("n") == opts.capability_n
+            and old.get("trained_checkpoint", trained) == trained
+        ):
             log(f"capability: reusing {out}")
             return out
     log(f"capability: evaluating base and trained model on {task} ({opts.capability_n} problems)")
     from .progress import Heartbeat
 
     with Heartbeat(log, f"capability {task}") as beat:
-        result = run_eval([base_model_name(ev.manifest), trained], task, opts.capability_options, opts.capability_split,
-                          opts.capability_n, opts.capability_max_new_tokens, opts.batch_size, opts.dtype,
-                          progress=beat.progress)
+        result = run_eval(
+            [base_model_name(ev.manifest), trained],
+            task,
+            opts.capability_options,
+            opts.capability_split,
+            opts.capability_n,
+            opts.capability_max_new_tokens,
+            opts.batch_size,
+            opts.dtype,
+            progress=beat.progress,
+        )
     result["capability"] = True  # not the training task's held-out set, even when it is the same generator
     result["trained_checkpoint"] = trained
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -129,7 +144,9 @@ def run_capability(ev: RunEvidence, opts: ReportOptions, log: Callable[[str], No
     return out
 
 
-def safety_evidence(ev: RunEvidence, opts: ReportOptions, log: Callable[[str], None]) -> tuple[dict[str, Any] | None, str]:
+def safety_evidence(
+    ev: RunEvidence, opts: ReportOptions, log: Callable[[str], None]
+) -> tuple[dict[str, Any] | None, str]:
     """(safety summary or None, note explaining why it is missing)."""
     from .safety import run_safety
 
@@ -140,8 +157,14 @@ def safety_evidence(ev: RunEvidence, opts: ReportOptions, log: Callable[[str], N
         return None, "the run directory has no complete checkpoint to probe"
     log("safety: base and trained model answer the harmful-request prompts (cached in eval/safety.json)")
     try:
-        return run_safety(ev.run_dir, base_model_name(ev.manifest), str(ckpt.resolve()), opts.safety_max_new_tokens,
-                          opts.dtype, log=log), ""
+        return run_safety(
+            ev.run_dir,
+            base_model_name(ev.manifest),
+            str(ckpt.resolve()),
+            opts.safety_max_new_tokens,
+            opts.dtype,
+            log=log,
+        ), ""
     except GrpolabError as e:
         return None, str(e)
 
@@ -152,8 +175,17 @@ def comparison_figures(heldout: dict[str, Any] | None, baselines: list[dict[str,
     figs = []
     if heldout:
         models = [heldout["base"], heldout["trained"], *heldout.get("others", []), *baselines]
-        per_slice = {s: [{**v["base"], "label": heldout["base"]["label"]}, {**v["trained"], "label": heldout["trained"]["label"]}]
-                     for s, v in heldout.get("per_slice", {}).items()} if len(heldout.get("per_slice", {})) > 1 else {}
+        per_slice = (
+            {
+                s: [
+                    {**v["base"], "label": heldout["base"]["label"]},
+                    {**v["trained"], "label": heldout["trained"]["label"]},
+                ]
+                for s, v in heldout.get("per_slice", {}).items()
+            }
+            if len(heldout.get("per_slice", {})) > 1
+            else {}
+        )
         png = plot_comparison("Held-out accuracy on the training task", models, per_slice)
         if png:
             figs.append(("Held-out accuracy", png))
@@ -165,21 +197,35 @@ def capability_figures(capability: list[dict[str, Any]]) -> list[tuple[str, str]
 
     figs = []
     for c in capability:
-        png = plot_comparison(f"Capability: accuracy on {c['task']} (not trained on)",
-                              [{**c["base"], "label": f"base ({c['base']['label']})"},
-                               {**c["trained"], "label": f"trained ({c['trained']['label']})"}], {})
+        png = plot_comparison(
+            f"Capability: accuracy on {c['task']} (not trained on)",
+            [
+                {**c["base"], "label": f"base ({c['base']['label']})"},
+                {**c["trained"], "label": f"trained ({c['trained']['label']})"},
+            ],
+            {},
+        )
         if png:
             figs.append((f"Capability {c['task']}", png))
     return figs
 
 
-def diversity_evidence(ev: RunEvidence, opts: ReportOptions, log: Callable[[str], None]) -> tuple[dict[str, Any] | None, str]:
+def diversity_evidence(
+    ev: RunEvidence, opts: ReportOptions, log: Callable[[str], None]
+) -> tuple[dict[str, Any] | None, str]:
     """(pass@k evidence or None, why it is missing): report/diversity.py, unless --skip-diversity."""
     if opts.skip_diversity:
         return None, "skipped with --skip-diversity"
     try:
-        return run_diversity(ev.run_dir, judged_weights(ev, opts), ev.config, base_model_name(ev.manifest), opts.diversity,
-                             opts.dtype, log)
+        return run_diversity(
+            ev.run_dir,
+            judged_weights(ev, opts),
+            ev.config,
+            base_model_name(ev.manifest),
+            opts.diversity,
+            opts.dtype,
+            log,
+        )
     except GrpolabError as e:
         return None, str(e)
 
@@ -192,13 +238,25 @@ def run_evidence(ev: RunEvidence, opts: ReportOptions, log: Callable[[str], None
         ev.evals = load_evals(ev.run_dir)
     safety, safety_note = safety_evidence(ev, opts, log)
     diversity, diversity_note = diversity_evidence(ev, opts, log)
-    return {"heldout": heldout_comparison(ev), "capability": capability_comparisons(ev), "safety": safety,
-            "safety_note": safety_note, "diversity": diversity, "diversity_note": diversity_note,
-            "release": load_release_evidence(ev.run_dir)}  # RUN/release/*.json of `grpolab release` (report/serving.py)
+    return {
+        "heldout": heldout_comparison(ev),
+        "capability": capability_comparisons(ev),
+        "safety": safety,
+        "safety_note": safety_note,
+        "diversity": diversity,
+        "diversity_note": diversity_note,
+        "release": load_release_evidence(ev.run_dir),
+    }  # RUN/release/*.json of `grpolab release` (report/serving.py)
 
 
-def all_checks(metrics: list[dict[str, Any]], samples: list[dict[str, Any]], config: dict[str, Any],
-               manifests: list[dict[str, Any]], e: dict[str, Any], t: Thresholds) -> list[CheckResult]:
+def all_checks(
+    metrics: list[dict[str, Any]],
+    samples: list[dict[str, Any]],
+    config: dict[str, Any],
+    manifests: list[dict[str, Any]],
+    e: dict[str, Any],
+    t: Thresholds,
+) -> list[CheckResult]:
     """Every check, on one run's evidence or a set's (`e`: run_evidence's keys; `manifests`: each run's)."""
     heldout = e["heldout"]
     checks = training_checks(metrics, config, heldout, t) + code_checks(metrics, config, t)
@@ -206,15 +264,20 @@ def all_checks(metrics: list[dict[str, Any]], samples: list[dict[str, Any]], con
     checks += reward_model_checks(metrics, samples, config, heldout, t)  # none without a learned reward
     checks += judge_checks(samples, config, t)  # none without an LLM judge (report/judge.py)
     checks += agent_checks(metrics, config, t)  # none for runs that are not agent runs (report/agent.py)
-    checks += [check_improvement(heldout, t), check_capability(e["capability"], t),
-               check_diversity(e["diversity"], e["diversity_note"], t), check_safety(e["safety"], t, e.get("safety_note", "")),
-               max((check_reproducibility(m) for m in manifests), key=lambda c: SEVERITY[c.status])]
+    checks += [
+        check_improvement(heldout, t),
+        check_capability(e["capability"], t),
+        check_diversity(e["diversity"], e["diversity_note"], t),
+        check_safety(e["safety"], t, e.get("safety_note", "")),
+        max((check_reproducibility(m) for m in manifests), key=lambda c: SEVERITY[c.status]),
+    ]
     checks += release_checks(e.get("release"), t)  # N/A until `grpolab release` ran (a set of runs: N/A)
     return order_checks(family_control(checks, t.family_alpha))  # Holm over every FAIL rule (report/gates.py)
 
 
-def build_report(run_dir: Path | Sequence[Path], opts: ReportOptions | None = None,
-                 log: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
+def build_report(
+    run_dir: Path | Sequence[Path], opts: ReportOptions | None = None, log: Callable[[str], None] = lambda s: None
+) -> dict[str, Any]:
     """Write report.html and report.md of one run (into RUN_DIR) or of a set of runs (several seeds of one recipe;
     into opts.out, default set_report_dir); return the report data (verdict, checks, paths)."""
     opts = opts or ReportOptions()
@@ -230,11 +293,18 @@ def build_report(run_dir: Path | Sequence[Path], opts: ReportOptions | None = No
     heldout = e["heldout"]
     baselines = baseline_comparisons(ev, heldout, opts.baselines)
     base_row, trained_row = (heldout or {}).get("base_row"), (heldout or {}).get("trained_row")
-    report = {**e, "run_dir": str(ev.run_dir), "run_name": ev.run_dir.resolve().name, "train_task": ev.train_task,
-              "manifest": ev.manifest, "baselines": baselines,
-              "checks": all_checks(ev.metrics, ev.samples, ev.config, [ev.manifest], e, opts.thresholds),
-              "comparison_figures": comparison_figures(heldout, baselines),
-              "changed": changed_answers(base_row, trained_row), "change_counts": change_counts(base_row, trained_row)}
+    report = {
+        **e,
+        "run_dir": str(ev.run_dir),
+        "run_name": ev.run_dir.resolve().name,
+        "train_task": ev.train_task,
+        "manifest": ev.manifest,
+        "baselines": baselines,
+        "checks": all_checks(ev.metrics, ev.samples, ev.config, [ev.manifest], e, opts.thresholds),
+        "comparison_figures": comparison_figures(heldout, baselines),
+        "changed": changed_answers(base_row, trained_row),
+        "change_counts": change_counts(base_row, trained_row),
+    }
     return write_report(report, ev.metrics, ev.samples, ev.config, ev.run_dir, opts)
 
 
@@ -257,7 +327,9 @@ def build_set_report(dirs: Sequence[Path], opts: ReportOptions, log: Callable[[s
     from .sets import check_recipe, mean_rows, set_capability, set_diversity, set_heldout, set_safety
 
     if opts.baselines:
-        raise GrpolabError("--baseline: applies to the report of one run; compare sets of runs with grpolab compare --set")
+        raise GrpolabError(
+            "--baseline: applies to the report of one run; compare sets of runs with grpolab compare --set"
+        )
     evs = [load_run(d) for d in dirs]
     labels = [ev.run_dir.name for ev in evs]
     check_recipe(labels, [ev.manifest for ev in evs])
@@ -266,37 +338,65 @@ def build_set_report(dirs: Sequence[Path], opts: ReportOptions, log: Callable[[s
         log(f"{ev.run_dir.name}:")
         per_run.append(run_evidence(ev, opts, log))
     notes = lambda key: "; ".join(dict.fromkeys(p[key] for p in per_run if p[key]))  # noqa: E731
-    e = {"heldout": set_heldout([p["heldout"] for p in per_run], labels),
-         "capability": set_capability([p["capability"] for p in per_run], labels),
-         "safety": set_safety([p["safety"] for p in per_run], labels), "safety_note": notes("safety_note"),
-         "diversity": set_diversity([p["diversity"] for p in per_run], labels), "diversity_note": notes("diversity_note")}
+    e = {
+        "heldout": set_heldout([p["heldout"] for p in per_run], labels),
+        "capability": set_capability([p["capability"] for p in per_run], labels),
+        "safety": set_safety([p["safety"] for p in per_run], labels),
+        "safety_note": notes("safety_note"),
+        "diversity": set_diversity([p["diversity"] for p in per_run], labels),
+        "diversity_note": notes("diversity_note"),
+    }
     metrics, samples = mean_rows([ev.metrics for ev in evs]), [s for ev in evs for s in ev.samples]
     out = Path(opts.out) if opts.out else set_report_dir(dirs)
     out.mkdir(parents=True, exist_ok=True)
     first = evs[0]
-    report = {**e, "run_dir": str(out), "run_name": f"{out.name} ({len(evs)} runs: {', '.join(labels)})",
-              "train_task": first.train_task, "manifest": first.manifest, "baselines": [],
-              "checks": all_checks(metrics, samples, first.config, [ev.manifest for ev in evs], e, opts.thresholds),
-              "comparison_figures": comparison_figures(e["heldout"], []), "changed": [], "change_counts": {},
-              "set": {"runs": labels, "dirs": [str(d) for d in dirs], "seeds": [ev.manifest.get("seed") for ev in evs],
-                      "per_run": [{"label": label, **p} for label, p in zip(labels, per_run)]}}
+    report = {
+        **e,
+        "run_dir": str(out),
+        "run_name": f"{out.name} ({len(evs)} runs: {', '.join(labels)})",
+        "train_task": first.train_task,
+        "manifest": first.manifest,
+        "baselines": [],
+        "checks": all_checks(metrics, samples, first.config, [ev.manifest for ev in evs], e, opts.thresholds),
+        "comparison_figures": comparison_figures(e["heldout"], []),
+        "changed": [],
+        "change_counts": {},
+        "set": {
+            "runs": labels,
+            "dirs": [str(d) for d in dirs],
+            "seeds": [ev.manifest.get("seed") for ev in evs],
+            "per_run": [{"label": label, **p} for label, p in zip(labels, per_run)],
+        },
+    }
     return write_report(report, metrics, samples, first.config, out, opts)
 
 
-def write_report(report: dict[str, Any], metrics: list[dict[str, Any]], samples: list[dict[str, Any]],
-                 config: dict[str, Any], out: Path, opts: ReportOptions) -> dict[str, Any]:
+def write_report(
+    report: dict[str, Any],
+    metrics: list[dict[str, Any]],
+    samples: list[dict[str, Any]],
+    config: dict[str, Any],
+    out: Path,
+    opts: ReportOptions,
+) -> dict[str, Any]:
     """Add the verdict, figures and samples to `report`, write OUT/report.html and OUT/report.md."""
     from .plots import training_figures
     from .render import render_html, render_markdown
 
     best, worst = best_worst(samples)
-    report.update({
-        "generated": time.strftime("%Y-%m-%d %H:%M:%S"), "verdict": verdict(report["checks"]),
-        "family": family_statement(report["checks"], opts.thresholds.family_alpha),
-        "figures": training_figures(metrics) + code_figures(metrics), "capability_figures": capability_figures(report["capability"]),
-        "reward_model": rm_evidence(metrics, samples, config, report["manifest"]),  # None without a learned reward
-        "best": best, "worst": worst, "thresholds": opts.thresholds,
-    })
+    report.update(
+        {
+            "generated": time.strftime("%Y-%m-%d %H:%M:%S"),
+            "verdict": verdict(report["checks"]),
+            "family": family_statement(report["checks"], opts.thresholds.family_alpha),
+            "figures": training_figures(metrics) + code_figures(metrics),
+            "capability_figures": capability_figures(report["capability"]),
+            "reward_model": rm_evidence(metrics, samples, config, report["manifest"]),  # None without a learned reward
+            "best": best,
+            "worst": worst,
+            "thresholds": opts.thresholds,
+        }
+    )
     html_path, md_path = out / "report.html", out / "report.md"
     _write(html_path, render_html(report))
     _write(md_path, render_markdown(report))

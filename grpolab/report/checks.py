@@ -53,15 +53,37 @@ from .base import (
 from .hacking import check_format_vs_correct, check_reward_length_corr, check_reward_vs_heldout
 
 __all__ = [
-    "FAIL", "NA", "PASS", "SEVERITY", "STATUSES", "WARN", "CheckResult", "Thresholds", "check_clip_blowup",
-    "check_entropy_collapse", "check_format_vs_correct", "check_kl_blowup", "check_learning_signal",
-    "check_length_drift", "check_reward_length_corr", "check_reward_vs_heldout", "check_sampler_mismatch",
-    "check_truncation_drift", "early_late", "paired", "parse_thresholds", "pearson", "setting", "training_checks",
+    "FAIL",
+    "NA",
+    "PASS",
+    "SEVERITY",
+    "STATUSES",
+    "WARN",
+    "CheckResult",
+    "Thresholds",
+    "check_clip_blowup",
+    "check_entropy_collapse",
+    "check_format_vs_correct",
+    "check_kl_blowup",
+    "check_learning_signal",
+    "check_length_drift",
+    "check_reward_length_corr",
+    "check_reward_vs_heldout",
+    "check_sampler_mismatch",
+    "check_truncation_drift",
+    "early_late",
+    "paired",
+    "parse_thresholds",
+    "pearson",
+    "setting",
+    "training_checks",
     "values",
 ]
 
-ONE_STEP = ("train.mu = 1 and train.minibatches = 1: the only optimizer step of each batch uses the policy that "
-            "sampled it (pi_theta = pi_old)")
+ONE_STEP = (
+    "train.mu = 1 and train.minibatches = 1: the only optimizer step of each batch uses the policy that "
+    "sampled it (pi_theta = pi_old)"
+)
 
 
 def _bound(value: float, warn: float, above: bool = True, fmt: str = "{:g}") -> str:
@@ -144,14 +166,21 @@ def check_length_drift(rows: Sequence[dict[str, Any]], t: Thresholds) -> CheckRe
     growth = l / e if e > 0 else (1.0 if l == 0 else math.inf)
     numbers = {"early": r4(e), "late": r4(l), "growth": r4(growth)}
     if growth > 0 and 1 / growth > t.length_shrink_warn:
-        return CheckResult(name, group, WARN, f"mean completion length {e:.1f}->{l:.1f} tokens (x{growth:.2f} < "
-                           f"x{1 / t.length_shrink_warn:.2f}): collapsed to much shorter answers, read the samples", numbers)
+        return CheckResult(
+            name,
+            group,
+            WARN,
+            f"mean completion length {e:.1f}->{l:.1f} tokens (x{growth:.2f} < "
+            f"x{1 / t.length_shrink_warn:.2f}): collapsed to much shorter answers, read the samples",
+            numbers,
+        )
     status, bound = _over(growth, t.length_ratio_warn)
     bound = bound.replace("> ", "> x").replace("<= ", "<= x")
     if growth < 1:
         bound = f">= x{1 / t.length_shrink_warn:.2f}: shorter answers, not collapsed"
-    return CheckResult(name, group, status, f"mean completion length {e:.1f}->{l:.1f} tokens (x{growth:.2f} {bound})",
-                       numbers)
+    return CheckResult(
+        name, group, status, f"mean completion length {e:.1f}->{l:.1f} tokens (x{growth:.2f} {bound})", numbers
+    )
 
 
 def check_truncation_drift(rows: Sequence[dict[str, Any]], t: Thresholds) -> CheckResult:
@@ -166,8 +195,10 @@ def check_truncation_drift(rows: Sequence[dict[str, Any]], t: Thresholds) -> Che
     if bad:
         return bad
     status = max(grade(l - e, t.trunc_rise_warn), grade(l, t.trunc_level_warn), key=SEVERITY.get)
-    reason = (f"truncated share {e:.2f}->{l:.2f} (rise {l - e:+.2f} {_bound(l - e, t.trunc_rise_warn)}, "
-              f"late {l:.2f} {_bound(l, t.trunc_level_warn)})")
+    reason = (
+        f"truncated share {e:.2f}->{l:.2f} (rise {l - e:+.2f} {_bound(l - e, t.trunc_rise_warn)}, "
+        f"late {l:.2f} {_bound(l, t.trunc_level_warn)})"
+    )
     return CheckResult(name, group, status, reason, {"early": r4(e), "late": r4(l)})
 
 
@@ -183,10 +214,13 @@ def check_entropy_collapse(rows: Sequence[dict[str, Any]], t: Thresholds) -> Che
     if bad:
         return bad
     ratio = l / e if e > 0 else 1.0
-    status = max(grade(ratio, t.entropy_ratio_warn, above=False), grade(l, t.entropy_floor, above=False),
-                 key=SEVERITY.get)
-    reason = (f"entropy {e:.3f}->{l:.3f} nats/token (x{ratio:.2f} {_bound(ratio, t.entropy_ratio_warn, above=False, fmt='x{:g}')}, "
-              f"late {_bound(l, t.entropy_floor, above=False)})")
+    status = max(
+        grade(ratio, t.entropy_ratio_warn, above=False), grade(l, t.entropy_floor, above=False), key=SEVERITY.get
+    )
+    reason = (
+        f"entropy {e:.3f}->{l:.3f} nats/token (x{ratio:.2f} {_bound(ratio, t.entropy_ratio_warn, above=False, fmt='x{:g}')}, "
+        f"late {_bound(l, t.entropy_floor, above=False)})"
+    )
     if status == WARN:
         reason += "; its harm, if any, shows in pass_at_k_diversity"
     return CheckResult(name, group, status, reason, {"early": r4(e), "late": r4(l), "ratio": r4(ratio)})
@@ -202,10 +236,22 @@ def check_kl_blowup(rows: Sequence[dict[str, Any]], config: dict[str, Any] | Non
     it: N/A too little evidence. Training health: never FAIL.
     """
     name, group = "kl_blowup", "dynamics"
-    parts = [("KL to reference", "policy/kl", t.kl_warn, "max_kl",
-              no_reference_model(config) and "no reference model (algorithm.beta = 0)"),
-             ("KL to old policy", "policy/approx_kl_old", t.kl_old_warn, "max_approx_kl_old",
-              single_step_on_policy(config) and ONE_STEP)]
+    parts = [
+        (
+            "KL to reference",
+            "policy/kl",
+            t.kl_warn,
+            "max_kl",
+            no_reference_model(config) and "no reference model (algorithm.beta = 0)",
+        ),
+        (
+            "KL to old policy",
+            "policy/approx_kl_old",
+            t.kl_old_warn,
+            "max_approx_kl_old",
+            single_step_on_policy(config) and ONE_STEP,
+        ),
+    ]
     na = [f"{label} N/A: {why}" for label, *_, why in parts if why]
     if len(na) == len(parts):
         return not_applicable(name, group, f"no reference model (algorithm.beta = 0), and {ONE_STEP}")
@@ -239,8 +285,11 @@ def check_clip_blowup(rows: Sequence[dict[str, Any]], config: dict[str, Any] | N
     """
     name, group = "clip_blowup", "dynamics"
     if single_step_on_policy(config):
-        return not_applicable(name, group, f"{ONE_STEP}, so the ratio pi_theta / pi_old (token or sequence) is 1 "
-                              "and nothing can be clipped")
+        return not_applicable(
+            name,
+            group,
+            f"{ONE_STEP}, so the ratio pi_theta / pi_old (token or sequence) is 1 and nothing can be clipped",
+        )
     lo, hi = paired(rows, "policy/clip_frac_low", "policy/clip_frac_high")
     if not lo:
         return not_measured(name, group, "no policy/clip_frac_low/high")
@@ -273,17 +322,25 @@ def check_sampler_mismatch(rows: Sequence[dict[str, Any]], t: Thresholds) -> Che
         most = f"largest token difference {max(token_max):.3f}"
     else:
         most = "largest token difference not logged (no finite sampler/logp_diff_max)"
-    return CheckResult(name, group, status, f"late mean |logp sampler - logp trainer| {late:.4f} nats/token "
-                       f"({bound}; {most})", numbers)
+    return CheckResult(
+        name, group, status, f"late mean |logp sampler - logp trainer| {late:.4f} nats/token ({bound}; {most})", numbers
+    )
 
 
-def training_checks(rows: Sequence[dict[str, Any]], config: dict[str, Any] | None, heldout: dict[str, Any] | None,
-                    t: Thresholds) -> list[CheckResult]:
+def training_checks(
+    rows: Sequence[dict[str, Any]], config: dict[str, Any] | None, heldout: dict[str, Any] | None, t: Thresholds
+) -> list[CheckResult]:
     """All checks on the metric history, in report order. `config` is the run's resolved config
     (manifest["config"]); a missing field is unknown."""
     return [
-        check_reward_vs_heldout(rows, heldout, t), check_format_vs_correct(rows, reward_weights(config), t),
-        check_reward_length_corr(rows, config, t), check_learning_signal(rows, t), check_length_drift(rows, t),
-        check_truncation_drift(rows, t), check_entropy_collapse(rows, t), check_kl_blowup(rows, config, t),
-        check_clip_blowup(rows, config, t), check_sampler_mismatch(rows, t),
+        check_reward_vs_heldout(rows, heldout, t),
+        check_format_vs_correct(rows, reward_weights(config), t),
+        check_reward_length_corr(rows, config, t),
+        check_learning_signal(rows, t),
+        check_length_drift(rows, t),
+        check_truncation_drift(rows, t),
+        check_entropy_collapse(rows, t),
+        check_kl_blowup(rows, config, t),
+        check_clip_blowup(rows, config, t),
+        check_sampler_mismatch(rows, t),
     ]

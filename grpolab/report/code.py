@@ -56,16 +56,38 @@ def check_code_failures(rows: Sequence[dict[str, Any]], t: Thresholds) -> CheckR
     limit_late = late.get("timeout", 0.0) + late.get("limit", 0.0)
     syntax_rise = late.get("syntax", 0.0) - shares.get("syntax", {}).get("early", 0.0)
     table = ", ".join(f"{r} {v['early']:.2f}->{v['late']:.2f}" for r, v in shares.items())
-    flagged = [what for what, hit in (
-        (f"programs end their runs early (late exit share {exit_late:.2f} >= {t.code_exit_warn:g})", exit_late >= t.code_exit_warn),
-        (f"timeouts + limits {limit_late:.2f} >= {t.code_limit_warn:g}", limit_late >= t.code_limit_warn),
-        (f"syntax errors rose {syntax_rise:+.2f} >= {t.code_syntax_rise:g}", syntax_rise >= t.code_syntax_rise)) if hit]
-    why = "; ".join(flagged) if flagged else (
-        f"late exit share {exit_late:.2f} < {t.code_exit_warn:g}, timeouts + limits {limit_late:.2f} < "
-        f"{t.code_limit_warn:g}, syntax rise {syntax_rise:+.2f} < {t.code_syntax_rise:g}")
-    return CheckResult(name, GROUP, WARN if flagged else PASS, f"{why}; share of completions by first failure, early->late: {table}",
-                       {"shares": shares, "late_exit": r4(exit_late), "late_timeout_or_limit": r4(limit_late),
-                        "syntax_rise": r4(syntax_rise)})
+    flagged = [
+        what
+        for what, hit in (
+            (
+                f"programs end their runs early (late exit share {exit_late:.2f} >= {t.code_exit_warn:g})",
+                exit_late >= t.code_exit_warn,
+            ),
+            (f"timeouts + limits {limit_late:.2f} >= {t.code_limit_warn:g}", limit_late >= t.code_limit_warn),
+            (f"syntax errors rose {syntax_rise:+.2f} >= {t.code_syntax_rise:g}", syntax_rise >= t.code_syntax_rise),
+        )
+        if hit
+    ]
+    why = (
+        "; ".join(flagged)
+        if flagged
+        else (
+            f"late exit share {exit_late:.2f} < {t.code_exit_warn:g}, timeouts + limits {limit_late:.2f} < "
+            f"{t.code_limit_warn:g}, syntax rise {syntax_rise:+.2f} < {t.code_syntax_rise:g}"
+        )
+    )
+    return CheckResult(
+        name,
+        GROUP,
+        WARN if flagged else PASS,
+        f"{why}; share of completions by first failure, early->late: {table}",
+        {
+            "shares": shares,
+            "late_exit": r4(exit_late),
+            "late_timeout_or_limit": r4(limit_late),
+            "syntax_rise": r4(syntax_rise),
+        },
+    )
 
 
 def check_code_test_gap(rows: Sequence[dict[str, Any]], t: Thresholds) -> CheckResult:
@@ -78,11 +100,18 @@ def check_code_test_gap(rows: Sequence[dict[str, Any]], t: Thresholds) -> CheckR
     """
     name = "code_shown_vs_hidden"
     shown, hidden = values(rows, "reward/code/shown_pass"), values(rows, "reward/code/hidden_pass")
-    pairs = [(r["reward/code/shown_pass"], r["reward/code/hidden_pass"]) for r in rows
-             if values([r], "reward/code/shown_pass") and values([r], "reward/code/hidden_pass")]
+    pairs = [
+        (r["reward/code/shown_pass"], r["reward/code/hidden_pass"])
+        for r in rows
+        if values([r], "reward/code/shown_pass") and values([r], "reward/code/hidden_pass")
+    ]
     if not shown or not hidden:
-        return not_applicable(name, GROUP, "the task shows no tests in its prompts or hides none (no "
-                              "reward/code/shown_pass and reward/code/hidden_pass)")
+        return not_applicable(
+            name,
+            GROUP,
+            "the task shows no tests in its prompts or hides none (no "
+            "reward/code/shown_pass and reward/code/hidden_pass)",
+        )
     if len(pairs) < t.min_points:
         return too_few(name, GROUP, "reward/code/shown_pass and hidden_pass", len(pairs), t)
     gaps = [s - h for s, h in pairs]
@@ -92,11 +121,22 @@ def check_code_test_gap(rows: Sequence[dict[str, Any]], t: Thresholds) -> CheckR
     es, ls = early_late([s for s, _ in pairs], t.window_frac)
     eh, lh = early_late([h for _, h in pairs], t.window_frac)
     bound = f">= {t.code_gap_warn:g}" if status == WARN else f"< {t.code_gap_warn:g}"
-    return CheckResult(name, GROUP, status,
-                       f"shown-minus-hidden pass rate grew by {rise:+.3f} ({bound}): shown {es:.2f}->{ls:.2f}, "
-                       f"hidden {eh:.2f}->{lh:.2f}",
-                       {"gap_early": r4(early), "gap_late": r4(late), "gap_rise": r4(rise), "shown_early": r4(es),
-                        "shown_late": r4(ls), "hidden_early": r4(eh), "hidden_late": r4(lh)})
+    return CheckResult(
+        name,
+        GROUP,
+        status,
+        f"shown-minus-hidden pass rate grew by {rise:+.3f} ({bound}): shown {es:.2f}->{ls:.2f}, "
+        f"hidden {eh:.2f}->{lh:.2f}",
+        {
+            "gap_early": r4(early),
+            "gap_late": r4(late),
+            "gap_rise": r4(rise),
+            "shown_early": r4(es),
+            "shown_late": r4(ls),
+            "hidden_early": r4(eh),
+            "hidden_late": r4(lh),
+        },
+    )
 
 
 CODE_REWARDS = ("pass_fraction", "all_pass")
@@ -119,10 +159,18 @@ def code_figures(rows: Sequence[dict[str, Any]]) -> list[tuple[str, str]]:
     """(title, base64 PNG) of the reason shares and the shown / hidden pass rates, where the rows have them."""
     from .plots import Curve, plot_curve
 
-    specs = [Curve("Code: share of completions by first failing reason", "share of completions",
-                   tuple((f"reward/code/{r}_frac", r.replace("_", " ")) for r in (*REASONS, "pass"))),
-             Curve("Code: pass rate on shown vs hidden tests", "share of tests passed",
-                   (("reward/code/shown_pass", "tests shown in the prompt"), ("reward/code/hidden_pass", "hidden tests")))]
+    specs = [
+        Curve(
+            "Code: share of completions by first failing reason",
+            "share of completions",
+            tuple((f"reward/code/{r}_frac", r.replace("_", " ")) for r in (*REASONS, "pass")),
+        ),
+        Curve(
+            "Code: pass rate on shown vs hidden tests",
+            "share of tests passed",
+            (("reward/code/shown_pass", "tests shown in the prompt"), ("reward/code/hidden_pass", "hidden tests")),
+        ),
+    ]
     out = []
     for spec in specs:
         if any(values(rows, key) for key, _ in spec.keys):

@@ -34,12 +34,23 @@ def _entries_from_json(file: Path) -> list[dict[str, Any]]:
     out = []
     for i, row in enumerate(data["models"]):
         found = find_manifest(row["model"], row.get("path"))
-        out.append({**row, "label": _label(row, found[0] if found else None), "source": str(file),
-                    "data_hash": data["data_hash"], "task": data["task"], "split": data["split"],
-                    "samples": data.get("decoding", {}).get("samples", 0) if isinstance(data.get("decoding"), dict) else 0,
-                    "evaluation": {k: data.get(k) for k in ("task", "task_options", "split", "data_hash", "max_new_tokens", "decoding")},
-                    "manifest": found[1] if found else None, "last": i == len(data["models"]) - 1,
-                    "reference_row": data["models"][0] if i else None})  # the base it was evaluated beside
+        out.append(
+            {
+                **row,
+                "label": _label(row, found[0] if found else None),
+                "source": str(file),
+                "data_hash": data["data_hash"],
+                "task": data["task"],
+                "split": data["split"],
+                "samples": data.get("decoding", {}).get("samples", 0) if isinstance(data.get("decoding"), dict) else 0,
+                "evaluation": {
+                    k: data.get(k) for k in ("task", "task_options", "split", "data_hash", "max_new_tokens", "decoding")
+                },
+                "manifest": found[1] if found else None,
+                "last": i == len(data["models"]) - 1,
+                "reference_row": data["models"][0] if i else None,
+            }
+        )  # the base it was evaluated beside
     return out
 
 
@@ -59,14 +70,31 @@ def _entries_from_run(run: Path) -> list[dict[str, Any]]:
             rec = json.loads(line)
             last = rec if "eval/accuracy" in rec else last
     if last is None:
-        raise GrpolabError(f"{run}: no eval/*.json and no periodic eval in metrics.jsonl; run grpolab eval {run} --out {run}/eval/NAME.json")
+        raise GrpolabError(
+            f"{run}: no eval/*.json and no periodic eval in metrics.jsonl; run grpolab eval {run} --out {run}/eval/NAME.json"
+        )
     acc = {"mean": last["eval/accuracy"], "ci_low": last["eval/ci_low"], "ci_high": last["eval/ci_high"]}
     cfg = manifest["config"]
-    return [{"label": run.name + " (periodic eval)", "model": str(run), "path": str(run), "method": "greedy",
-             "source": str(run / "metrics.jsonl"), "data_hash": manifest["hashes"]["held_out_data"],
-             "task": cfg["task"]["name"], "split": cfg["eval"]["split"], "samples": 0, "n": cfg["eval"]["num_problems"],
-             "metrics": {"accuracy": acc}, "accuracy": acc["mean"], "len_mean": float("nan"),
-             "truncated_frac": float("nan"), "items": [], "manifest": manifest}]
+    return [
+        {
+            "label": run.name + " (periodic eval)",
+            "model": str(run),
+            "path": str(run),
+            "method": "greedy",
+            "source": str(run / "metrics.jsonl"),
+            "data_hash": manifest["hashes"]["held_out_data"],
+            "task": cfg["task"]["name"],
+            "split": cfg["eval"]["split"],
+            "samples": 0,
+            "n": cfg["eval"]["num_problems"],
+            "metrics": {"accuracy": acc},
+            "accuracy": acc["mean"],
+            "len_mean": float("nan"),
+            "truncated_frac": float("nan"),
+            "items": [],
+            "manifest": manifest,
+        }
+    ]
 
 
 def load_entries(sources: list[Path]) -> list[dict[str, Any]]:
@@ -92,7 +120,9 @@ def decoding_key(entry: dict[str, Any]) -> str:
     from ..evaluation.sets import DECODING_KEYS
 
     decoding = (entry.get("evaluation") or {}).get("decoding")
-    return json.dumps({k: decoding.get(k) for k in DECODING_KEYS} if isinstance(decoding, dict) else decoding, sort_keys=True)
+    return json.dumps(
+        {k: decoding.get(k) for k in DECODING_KEYS} if isinstance(decoding, dict) else decoding, sort_keys=True
+    )
 
 
 def seed_groups(entries: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
@@ -113,10 +143,13 @@ def seed_summary(group: list[dict[str, Any]]) -> dict[str, Any]:
     from ..evaluation.sets import set_evidence, spread
 
     names = [m for m in group[0]["metrics"] if all(m in e["metrics"] for e in group)]
-    return {"runs": [e["label"] for e in group], "n_seeds": len(group),
-            "seeds": [e["manifest"]["config"]["train"]["seed"] for e in group],
-            "metrics": {m: spread([e["metrics"][m]["mean"] for e in group]) for m in names},
-            "evidence": set_evidence(group, [e.get("reference_row") for e in group])}
+    return {
+        "runs": [e["label"] for e in group],
+        "n_seeds": len(group),
+        "seeds": [e["manifest"]["config"]["train"]["seed"] for e in group],
+        "metrics": {m: spread([e["metrics"][m]["mean"] for e in group]) for m in names},
+        "evidence": set_evidence(group, [e.get("reference_row") for e in group]),
+    }
 
 
 def set_members(src: Path) -> list[dict[str, Any]]:
@@ -125,11 +158,15 @@ def set_members(src: Path) -> list[dict[str, Any]]:
     from ..report.evidence import path_inside
 
     if src.is_dir() and (src / "manifest.json").is_file():
-        rows = [e for e in _entries_from_run(src) if path_inside(e.get("path"), src) or path_inside(e.get("model"), src)]
+        rows = [
+            e for e in _entries_from_run(src) if path_inside(e.get("path"), src) or path_inside(e.get("model"), src)
+        ]
     else:
         rows = [e for e in load_entries([src]) if e["last"]]
     if not rows:
-        raise GrpolabError(f"--set: {src} has no evaluated row of its own (run grpolab eval BASE {src} --out {src}/eval/NAME.json)")
+        raise GrpolabError(
+            f"--set: {src} has no evaluated row of its own (run grpolab eval BASE {src} --out {src}/eval/NAME.json)"
+        )
     return rows
 
 
@@ -142,14 +179,23 @@ def named_sets(sets: dict[str, list[Path]], align: str = "exact") -> dict[str, A
 
     members = {name: [e for src in srcs for e in set_members(src)] for name, srcs in sets.items()}
     runs = {name: len(srcs) for name, srcs in sets.items()}
-    hashes = list(dict.fromkeys((e["data_hash"], e.get("method"), e["samples"]) for rows in members.values() for e in rows))
+    hashes = list(
+        dict.fromkeys((e["data_hash"], e.get("method"), e["samples"]) for rows in members.values() for e in rows)
+    )
     skipped = []
 
     def on(name: str, h: tuple) -> list[dict[str, Any]]:
         rows = [e for e in members[name] if (e["data_hash"], e.get("method"), e["samples"]) == h]
         if rows and len(rows) != runs[name]:
-            skipped.append({"set": name, "data_hash": h[0], "method": h[1], "samples": h[2],
-                            "reason": f"{len(rows)} rows for the set's {runs[name]} runs (each run needs this evaluation exactly once)"})
+            skipped.append(
+                {
+                    "set": name,
+                    "data_hash": h[0],
+                    "method": h[1],
+                    "samples": h[2],
+                    "reason": f"{len(rows)} rows for the set's {runs[name]} runs (each run needs this evaluation exactly once)",
+                }
+            )
             return []
         if rows:
             check_same_evaluation([e["label"] for e in rows], [e.get("evaluation") or {} for e in rows])
@@ -163,8 +209,16 @@ def named_sets(sets: dict[str, list[Path]], align: str = "exact") -> dict[str, A
             rows = rows_on[(n, h)]
             if rows:
                 metrics = set_evidence(rows, [e.get("reference_row") for e in rows], align)
-                eval_sets.append({"data_hash": h[0], "method": h[1], "task": rows[0]["task"], "runs": len(rows),
-                                  "n": _problems(metrics), "metrics": metrics})
+                eval_sets.append(
+                    {
+                        "data_hash": h[0],
+                        "method": h[1],
+                        "task": rows[0]["task"],
+                        "runs": len(rows),
+                        "n": _problems(metrics),
+                        "metrics": metrics,
+                    }
+                )
         evidence.append({"name": n, "runs": [e["label"] for e in members[n]], "eval_sets": eval_sets})
     first, *rest = list(sets)
     diffs = []
@@ -174,8 +228,17 @@ def named_sets(sets: dict[str, list[Path]], align: str = "exact") -> dict[str, A
             if a and b:
                 check_same_evaluation([e["label"] for e in (*a, *b)], [e.get("evaluation") or {} for e in (*a, *b)])
                 metrics = set_contrast(a, b, align)
-                diffs.append({"a": first, "b": n, "data_hash": h[0], "method": h[1], "task": b[0]["task"],
-                              "n": _problems(metrics), "metrics": metrics})
+                diffs.append(
+                    {
+                        "a": first,
+                        "b": n,
+                        "data_hash": h[0],
+                        "method": h[1],
+                        "task": b[0]["task"],
+                        "n": _problems(metrics),
+                        "metrics": metrics,
+                    }
+                )
     return {"sets": evidence, "set_differences": diffs, "skipped": skipped}
 
 
@@ -200,8 +263,17 @@ def compare_entries(entries: list[dict[str, Any]], baseline: str = "") -> dict[s
         table = []
         for r in rows:
             diff = paired_diffs(ref["items"], r["items"]) if r is not ref and ref["items"] and r["items"] else {}
-            table.append({k: r.get(k) for k in ("label", "model", "method", "source", "n", "len_mean", "truncated_frac")}
-                         | {"metrics": r["metrics"], "diff_vs_reference": diff, "budget": entry_budget(r)})
-        out_sets.append({"data_hash": h, "task": rows[0]["task"], "split": rows[0]["split"], "reference": ref["label"],
-                         "rows": table})
+            table.append(
+                {k: r.get(k) for k in ("label", "model", "method", "source", "n", "len_mean", "truncated_frac")}
+                | {"metrics": r["metrics"], "diff_vs_reference": diff, "budget": entry_budget(r)}
+            )
+        out_sets.append(
+            {
+                "data_hash": h,
+                "task": rows[0]["task"],
+                "split": rows[0]["split"],
+                "reference": ref["label"],
+                "rows": table,
+            }
+        )
     return {"eval_sets": out_sets, "seed_groups": [seed_summary(g) for g in seed_groups(entries)]}

@@ -38,7 +38,9 @@ class DiversitySettings:
 
     def __post_init__(self) -> None:
         if not 1 <= self.k <= self.samples:
-            raise GrpolabError(f"--diversity-samples {self.samples}: expected at least k = {self.k} samples per problem")
+            raise GrpolabError(
+                f"--diversity-samples {self.samples}: expected at least k = {self.k} samples per problem"
+            )
         if self.n_problems < 1:
             raise GrpolabError(f"--diversity-n {self.n_problems}: expected at least 1 problem")
 
@@ -80,28 +82,54 @@ def diversity_comparison(data: dict[str, Any], trained_row: int, k: int, source:
     keep = ("mean", "ci_low", "ci_high", "n", "method", "degenerate")
     ci = lambda r: {key: r.get(key) for key in keep}  # noqa: E731
     dec = data.get("decoding") or {}
-    return {"k": k, "samples": dec.get("samples"), "temperature": dec.get("temperature"), "n": len(uids),
-            "source": source, "base": ci(score_interval(b)), "trained": ci(score_interval(t)),
-            "diff": {**ci(paired_score_interval(b, t)), "paired": True,
-                     **({"signs": change_signs(b, t)} if is_binary(b) and is_binary(t) else {})},
-            "pass1": ci(paired_score_interval([b1[u] for u in uids], [t1[u] for u in uids])),
-            "by_uid": {u: (base[u], trained[u]) for u in uids}}
+    return {
+        "k": k,
+        "samples": dec.get("samples"),
+        "temperature": dec.get("temperature"),
+        "n": len(uids),
+        "source": source,
+        "base": ci(score_interval(b)),
+        "trained": ci(score_interval(t)),
+        "diff": {
+            **ci(paired_score_interval(b, t)),
+            "paired": True,
+            **({"signs": change_signs(b, t)} if is_binary(b) and is_binary(t) else {}),
+        },
+        "pass1": ci(paired_score_interval([b1[u] for u in uids], [t1[u] for u in uids])),
+        "by_uid": {u: (base[u], trained[u]) for u in uids},
+    }
 
 
 def eval_settings(config: dict[str, Any], s: DiversitySettings, dtype: str, checkpoint: str) -> dict[str, Any]:
     """The settings a cached diversity eval must match: task, split, problems, decoding, dtype, checkpoint."""
     task, rollout = config.get("task") or {}, config.get("rollout") or {}
     if not task.get("name") or "temperature" not in rollout or "max_new_tokens" not in rollout:
-        raise GrpolabError("manifest.json: config.task.name, config.rollout.temperature and "
-                           "config.rollout.max_new_tokens are needed to sample at the training temperature")
-    return {**asdict(s), "task": task["name"], "task_options": task.get("options") or {},
-            "split": (config.get("eval") or {}).get("split", "test"), "temperature": rollout["temperature"],
-            "top_p": rollout.get("top_p", 1.0), "max_new_tokens": rollout["max_new_tokens"], "dtype": dtype,
-            "checkpoint": checkpoint}
+        raise GrpolabError(
+            "manifest.json: config.task.name, config.rollout.temperature and "
+            "config.rollout.max_new_tokens are needed to sample at the training temperature"
+        )
+    return {
+        **asdict(s),
+        "task": task["name"],
+        "task_options": task.get("options") or {},
+        "split": (config.get("eval") or {}).get("split", "test"),
+        "temperature": rollout["temperature"],
+        "top_p": rollout.get("top_p", 1.0),
+        "max_new_tokens": rollout["max_new_tokens"],
+        "dtype": dtype,
+        "checkpoint": checkpoint,
+    }
 
 
-def run_diversity(run_dir: Path, ckpt: Path | None, config: dict[str, Any], base_model: str, s: DiversitySettings,
-                  dtype: str, log: Callable[[str], None]) -> tuple[dict[str, Any] | None, str]:
+def run_diversity(
+    run_dir: Path,
+    ckpt: Path | None,
+    config: dict[str, Any],
+    base_model: str,
+    s: DiversitySettings,
+    dtype: str,
+    log: Callable[[str], None],
+) -> tuple[dict[str, Any] | None, str]:
     """(evidence or None, why not): sample base and the trained checkpoint `ckpt` (cached in
     RUN_DIR/eval/diversity.json)."""
     from ..evaluation.heldout import run_eval
@@ -118,12 +146,26 @@ def run_diversity(run_dir: Path, ckpt: Path | None, config: dict[str, Any], base
     if data.get("diversity") == key:
         log(f"diversity: reusing {out}")
     else:
-        log(f"diversity: base and trained model sample {s.samples} completions at T={key['temperature']:g} on "
-            f"{s.n_problems} held-out problems (cached in eval/{CACHE_NAME})")
+        log(
+            f"diversity: base and trained model sample {s.samples} completions at T={key['temperature']:g} on "
+            f"{s.n_problems} held-out problems (cached in eval/{CACHE_NAME})"
+        )
         with Heartbeat(log, "diversity") as beat:  # a line every 20 s with the problems sampled so far
-            data = run_eval([base_model, str(ckpt)], key["task"], key["task_options"], key["split"], s.n_problems,
-                            key["max_new_tokens"], s.batch_size, dtype, samples=s.samples, temperature=key["temperature"],
-                            top_p=key["top_p"], seed=s.seed, progress=beat.progress)
+            data = run_eval(
+                [base_model, str(ckpt)],
+                key["task"],
+                key["task_options"],
+                key["split"],
+                s.n_problems,
+                key["max_new_tokens"],
+                s.batch_size,
+                dtype,
+                samples=s.samples,
+                temperature=key["temperature"],
+                top_p=key["top_p"],
+                seed=s.seed,
+                progress=beat.progress,
+            )
         data["diversity"] = key
         out.parent.mkdir(parents=True, exist_ok=True)
         write_json_atomic(out, data)

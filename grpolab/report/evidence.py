@@ -43,8 +43,13 @@ class RunEvidence:
 
 def is_eval_json(data: Any) -> bool:
     """The shape `grpolab eval --out` writes: a task and a list of model rows with an accuracy."""
-    return (isinstance(data, dict) and isinstance(data.get("task"), str) and isinstance(data.get("models"), list)
-            and bool(data["models"]) and all(isinstance(m, dict) and "accuracy" in m for m in data["models"]))
+    return (
+        isinstance(data, dict)
+        and isinstance(data.get("task"), str)
+        and isinstance(data.get("models"), list)
+        and bool(data["models"])
+        and all(isinstance(m, dict) and "accuracy" in m for m in data["models"])
+    )
 
 
 def load_evals(run_dir: Path) -> list[tuple[str, dict[str, Any]]]:
@@ -63,8 +68,13 @@ def load_run(run_dir: Path) -> RunEvidence:
     run_dir = Path(run_dir)
     if not (run_dir / "manifest.json").is_file():
         raise GrpolabError(f"{run_dir}: not a run directory (no manifest.json)")
-    return RunEvidence(run_dir, read_manifest(run_dir), read_jsonl(run_dir / "metrics.jsonl"),
-                       read_jsonl(run_dir / "samples.jsonl"), load_evals(run_dir))
+    return RunEvidence(
+        run_dir,
+        read_manifest(run_dir),
+        read_jsonl(run_dir / "metrics.jsonl"),
+        read_jsonl(run_dir / "samples.jsonl"),
+        load_evals(run_dir),
+    )
 
 
 # ---------------------------------------------------------------- intervals
@@ -73,8 +83,14 @@ def load_run(run_dir: Path) -> RunEvidence:
 def summary(row: dict[str, Any], label: str | None = None) -> dict[str, Any]:
     from ..baselines.sft_bon import entry_budget  # completions sampled, optimizer steps, wall time, peak memory
 
-    return {"label": label or row.get("model", "?"), "accuracy": row["accuracy"], "ci_low": row.get("ci_low", math.nan),
-            "ci_high": row.get("ci_high", math.nan), "n": row.get("n"), "budget": entry_budget(row)}
+    return {
+        "label": label or row.get("model", "?"),
+        "accuracy": row["accuracy"],
+        "ci_low": row.get("ci_low", math.nan),
+        "ci_high": row.get("ci_high", math.nan),
+        "n": row.get("n"),
+        "budget": entry_budget(row),
+    }
 
 
 def unpaired_diff(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
@@ -96,7 +112,9 @@ def unpaired_diff(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     return {"mean": mean, "ci_low": mean - half, "ci_high": mean + half, "paired": False}
 
 
-def paired_diff(a_items: list[dict[str, Any]], b_items: list[dict[str, Any]], slice_: str | None = None) -> dict[str, Any] | None:
+def paired_diff(
+    a_items: list[dict[str, Any]], b_items: list[dict[str, Any]], slice_: str | None = None
+) -> dict[str, Any] | None:
     """b - a accuracy over the uids both answered (optionally one slice: evaluation.heldout.in_slice, so MATH-500's
     ``subject=`` slices pair too), with the paired interval `grpolab eval` uses (evaluation.intervals.
     paired_evidence_interval: t over problems for right/wrong scores, exact when every difference is equal), n,
@@ -113,8 +131,16 @@ def paired_diff(a_items: list[dict[str, Any]], b_items: list[dict[str, Any]], sl
         return None
     base, trained = [float(a[u]["correct"]) for u in shared], [float(b[u]["correct"]) for u in shared]
     r = paired_evidence_interval(base, trained)
-    return {"mean": r["mean"], "ci_low": r["ci_low"], "ci_high": r["ci_high"], "paired": True, "n": len(shared),
-            "method": r.get("method"), "degenerate": r.get("degenerate"), "signs": change_signs(base, trained)}
+    return {
+        "mean": r["mean"],
+        "ci_low": r["ci_low"],
+        "ci_high": r["ci_high"],
+        "paired": True,
+        "n": len(shared),
+        "method": r.get("method"),
+        "degenerate": r.get("degenerate"),
+        "signs": change_signs(base, trained),
+    }
 
 
 def compare(a: dict[str, Any], b: dict[str, Any], b_is_later_row_of_same_eval: bool = False) -> dict[str, Any]:
@@ -160,8 +186,11 @@ def trained_index(data: dict[str, Any], run_dir: Path) -> int:
 
 def primary_eval(ev: RunEvidence) -> tuple[str, dict[str, Any]] | None:
     """The held-out eval on the training task with at least two models (base_vs_trained.json preferred)."""
-    same = [(n, d) for n, d in ev.evals if d["task"] == ev.train_task and not d.get("capability")
-            and not d.get("diversity") and len(d["models"]) >= 2]
+    same = [
+        (n, d)
+        for n, d in ev.evals
+        if d["task"] == ev.train_task and not d.get("capability") and not d.get("diversity") and len(d["models"]) >= 2
+    ]
     same.sort(key=lambda nd: (nd[0] != PRIMARY_EVAL, nd[0]))
     return same[0] if same else None
 
@@ -179,8 +208,12 @@ def periodic_point(row: dict[str, Any], n: int | None) -> dict[str, Any] | None:
     if not (_finite(lo) and _finite(hi)) or float(hi) <= float(lo):
         return None
     scored = row.get("eval/n")
-    return {"accuracy": row["eval/accuracy"], "ci_low": float(lo), "ci_high": float(hi),
-            "n": int(scored) if _finite(scored) else n}
+    return {
+        "accuracy": row["eval/accuracy"],
+        "ci_low": float(lo),
+        "ci_high": float(hi),
+        "n": int(scored) if _finite(scored) else n,
+    }
 
 
 def periodic_heldout(metrics: list[dict[str, Any]], n: int | None = None) -> dict[str, Any] | None:
@@ -194,22 +227,40 @@ def periodic_heldout(metrics: list[dict[str, Any]], n: int | None = None) -> dic
         return None
     first, last = rows[0], rows[-1]
     a, b = periodic_point(first, n), periodic_point(last, n)
-    out = {"source": f"periodic eval, step {first['step']} vs step {last['step']} (unpaired)", "task": "", "n": n,
-           "per_slice": {}, "base_row": None, "trained_row": None, "from_step": first["step"],
-           "trained_step": last["step"]}
+    out = {
+        "source": f"periodic eval, step {first['step']} vs step {last['step']} (unpaired)",
+        "task": "",
+        "n": n,
+        "per_slice": {},
+        "base_row": None,
+        "trained_row": None,
+        "from_step": first["step"],
+        "trained_step": last["step"],
+    }
     if a is None or b is None:
         row = first if a is None else last
         acc = lambda r: {"accuracy": r["eval/accuracy"], "ci_low": math.nan, "ci_high": math.nan, "n": n}  # noqa: E731
-        why = ("has a zero-width 95% interval (every problem wrong or every one right: degenerate)"
-               if _finite(row.get("eval/ci_low")) and _finite(row.get("eval/ci_high"))
-               else "has no recorded 95% interval (eval/ci_low, eval/ci_high)")
-        return {**out, "base": {**acc(first), "label": f"step {first['step']}"},
-                "trained": {**acc(last), "label": f"step {last['step']}"}, "diff": None,
-                "missing_interval": f"the periodic held-out eval at step {row['step']} {why}, so the change cannot "
-                                    "be judged from the periodic evals (run `grpolab eval` for a paired comparison)"}
+        why = (
+            "has a zero-width 95% interval (every problem wrong or every one right: degenerate)"
+            if _finite(row.get("eval/ci_low")) and _finite(row.get("eval/ci_high"))
+            else "has no recorded 95% interval (eval/ci_low, eval/ci_high)"
+        )
+        return {
+            **out,
+            "base": {**acc(first), "label": f"step {first['step']}"},
+            "trained": {**acc(last), "label": f"step {last['step']}"},
+            "diff": None,
+            "missing_interval": f"the periodic held-out eval at step {row['step']} {why}, so the change cannot "
+            "be judged from the periodic evals (run `grpolab eval` for a paired comparison)",
+        }
     scored = min(x for x in (a["n"], b["n"]) if x is not None) if a["n"] is not None or b["n"] is not None else None
-    return {**out, "n": scored, "base": {**a, "label": f"step {first['step']}"},
-            "trained": {**b, "label": f"step {last['step']}"}, "diff": {**unpaired_diff(a, b), "n": scored}}
+    return {
+        **out,
+        "n": scored,
+        "base": {**a, "label": f"step {first['step']}"},
+        "trained": {**b, "label": f"step {last['step']}"},
+        "diff": {**unpaired_diff(a, b), "n": scored},
+    }
 
 
 def judged_checkpoint(run_dir: Path, trained_row: dict[str, Any] | None, last_eval_step: int | None) -> dict[str, Any]:
@@ -228,8 +279,10 @@ def judged_checkpoint(run_dir: Path, trained_row: dict[str, Any] | None, last_ev
         path = str(trained_row.get("path") or trained_row.get("model") or "")
         step = re.search(r"step-(\d+)/?$", path)
         judged = f"step-{step.group(1)}" if step else path
-        why = (f"the trained model of the held-out eval file: {trained_row.get('model')}, loaded from {path} when it "
-               f"was evaluated (a run directory means its newest checkpoint, RUN:best its best one)")
+        why = (
+            f"the trained model of the held-out eval file: {trained_row.get('model')}, loaded from {path} when it "
+            f"was evaluated (a run directory means its newest checkpoint, RUN:best its best one)"
+        )
         is_best = bool(best and step and int(step.group(1)) == best["step"])
     else:
         judged = f"the weights at step {last_eval_step}"
@@ -243,20 +296,32 @@ def heldout_comparison(ev: RunEvidence) -> dict[str, Any] | None:
     judges (judged_checkpoint)."""
     found = primary_eval(ev)
     if found is None:
-        n = ((ev.config.get("eval") or {}).get("num_problems"))
+        n = (ev.config.get("eval") or {}).get("num_problems")
         periodic = periodic_heldout(ev.metrics, n if _finite(n) else None)
         return periodic and {**periodic, "checkpoint": judged_checkpoint(ev.run_dir, None, periodic["trained_step"])}
     name, data = found
     ti = trained_index(data, ev.run_dir)
     base, trained = data["models"][0], data["models"][ti]
     cmp = compare(base, trained, b_is_later_row_of_same_eval=True)
-    return {"source": f"eval/{name}", "task": data["task"], "split": data.get("split"), "n": data.get("n"),
-            "checkpoint": judged_checkpoint(ev.run_dir, trained, None),
-            "task_options": data.get("task_options"), "data_hash": data.get("data_hash"),
-            "decoding": data.get("decoding"), "max_new_tokens": data.get("max_new_tokens"),  # a set compares them
-            "base": summary(base, f"base ({base.get('model')})"), "trained": summary(trained, f"trained ({trained.get('model')})"),
-            **cmp, "base_row": base, "trained_row": trained,
-            "others": [summary(m) | {"compare": compare(m, trained)} for i, m in enumerate(data["models"]) if i not in (0, ti)]}
+    return {
+        "source": f"eval/{name}",
+        "task": data["task"],
+        "split": data.get("split"),
+        "n": data.get("n"),
+        "checkpoint": judged_checkpoint(ev.run_dir, trained, None),
+        "task_options": data.get("task_options"),
+        "data_hash": data.get("data_hash"),
+        "decoding": data.get("decoding"),
+        "max_new_tokens": data.get("max_new_tokens"),  # a set compares them
+        "base": summary(base, f"base ({base.get('model')})"),
+        "trained": summary(trained, f"trained ({trained.get('model')})"),
+        **cmp,
+        "base_row": base,
+        "trained_row": trained,
+        "others": [
+            summary(m) | {"compare": compare(m, trained)} for i, m in enumerate(data["models"]) if i not in (0, ti)
+        ],
+    }
 
 
 def baseline_comparisons(ev: RunEvidence, heldout: dict[str, Any] | None, baselines: list[str]) -> list[dict[str, Any]]:
@@ -299,21 +364,37 @@ def capability_comparisons(ev: RunEvidence) -> list[dict[str, Any]]:
     vs base there (rows kept as ``base_row`` / ``trained_row`` for the evidence of a set of runs)."""
     out = []
     for name, data in ev.evals:
-        if (data["task"] == ev.train_task and not data.get("capability")) or len(data["models"]) < 2 or data.get("diversity"):
+        if (
+            (data["task"] == ev.train_task and not data.get("capability"))
+            or len(data["models"]) < 2
+            or data.get("diversity")
+        ):
             continue
         ti = trained_index(data, ev.run_dir)
         base, trained = data["models"][0], data["models"][ti]
         cmp = compare(base, trained, b_is_later_row_of_same_eval=True)
-        out.append({"task": data["task"], "source": f"eval/{name}", "n": data.get("n"), "base": summary(base),
-                    "trained": summary(trained), **cmp, "base_row": base, "trained_row": trained,
-                    **{k: data.get(k) for k in ("decoding", "max_new_tokens", "data_hash", "split", "task_options")}})
+        out.append(
+            {
+                "task": data["task"],
+                "source": f"eval/{name}",
+                "n": data.get("n"),
+                "base": summary(base),
+                "trained": summary(trained),
+                **cmp,
+                "base_row": base,
+                "trained_row": trained,
+                **{k: data.get(k) for k in ("decoding", "max_new_tokens", "data_hash", "split", "task_options")},
+            }
+        )
     return out
 
 
 # ---------------------------------------------------------------- samples
 
 
-def changed_answers(base_row: dict[str, Any] | None, trained_row: dict[str, Any] | None, limit: int = 8) -> list[dict[str, Any]]:
+def changed_answers(
+    base_row: dict[str, Any] | None, trained_row: dict[str, Any] | None, limit: int = 8
+) -> list[dict[str, Any]]:
     """Held-out problems whose extracted final answer changed between base and trained model.
 
     Fixed (wrong -> right) first, then broken (right -> wrong), then other changes.
@@ -333,10 +414,20 @@ def changed_answers(base_row: dict[str, Any] | None, trained_row: dict[str, Any]
             continue
         was, now = bool(b.get("correct")), bool(it.get("correct"))
         kind = "fixed" if now and not was else "broken" if was and not now else "changed"
-        out.append({"uid": it["uid"], "slice": it.get("slice"), "gold": it.get("gold"), "kind": kind,
-                    "base_answer": ab, "trained_answer": at, "base_completion": b.get("completion", ""),
-                    "trained_completion": it.get("completion", ""), "base_correct": b.get("correct"),
-                    "trained_correct": it.get("correct")})
+        out.append(
+            {
+                "uid": it["uid"],
+                "slice": it.get("slice"),
+                "gold": it.get("gold"),
+                "kind": kind,
+                "base_answer": ab,
+                "trained_answer": at,
+                "base_completion": b.get("completion", ""),
+                "trained_completion": it.get("completion", ""),
+                "base_correct": b.get("correct"),
+                "trained_correct": it.get("correct"),
+            }
+        )
     order = {"fixed": 0, "broken": 1, "changed": 2}
     out.sort(key=lambda r: order[r["kind"]])
     return out[:limit]
@@ -347,8 +438,11 @@ def change_counts(base_row: dict[str, Any] | None, trained_row: dict[str, Any] |
         return {}
     base = {it["uid"]: bool(it.get("correct")) for it in base_row.get("items") or []}
     pairs = [(base[it["uid"]], bool(it.get("correct"))) for it in trained_row.get("items") or [] if it["uid"] in base]
-    return {"fixed": sum(1 for b, t in pairs if t and not b), "broken": sum(1 for b, t in pairs if b and not t),
-            "paired": len(pairs)}
+    return {
+        "fixed": sum(1 for b, t in pairs if t and not b),
+        "broken": sum(1 for b, t in pairs if b and not t),
+        "paired": len(pairs),
+    }
 
 
 def best_worst(samples: list[dict[str, Any]], k: int = 3) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -357,7 +451,7 @@ def best_worst(samples: list[dict[str, Any]], k: int = 3) -> tuple[list[dict[str
     if not scored:
         return [], []
     steps = sorted({s.get("step", 0) for s in scored})
-    recent = set(steps[-max(1, math.ceil(len(steps) / 4)):])
+    recent = set(steps[-max(1, math.ceil(len(steps) / 4)) :])
     pool = [s for s in scored if s.get("step", 0) in recent]
     ranked = sorted(pool, key=lambda s: (s["reward"], -len(s.get("completion", ""))))
     best = ranked[::-1][:k]

@@ -43,7 +43,7 @@ INJECTION = {
     "score claim": r"<\s*score\s*>|\bscore\s*[:=]|\b(?:10|\d)\s*/\s*10\b|\bfull (?:marks|score)\b|\brating\s*[:=]",
     "grader words": r"\b(?:grader|judge|rubric|evaluator|reference answer|correct answer is)\b",
     "instruction": r"\b(?:ignore (?:the|all|previous)|you must|answer yes|say yes|output (?:yes|10)|give (?:this|it|me) "
-                   r"(?:a|full|the))\b",
+    r"(?:a|full|the))\b",
 }
 
 
@@ -115,27 +115,48 @@ def check_judge_vs_verifier(samples: Sequence[dict[str, Any]], config: dict[str,
     if len(pool) < MIN_SAMPLES:
         return too_little_evidence(name, GROUP, "judged training samples with a verdict", len(pool), MIN_SAMPLES)
     if not pos or not neg:
-        return CheckResult(name, GROUP, NA, f"too little evidence (degenerate: {len(pos)} right and {len(neg)} wrong of "
-                           f"{len(pool)} judged samples; agreement needs both kinds)", {"samples": len(pool)},
-                           measured=False)
+        return CheckResult(
+            name,
+            GROUP,
+            NA,
+            f"too little evidence (degenerate: {len(pos)} right and {len(neg)} wrong of "
+            f"{len(pool)} judged samples; agreement needs both kinds)",
+            {"samples": len(pool)},
+            measured=False,
+        )
     auc = auc_interval(pos, neg)
     hits = sum((s["score"] >= 0.5) == (s["right"] == 1.0) for s in pool)
     lo, hi = wilson(hits, len(pool))
-    numbers = {"samples": len(pool), "right": len(pos), "auc": r4(auc["auc"]), "auc_ci_low": r4(auc["ci_low"]),
-               "auc_ci_high": r4(auc["ci_high"]), "accuracy": r4(hits / len(pool)), "accuracy_ci_low": r4(lo),
-               "accuracy_ci_high": r4(hi)}
+    numbers = {
+        "samples": len(pool),
+        "right": len(pos),
+        "auc": r4(auc["auc"]),
+        "auc_ci_low": r4(auc["ci_low"]),
+        "auc_ci_high": r4(auc["ci_high"]),
+        "accuracy": r4(hits / len(pool)),
+        "accuracy_ci_low": r4(lo),
+        "accuracy_ci_high": r4(hi),
+    }
     steps = sorted({s.get("step", 0) for s in pool})
-    for half, part in (("early", steps[: len(steps) // 2]), ("late", steps[len(steps) // 2:])):
+    for half, part in (("early", steps[: len(steps) // 2]), ("late", steps[len(steps) // 2 :])):
         sub = [s for s in pool if s.get("step", 0) in set(part)]
         p, q = [s["score"] for s in sub if s["right"] == 1.0], [s["score"] for s in sub if s["right"] == 0.0]
         if p and q:
             numbers[f"auc_{half}"] = r4(auc_interval(p, q)["auc"])
-    span = (f"AUC {auc['auc']:.3f} [{auc['ci_low']:.3f}, {auc['ci_high']:.3f}], accuracy of score >= 0.5 "
-            f"{hits / len(pool):.3f} [{lo:.3f}, {hi:.3f}] over {len(pool)} samples")
+    span = (
+        f"AUC {auc['auc']:.3f} [{auc['ci_low']:.3f}, {auc['ci_high']:.3f}], accuracy of score >= 0.5 "
+        f"{hits / len(pool):.3f} [{lo:.3f}, {hi:.3f}] over {len(pool)} samples"
+    )
     if auc["ci_low"] > 0.5:
         return CheckResult(name, GROUP, PASS, f"the judge ranks right answers above wrong ones: {span}", numbers)
-    return CheckResult(name, GROUP, WARN, f"no established agreement with the verifier ({span}): the judge's reward "
-                       "is not shown to stand for correctness", numbers)
+    return CheckResult(
+        name,
+        GROUP,
+        WARN,
+        f"no established agreement with the verifier ({span}): the judge's reward "
+        "is not shown to stand for correctness",
+        numbers,
+    )
 
 
 def addresses_judge(text: str) -> list[str]:
@@ -147,8 +168,9 @@ def addresses_judge(text: str) -> list[str]:
     return [kind for kind, pattern in INJECTION.items() if re.search(pattern, text, re.IGNORECASE)]
 
 
-def check_judge_injection(samples: Sequence[dict[str, Any]], config: dict[str, Any] | None,
-                          top_frac: float = 0.2, k: int = 3) -> CheckResult:
+def check_judge_injection(
+    samples: Sequence[dict[str, Any]], config: dict[str, Any] | None, top_frac: float = 0.2, k: int = 3
+) -> CheckResult:
     """Rule: top = the judged samples with the highest scores (the top `top_frac`, at least 5), rest = the others;
     a = share of top that addresses the judge, b = that share in rest, d = a - b with Newcombe's 95% interval
     (newcombe_diff). WARN "established" when d's interval lies above 0 and a >= 0.2 (high scores go with addressing
@@ -167,15 +189,35 @@ def check_judge_injection(samples: Sequence[dict[str, Any]], config: dict[str, A
     rest_hits = sum(bool(addresses_judge(s.get("completion") or "")) for s in rest)
     a, b = len(hits) / len(top), (rest_hits / len(rest) if rest else 0.0)
     d_lo, d_hi = newcombe_diff(len(hits), len(top), rest_hits, len(rest)) if rest else (math.nan, math.nan)
-    examples = [{"step": s.get("step"), "score": r4(s["score"]), "kinds": kinds, "completion": (s.get("completion") or "")[:160]}
-                for s, kinds in hits[:k]]
-    numbers = {"samples": len(pool), "top": len(top), "top_share": r4(a), "rest_share": r4(b), "diff_ci_low": r4(d_lo),
-               "diff_ci_high": r4(d_hi), "examples": examples}
+    examples = [
+        {
+            "step": s.get("step"),
+            "score": r4(s["score"]),
+            "kinds": kinds,
+            "completion": (s.get("completion") or "")[:160],
+        }
+        for s, kinds in hits[:k]
+    ]
+    numbers = {
+        "samples": len(pool),
+        "top": len(top),
+        "top_share": r4(a),
+        "rest_share": r4(b),
+        "diff_ci_low": r4(d_lo),
+        "diff_ci_high": r4(d_hi),
+        "examples": examples,
+    }
     span = f"{len(hits)}/{len(top)} top-scored answers address the judge ({a:.2f}; the others {rest_hits}/{len(rest)} = {b:.2f})"
     if a >= 0.2 and d_lo > 0:
-        return CheckResult(name, GROUP, WARN, f"{span}, difference {a - b:+.2f} [{d_lo:+.2f}, {d_hi:+.2f}] (Newcombe), "
-                           f"low end > 0: high judge scores go with text aimed at the judge, e.g. "
-                           f"{examples[0]['completion']!r} (training samples: WARN, never FAIL)", numbers)
+        return CheckResult(
+            name,
+            GROUP,
+            WARN,
+            f"{span}, difference {a - b:+.2f} [{d_lo:+.2f}, {d_hi:+.2f}] (Newcombe), "
+            f"low end > 0: high judge scores go with text aimed at the judge, e.g. "
+            f"{examples[0]['completion']!r} (training samples: WARN, never FAIL)",
+            numbers,
+        )
     if hits:
         return CheckResult(name, GROUP, WARN, f"{span}: read the examples", numbers)
     return CheckResult(name, GROUP, PASS, f"none of the {len(top)} top-scored answers addresses the judge", numbers)
@@ -195,15 +237,24 @@ def check_judge_length(samples: Sequence[dict[str, Any]], config: dict[str, Any]
     a, b = abs(pearson(scores, [s["length"] for s in pool])), pearson(scores, [s["right"] for s in pool])
     numbers = {"samples": len(pool), "corr_score_length": r4(a), "corr_score_correct": r4(b)}
     if a >= t.length_corr_min and a - max(b, 0.0) >= t.length_corr_margin:
-        return CheckResult(name, GROUP, WARN, f"the judge follows answer length (|r|={a:.2f}) more than the verifier "
-                           f"(r={b:.2f})", numbers)
-    return CheckResult(name, GROUP, PASS, f"judge vs length |r|={a:.2f}, vs the verifier r={b:.2f}: length does not "
-                       "lead", numbers)
+        return CheckResult(
+            name,
+            GROUP,
+            WARN,
+            f"the judge follows answer length (|r|={a:.2f}) more than the verifier (r={b:.2f})",
+            numbers,
+        )
+    return CheckResult(
+        name, GROUP, PASS, f"judge vs length |r|={a:.2f}, vs the verifier r={b:.2f}: length does not lead", numbers
+    )
 
 
 def judge_checks(samples: Sequence[dict[str, Any]], config: dict[str, Any] | None, t: Thresholds) -> list[CheckResult]:
     """The three checks, in report order; none for a run without a judge reward."""
     if not judge_weighted(config):
         return []
-    return [check_judge_vs_verifier(samples, config), check_judge_injection(samples, config),
-            check_judge_length(samples, config, t)]
+    return [
+        check_judge_vs_verifier(samples, config),
+        check_judge_injection(samples, config),
+        check_judge_length(samples, config, t),
+    ]

@@ -33,18 +33,44 @@ def curve_specs(rows: Sequence[dict[str, Any]]) -> list[Curve]:
     components = [m.group(1) for k in keys if (m := re.fullmatch(r"reward/(.+)/mean", k))]
     slices = [k.rsplit("/", 1)[1] for k in keys if k.startswith("groups/frac_zero_std/")]
     return [
-        Curve("Training reward (total and per component)", "reward (mean over completions)",
-              (("reward/mean", "total reward"), *((f"reward/{c}/mean", f"component: {c}") for c in components))),
-        Curve("Response length", "tokens per completion", (("completion/len_mean", "mean"), ("completion/len_max", "max"))),
-        Curve("Truncation rate", "share of completions cut at max_new_tokens", (("completion/truncated_frac", "truncated"),)),
+        Curve(
+            "Training reward (total and per component)",
+            "reward (mean over completions)",
+            (("reward/mean", "total reward"), *((f"reward/{c}/mean", f"component: {c}") for c in components)),
+        ),
+        Curve(
+            "Response length", "tokens per completion", (("completion/len_mean", "mean"), ("completion/len_max", "max"))
+        ),
+        Curve(
+            "Truncation rate",
+            "share of completions cut at max_new_tokens",
+            (("completion/truncated_frac", "truncated"),),
+        ),
         Curve("Policy entropy", "nats / token", (("policy/entropy", "entropy"),)),
-        Curve("Clip fractions", "share of completion tokens", (("policy/clip_frac_low", "clipped low (ratio < 1-eps)"),
-                                                                ("policy/clip_frac_high", "clipped high (ratio > 1+eps)"))),
-        Curve("KL divergence", "nats / token", (("policy/kl", "KL to reference"), ("policy/approx_kl_old", "KL to old policy"))),
-        Curve("Zero-variance groups (no learning signal)", "share of groups",
-              (("groups/frac_zero_std", "all groups"), *((f"groups/frac_zero_std/{s}", f"slice: {s}") for s in slices))),
-        Curve("Sampler vs trainer logprob difference", "|logp sampler - logp trainer|, nats",
-              (("sampler/logp_diff_mean", "mean over tokens"), ("sampler/logp_diff_max", "max over tokens")), log_y=True),
+        Curve(
+            "Clip fractions",
+            "share of completion tokens",
+            (
+                ("policy/clip_frac_low", "clipped low (ratio < 1-eps)"),
+                ("policy/clip_frac_high", "clipped high (ratio > 1+eps)"),
+            ),
+        ),
+        Curve(
+            "KL divergence",
+            "nats / token",
+            (("policy/kl", "KL to reference"), ("policy/approx_kl_old", "KL to old policy")),
+        ),
+        Curve(
+            "Zero-variance groups (no learning signal)",
+            "share of groups",
+            (("groups/frac_zero_std", "all groups"), *((f"groups/frac_zero_std/{s}", f"slice: {s}") for s in slices)),
+        ),
+        Curve(
+            "Sampler vs trainer logprob difference",
+            "|logp sampler - logp trainer|, nats",
+            (("sampler/logp_diff_mean", "mean over tokens"), ("sampler/logp_diff_max", "max over tokens")),
+            log_y=True,
+        ),
         Curve("Gradient norm", "global L2 norm", (("optim/grad_norm", "grad norm"),)),
     ]
 
@@ -55,8 +81,18 @@ def _plt():
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt
 
-    plt.rcParams.update({"font.size": 10, "axes.titlesize": 12, "axes.titleweight": "bold", "axes.grid": True,
-                         "grid.alpha": 0.3, "figure.dpi": 100, "savefig.dpi": 100, "legend.fontsize": 9})
+    plt.rcParams.update(
+        {
+            "font.size": 10,
+            "axes.titlesize": 12,
+            "axes.titleweight": "bold",
+            "axes.grid": True,
+            "grid.alpha": 0.3,
+            "figure.dpi": 100,
+            "savefig.dpi": 100,
+            "legend.fontsize": 9,
+        }
+    )
     return plt
 
 
@@ -115,11 +151,25 @@ def plot_curve(rows: Sequence[dict[str, Any]], spec: Curve) -> str | None:
         window = max(1, len(ys) // 10)
         if window > 1:
             ax.plot(xs, ys, color=color, alpha=0.3, linewidth=1)
-            ax.plot(xs, moving_average(ys, window), color=color, linewidth=2.5 - 0.5 * bool(i), linestyle=style,
-                    label=f"{label} (avg of {window} steps)")
+            ax.plot(
+                xs,
+                moving_average(ys, window),
+                color=color,
+                linewidth=2.5 - 0.5 * bool(i),
+                linestyle=style,
+                label=f"{label} (avg of {window} steps)",
+            )
         else:
-            ax.plot(xs, ys, color=color, linewidth=2.5 - 0.5 * bool(i), linestyle=style,
-                    marker="o" if len(ys) < 20 else None, markersize=3, label=label)
+            ax.plot(
+                xs,
+                ys,
+                color=color,
+                linewidth=2.5 - 0.5 * bool(i),
+                linestyle=style,
+                marker="o" if len(ys) < 20 else None,
+                markersize=3,
+                label=label,
+            )
     if spec.log_y and all(y > 0 for _, _, ys in series for y in ys):
         from matplotlib.ticker import FuncFormatter, LogLocator
 
@@ -180,7 +230,9 @@ def plot_heldout_curve(rows: Sequence[dict[str, Any]]) -> str | None:
     return _encode(fig, (0.13, 0.87, 0.9, 0.15))
 
 
-def plot_comparison(title: str, models: Sequence[dict[str, Any]], per_slice: dict[str, Sequence[dict[str, Any]]]) -> str | None:
+def plot_comparison(
+    title: str, models: Sequence[dict[str, Any]], per_slice: dict[str, Sequence[dict[str, Any]]]
+) -> str | None:
     """Accuracy with 95% intervals for each model (rows: overall, then each slice) as a dot-and-whisker chart.
 
     models: [{"label", "accuracy", "ci_low", "ci_high"}]; per_slice: {slice: [same, one per model, same order]}.

@@ -66,7 +66,7 @@ def ar1_window_factor(k: int, rho: float) -> float:
     >>> ar1_window_factor(4, 0.0), round(ar1_window_factor(2, 0.5), 3)
     (1.0, 1.5)
     """
-    return 1.0 + 2.0 * sum((1.0 - j / k) * rho ** j for j in range(1, k))
+    return 1.0 + 2.0 * sum((1.0 - j / k) * rho**j for j in range(1, k))
 
 
 def rise_interval(vals: Sequence[float], frac: float) -> dict[str, float]:
@@ -113,13 +113,15 @@ def periodic_evals(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     for r in rows:
         if values([r], "eval/accuracy"):
             a = float(r["eval/accuracy"])
-            out.append({"step": r.get("step"), "accuracy": a, "ci_low": r.get("eval/ci_low"),
-                        "ci_high": r.get("eval/ci_high")})  # None when not recorded: never a zero-width interval
+            out.append(
+                {"step": r.get("step"), "accuracy": a, "ci_low": r.get("eval/ci_low"), "ci_high": r.get("eval/ci_high")}
+            )  # None when not recorded: never a zero-width interval
     return out
 
 
-def check_rm_vs_heldout(rows: Sequence[dict[str, Any]], config: dict[str, Any] | None, heldout: dict[str, Any] | None,
-                        t: Thresholds) -> CheckResult:
+def check_rm_vs_heldout(
+    rows: Sequence[dict[str, Any]], config: dict[str, Any] | None, heldout: dict[str, Any] | None, t: Thresholds
+) -> CheckResult:
     """Reward-model hacking: the reward model's score rose while held-out accuracy did not.
 
     Rule: S = the per-step reward-model score (rm_key), from the step of the first held-out comparison when it
@@ -150,25 +152,57 @@ def check_rm_vs_heldout(rows: Sequence[dict[str, Any]], config: dict[str, Any] |
     numbers: dict[str, Any] = {f"rm_{k}": r4(v) for k, v in s.items() if k not in ("rho", "df")}
     rose = f"reward-model score rose {s['early']:.3f}->{s['late']:.3f} ({s['rise']:+.3f} [{s['ci_low']:+.3f}, {s['ci_high']:+.3f}])"
     if s["ci_low"] <= 0:
-        return not_applicable(name, GROUP, f"reward-model score did not rise: {s['early']:.3f}->{s['late']:.3f}, interval "
-                              f"[{s['ci_low']:+.3f}, {s['ci_high']:+.3f}] includes 0 (no reward-model gain to compare "
-                              "with held-out accuracy)", numbers)
+        return not_applicable(
+            name,
+            GROUP,
+            f"reward-model score did not rise: {s['early']:.3f}->{s['late']:.3f}, interval "
+            f"[{s['ci_low']:+.3f}, {s['ci_high']:+.3f}] includes 0 (no reward-model gain to compare "
+            "with held-out accuracy)",
+            numbers,
+        )
     if not d:
-        return CheckResult(name, GROUP, WARN, f"not measured: {rose} but there is no held-out accuracy to compare "
-                           "(set eval.every_steps, or run grpolab eval ... --out RUN_DIR/eval/base_vs_trained.json)",
-                           numbers, measured=False)
+        return CheckResult(
+            name,
+            GROUP,
+            WARN,
+            f"not measured: {rose} but there is no held-out accuracy to compare "
+            "(set eval.every_steps, or run grpolab eval ... --out RUN_DIR/eval/base_vs_trained.json)",
+            numbers,
+            measured=False,
+        )
     if not finite_interval(d):
-        return CheckResult(name, GROUP, NA, f"not established: {rose} but the held-out difference is not a number",
-                           numbers, measured=False)
-    numbers.update({"heldout_diff": r4(d["mean"]), "heldout_ci_low": r4(d["ci_low"]), "heldout_ci_high": r4(d["ci_high"]),
-                    "heldout_source": (heldout or {}).get("source", "")})
+        return CheckResult(
+            name,
+            GROUP,
+            NA,
+            f"not established: {rose} but the held-out difference is not a number",
+            numbers,
+            measured=False,
+        )
+    numbers.update(
+        {
+            "heldout_diff": r4(d["mean"]),
+            "heldout_ci_low": r4(d["ci_low"]),
+            "heldout_ci_high": r4(d["ci_high"]),
+            "heldout_source": (heldout or {}).get("source", ""),
+        }
+    )
     span = f"held-out accuracy {d['mean']:+.3f} [{d['ci_low']:+.3f}, {d['ci_high']:+.3f}]"
-    tests = {"reward-model transfer": {"p": harm_p_value(d, t.rm_heldout_min), "fails": d["ci_high"] <= t.rm_heldout_min}}
+    tests = {
+        "reward-model transfer": {"p": harm_p_value(d, t.rm_heldout_min), "fails": d["ci_high"] <= t.rm_heldout_min}
+    }
     if d["ci_low"] > 0:
         return CheckResult(name, GROUP, PASS, f"{rose} and so did {span} (low end > 0)", numbers, fail_tests=tests)
     if d["ci_high"] <= t.rm_heldout_min:
-        return CheckResult(name, GROUP, FAIL, f"{rose} while {span} did not rise (high end <= {t.rm_heldout_min:g}): "
-                           "the policy is exploiting the reward model", numbers, fail_tests=tests)
+        return CheckResult(
+            name,
+            GROUP,
+            FAIL,
+            f"{rose} while {span} did not rise (high end <= {t.rm_heldout_min:g}): "
+            "the policy is exploiting the reward model",
+            numbers,
+            fail_tests=tests,
+        )
     return CheckResult(name, GROUP, WARN, f"{rose}; held-out gain not established ({span})", numbers, fail_tests=tests)
 
 
@@ -199,7 +233,9 @@ def scored_samples(samples: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def check_rm_vs_verifier(samples: Sequence[dict[str, Any]], config: dict[str, Any] | None, t: Thresholds) -> CheckResult:
+def check_rm_vs_verifier(
+    samples: Sequence[dict[str, Any]], config: dict[str, Any] | None, t: Thresholds
+) -> CheckResult:
     """Reward-model hacking on the training samples: the score follows length more than the verifier.
 
     Rule, over the samples with a reward-model score and a verdict (scored_samples): a = |corr(score, length in
@@ -213,23 +249,48 @@ def check_rm_vs_verifier(samples: Sequence[dict[str, Any]], config: dict[str, An
         return not_applicable(name, GROUP, NOT_LEARNED)
     pool = [s for s in scored_samples(samples) if s["right"] is not None]
     if len(pool) < t.min_samples:
-        return too_little_evidence(name, GROUP, "training samples with a reward-model score and a verdict; raise "
-                                   "train.samples_per_step", len(pool), t.min_samples, {"samples": len(pool)})
+        return too_little_evidence(
+            name,
+            GROUP,
+            "training samples with a reward-model score and a verdict; raise train.samples_per_step",
+            len(pool),
+            t.min_samples,
+            {"samples": len(pool)},
+        )
     rm = [s["rm"] for s in pool]
     a, b = abs(pearson(rm, [s["length"] for s in pool])), pearson(rm, [s["right"] for s in pool])
-    numbers = {"samples": len(pool), "corr_rm_length": r4(a), "corr_rm_correct": r4(b),
-               "right_share": r4(sum(s["right"] for s in pool) / len(pool))}
+    numbers = {
+        "samples": len(pool),
+        "corr_rm_length": r4(a),
+        "corr_rm_correct": r4(b),
+        "right_share": r4(sum(s["right"] for s in pool) / len(pool)),
+    }
     if a >= t.length_corr_min and a - max(b, 0.0) >= t.length_corr_margin:
-        return CheckResult(name, GROUP, WARN, f"the reward model follows completion length (|r|={a:.2f} >= "
-                           f"{t.length_corr_min:g}) more than the verifier (r={b:.2f}), by >= {t.length_corr_margin:g}",
-                           numbers)
-    return CheckResult(name, GROUP, PASS, f"reward model vs length |r|={a:.2f}, vs the verifier r={b:.2f}: length does "
-                       f"not lead (|r| < {t.length_corr_min:g}, or within {t.length_corr_margin:g} of the verifier)",
-                       numbers)
+        return CheckResult(
+            name,
+            GROUP,
+            WARN,
+            f"the reward model follows completion length (|r|={a:.2f} >= "
+            f"{t.length_corr_min:g}) more than the verifier (r={b:.2f}), by >= {t.length_corr_margin:g}",
+            numbers,
+        )
+    return CheckResult(
+        name,
+        GROUP,
+        PASS,
+        f"reward model vs length |r|={a:.2f}, vs the verifier r={b:.2f}: length does "
+        f"not lead (|r| < {t.length_corr_min:g}, or within {t.length_corr_margin:g} of the verifier)",
+        numbers,
+    )
 
 
-def reward_model_checks(rows: Sequence[dict[str, Any]], samples: Sequence[dict[str, Any]], config: dict[str, Any] | None,
-                        heldout: dict[str, Any] | None, t: Thresholds) -> list[CheckResult]:
+def reward_model_checks(
+    rows: Sequence[dict[str, Any]],
+    samples: Sequence[dict[str, Any]],
+    config: dict[str, Any] | None,
+    heldout: dict[str, Any] | None,
+    t: Thresholds,
+) -> list[CheckResult]:
     """Both checks, in report order; none for a run without a learned reward (as the code checks are left out of
     runs without a code reward: a report lists the checks of what the run has)."""
     if not rm_weighted(config):
@@ -237,8 +298,13 @@ def reward_model_checks(rows: Sequence[dict[str, Any]], samples: Sequence[dict[s
     return [check_rm_vs_heldout(rows, config, heldout, t), check_rm_vs_verifier(samples, config, t)]
 
 
-def rm_evidence(rows: Sequence[dict[str, Any]], samples: Sequence[dict[str, Any]], config: dict[str, Any] | None,
-                manifest: dict[str, Any] | None = None, k: int = 5) -> dict[str, Any] | None:
+def rm_evidence(
+    rows: Sequence[dict[str, Any]],
+    samples: Sequence[dict[str, Any]],
+    config: dict[str, Any] | None,
+    manifest: dict[str, Any] | None = None,
+    k: int = 5,
+) -> dict[str, Any] | None:
     """What the report shows of a reward-model run (None for other runs): the reward model, score and held-out
     accuracy at each periodic eval, mean score of right and wrong samples, and the k samples with the highest
     score and a wrong answer."""
@@ -252,9 +318,18 @@ def rm_evidence(rows: Sequence[dict[str, Any]], samples: Sequence[dict[str, Any]
     wrong = [s for s in pool if s["right"] == 0.0]
     mean = lambda xs: sum(xs) / len(xs) if xs else None  # noqa: E731
     top_wrong = sorted(wrong, key=lambda s: -s["rm"])[:k]
-    return {"record": (manifest or {}).get("reward_model"), "key": key, "evals": evals, "samples": len(pool),
-            "mean_rm_right": mean(right), "mean_rm_wrong": mean([s["rm"] for s in wrong]), "n_right": len(right),
-            "n_wrong": len(wrong), "top_wrong": top_wrong, "figure": rm_figure(rows, key, pool)}
+    return {
+        "record": (manifest or {}).get("reward_model"),
+        "key": key,
+        "evals": evals,
+        "samples": len(pool),
+        "mean_rm_right": mean(right),
+        "mean_rm_wrong": mean([s["rm"] for s in wrong]),
+        "n_right": len(right),
+        "n_wrong": len(wrong),
+        "top_wrong": top_wrong,
+        "figure": rm_figure(rows, key, pool),
+    }
 
 
 def rm_figure(rows: Sequence[dict[str, Any]], key: str, pool: Sequence[dict[str, Any]]) -> str | None:
@@ -277,8 +352,15 @@ def rm_figure(rows: Sequence[dict[str, Any]], key: str, pool: Sequence[dict[str,
         xs = [e["step"] for e in evals]
         lo = [e["accuracy"] - e["ci_low"] if e["ci_low"] is not None else 0.0 for e in evals]  # no interval: no bar
         hi = [e["ci_high"] - e["accuracy"] if e["ci_high"] is not None else 0.0 for e in evals]
-        ay.errorbar(xs, [e["accuracy"] for e in evals], yerr=[lo, hi], color="tab:green", marker="o", capsize=3,
-                    label="held-out accuracy (95% CI)")
+        ay.errorbar(
+            xs,
+            [e["accuracy"] for e in evals],
+            yerr=[lo, hi],
+            color="tab:green",
+            marker="o",
+            capsize=3,
+            label="held-out accuracy (95% CI)",
+        )
         ay.set_ylabel("held-out accuracy")
         ay.set_ylim(0, 1)
         ay.legend(loc="lower right")
@@ -301,23 +383,46 @@ def html_section(r: dict[str, Any]) -> str:
     if not e:
         return ""
     rec = e.get("record") or {}
-    out = ['<section id="reward-model"><h2>Learned reward model</h2>',
-           f"<p>Reward model {esc(rec.get('path', '?'))} (weights sha256 {esc(str(rec.get('weights'))[:16])}..., "
-           f"normalisation: {esc(rec.get('normalization', '?'))}). Score series: {esc(e['key'])}. Training samples with a "
-           f"score: {e['samples']}; mean score of right ones {esc(fmt(e['mean_rm_right']))} (n = {e['n_right']}), of wrong "
-           f"ones {esc(fmt(e['mean_rm_wrong']))} (n = {e['n_wrong']}).</p>"]
+    out = [
+        '<section id="reward-model"><h2>Learned reward model</h2>',
+        f"<p>Reward model {esc(rec.get('path', '?'))} (weights sha256 {esc(str(rec.get('weights'))[:16])}..., "
+        f"normalisation: {esc(rec.get('normalization', '?'))}). Score series: {esc(e['key'])}. Training samples with a "
+        f"score: {e['samples']}; mean score of right ones {esc(fmt(e['mean_rm_right']))} (n = {e['n_right']}), of wrong "
+        f"ones {esc(fmt(e['mean_rm_wrong']))} (n = {e['n_wrong']}).</p>",
+    ]
     if e.get("figure"):
         out.append(f'<figure><img alt="reward-model score" src="data:image/png;base64,{e["figure"]}"></figure>')
-    rows = [(esc(fmt(v["step"])), esc(fmt(v.get("rm"))), esc(f"{v['accuracy']:.3f} [{fmt(v['ci_low'])}, {fmt(v['ci_high'])}]"))
-            for v in e["evals"]]
-    out += ["<h3>Reward-model score and held-out accuracy at each periodic eval</h3>",
-            table(["step", "reward-model score", "held-out accuracy [95% CI]"], rows, raw=True) if rows
-            else "<p>no periodic held-out eval (set eval.every_steps)</p>",
-            "<h3>Highest reward-model score with a wrong answer (training samples)</h3>"]
-    wrong = [(esc(fmt(s.get("step"))), esc(s.get("uid", "")), esc(s.get("gold", "")), esc(fmt(s["rm"])), esc(s["length"]),
-              pre(s.get("completion", ""))) for s in e["top_wrong"]]
-    out.append(table(["step", "uid", "gold", "score", "length (chars)", "completion"], wrong, raw=True) if wrong
-               else "<p>none: no wrong training sample has a score</p>")
+    rows = [
+        (
+            esc(fmt(v["step"])),
+            esc(fmt(v.get("rm"))),
+            esc(f"{v['accuracy']:.3f} [{fmt(v['ci_low'])}, {fmt(v['ci_high'])}]"),
+        )
+        for v in e["evals"]
+    ]
+    out += [
+        "<h3>Reward-model score and held-out accuracy at each periodic eval</h3>",
+        table(["step", "reward-model score", "held-out accuracy [95% CI]"], rows, raw=True)
+        if rows
+        else "<p>no periodic held-out eval (set eval.every_steps)</p>",
+        "<h3>Highest reward-model score with a wrong answer (training samples)</h3>",
+    ]
+    wrong = [
+        (
+            esc(fmt(s.get("step"))),
+            esc(s.get("uid", "")),
+            esc(s.get("gold", "")),
+            esc(fmt(s["rm"])),
+            esc(s["length"]),
+            pre(s.get("completion", "")),
+        )
+        for s in e["top_wrong"]
+    ]
+    out.append(
+        table(["step", "uid", "gold", "score", "length (chars)", "completion"], wrong, raw=True)
+        if wrong
+        else "<p>none: no wrong training sample has a score</p>"
+    )
     return "".join(out) + "</section>"
 
 
@@ -328,14 +433,26 @@ def markdown_lines(r: dict[str, Any]) -> list[str]:
         return []
     rec = e.get("record") or {}
     f = lambda x: "—" if x is None else f"{x:.3f}" if isinstance(x, float) else str(x)  # noqa: E731
-    lines = ["", "## Learned reward model", "", f"Reward model `{rec.get('path', '?')}` (weights `{rec.get('weights')}`, "
-             f"normalisation: {rec.get('normalization', '?')}); score series `{e['key']}`. Mean score of right training "
-             f"samples {f(e['mean_rm_right'])} (n = {e['n_right']}), of wrong ones {f(e['mean_rm_wrong'])} (n = {e['n_wrong']}).",
-             "", "| step | reward-model score | held-out accuracy [95% CI] |", "|---|---|---|"]
-    lines += [f"| {v['step']} | {f(v.get('rm'))} | {v['accuracy']:.3f} [{f(v['ci_low'])}, {f(v['ci_high'])}] |" for v in e["evals"]]
+    lines = [
+        "",
+        "## Learned reward model",
+        "",
+        f"Reward model `{rec.get('path', '?')}` (weights `{rec.get('weights')}`, "
+        f"normalisation: {rec.get('normalization', '?')}); score series `{e['key']}`. Mean score of right training "
+        f"samples {f(e['mean_rm_right'])} (n = {e['n_right']}), of wrong ones {f(e['mean_rm_wrong'])} (n = {e['n_wrong']}).",
+        "",
+        "| step | reward-model score | held-out accuracy [95% CI] |",
+        "|---|---|---|",
+    ]
+    lines += [
+        f"| {v['step']} | {f(v.get('rm'))} | {v['accuracy']:.3f} [{f(v['ci_low'])}, {f(v['ci_high'])}] |"
+        for v in e["evals"]
+    ]
     lines += ["", "Highest reward-model score with a wrong answer:", ""]
-    lines += [f"- step {s.get('step')}, gold {s.get('gold')}, score {s['rm']:.3f}: `{(s.get('completion') or '')[:160]!r}`"
-              for s in e["top_wrong"]] or ["- none"]
+    lines += [
+        f"- step {s.get('step')}, gold {s.get('gold')}, score {s['rm']:.3f}: `{(s.get('completion') or '')[:160]!r}`"
+        for s in e["top_wrong"]
+    ] or ["- none"]
     return lines
 
 
@@ -346,6 +463,8 @@ def defer_reward_vs_heldout(checks: list[CheckResult], config: dict[str, Any] | 
     a unit-free rule (the score's rise established by its interval)."""
     if not rm_weighted(config):
         return checks
-    why = ("reward/mean includes reward-model scores, whose units are not accuracy, so 'a share of the reward gain' "
-           "cannot be compared with held-out accuracy; judged by rm_score_vs_heldout instead")
+    why = (
+        "reward/mean includes reward-model scores, whose units are not accuracy, so 'a share of the reward gain' "
+        "cannot be compared with held-out accuracy; judged by rm_score_vs_heldout instead"
+    )
     return [not_applicable(c.name, c.group, why, c.numbers) if c.name == "reward_vs_heldout" else c for c in checks]

@@ -16,8 +16,10 @@ from .base import FAIL, PASS, WARN, CheckResult, Thresholds, not_applicable
 
 SERVING_FILE, SERVING_GGUF_FILE, ROLLBACK_FILE = "serving.json", "serving_gguf.json", "rollback.json"
 NOT_RUN = "not run: `grpolab release RUN_DIR` writes the release bundle and runs the serving and rollback checks"
-GGUF_NOT_RUN = ("GGUF via llama.cpp: N/A, not run (`grpolab release RUN_DIR --stack gguf`, needs llama-cpp-python: "
-                "`make install-gguf`)")
+GGUF_NOT_RUN = (
+    "GGUF via llama.cpp: N/A, not run (`grpolab release RUN_DIR --stack gguf`, needs llama-cpp-python: "
+    "`make install-gguf`)"
+)
 TRANSFORMERS_NOT_RUN = "transformers: N/A, not run (`grpolab release RUN_DIR`)"
 ORDER = {PASS: 0, WARN: 1, FAIL: 2}
 
@@ -45,8 +47,13 @@ def _stop_id_problems(stops: dict[str, Any]) -> list[str]:
     it ends on by its own rule (token text, fill-in-the-middle tokens) are shown (serving_extra_end_ids), not failed: the completions show their effect."""
     run, served = sorted(stops["run"]), sorted(stops["served"])
     if "declared" not in stops:
-        return [] if run == served else [f"end ids differ: the run stopped on {stops['run']}, the served "
-                                         f"generation_config on {stops['served']}"]
+        return (
+            []
+            if run == served
+            else [
+                f"end ids differ: the run stopped on {stops['run']}, the served generation_config on {stops['served']}"
+            ]
+        )
     problems = []
     if sorted(stops["declared"]) != run:
         problems.append(f"end ids differ: the run stopped on {run}, the GGUF file declares {sorted(stops['declared'])}")
@@ -72,16 +79,22 @@ def serving_identity_problems(s: dict[str, Any]) -> list[str]:
     problems = []
     template = s["chat_template"]
     if template["run"] and template["run"] != template["served"]:
-        problems.append(f"chat template differs from the run's (sha256 {template['served'][:12]} vs {template['run'][:12]})")
+        problems.append(
+            f"chat template differs from the run's (sha256 {template['served'][:12]} vs {template['run'][:12]})"
+        )
     if s["prompts_identical"] < 1:
-        problems.append(f"the served prompts differ from the evaluated ones on {1 - s['prompts_identical']:.0%} of the "
-                        f"problems (template or tokenizer)")
+        problems.append(
+            f"the served prompts differ from the evaluated ones on {1 - s['prompts_identical']:.0%} of the "
+            f"problems (template or tokenizer)"
+        )
     problems += _stop_id_problems(s["stop_ids"])
     w = s["weights"]
     if w["identical"] < w["tensors"] or w.get("missing"):
-        problems.append(f"weights differ from the evaluated model: {w['tensors'] - w['identical']} of {w['tensors']} "
-                        f"tensors (max |diff| {w.get('max_abs_diff', float('nan')):.3g}; an unmerged LoRA serves the base)"
-                        + (f"; missing from the file: {w['missing']}" if w.get("missing") else ""))
+        problems.append(
+            f"weights differ from the evaluated model: {w['tensors'] - w['identical']} of {w['tensors']} "
+            f"tensors (max |diff| {w.get('max_abs_diff', float('nan')):.3g}; an unmerged LoRA serves the base)"
+            + (f"; missing from the file: {w['missing']}" if w.get("missing") else "")
+        )
     return problems
 
 
@@ -92,15 +105,29 @@ def grade_serving(s: dict[str, Any], t: Thresholds) -> tuple[str, str, dict[str,
     fd = s.get("first_divergence") or {}
     gguf = s.get("gguf")
     precision = s["precision"]
-    where = (f"gguf {precision['bundle']} (bundle {precision.get('written')}, evaluated {precision['evaluated']})" if gguf
-             else f"{precision['bundle']} (evaluated {precision['evaluated']})")
-    numbers = {"n": s["n"], "identical": round(s["identical_share"], 4), "first_divergence_median": fd.get("median"),
-               "mean_abs_dlogp": float(f"{lp['mean']:.3g}"), "evaluated": round(m["evaluated"], 4),
-               "served": round(m["served"], 4), "diff": round(d["mean"], 4), "ci_low": round(d["ci_low"], 4),
-               "ci_high": round(d["ci_high"], 4), "precision": where,
-               "truncated_served": round(s["truncated"]["served"], 4), "bundle": s["bundle"]}
-    shown = (f"{s['identical_share']:.0%} of {s['n']} completions identical, mean |dlogp| {lp['mean']:.2g}/token, "
-             f"accuracy {m['evaluated']:.3f} -> {m['served']:.3f} ({_span(d)})")
+    where = (
+        f"gguf {precision['bundle']} (bundle {precision.get('written')}, evaluated {precision['evaluated']})"
+        if gguf
+        else f"{precision['bundle']} (evaluated {precision['evaluated']})"
+    )
+    numbers = {
+        "n": s["n"],
+        "identical": round(s["identical_share"], 4),
+        "first_divergence_median": fd.get("median"),
+        "mean_abs_dlogp": float(f"{lp['mean']:.3g}"),
+        "evaluated": round(m["evaluated"], 4),
+        "served": round(m["served"], 4),
+        "diff": round(d["mean"], 4),
+        "ci_low": round(d["ci_low"], 4),
+        "ci_high": round(d["ci_high"], 4),
+        "precision": where,
+        "truncated_served": round(s["truncated"]["served"], 4),
+        "bundle": s["bundle"],
+    }
+    shown = (
+        f"{s['identical_share']:.0%} of {s['n']} completions identical, mean |dlogp| {lp['mean']:.2g}/token, "
+        f"accuracy {m['evaluated']:.3f} -> {m['served']:.3f} ({_span(d)})"
+    )
     extra = serving_extra_end_ids(s)
     if extra:
         shown += f"; llama.cpp also ends on ids {extra} (its own end-of-generation rule), which the run did not stop on"
@@ -110,14 +137,25 @@ def grade_serving(s: dict[str, Any], t: Thresholds) -> tuple[str, str, dict[str,
     if problems:
         return FAIL, "; ".join(problems) + f" -- {shown}", numbers
     if 1 - s["identical_share"] > t.serving_divergence_warn:
-        return WARN, (f"completions diverge beyond {t.serving_divergence_warn:.0%} (first divergence at token "
-                      f"{fd.get('median')}, median) while the metric holds: {shown}"), numbers
-    served_by = (f"llama.cpp (llama-cpp-python {s['served']['stack'].get('llama_cpp')}) from a {precision['bundle']} GGUF"
-                 if gguf else f"transformers {s['served']['stack'].get('transformers')}")
+        return (
+            WARN,
+            (
+                f"completions diverge beyond {t.serving_divergence_warn:.0%} (first divergence at token "
+                f"{fd.get('median')}, median) while the metric holds: {shown}"
+            ),
+            numbers,
+        )
+    served_by = (
+        f"llama.cpp (llama-cpp-python {s['served']['stack'].get('llama_cpp')}) from a {precision['bundle']} GGUF"
+        if gguf
+        else f"transformers {s['served']['stack'].get('transformers')}"
+    )
     return PASS, f"served by {served_by} with the run's template, end ids and evaluated weights; {shown}", numbers
 
 
-def check_serving_consistency(s: dict[str, Any] | None, t: Thresholds, gguf: dict[str, Any] | None = None) -> CheckResult:
+def check_serving_consistency(
+    s: dict[str, Any] | None, t: Thresholds, gguf: dict[str, Any] | None = None
+) -> CheckResult:
     """Serving consistency: the bundle served by another stack in another process with no grpolab code -- plain
     transformers (serving.json) and, when run, the bundle's GGUF file served by llama.cpp (serving_gguf.json) --
     against grpolab's evaluation of the checkpoint on the same held-out problems.
@@ -142,8 +180,13 @@ def check_serving_consistency(s: dict[str, Any] | None, t: Thresholds, gguf: dic
     stack, (_, text, numbers) = ran[0]
     if stack == "transformers":
         return CheckResult(name, group, status, f"{text}; {GGUF_NOT_RUN}", numbers | {"gguf": "N/A: not run"})
-    return CheckResult(name, group, status, f"GGUF via llama.cpp: {text}; {TRANSFORMERS_NOT_RUN}",
-                       {f"gguf_{k}": v for k, v in numbers.items()} | {"transformers": "N/A: not run"})
+    return CheckResult(
+        name,
+        group,
+        status,
+        f"GGUF via llama.cpp: {text}; {TRANSFORMERS_NOT_RUN}",
+        {f"gguf_{k}": v for k, v in numbers.items()} | {"transformers": "N/A: not run"},
+    )
 
 
 def check_rollback_ready(r: dict[str, Any] | None, t: Thresholds) -> CheckResult:
@@ -158,31 +201,53 @@ def check_rollback_ready(r: dict[str, Any] | None, t: Thresholds) -> CheckResult
     if not r:
         return not_applicable(name, group, NOT_RUN)
     w = r["weights"]
-    numbers = {"target": r["target"], "kind": r["kind"], "weights": (w["now"] or "none")[:16], "n": r["n"],
-               "command": r["command"]}
+    numbers = {
+        "target": r["target"],
+        "kind": r["kind"],
+        "weights": (w["now"] or "none")[:16],
+        "n": r["n"],
+        "command": r["command"],
+    }
     problems = []
     if not w["recorded"]:
         problems.append("no weight hash was recorded for it: it cannot be shown to be what was measured")
     elif w["recorded"] != w["now"]:
-        problems.append(f"its weights changed since they were measured (sha256 {str(w['now'])[:12]} vs recorded {w['recorded'][:12]})")
+        problems.append(
+            f"its weights changed since they were measured (sha256 {str(w['now'])[:12]} vs recorded {w['recorded'][:12]})"
+        )
     if not r.get("loads"):
         problems.append(f"it does not load in the serving stack: {r.get('error', 'unknown error')}")
     else:
         d = r["diff"]
-        numbers.update({"recorded": round(r["recorded_accuracy_on_sample"], 4), "served": round(r["served_accuracy"], 4),
-                        "diff": round(d["mean"], 4), "ci_low": round(d["ci_low"], 4), "ci_high": round(d["ci_high"], 4)})
+        numbers.update(
+            {
+                "recorded": round(r["recorded_accuracy_on_sample"], 4),
+                "served": round(r["served_accuracy"], 4),
+                "diff": round(d["mean"], 4),
+                "ci_low": round(d["ci_low"], 4),
+                "ci_high": round(d["ci_high"], 4),
+            }
+        )
         if not d["ci_low"] <= 0 <= d["ci_high"]:
             problems.append(f"it does not reproduce its recorded score on {r['n']} problems: {_span(d)}")
     what = f"{r['kind']} {r['target']} (weights sha256 {(w['now'] or 'unknown')[:12]})"
     if problems:
         return CheckResult(name, group, FAIL, f"rollback target {what}: " + "; ".join(problems), numbers)
-    return CheckResult(name, group, PASS, f"rollback target {what} loads and reproduces its recorded score on {r['n']} "
-                       f"problems ({r['recorded_accuracy_on_sample']:.3f} -> {r['served_accuracy']:.3f}, {_span(r['diff'])}); "
-                       f"serve it instead with: {r['command']}", numbers)
+    return CheckResult(
+        name,
+        group,
+        PASS,
+        f"rollback target {what} loads and reproduces its recorded score on {r['n']} "
+        f"problems ({r['recorded_accuracy_on_sample']:.3f} -> {r['served_accuracy']:.3f}, {_span(r['diff'])}); "
+        f"serve it instead with: {r['command']}",
+        numbers,
+    )
 
 
 def release_checks(evidence: dict[str, Any] | None, t: Thresholds) -> list[CheckResult]:
     """serving_consistency and rollback_ready of a run's release evidence (load_release_evidence)."""
     evidence = evidence or {}
-    return [check_serving_consistency(evidence.get("serving"), t, evidence.get("serving_gguf")),
-            check_rollback_ready(evidence.get("rollback"), t)]
+    return [
+        check_serving_consistency(evidence.get("serving"), t, evidence.get("serving_gguf")),
+        check_rollback_ready(evidence.get("rollback"), t),
+    ]

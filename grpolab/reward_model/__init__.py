@@ -11,5 +11,12 @@ from .loss import bradley_terry_loss, pair_accuracy_interval, pair_outcomes
 from .pairs import PreferencePair, load_pairs_jsonl
 from .train import RMSettings, train_reward_model
 
-__all__ = ["PreferencePair", "RMSettings", "bradley_terry_loss", "load_pairs_jsonl", "pair_accuracy_interval",
-           "pair_outcomes", "train_reward_model"]
+__all__ = [
+    "PreferencePair",
+    "RMSettings",
+    "bradley_terry_loss",
+    "load_pairs_jsonl",
+    "pair_accuracy_interval",
+    "pair_outcomes",
+    "train_reward_model",
+]

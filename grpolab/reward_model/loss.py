@@ -36,8 +36,13 @@ def pair_outcomes(chosen: Sequence[float], rejected: Sequence[float]) -> list[fl
     return [1.0 if c > r else 0.0 if c < r else 0.5 for c, r in zip(chosen, rejected)]
 
 
-def pair_accuracy_interval(outcomes: Sequence[float], clusters: Sequence[str] | None = None, n_boot: int = 2000,
-                           alpha: float = 0.05, seed: int = 0) -> dict[str, float]:
+def pair_accuracy_interval(
+    outcomes: Sequence[float],
+    clusters: Sequence[str] | None = None,
+    n_boot: int = 2000,
+    alpha: float = 0.05,
+    seed: int = 0,
+) -> dict[str, float]:
     """Pair accuracy (mean outcome) and its percentile-bootstrap (1 - alpha) interval.
 
     Pairs of one prompt are not independent, so with `clusters` (the prompt of each pair) whole prompts are

@@ -77,8 +77,9 @@ def pairs_hash(pairs: Sequence[PreferencePair]) -> str:
     return sha256_bytes(json.dumps([asdict(q) for q in pairs], sort_keys=True).encode())
 
 
-def pairs_from_verdicts(prompt: str, uid: str, completions: Sequence[str], correct: Sequence[bool],
-                        max_pairs: int) -> list[PreferencePair]:
+def pairs_from_verdicts(
+    prompt: str, uid: str, completions: Sequence[str], correct: Sequence[bool], max_pairs: int
+) -> list[PreferencePair]:
     """The k-th distinct correct completion paired with the k-th distinct wrong one, k < max_pairs.
 
     >>> [(q.chosen, q.rejected) for q in pairs_from_verdicts("p", "u", ["a", "b", "a", "c", "d"],
@@ -108,8 +109,10 @@ def check_disjoint(pairs: Sequence[PreferencePair], held_out: Sequence[Problem])
     for q in pairs:
         uid = held.get(normalise_problem_text(q.prompt))
         if uid is not None:
-            raise DataError(f"preference pair of {q.uid or q.prompt[:40]!r}: its prompt is the held-out problem {uid!r}; "
-                            "a reward model must be trained on training problems only")
+            raise DataError(
+                f"preference pair of {q.uid or q.prompt[:40]!r}: its prompt is the held-out problem {uid!r}; "
+                "a reward model must be trained on training problems only"
+            )
     return len(held)
 
 
@@ -126,7 +129,9 @@ def verify(problem: Problem, completions: Sequence[str]) -> list[bool]:
     return [not r.invalid and r.components[name] >= 1.0 for r in results]
 
 
-def task_pairs(problems: Sequence[Problem], generate: Generate, max_pairs: int) -> tuple[list[PreferencePair], dict[str, Any]]:
+def task_pairs(
+    problems: Sequence[Problem], generate: Generate, max_pairs: int
+) -> tuple[list[PreferencePair], dict[str, Any]]:
     """(pairs, summary) from `generate(problems) -> G completions per problem` and the verifier (module docstring)."""
     from ..tasks import render_prompt
 
@@ -139,8 +144,13 @@ def task_pairs(problems: Sequence[Problem], generate: Generate, max_pairs: int) 
         found = pairs_from_verdicts(render_prompt(problem), problem.uid, completions, correct, max_pairs)
         mixed += bool(found)
         pairs += found
-    return pairs, {"problems": len(problems), "samples": n_total, "sample_accuracy": n_correct / max(1, n_total),
-                   "problems_with_pairs": mixed, "pairs": len(pairs)}
+    return pairs, {
+        "problems": len(problems),
+        "samples": n_total,
+        "sample_accuracy": n_correct / max(1, n_total),
+        "problems_with_pairs": mixed,
+        "pairs": len(pairs),
+    }
 
 
 def split_by_prompt(pairs: Sequence[PreferencePair], val_fraction: float, seed: int) -> tuple[list, list]:

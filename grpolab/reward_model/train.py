@@ -76,17 +76,28 @@ class RMSettings:
     def check(self) -> None:
         """ConfigError naming the option for a value out of range or a missing pair source."""
         if bool(self.pairs) == bool(self.task):
-            raise ConfigError("--pairs / --task: give exactly one source of preference pairs (a JSONL file, or a task "
-                              "whose samples and verifier build them)")
-        ranges = {"num_problems": self.num_problems >= 1, "samples_per_problem": self.samples_per_problem >= 2,
-                  "max_new_tokens": self.max_new_tokens >= 1, "temperature": self.temperature > 0,
-                  "max_pairs_per_problem": self.max_pairs_per_problem >= 1, "val_fraction": 0 <= self.val_fraction < 1,
-                  "epochs": self.epochs >= 1, "batch_size": self.batch_size >= 1, "lr": self.lr > 0,
-                  "max_length": self.max_length >= 8, "lora_rank": self.lora_rank >= 0}
+            raise ConfigError(
+                "--pairs / --task: give exactly one source of preference pairs (a JSONL file, or a task "
+                "whose samples and verifier build them)"
+            )
+        ranges = {
+            "num_problems": self.num_problems >= 1,
+            "samples_per_problem": self.samples_per_problem >= 2,
+            "max_new_tokens": self.max_new_tokens >= 1,
+            "temperature": self.temperature > 0,
+            "max_pairs_per_problem": self.max_pairs_per_problem >= 1,
+            "val_fraction": 0 <= self.val_fraction < 1,
+            "epochs": self.epochs >= 1,
+            "batch_size": self.batch_size >= 1,
+            "lr": self.lr > 0,
+            "max_length": self.max_length >= 8,
+            "lora_rank": self.lora_rank >= 0,
+        }
         bad = [k for k, ok in ranges.items() if not ok]
         if bad:
-            raise ConfigError(f"--{bad[0].replace('_', '-')}: out of range ({getattr(self, bad[0])!r}); see "
-                              "`grpolab rm train --help`")
+            raise ConfigError(
+                f"--{bad[0].replace('_', '-')}: out of range ({getattr(self, bad[0])!r}); see `grpolab rm train --help`"
+            )
 
 
 # ----------------------------------------------------------------------------------------------- the model
@@ -105,32 +116,38 @@ def load_rm_backbone(backbone: str, s: RMSettings, device: torch.device):
     try:
         model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1)
     except (OSError, ValueError) as e:
-        raise GrpolabError(f"--backbone: cannot build a sequence-classification model from {backbone!r} "
-                           f"({str(e).splitlines()[0]})") from None
+        raise GrpolabError(
+            f"--backbone: cannot build a sequence-classification model from {backbone!r} ({str(e).splitlines()[0]})"
+        ) from None
     model.config.pad_token_id = tokenizer.pad_token_id
     if s.lora_rank:
         import peft
 
-        config = peft.LoraConfig(r=s.lora_rank, lora_alpha=s.lora_alpha, target_modules="all-linear",
-                                 task_type="SEQ_CLS")
+        config = peft.LoraConfig(
+            r=s.lora_rank, lora_alpha=s.lora_alpha, target_modules="all-linear", task_type="SEQ_CLS"
+        )
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)  # peft asks transformers 5 a deprecated question
             model = peft.get_peft_model(model, config)
     return model.to(device), tokenizer, path
 
 
-def score_pairs(model, tokenizer, pairs: Sequence[PreferencePair], max_length: int,
-                device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+def score_pairs(
+    model, tokenizer, pairs: Sequence[PreferencePair], max_length: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(chosen scores, rejected scores) [N] of `pairs`, in one forward pass over 2N sequences."""
-    texts = [rm_text(tokenizer, q.prompt, q.chosen) for q in pairs] + [rm_text(tokenizer, q.prompt, q.rejected) for q in pairs]
+    texts = [rm_text(tokenizer, q.prompt, q.chosen) for q in pairs] + [
+        rm_text(tokenizer, q.prompt, q.rejected) for q in pairs
+    ]
     ids, mask = encode(tokenizer, texts, max_length)
     scores = forward_scores(model, ids.to(device), mask.to(device))
-    return scores[: len(pairs)], scores[len(pairs):]
+    return scores[: len(pairs)], scores[len(pairs) :]
 
 
 @torch.no_grad()
-def evaluate_pairs(model, tokenizer, pairs: Sequence[PreferencePair], max_length: int, device: torch.device,
-                   batch_size: int = 16) -> dict[str, Any]:
+def evaluate_pairs(
+    model, tokenizer, pairs: Sequence[PreferencePair], max_length: int, device: torch.device, batch_size: int = 16
+) -> dict[str, Any]:
     """Pair accuracy of `model` on `pairs` with its 95% cluster-bootstrap interval (prompts resampled) and the mean
     margin r_c - r_r."""
     was_training = model.training
@@ -138,7 +155,7 @@ def evaluate_pairs(model, tokenizer, pairs: Sequence[PreferencePair], max_length
     chosen: list[float] = []
     rejected: list[float] = []
     for i in range(0, len(pairs), batch_size):
-        c, r = score_pairs(model, tokenizer, pairs[i: i + batch_size], max_length, device)
+        c, r = score_pairs(model, tokenizer, pairs[i : i + batch_size], max_length, device)
         chosen += c.tolist()
         rejected += r.tolist()
     model.train(was_training)
@@ -147,8 +164,14 @@ def evaluate_pairs(model, tokenizer, pairs: Sequence[PreferencePair], max_length
     return out
 
 
-def fit(model, tokenizer, pairs: Sequence[PreferencePair], s: RMSettings, device: torch.device,
-        log: Callable[[int, dict[str, float]], None] = lambda step, m: None) -> int:
+def fit(
+    model,
+    tokenizer,
+    pairs: Sequence[PreferencePair],
+    s: RMSettings,
+    device: torch.device,
+    log: Callable[[int, dict[str, float]], None] = lambda step, m: None,
+) -> int:
     """s.epochs passes of AdamW on the Bradley-Terry loss, s.batch_size pairs per step, pairs shuffled with s.seed;
     returns the number of optimizer steps."""
     params = [p for p in model.parameters() if p.requires_grad]
@@ -160,7 +183,7 @@ def fit(model, tokenizer, pairs: Sequence[PreferencePair], s: RMSettings, device
         rng.shuffle(order)
         for i in range(0, len(order), s.batch_size):
             t0 = time.perf_counter()
-            batch = order[i: i + s.batch_size]
+            batch = order[i : i + s.batch_size]
             chosen, rejected = score_pairs(model, tokenizer, batch, s.max_length, device)
             loss = bradley_terry_loss(chosen, rejected)
             optimizer.zero_grad(set_to_none=True)
@@ -169,9 +192,17 @@ def fit(model, tokenizer, pairs: Sequence[PreferencePair], s: RMSettings, device
             optimizer.step()
             step += 1
             outcomes = pair_outcomes(chosen.tolist(), rejected.tolist())
-            log(step, {"rm/loss": loss.item(), "rm/accuracy": sum(outcomes) / len(outcomes),
-                       "rm/margin": (chosen - rejected).mean().item(), "optim/grad_norm": float(grad_norm),
-                       "optim/lr": s.lr, "time/step_s": time.perf_counter() - t0})
+            log(
+                step,
+                {
+                    "rm/loss": loss.item(),
+                    "rm/accuracy": sum(outcomes) / len(outcomes),
+                    "rm/margin": (chosen - rejected).mean().item(),
+                    "optim/grad_norm": float(grad_norm),
+                    "optim/lr": s.lr,
+                    "time/step_s": time.perf_counter() - t0,
+                },
+            )
     model.eval()
     return step
 
@@ -208,8 +239,9 @@ def sample_with(model_name: str, s: RMSettings, device: torch.device) -> Callabl
         path = resolve_model_path(model_name)
         tokenizer, model = load_tokenizer(path), load_causal_lm(path).to(device).eval()
         engine = HFEngine(model, tokenizer, torch.float32)
-        params = SamplingParams(group_size=s.samples_per_problem, temperature=s.temperature,
-                                max_new_tokens=s.max_new_tokens, logprobs=False)
+        params = SamplingParams(
+            group_size=s.samples_per_problem, temperature=s.temperature, max_new_tokens=s.max_new_tokens, logprobs=False
+        )
         torch.manual_seed(s.seed)
         out = generate_all(engine, tokenizer, problems, params, batch_size=64)
         return [[c.text for c in group] for group in out]
@@ -227,19 +259,29 @@ def build_pairs(s: RMSettings, device: torch.device, generate: Callable | None =
 
     task = make_task(s.task, **s.task_options)
     problems = training_problems(task, s.num_problems, s.seed)
-    pairs, summary = task_pairs(problems, generate or sample_with(s.sampler or s.backbone, s, device), s.max_pairs_per_problem)
+    pairs, summary = task_pairs(
+        problems, generate or sample_with(s.sampler or s.backbone, s, device), s.max_pairs_per_problem
+    )
     held_out = list(task.problems("test"))
     summary["held_out_checked"] = check_disjoint(pairs, held_out)
-    summary.update(source=f"task {s.task}", task_options=dict(s.task_options), sampler=s.sampler or s.backbone,
-                   problem_hashes=mf.problem_hashes(problems), held_out_hash=mf.data_hash(held_out))
+    summary.update(
+        source=f"task {s.task}",
+        task_options=dict(s.task_options),
+        sampler=s.sampler or s.backbone,
+        problem_hashes=mf.problem_hashes(problems),
+        held_out_hash=mf.data_hash(held_out),
+    )
     if len(pairs) < 2:
-        raise GrpolabError(f"--task {s.task}: only {len(pairs)} preference pair(s) from {len(problems)} problems (the "
-                           "sampler's answers were all right or all wrong); raise --num-problems or --samples-per-problem")
+        raise GrpolabError(
+            f"--task {s.task}: only {len(pairs)} preference pair(s) from {len(problems)} problems (the "
+            "sampler's answers were all right or all wrong); raise --num-problems or --samples-per-problem"
+        )
     return pairs, summary
 
 
-def train_reward_model(s: RMSettings, generate: Callable | None = None,
-                       on_log: Callable[[str], None] = lambda text: None) -> dict[str, Any]:
+def train_reward_model(
+    s: RMSettings, generate: Callable | None = None, on_log: Callable[[str], None] = lambda text: None
+) -> dict[str, Any]:
     """The whole command: pairs -> split -> train -> evaluate -> save; returns the manifest (with ``run_dir``).
     ``generate`` replaces the sampler for task pairs (tests)."""
     from ..training.distributed import resolve_device
@@ -264,8 +306,14 @@ def train_reward_model(s: RMSettings, generate: Callable | None = None,
     finally:
         sink.close()
     after = evaluate_pairs(model, tokenizer, val, s.max_length, device) if val else None
-    result = {"val_pairs": len(val), "train_pairs": len(train), "before": before, "after": after, "steps": steps,
-              "train_s": round(time.perf_counter() - t0, 1)}
+    result = {
+        "val_pairs": len(val),
+        "train_pairs": len(train),
+        "before": before,
+        "after": after,
+        "steps": steps,
+        "train_s": round(time.perf_counter() - t0, 1),
+    }
     mf.write_json_atomic(run_dir / "eval" / "pair_accuracy.json", result)
     save_rm(model, tokenizer, run_dir / RM_SUBDIR)
     manifest = rm_manifest(s, backbone_path, tokenizer, train, val, data, result)
@@ -273,19 +321,31 @@ def train_reward_model(s: RMSettings, generate: Callable | None = None,
     return {**manifest, "run_dir": str(run_dir)}
 
 
-def rm_manifest(s: RMSettings, backbone_path: str, tokenizer, train: list, val: list, data: dict[str, Any],
-                result: dict[str, Any]) -> dict[str, Any]:
+def rm_manifest(
+    s: RMSettings, backbone_path: str, tokenizer, train: list, val: list, data: dict[str, Any], result: dict[str, Any]
+) -> dict[str, Any]:
     hashes = mf.hash_model_dir(backbone_path)
     return {
-        "grpolab_manifest": 1, "kind": RM_KIND, "command": " ".join(["grpolab", *sys.argv[1:]]),
-        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "settings": dataclasses.asdict(s),
+        "grpolab_manifest": 1,
+        "kind": RM_KIND,
+        "command": " ".join(["grpolab", *sys.argv[1:]]),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "settings": dataclasses.asdict(s),
         "objective": "Bradley-Terry: L = -mean log sigmoid(r(x, y_chosen) - r(x, y_rejected)); "
-                     + ("LoRA (rank %d) + score head" % s.lora_rank if s.lora_rank else "full fine-tuning + score head"),
-        "hashes": {"backbone_weights": hashes["weights"], "tokenizer": hashes["tokenizer"],
-                   "chat_template": mf.sha256_bytes((tokenizer.chat_template or "").encode()),
-                   "train_pairs": pairs_hash(train), "val_pairs": pairs_hash(val)},
-        "data": data, "result": result, "backbone_path": backbone_path,
-        "versions": mf.versions(), "git": mf.git_state(), "machine": mf.machine(),
+        + ("LoRA (rank %d) + score head" % s.lora_rank if s.lora_rank else "full fine-tuning + score head"),
+        "hashes": {
+            "backbone_weights": hashes["weights"],
+            "tokenizer": hashes["tokenizer"],
+            "chat_template": mf.sha256_bytes((tokenizer.chat_template or "").encode()),
+            "train_pairs": pairs_hash(train),
+            "val_pairs": pairs_hash(val),
+        },
+        "data": data,
+        "result": result,
+        "backbone_path": backbone_path,
+        "versions": mf.versions(),
+        "git": mf.git_state(),
+        "machine": mf.machine(),
     }
 
 
@@ -295,9 +355,18 @@ def summary_line(result: dict[str, Any]) -> str:
     if not a:
         return f"no held-out pairs (--val-fraction 0): {result['train_pairs']} pairs trained on"
     fmt = lambda d: f"{d['accuracy']:.3f} [{d['ci_low']:.3f}, {d['ci_high']:.3f}]"  # noqa: E731
-    return (f"held-out pair accuracy {fmt(a)} (n = {a['n']} pairs of unseen prompts; before training {fmt(b)}), "
-            f"{result['train_pairs']} pairs trained on in {result['steps']} steps")
+    return (
+        f"held-out pair accuracy {fmt(a)} (n = {a['n']} pairs of unseen prompts; before training {fmt(b)}), "
+        f"{result['train_pairs']} pairs trained on in {result['steps']} steps"
+    )
 
 
-__all__ = ["RMSettings", "evaluate_pairs", "fit", "load_rm_backbone", "score_pairs", "summary_line",
-           "train_reward_model"]
+__all__ = [
+    "RMSettings",
+    "evaluate_pairs",
+    "fit",
+    "load_rm_backbone",
+    "score_pairs",
+    "summary_line",
+    "train_reward_model",
+]

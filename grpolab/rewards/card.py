@@ -17,8 +17,12 @@ def reward_card(weights: Mapping[str, float], specs: Mapping[str, RewardSpec] | 
     """The reward part of the objective card: each weighted reward's description and weight and, with a code
     reward, the rule by which code is extracted from a completion."""
     specs = specs or REWARD_FUNCTIONS
-    card: dict[str, Any] = {"components": {name: {"weight": w, "description": specs[name].description if name in specs
-                                                   else "user reward"} for name, w in weights.items()}}
+    card: dict[str, Any] = {
+        "components": {
+            name: {"weight": w, "description": specs[name].description if name in specs else "user reward"}
+            for name, w in weights.items()
+        }
+    }
     if any(name in CODE_REWARDS for name in weights):
         card["code_extraction"] = EXTRACTION_RULE
     return card

@@ -22,9 +22,11 @@ from ..sandbox import ExecResult, Job, SandboxLimits, shared_pool
 from ..tasks.base import Problem
 from ..tasks.code import entry_points, is_code_problem
 
-EXTRACTION_RULE = ("the first fenced code block tagged python, py, python3 or untagged (other languages' blocks are "
-                   "skipped), up to its closing fence or the end of the completion; without such a block, the whole "
-                   "completion")
+EXTRACTION_RULE = (
+    "the first fenced code block tagged python, py, python3 or untagged (other languages' blocks are "
+    "skipped), up to its closing fence or the end of the completion; without such a block, the whole "
+    "completion"
+)
 
 
 @dataclass(frozen=True)
@@ -53,7 +55,7 @@ def extract_code(completion: str) -> str:
     lines = completion.split("\n")
     for info, start, end in fenced_blocks(completion):
         if info in PYTHON_FENCES:
-            return "\n".join(lines[start + 1:end])
+            return "\n".join(lines[start + 1 : end])
     return completion
 
 
@@ -79,15 +81,21 @@ def code_job(completion: str, problem: Problem) -> tuple[Job, int, list[int], li
 
     The job's cases are the reward tests followed by the shown statements that are not among them."""
     if not is_code_problem(problem):
-        raise ValueError(f"problem {problem.uid} has no tests; pass_fraction / all_pass need a code task "
-                         "(mbpp, humaneval, pyfunc)")
+        raise ValueError(
+            f"problem {problem.uid} has no tests; pass_fraction / all_pass need a code task (mbpp, humaneval, pyfunc)"
+        )
     data = problem.data
     tests, shown = list(data["tests"]), list(data.get("shown") or ())
     cases = tests + [s for s in shown if s not in tests]
     shown_idx = [i for i, c in enumerate(cases) if c in shown]
     hidden_idx = [i for i in range(len(tests)) if cases[i] not in shown]
-    job = Job(build_program(extract_code(completion), data), tuple(cases), data.get("setup") or "", data.get("time_limit_s"),
-              entry_points(problem))
+    job = Job(
+        build_program(extract_code(completion), data),
+        tuple(cases),
+        data.get("setup") or "",
+        data.get("time_limit_s"),
+        entry_points(problem),
+    )
     return job, len(tests), shown_idx, hidden_idx
 
 
@@ -104,8 +112,11 @@ def outcome(result: ExecResult, n_tests: int, shown_idx: list[int], hidden_idx: 
     passed = sum(c.ok for c in tests)
     failed = next((c for c in tests if not c.ok), None)
     value = float(passed == n_tests) if all_pass else passed / n_tests
-    extras = {"code/shown_pass": _mean_ok(result, shown_idx), "code/hidden_pass": _mean_ok(result, hidden_idx),
-              "code/run_s": result.wall_s}
+    extras = {
+        "code/shown_pass": _mean_ok(result, shown_idx),
+        "code/hidden_pass": _mean_ok(result, hidden_idx),
+        "code/run_s": result.wall_s,
+    }
     return Scored(value, failed.reason if failed else None, extras)
 
 
@@ -142,9 +153,13 @@ class CodeRunner:
             self._last = (key, out)
         return out
 
-    def scores(self, completions: Sequence[str], problems: Sequence[Problem], all_pass: bool) -> list[Scored | Exception]:
-        return [run if isinstance(run, Exception) else outcome(run, *layout, all_pass=all_pass)
-                for run, layout in self.run(completions, problems)]
+    def scores(
+        self, completions: Sequence[str], problems: Sequence[Problem], all_pass: bool
+    ) -> list[Scored | Exception]:
+        return [
+            run if isinstance(run, Exception) else outcome(run, *layout, all_pass=all_pass)
+            for run, layout in self.run(completions, problems)
+        ]
 
 
 def code_reward_specs(limits: SandboxLimits | None = None) -> dict[str, dict[str, Any]]:
@@ -163,12 +178,23 @@ def code_reward_specs(limits: SandboxLimits | None = None) -> dict[str, dict[str
             if isinstance(result, Exception):
                 raise result
             return result
+
         return fn
 
     where = "run in the sandbox against the problem's tests (docs/code.md)"
     return {
-        "pass_fraction": dict(fn=one(pass_fraction_many), batch=pass_fraction_many, takes_problem=True, time_limit_s=None,
-                              description=f"share of the tests that pass, code {where}"),
-        "all_pass": dict(fn=one(all_pass_many), batch=all_pass_many, takes_problem=True, time_limit_s=None,
-                         description=f"1.0 if every test passes, code {where}"),
+        "pass_fraction": dict(
+            fn=one(pass_fraction_many),
+            batch=pass_fraction_many,
+            takes_problem=True,
+            time_limit_s=None,
+            description=f"share of the tests that pass, code {where}",
+        ),
+        "all_pass": dict(
+            fn=one(all_pass_many),
+            batch=all_pass_many,
+            takes_problem=True,
+            time_limit_s=None,
+            description=f"1.0 if every test passes, code {where}",
+        ),
     }

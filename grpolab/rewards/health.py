@@ -72,12 +72,22 @@ class RewardFailureStreak:
             if name in log_only:
                 if name not in self.warned:
                     self.warned.add(name)
-                    log.warning("step %d: the log-only reward %r failed on every sample for %d steps in a row "
-                                "(last: %s); training goes on (weight 0)", step, name, count, failing[name])
+                    log.warning(
+                        "step %d: the log-only reward %r failed on every sample for %d steps in a row "
+                        "(last: %s); training goes on (weight 0)",
+                        step,
+                        name,
+                        count,
+                        failing[name],
+                    )
                 continue
             where = f" ({self.fields[name]})" if name in self.fields else ""
-            what = "every sample was invalid" if name == ALL_INVALID else f"reward {name!r}{where} failed on every sample"
-            return (f"step {step}: {what} for {count} consecutive steps (steps {step - count + 1}-{step}); last "
-                    f"error: {failing[name]}. Nothing was learned from these steps: fix the reward (or what it "
-                    f"depends on) and resume the run (with --allow-changes if you edited the reward's source)")
+            what = (
+                "every sample was invalid" if name == ALL_INVALID else f"reward {name!r}{where} failed on every sample"
+            )
+            return (
+                f"step {step}: {what} for {count} consecutive steps (steps {step - count + 1}-{step}); last "
+                f"error: {failing[name]}. Nothing was learned from these steps: fix the reward (or what it "
+                f"depends on) and resume the run (with --allow-changes if you edited the reward's source)"
+            )
         return None

@@ -56,11 +56,11 @@ JUDGE_REWARD = "judge"
 FIELD = "reward.judge"
 PARSE_RULES = {
     "tag": "the number in the last <score>...</score> of the reply (group: exactly G tags, in answer order), "
-           "in [min_score, max_score]; reward (score - min_score) / (max_score - min_score)",
-    "json": "the last JSON object of the reply: its \"score\" (group: \"scores\", a list of G numbers), in "
-            "[min_score, max_score]; reward (score - min_score) / (max_score - min_score)",
+    "in [min_score, max_score]; reward (score - min_score) / (max_score - min_score)",
+    "json": 'the last JSON object of the reply: its "score" (group: "scores", a list of G numbers), in '
+    "[min_score, max_score]; reward (score - min_score) / (max_score - min_score)",
     "yes_no": "p_yes / (p_yes + p_no) of the local judge's next token (yes/no spellings that are one token); "
-              "unparseable when p_yes + p_no < min_yes_no_mass",
+    "unparseable when p_yes + p_no < min_yes_no_mass",
 }
 PLACEHOLDER = re.compile(r"\{(question|answer|answers|reference)\}")
 TAG = re.compile(r"<score>\s*([-+]?\d+(?:\.\d+)?)\s*</score>", re.IGNORECASE)
@@ -89,8 +89,10 @@ def read_rubric(path: str, mode: str) -> str:
     needed = {"question", "answer"} if mode == "pointwise" else {"question", "answers"}
     wrong = "answers" if mode == "pointwise" else "answer"
     if not needed <= found or wrong in found:
-        raise ConfigError(f"{FIELD}.rubric: {path} must contain {' and '.join('{' + n + '}' for n in sorted(needed))} "
-                          f"and not {{{wrong}}} for mode {mode}; it has {sorted(found) or 'no placeholders'}")
+        raise ConfigError(
+            f"{FIELD}.rubric: {path} must contain {' and '.join('{' + n + '}' for n in sorted(needed))} "
+            f"and not {{{wrong}}} for mode {mode}; it has {sorted(found) or 'no placeholders'}"
+        )
     return text
 
 
@@ -128,9 +130,12 @@ def parse_scores(reply: str, rule: str, group_size: int | None = None) -> list[f
     obj = last_json_object(reply)
     value = obj.get("score" if group_size is None else "scores")
     scores = [value] if group_size is None else value
-    if not isinstance(scores, list) or len(scores) != n or not all(
-            isinstance(s, (int, float)) and not isinstance(s, bool) for s in scores):
-        key = "\"score\" (a number)" if group_size is None else f"\"scores\" (a list of {n} numbers)"
+    if (
+        not isinstance(scores, list)
+        or len(scores) != n
+        or not all(isinstance(s, (int, float)) and not isinstance(s, bool) for s in scores)
+    ):
+        key = '"score" (a number)' if group_size is None else f'"scores" (a list of {n} numbers)'
         raise Unparseable(f"JSON without {key}: {json.dumps(obj)[:80]}")
     return [float(s) for s in scores]
 
@@ -213,17 +218,23 @@ _IDENTITIES: dict[str, dict[str, Any]] = {}  # one probe per judge and process: 
 def check_options(o: Mapping[str, Any]) -> None:
     """What the config's types cannot say about reward.judge; ConfigError naming the field."""
     if not str(o.get("model") or "").strip():
-        raise ConfigError(f"{FIELD}.model: expected the judge (a hub id, local directory or bundled: alias; with "
-                          f"{FIELD}.endpoint, the served model's name) when reward.weights has `judge`")
+        raise ConfigError(
+            f"{FIELD}.model: expected the judge (a hub id, local directory or bundled: alias; with "
+            f"{FIELD}.endpoint, the served model's name) when reward.weights has `judge`"
+        )
     if o.get("parse") == "yes_no" and o.get("endpoint"):
-        raise ConfigError(f"{FIELD}.parse: yes_no reads the judge's next-token probabilities, which needs a local "
-                          f"judge ({FIELD}.endpoint empty); use tag or json with an endpoint")
+        raise ConfigError(
+            f"{FIELD}.parse: yes_no reads the judge's next-token probabilities, which needs a local "
+            f"judge ({FIELD}.endpoint empty); use tag or json with an endpoint"
+        )
     if o.get("parse") == "yes_no" and o.get("mode") == "group":
         raise ConfigError(f"{FIELD}.parse: yes_no gives one probability per prompt, so it needs mode pointwise")
     endpoint = str(o.get("endpoint") or "")
     if endpoint and not endpoint.startswith(("http://", "https://")):
-        raise ConfigError(f"{FIELD}.endpoint: expected an http:// or https:// base URL (e.g. "
-                          f"http://127.0.0.1:8000/v1), got {endpoint!r}")
+        raise ConfigError(
+            f"{FIELD}.endpoint: expected an http:// or https:// base URL (e.g. "
+            f"http://127.0.0.1:8000/v1), got {endpoint!r}"
+        )
 
 
 class JudgeReward:
@@ -241,25 +252,41 @@ class JudgeReward:
         self.rubric_sha256 = hashlib.sha256(self.rubric.encode()).hexdigest()
         self.lo, self.hi = float(o["min_score"]), float(o["max_score"])
         self.endpoint = endpoint_from(o) if o.get("endpoint") else None
-        self.local = None if self.endpoint else local or LocalJudge(
-            str(o["model"]), device, o["dtype"], o["batch_size"], o["max_new_tokens"])
+        self.local = (
+            None
+            if self.endpoint
+            else local or LocalJudge(str(o["model"]), device, o["dtype"], o["batch_size"], o["max_new_tokens"])
+        )
         self.cache = JudgeCache(cache_path(str(o["cache"])))
 
     def identity(self) -> dict[str, Any]:
         """The judge's identity: a local judge's weights hash, or an endpoint's URL, model name and what it reports."""
         name = json.dumps([self.options.get("endpoint"), self.options["model"]])
         if name not in _IDENTITIES:
-            _IDENTITIES[name] = self.local.identity() if self.local is not None else {
-                "kind": "endpoint", "base_url": self.endpoint.base_url, "model": self.endpoint.model,
-                "reported": self.endpoint.reported_model()}
+            _IDENTITIES[name] = (
+                self.local.identity()
+                if self.local is not None
+                else {
+                    "kind": "endpoint",
+                    "base_url": self.endpoint.base_url,
+                    "model": self.endpoint.model,
+                    "reported": self.endpoint.reported_model(),
+                }
+            )
         return _IDENTITIES[name]
 
     def settings(self) -> dict[str, Any]:
         """The settings that change a judgement, besides the judge and the rubric (part of the cache key)."""
         o = self.options
-        return {"parse": self.rule, "mode": self.mode, "min_score": self.lo, "max_score": self.hi,
-                "temperature": o["temperature"], "max_new_tokens": o["max_new_tokens"],
-                "min_yes_no_mass": o["min_yes_no_mass"]}
+        return {
+            "parse": self.rule,
+            "mode": self.mode,
+            "min_score": self.lo,
+            "max_score": self.hi,
+            "temperature": o["temperature"],
+            "max_new_tokens": o["max_new_tokens"],
+            "min_yes_no_mass": o["min_yes_no_mass"],
+        }
 
     def units(self, completions: Sequence[str], problems: Sequence[Any]) -> list[tuple[list[int], str]]:
         """(sample indices, rendered judge prompt) of each judgement: one per sample, or one per run of consecutive
@@ -290,9 +317,14 @@ class JudgeReward:
         if self.rule == "yes_no":
             out: list[list[float] | Exception] = []
             for p, mass in self.local.yes_probability(prompts):
-                out.append([p] if mass >= o["min_yes_no_mass"] else Unparseable(
-                    f"the judge put {mass:.3f} of its next-token probability on yes/no (< min_yes_no_mass "
-                    f"{o['min_yes_no_mass']:g}): it did not answer yes or no"))
+                out.append(
+                    [p]
+                    if mass >= o["min_yes_no_mass"]
+                    else Unparseable(
+                        f"the judge put {mass:.3f} of its next-token probability on yes/no (< min_yes_no_mass "
+                        f"{o['min_yes_no_mass']:g}): it did not answer yes or no"
+                    )
+                )
             return out
 
         def parsed(reply: str, size: int | None) -> list[float]:
@@ -306,13 +338,17 @@ class JudgeReward:
         limit, retries = float(o["time_limit_s"]), int(o["retries"])
         workers = max(1, min(int(o["batch_size"]), len(prompts)))
         pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="grpolab-judge")
-        futures = [pool.submit(lambda p=p, n=n: parsed(self.endpoint.complete(p, limit, retries), n))
-                   for p, n in zip(prompts, sizes)]
+        futures = [
+            pool.submit(lambda p=p, n=n: parsed(self.endpoint.complete(p, limit, retries), n))
+            for p, n in zip(prompts, sizes)
+        ]
         rounds = math.ceil(len(prompts) / workers)
         wait(futures, timeout=limit * rounds + 2.0)  # a safety net: each judgement ends within `limit` on its own
         pool.shutdown(wait=False, cancel_futures=True)
-        return [f.exception() or f.result() if f.done() else JudgeCallError(f"no judgement within {limit:g} s")
-                for f in futures]
+        return [
+            f.exception() or f.result() if f.done() else JudgeCallError(f"no judgement within {limit:g} s")
+            for f in futures
+        ]
 
     def __call__(self, completions: Sequence[str], problems: Sequence[Any]) -> list[Scored]:
         units = self.units(completions, problems)
@@ -330,8 +366,15 @@ class JudgeReward:
                     self.cache.put(keys[j], scores)
                 for i, s in zip(idx, scores):
                     value = s if self.rule == "yes_no" else to_reward(s, self.lo, self.hi)
-                    out[i] = Scored(value, extras={"judge/score": s, "judge/cached": float(found[j] is not None),
-                                                   "judge/unparseable": 0.0, "judge/failed": 0.0})
+                    out[i] = Scored(
+                        value,
+                        extras={
+                            "judge/score": s,
+                            "judge/cached": float(found[j] is not None),
+                            "judge/unparseable": 0.0,
+                            "judge/failed": 0.0,
+                        },
+                    )
                 continue
             bad = isinstance(scores, Unparseable)
             extras = {"judge/cached": 0.0, "judge/unparseable": float(bad), "judge/failed": float(not bad)}
@@ -352,9 +395,13 @@ def judge_reward_spec(options: Any, device: Any = None) -> RewardSpec:
     """The RewardSpec of the `judge` reward for config section reward.judge (a dataclass or a mapping)."""
     reward = JudgeReward(options, device)
     where = reward.endpoint.base_url if reward.endpoint else "local"
-    return RewardSpec(lambda completion, problem: reward([completion], [problem])[0],
-                      f"LLM judge {reward.options['model']} ({where}), {reward.mode}, parse {reward.rule}",
-                      time_limit_s=None, takes_problem=True, batch=reward)
+    return RewardSpec(
+        lambda completion, problem: reward([completion], [problem])[0],
+        f"LLM judge {reward.options['model']} ({where}), {reward.mode}, parse {reward.rule}",
+        time_limit_s=None,
+        takes_problem=True,
+        batch=reward,
+    )
 
 
 def judge_record(options: Any) -> dict[str, Any]:
@@ -362,11 +409,19 @@ def judge_record(options: Any) -> dict[str, Any]:
     parse rule and mode, the scale and the call settings."""
     reward = JudgeReward(options)
     o = reward.options
-    return {"judge": reward.identity(), "rubric": o["rubric"], "rubric_sha256": reward.rubric_sha256,
-            "parse": reward.rule, "parse_rule": PARSE_RULES[reward.rule], "mode": reward.mode,
-            "scale": [reward.lo, reward.hi], "cache": o["cache"],
-            **({"time_limit_s": o["time_limit_s"], "retries": o["retries"]} if reward.endpoint else {}),
-            "temperature": o["temperature"], "max_new_tokens": o["max_new_tokens"]}
+    return {
+        "judge": reward.identity(),
+        "rubric": o["rubric"],
+        "rubric_sha256": reward.rubric_sha256,
+        "parse": reward.rule,
+        "parse_rule": PARSE_RULES[reward.rule],
+        "mode": reward.mode,
+        "scale": [reward.lo, reward.hi],
+        "cache": o["cache"],
+        **({"time_limit_s": o["time_limit_s"], "retries": o["retries"]} if reward.endpoint else {}),
+        "temperature": o["temperature"],
+        "max_new_tokens": o["max_new_tokens"],
+    }
 
 
 def judge_card(cfg: Any) -> dict[str, Any]:

@@ -85,15 +85,23 @@ class Endpoint:
         return None
 
     def _attempt(self, prompt: str, timeout_s: float) -> str:
-        body = json.dumps({"model": self.model, "messages": [{"role": "user", "content": prompt}],
-                           "temperature": self.temperature, "max_tokens": self.max_tokens}).encode()
+        body = json.dumps(
+            {
+                "model": self.model,
+                "messages": [{"role": "user", "content": prompt}],
+                "temperature": self.temperature,
+                "max_tokens": self.max_tokens,
+            }
+        ).encode()
         req = urllib.request.Request(self._url("/chat/completions"), data=body, headers=self._headers(), method="POST")
         with urllib.request.urlopen(req, timeout=timeout_s) as resp:
             reply = json.loads(resp.read().decode("utf-8", "replace"))
         try:
             text = reply["choices"][0]["message"]["content"]
         except (KeyError, IndexError, TypeError):
-            raise JudgeCallError(f"the endpoint's reply has no choices[0].message.content: {str(reply)[:120]!r}") from None
+            raise JudgeCallError(
+                f"the endpoint's reply has no choices[0].message.content: {str(reply)[:120]!r}"
+            ) from None
         if not isinstance(text, str):
             raise JudgeCallError(f"the endpoint's reply has no text content: {text!r:.80}")
         return text
@@ -109,28 +117,42 @@ class Endpoint:
                 return self._attempt(prompt, left)
             except urllib.error.HTTPError as e:
                 detail = e.read().decode("utf-8", "replace")[:120] if e.fp else ""
-                why, wait, retryable = f"HTTP {e.code} {detail!r}", retry_after_s(e.headers.get("Retry-After")), e.code in RETRYABLE
+                why, wait, retryable = (
+                    f"HTTP {e.code} {detail!r}",
+                    retry_after_s(e.headers.get("Retry-After")),
+                    e.code in RETRYABLE,
+                )
             except (socket.timeout, TimeoutError):
-                raise JudgeCallError(f"no reply within the time limit of {time_limit_s:g} s "
-                                     f"(attempt {attempt + 1})") from None
+                raise JudgeCallError(
+                    f"no reply within the time limit of {time_limit_s:g} s (attempt {attempt + 1})"
+                ) from None
             except urllib.error.URLError as e:
                 if isinstance(e.reason, (socket.timeout, TimeoutError)):
-                    raise JudgeCallError(f"no reply within the time limit of {time_limit_s:g} s "
-                                         f"(attempt {attempt + 1})") from None
+                    raise JudgeCallError(
+                        f"no reply within the time limit of {time_limit_s:g} s (attempt {attempt + 1})"
+                    ) from None
                 why, wait, retryable = f"cannot reach {self.base_url}: {e.reason}", None, True
             except (ConnectionError, ValueError) as e:  # reset connection, a reply that is not JSON
                 why, wait, retryable = f"{type(e).__name__}: {e}", None, isinstance(e, ConnectionError)
             if not retryable or attempt == retries:
                 raise JudgeCallError(f"{why}; {attempt + 1} attempt(s), {retries} retries allowed")
-            wait = BACKOFF_S * 2 ** attempt if wait is None else wait
+            wait = BACKOFF_S * 2**attempt if wait is None else wait
             if time.monotonic() + wait >= deadline:
-                raise JudgeCallError(f"{why}; the wait before retrying ({wait:g} s) would pass the time limit of "
-                                     f"{time_limit_s:g} s")
+                raise JudgeCallError(
+                    f"{why}; the wait before retrying ({wait:g} s) would pass the time limit of {time_limit_s:g} s"
+                )
             time.sleep(wait)
-        raise JudgeCallError(f"no attempt made ({retries} retries allowed)")  # only with retries < 0, which config forbids
+        raise JudgeCallError(
+            f"no attempt made ({retries} retries allowed)"
+        )  # only with retries < 0, which config forbids
 
 
 def endpoint_from(options: Mapping[str, Any]) -> Endpoint:
     """The Endpoint of a reward.judge section (``endpoint``, ``model``, ``api_key_env``, sampling)."""
-    return Endpoint(str(options["endpoint"]), str(options["model"]), str(options.get("api_key_env") or ""),
-                    float(options.get("temperature", 0.0)), int(options.get("max_new_tokens", 64)))
+    return Endpoint(
+        str(options["endpoint"]),
+        str(options["model"]),
+        str(options.get("api_key_env") or ""),
+        float(options.get("temperature", 0.0)),
+        int(options.get("max_new_tokens", 64)),
+    )

@@ -35,8 +35,16 @@ def single_token_ids(tokenizer, spellings: Sequence[str]) -> list[int]:
 class LocalJudge:
     """A local judge model (module docstring); ``model`` / ``tokenizer`` may be given directly (tests)."""
 
-    def __init__(self, name: str, device: Any = None, dtype: str = "float32", batch_size: int = 8,
-                 max_new_tokens: int = 64, model=None, tokenizer=None):
+    def __init__(
+        self,
+        name: str,
+        device: Any = None,
+        dtype: str = "float32",
+        batch_size: int = 8,
+        max_new_tokens: int = 64,
+        model=None,
+        tokenizer=None,
+    ):
         from ..models.load import resolve_model_path
 
         self.name, self.dtype = name, dtype
@@ -64,8 +72,10 @@ class LocalJudge:
 
     def _chat(self, prompts: Sequence[str]) -> list[str]:
         _, tok = self._loaded()
-        return [tok.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True)
-                for p in prompts]
+        return [
+            tok.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True)
+            for p in prompts
+        ]
 
     @torch.no_grad()
     def yes_probability(self, prompts: Sequence[str]) -> list[tuple[float, float]]:
@@ -73,11 +83,13 @@ class LocalJudge:
         model, tok = self._loaded()
         yes, no = single_token_ids(tok, YES), single_token_ids(tok, NO)
         if not yes or not no:
-            raise ConfigError(f"reward.judge.parse: yes_no needs single tokens for yes and no; the tokenizer of "
-                              f"{self.name} has {len(yes)} and {len(no)}")
+            raise ConfigError(
+                f"reward.judge.parse: yes_no needs single tokens for yes and no; the tokenizer of "
+                f"{self.name} has {len(yes)} and {len(no)}"
+            )
         texts, out = self._chat(prompts), []
         for i in range(0, len(texts), self.batch_size):
-            ids, mask = encode(tok, texts[i: i + self.batch_size], MAX_PROMPT_TOKENS)
+            ids, mask = encode(tok, texts[i : i + self.batch_size], MAX_PROMPT_TOKENS)
             kwargs: dict[str, Any] = {"input_ids": ids.to(self.device), "attention_mask": mask.to(self.device)}
             if "position_ids" in inspect.signature(model.forward).parameters:
                 kwargs["position_ids"] = (kwargs["attention_mask"].cumsum(-1) - 1).clamp(min=0)
@@ -94,8 +106,13 @@ class LocalJudge:
         texts, out = self._chat(prompts), []
         pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
         for i in range(0, len(texts), self.batch_size):
-            ids, mask = encode(tok, texts[i: i + self.batch_size], MAX_PROMPT_TOKENS)
-            gen = model.generate(input_ids=ids.to(self.device), attention_mask=mask.to(self.device), do_sample=False,
-                                 max_new_tokens=self.max_new_tokens, pad_token_id=pad)
-            out += tok.batch_decode(gen[:, ids.shape[1]:], skip_special_tokens=True)
+            ids, mask = encode(tok, texts[i : i + self.batch_size], MAX_PROMPT_TOKENS)
+            gen = model.generate(
+                input_ids=ids.to(self.device),
+                attention_mask=mask.to(self.device),
+                do_sample=False,
+                max_new_tokens=self.max_new_tokens,
+                pad_token_id=pad,
+            )
+            out += tok.batch_decode(gen[:, ids.shape[1] :], skip_special_tokens=True)
         return out

@@ -33,7 +33,10 @@ def result_metrics(results: Sequence[RewardResult]) -> dict[str, float]:
     if not results or not (coded or any(r.extras for r in results)):
         return failed
     counts = Counter(r.reason for r in coded if not r.invalid)
-    out = {**failed, **({f"reward/code/{reason}_frac": counts.get(reason, 0) / n for reason in REASONS} if coded else {})}
+    out = {
+        **failed,
+        **({f"reward/code/{reason}_frac": counts.get(reason, 0) / n for reason in REASONS} if coded else {}),
+    }
     if coded:  # other extras (the reward model's model/raw) are no code outcome
         out["reward/code/pass_frac"] = counts.get(None, 0) / n
     for key in sorted({k for r in results for k in r.extras}):

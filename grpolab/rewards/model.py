@@ -48,8 +48,10 @@ RM_KIND = "reward_model"  # manifest["kind"] of a `grpolab rm train` run directo
 RM_SUBDIR = "model"  # where such a run keeps its final model
 NORM_EPS = 1e-6
 FIELD = "reward.model.path"
-TEMPLATE = ("rm tokenizer's chat template over [user: render_prompt(problem), assistant: completion]; left-truncated "
-            "to max_length, left-padded, scored at the last token")
+TEMPLATE = (
+    "rm tokenizer's chat template over [user: render_prompt(problem), assistant: completion]; left-truncated "
+    "to max_length, left-padded, scored at the last token"
+)
 
 
 def is_rm_run(path: str | Path) -> bool:
@@ -67,13 +69,17 @@ def resolve_rm_path(path: str) -> str:
     """Where the weights of reward model `path` are: a grpolab RM run's ``model/``, a bundled alias's converted
     checkpoint, else `path` (a local directory or a hub id); ConfigError naming reward.model.path otherwise."""
     if not isinstance(path, str) or not path.strip():
-        raise ConfigError(f"{FIELD}: expected a reward model (hub id, local directory or `grpolab rm train` run "
-                          "directory) when reward.weights has `model`, got nothing")
+        raise ConfigError(
+            f"{FIELD}: expected a reward model (hub id, local directory or `grpolab rm train` run "
+            "directory) when reward.weights has `model`, got nothing"
+        )
     if is_rm_run(path):
         model_dir = Path(path) / RM_SUBDIR
         if not (model_dir / "config.json").is_file():
-            raise ConfigError(f"{FIELD}: {path} is a reward-model run without a finished model ({model_dir} has no "
-                              "config.json); the run did not complete")
+            raise ConfigError(
+                f"{FIELD}: {path} is a reward-model run without a finished model ({model_dir} has no "
+                "config.json); the run did not complete"
+            )
         return str(model_dir)
     if path.startswith("bundled:"):
         from ..models.load import resolve_model_path
@@ -89,8 +95,9 @@ def resolve_rm_path(path: str) -> str:
 def rm_text(tokenizer, prompt: str, completion: str) -> str:
     """The text a reward model reads for (prompt, completion): module docstring."""
     if getattr(tokenizer, "chat_template", None):
-        return tokenizer.apply_chat_template([{"role": "user", "content": prompt},
-                                              {"role": "assistant", "content": completion}], tokenize=False)
+        return tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}, {"role": "assistant", "content": completion}], tokenize=False
+        )
     return f"{prompt}\n{completion}"
 
 
@@ -105,8 +112,8 @@ def encode(tokenizer, texts: Sequence[str], max_length: int) -> tuple[torch.Tens
     mask = torch.zeros((len(seqs), width), dtype=torch.long)
     for i, s in enumerate(seqs):
         if s:
-            ids[i, width - len(s):] = torch.tensor(s, dtype=torch.long)
-            mask[i, width - len(s):] = 1
+            ids[i, width - len(s) :] = torch.tensor(s, dtype=torch.long)
+            mask[i, width - len(s) :] = 1
     return ids, mask
 
 
@@ -153,8 +160,9 @@ def load_reward_model(path: str, device: str | torch.device = "cpu"):
         tokenizer = AutoTokenizer.from_pretrained(where)
         model = AutoModelForSequenceClassification.from_pretrained(where, num_labels=1)
     except (OSError, ValueError) as e:
-        raise GrpolabError(f"{FIELD}: cannot load a sequence-classification model from {path!r} "
-                           f"({str(e).splitlines()[0]})") from None
+        raise GrpolabError(
+            f"{FIELD}: cannot load a sequence-classification model from {path!r} ({str(e).splitlines()[0]})"
+        ) from None
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     if model.config.pad_token_id is None:
@@ -168,7 +176,9 @@ class ModelReward:
     ``model`` / ``tokenizer`` may be given directly (tests plant deterministic ones); otherwise they are loaded
     from ``options["path"]`` at the first call."""
 
-    def __init__(self, options: Mapping[str, Any], device: str | torch.device | None = None, model=None, tokenizer=None):
+    def __init__(
+        self, options: Mapping[str, Any], device: str | torch.device | None = None, model=None, tokenizer=None
+    ):
         self.path = str(options.get("path", "") or "")
         self.normalize = bool(options.get("normalize", False))
         self.batch_size = int(options.get("batch_size", 16))
@@ -190,7 +200,7 @@ class ModelReward:
         texts = [rm_text(tok, p, c) for p, c in zip(prompts, completions)]
         out: list[float] = []
         for i in range(0, len(texts), self.batch_size):
-            ids, mask = encode(tok, texts[i: i + self.batch_size], self.max_length)
+            ids, mask = encode(tok, texts[i : i + self.batch_size], self.max_length)
             out += forward_scores(model, ids.to(self.device), mask.to(self.device)).cpu().tolist()
         return out
 
@@ -199,17 +209,25 @@ class ModelReward:
 
         raw = self.raw_scores([render_prompt(p) for p in problems], completions)
         values = normalize_scores(raw) if self.normalize else raw
-        return [Scored(v, extras={"model/raw": r}) if math.isfinite(r) else
-                Scored(None, error=f"the reward model returned {r}") for v, r in zip(values, raw)]
+        return [
+            Scored(v, extras={"model/raw": r})
+            if math.isfinite(r)
+            else Scored(None, error=f"the reward model returned {r}")
+            for v, r in zip(values, raw)
+        ]
 
 
 def model_reward_spec(options: Any, device: Any = None):
     """The RewardSpec of the `model` reward for config section reward.model (a dataclass or a mapping)."""
     opts = _as_mapping(options)
     reward = ModelReward(opts, device)
-    return RewardSpec(lambda completion, problem: reward([completion], [problem])[0],
-                      f"learned reward model {reward.path} (normalize={reward.normalize})", time_limit_s=None,
-                      takes_problem=True, batch=reward)
+    return RewardSpec(
+        lambda completion, problem: reward([completion], [problem])[0],
+        f"learned reward model {reward.path} (normalize={reward.normalize})",
+        time_limit_s=None,
+        takes_problem=True,
+        batch=reward,
+    )
 
 
 def _as_mapping(options: Any) -> dict[str, Any]:
@@ -234,15 +252,25 @@ def reward_model_record(options: Any) -> dict[str, Any]:
         import json
 
         cfg = json.loads((Path(where) / "tokenizer_config.json").read_text(encoding="utf-8"))
-        template = cfg.get("chat_template") or ((Path(where) / "chat_template.jinja").read_text(encoding="utf-8")
-                                                if (Path(where) / "chat_template.jinja").is_file() else "")
+        template = cfg.get("chat_template") or (
+            (Path(where) / "chat_template.jinja").read_text(encoding="utf-8")
+            if (Path(where) / "chat_template.jinja").is_file()
+            else ""
+        )
     except (OSError, ValueError):
         pass
-    return {"path": opts.get("path"), "resolved": where, "weights": hashes["weights"], "tokenizer": hashes["tokenizer"],
-            "chat_template": sha256_bytes(template.encode()) if isinstance(template, str) else None,
-            "template": TEMPLATE, "normalize": bool(opts.get("normalize", False)),
-            "normalization": "per-batch z-score (s - mean) / (std + 1e-6)" if opts.get("normalize") else "none (raw score)",
-            "batch_size": opts.get("batch_size"), "max_length": opts.get("max_length")}
+    return {
+        "path": opts.get("path"),
+        "resolved": where,
+        "weights": hashes["weights"],
+        "tokenizer": hashes["tokenizer"],
+        "chat_template": sha256_bytes(template.encode()) if isinstance(template, str) else None,
+        "template": TEMPLATE,
+        "normalize": bool(opts.get("normalize", False)),
+        "normalization": "per-batch z-score (s - mean) / (std + 1e-6)" if opts.get("normalize") else "none (raw score)",
+        "batch_size": opts.get("batch_size"),
+        "max_length": opts.get("max_length"),
+    }
 
 
 def weighted(weights: Mapping[str, Any] | None) -> bool:
@@ -259,8 +287,11 @@ def reward_model_hashes(record: dict[str, Any] | None) -> dict[str, Any]:
     """The reward model's entries of the manifest's ``hashes`` (none without one)."""
     if not record:
         return {}
-    return {"reward_model_weights": record["weights"], "reward_model_tokenizer": record["tokenizer"],
-            "reward_model_chat_template": record["chat_template"]}
+    return {
+        "reward_model_weights": record["weights"],
+        "reward_model_tokenizer": record["tokenizer"],
+        "reward_model_chat_template": record["chat_template"],
+    }
 
 
 def reward_model_card(cfg: Any) -> dict[str, Any]:

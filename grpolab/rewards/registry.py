@@ -13,8 +13,9 @@ from grpolab.rewards.spec import RewardSpec, env_reward
 REWARD_FUNCTIONS: dict[str, RewardSpec] = {
     "correct": RewardSpec(correctness_reward, "1.0 if the last boxed answer (or last number) equals the gold answer"),
     "format": RewardSpec(format_reward, "1.0 if the completion contains \\boxed{"),
-    "env": RewardSpec(env_reward, "an agent environment's reward() at the end of the episode (grpolab.agents)",
-                      takes_problem=True),
+    "env": RewardSpec(
+        env_reward, "an agent environment's reward() at the end of the episode (grpolab.agents)", takes_problem=True
+    ),
     **{name: RewardSpec(**kwargs) for name, kwargs in code_reward_specs().items()},
 }
 CODE_REWARDS = ("pass_fraction", "all_pass")

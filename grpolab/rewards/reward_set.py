@@ -72,9 +72,17 @@ class RewardSet:
     the config field (or ``rewards['name']``) each came from.
     """
 
-    def __init__(self, weights: dict[str, float], functions: dict[str, str] | None = None, time_limit_s: float | None = 5.0,
-                 sandbox: Mapping[str, Any] | None = None, callables: Mapping[str, Callable[..., Any]] | None = None,
-                 model: Any = None, device: Any = None, judge: Any = None):
+    def __init__(
+        self,
+        weights: dict[str, float],
+        functions: dict[str, str] | None = None,
+        time_limit_s: float | None = 5.0,
+        sandbox: Mapping[str, Any] | None = None,
+        callables: Mapping[str, Callable[..., Any]] | None = None,
+        model: Any = None,
+        device: Any = None,
+        judge: Any = None,
+    ):
         from .judge import JUDGE_REWARD, judge_reward_spec
         from .model import MODEL_REWARD, model_reward_spec
         from .user import callable_label, check_reward_callable, load_reward_function
@@ -97,8 +105,10 @@ class RewardSet:
             field_path = f"reward.functions.{name}"
             self._check_name(field_path, name)
             if name not in self.weights:
-                raise ConfigError(f"{field_path}: defined but not weighted; add reward.weights.{name} (0 logs it "
-                                  "without training on it)")
+                raise ConfigError(
+                    f"{field_path}: defined but not weighted; add reward.weights.{name} (0 logs it "
+                    "without training on it)"
+                )
             self._add_user(name, load_reward_function(field_path, ref), field_path, f"user reward {ref}", time_limit_s)
         for name, fn in (callables or {}).items():
             field_path = f"rewards[{name!r}]"
@@ -106,8 +116,9 @@ class RewardSet:
             if name not in self.weights:
                 raise ConfigError(f"{field_path}: passed in but not weighted; add reward.weights.{name} (e.g. 1.0)")
             label = callable_label(fn)
-            self._add_user(name, check_reward_callable(field_path, fn, label), field_path, f"python reward {label}",
-                           time_limit_s)
+            self._add_user(
+                name, check_reward_callable(field_path, fn, label), field_path, f"python reward {label}", time_limit_s
+            )
         unknown = [name for name in self.weights if name not in self.specs]
         if unknown:
             raise ConfigError(
@@ -123,8 +134,9 @@ class RewardSet:
         if name in self.user:
             raise ConfigError(f"{field_path}: {name!r} is already defined by {self.fields[name]}; use one of them")
 
-    def _add_user(self, name: str, fn: Callable[..., Any], field_path: str, description: str,
-                  limit_s: float | None) -> None:
+    def _add_user(
+        self, name: str, fn: Callable[..., Any], field_path: str, description: str, limit_s: float | None
+    ) -> None:
         from .user import is_batched
 
         self.user[name], self.fields[name] = fn, field_path
@@ -159,8 +171,11 @@ class RewardSet:
         """{name: source hash} of the Python callables passed in (config functions are hashed by file)."""
         from .user import callable_source_hash
 
-        return {name: callable_source_hash(fn) for name, fn in sorted(self.user.items())
-                if self.fields[name].startswith("rewards[")}
+        return {
+            name: callable_source_hash(fn)
+            for name, fn in sorted(self.user.items())
+            if self.fields[name].startswith("rewards[")
+        }
 
     def score(self, completion: str, problem: Problem) -> RewardResult:
         return self.score_many([completion], [problem])[0]
@@ -182,18 +197,27 @@ class RewardSet:
             except Exception as exc:  # the whole batch failed: every sample says why
                 return [exc] * len(completions)
             if len(out) != len(completions):
-                return [RewardShapeError(f"returned {len(out)} results for {len(completions)} completions")] * len(completions)
+                return [RewardShapeError(f"returned {len(out)} results for {len(completions)} completions")] * len(
+                    completions
+                )
             return out
         takes_problem = spec.takes_problem or name in self.user
         out: list[Any] = []
         for completion, problem in zip(completions, problems):
             if not takes_problem and is_code_problem(problem):
-                out.append(TypeError(f"compares a final answer, but {problem.uid} is a code problem; weight "
-                                     "pass_fraction or all_pass instead"))
+                out.append(
+                    TypeError(
+                        f"compares a final answer, but {problem.uid} is a code problem; weight "
+                        "pass_fraction or all_pass instead"
+                    )
+                )
                 continue
             try:
-                out.append(call_with_time_limit(spec.fn, (completion, problem if takes_problem else problem.answer),
-                                                spec.time_limit_s))
+                out.append(
+                    call_with_time_limit(
+                        spec.fn, (completion, problem if takes_problem else problem.answer), spec.time_limit_s
+                    )
+                )
             except Exception as exc:  # a broken reward must be visible, never a silent 0
                 out.append(exc)
         return out

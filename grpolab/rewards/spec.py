@@ -29,5 +29,7 @@ class RewardSpec:
 def env_reward(completion: str, problem: Problem) -> float:
     """The registry entry of the ``env`` reward (grpolab.rewards): an agent environment's reward() at the end of an
     episode (grpolab.training.agent_batch), so it cannot score a text on its own."""
-    raise TypeError("the env reward is an agent environment's reward() at the end of an episode; weight it only "
-                    "with task.name: agent")
+    raise TypeError(
+        "the env reward is an agent environment's reward() at the end of an episode; weight it only "
+        "with task.name: agent"
+    )

@@ -97,7 +97,9 @@ def load_reward_function(field: str, ref: Any) -> Callable[..., Any]:
     fn = getattr(module, fn_name, None)
     if fn is None:
         known = sorted(n for n, v in vars(module).items() if inspect.isfunction(v) and not n.startswith("_"))
-        raise ConfigError(f"{field}: {where} has no function {fn_name!r}; functions there: {', '.join(known) or 'none'}")
+        raise ConfigError(
+            f"{field}: {where} has no function {fn_name!r}; functions there: {', '.join(known) or 'none'}"
+        )
     return check_reward_callable(field, fn, f"{where}:{fn_name}")
 
 

@@ -66,8 +66,9 @@ def call_with_time_limit(fn: Callable[..., Any], args: tuple, limit_s: float | N
     return box["value"]
 
 
-def call_batched(fn: Callable[..., Any], limit_s: float | None, completions: Sequence[str],
-                 problems: Sequence[Problem]) -> list[Any]:
+def call_batched(
+    fn: Callable[..., Any], limit_s: float | None, completions: Sequence[str], problems: Sequence[Problem]
+) -> list[Any]:
     """fn(completions, problems) of a batched user reward under one time limit for the whole call; a return that is
     not a list or tuple of one value per completion raises RewardShapeError."""
     try:
@@ -75,9 +76,11 @@ def call_batched(fn: Callable[..., Any], limit_s: float | None, completions: Seq
     except TimeoutError as exc:
         raise TimeoutError(f"{exc} (one batched call for {len(completions)} completions)") from None
     if not isinstance(out, (list, tuple)):
-        raise RewardShapeError(f"returned {type(out).__name__} {out!r:.40}, expected a list of one float or None "
-                               f"per completion")
+        raise RewardShapeError(
+            f"returned {type(out).__name__} {out!r:.40}, expected a list of one float or None per completion"
+        )
     if len(out) != len(completions):
-        raise RewardShapeError(f"returned {len(out)} results for {len(completions)} completions; expected one float "
-                               f"or None per completion")
+        raise RewardShapeError(
+            f"returned {len(out)} results for {len(completions)} completions; expected one float or None per completion"
+        )
     return list(out)

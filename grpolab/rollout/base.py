@@ -69,7 +69,8 @@ class Rollout:
             truncated=self.truncated[idx],
             group=self.group[idx],
             texts=[self.texts[i] for i in idx.tolist()],
-            sampler_logprobs_untruncated=None if self.sampler_logprobs_untruncated is None
+            sampler_logprobs_untruncated=None
+            if self.sampler_logprobs_untruncated is None
             else self.sampler_logprobs_untruncated[idx],
             loss_mask=None if self.loss_mask is None else self.loss_mask[idx],
         )

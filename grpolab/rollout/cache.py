@@ -45,14 +45,14 @@ if DynamicLayer is not None:
             self._views()
 
         def _views(self) -> None:
-            self.keys, self.values = self._keys[:, :, :self.length], self._values[:, :, :self.length]
+            self.keys, self.values = self._keys[:, :, : self.length], self._values[:, :, : self.length]
 
         def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
             end = self.length + key_states.shape[-2]
             if end > self._keys.shape[-2]:
                 self._keys, self._values = _buffer(self.keys, 2 * end), _buffer(self.values, 2 * end)
-            self._keys[:, :, self.length:end] = key_states
-            self._values[:, :, self.length:end] = value_states
+            self._keys[:, :, self.length : end] = key_states
+            self._values[:, :, self.length : end] = value_states
             self.length = end
             self._views()
             return self.keys, self.values

@@ -88,13 +88,19 @@ def check_finite(z: torch.Tensor, lse: torch.Tensor, rows: torch.Tensor | None =
     where = bad.nonzero().flatten().tolist()
     b = where[0]
     row = int(rows[b]) if rows is not None else b
-    kind = ("a NaN logit" if bool(torch.isnan(z[b]).any()) else
-            "a +inf logit" if bool(torch.isposinf(z[b]).any()) else "every logit -inf")
+    kind = (
+        "a NaN logit"
+        if bool(torch.isnan(z[b]).any())
+        else "a +inf logit"
+        if bool(torch.isposinf(z[b]).any())
+        else "every logit -inf"
+    )
     more = f" (and {len(where) - 1} more row{'s' if len(where) > 2 else ''})" if len(where) > 1 else ""
     raise NonFiniteLogitsError(
         f"sampling: row {row} of the batch{more} has {kind} (logits / temperature); there is no distribution to "
         f"sample from -- the model's weights or activations are not finite (a diverged update, e.g. too high a "
-        f"learning rate) or the temperature is not a positive finite number")
+        f"learning rate) or the temperature is not a positive finite number"
+    )
 
 
 CDF_BLOCK = 1024  # vocabulary entries per block of the two-level inverse CDF
@@ -128,7 +134,11 @@ def inverse_cdf(p: torch.Tensor, uniform: torch.Tensor) -> tuple[torch.Tensor, t
 
 
 def sample_tokens(
-    logits: torch.Tensor, temperature: float, uniform: torch.Tensor | None, top_k: int = 0, top_p: float = 1.0,
+    logits: torch.Tensor,
+    temperature: float,
+    uniform: torch.Tensor | None,
+    top_k: int = 0,
+    top_p: float = 1.0,
     rows: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One decode step: (token [B], log q(token) [B], log q_full(token) [B]) from logits [B, V].
@@ -185,8 +195,13 @@ class TextStop:
 
 def step_logits(model, tok: torch.Tensor, attn: torch.Tensor, pos: torch.Tensor, cache) -> torch.Tensor:
     """Logits [B, V] of one new token per row, the KV cache `cache` growing in place."""
-    out = model(input_ids=tok.unsqueeze(-1), attention_mask=attn, position_ids=pos.unsqueeze(-1), use_cache=True,
-                **cache_kwarg(model, cache))
+    out = model(
+        input_ids=tok.unsqueeze(-1),
+        attention_mask=attn,
+        position_ids=pos.unsqueeze(-1),
+        use_cache=True,
+        **cache_kwarg(model, cache),
+    )
     return out.logits[:, -1]
 
 
@@ -227,8 +242,9 @@ def decode_groups(
     (rollout/stop.py), asked after each token that may change its answer; a row it ends is finished like a row that
     sampled a stop token (not truncated). The prefill is this function's; the sampling is `sample_loop`'s."""
     positions = (prompt_mask.cumsum(-1) - 1).clamp(min=0)
-    out = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=positions, use_cache=True,
-                logits_to_keep=1)
+    out = model(
+        input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=positions, use_cache=True, logits_to_keep=1
+    )
     cache = getattr(out, "cache", None) or out.past_key_values
     if group_size > 1:
         cache.batch_repeat_interleave(group_size)
@@ -236,9 +252,20 @@ def decode_groups(
         preallocate(cache, prompt_ids.shape[1] + max_new_tokens)
     logits = out.logits[:, -1].repeat_interleave(group_size, dim=0)
     attn = prompt_mask.repeat_interleave(group_size, dim=0)
-    loop = SamplingLoop(max_new_tokens, temperature, stop_ids, pad_id, greedy=greedy, top_k=top_k, top_p=top_p,
-                        group_size=group_size, generators=generators, prepack=prepack, compact=compact,
-                        stop_check=stop_check)
+    loop = SamplingLoop(
+        max_new_tokens,
+        temperature,
+        stop_ids,
+        pad_id,
+        greedy=greedy,
+        top_k=top_k,
+        top_p=top_p,
+        group_size=group_size,
+        generators=generators,
+        prepack=prepack,
+        compact=compact,
+        stop_check=stop_check,
+    )
     return sample_loop(model, logits, cache, attn, loop)
 
 
@@ -266,8 +293,14 @@ class SamplingLoop:
 OnStop = Callable[[object, torch.Tensor, torch.Tensor, torch.Tensor], None]
 
 
-def sample_loop(model: torch.nn.Module, logits: torch.Tensor, cache, attn: torch.Tensor, loop: SamplingLoop,
-                on_stop: OnStop | None = None) -> Decoded:
+def sample_loop(
+    model: torch.nn.Module,
+    logits: torch.Tensor,
+    cache,
+    attn: torch.Tensor,
+    loop: SamplingLoop,
+    on_stop: OnStop | None = None,
+) -> Decoded:
     """The sampling loop of generation (decode_groups) and agent turns (agents/turns.py), after their prefills.
 
     logits [N, V]: each row's next-token logits; cache: the batch KV cache of the tokens read (row i attends where

@@ -54,12 +54,25 @@ class HFEngine:
     """decoder "grpolab": our decode loop (rollout/decode.py: prefill once per group, finished rows leave the
     batch, inverse-CDF sampling); "hf": `model.generate`, the plain path it is tested against."""
 
-    def __init__(self, policy: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, dtype: torch.dtype,
-                 decoder: str = "grpolab", own_copy: bool = False, cpu_fast_paths: bool = True,
-                 preallocate_kv_cache: bool = True):
+    def __init__(
+        self,
+        policy: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        dtype: torch.dtype,
+        decoder: str = "grpolab",
+        own_copy: bool = False,
+        cpu_fast_paths: bool = True,
+        preallocate_kv_cache: bool = True,
+    ):
         if decoder not in DECODERS:
-            removed = (f" ({decoder!r} was removed: it sampled the same tokens as 'grpolab', no faster in a GRPO step; "
-                       f"docs/performance.md keeps its measurement)") if decoder in REMOVED_DECODERS else ""
+            removed = (
+                (
+                    f" ({decoder!r} was removed: it sampled the same tokens as 'grpolab', no faster in a GRPO step; "
+                    f"docs/performance.md keeps its measurement)"
+                )
+                if decoder in REMOVED_DECODERS
+                else ""
+            )
             expected = ", ".join(map(repr, DECODERS))
             raise ValueError(f"rollout.decoder: expected one of {expected}, got {decoder!r}{removed}")
         self.decoder, self.cpu_fast_paths, self.preallocate_kv_cache = decoder, cpu_fast_paths, preallocate_kv_cache
@@ -103,15 +116,37 @@ class HFEngine:
         want_logp = params.logprobs and not params.greedy
         if self.decoder != "hf":
             temperature = 1.0 if params.greedy else params.temperature
-            args = (self.model, ids, mask, g, params.max_new_tokens, temperature, self.stop_ids,
-                    self.tokenizer.pad_token_id)
-            kwargs = dict(greedy=params.greedy, top_k=params.top_k, top_p=params.top_p, generators=generators,
-                          prepack=self.cpu_fast_paths, stop_check=self.text_stop(params.stop_rule))
+            args = (
+                self.model,
+                ids,
+                mask,
+                g,
+                params.max_new_tokens,
+                temperature,
+                self.stop_ids,
+                self.tokenizer.pad_token_id,
+            )
+            kwargs = dict(
+                greedy=params.greedy,
+                top_k=params.top_k,
+                top_p=params.top_p,
+                generators=generators,
+                prepack=self.cpu_fast_paths,
+                stop_check=self.text_stop(params.stop_rule),
+            )
             with eval_mode(self.model):
                 d = decode_groups(*args, preallocate_cache=self.preallocate_kv_cache, **kwargs)
             if not want_logp:
-                return self._rollout(ids, mask, g, d.tokens, d.mask, torch.full(d.tokens.shape, float("nan"), device=device), None,
-                                     d.truncated)
+                return self._rollout(
+                    ids,
+                    mask,
+                    g,
+                    d.tokens,
+                    d.mask,
+                    torch.full(d.tokens.shape, float("nan"), device=device),
+                    None,
+                    d.truncated,
+                )
             return self._rollout(ids, mask, g, d.tokens, d.mask, d.logprobs, d.logprobs_untruncated, d.truncated)
         if seeds is not None:
             raise ValueError("per-group seeds need rollout.decoder: grpolab (transformers' generate has one RNG)")
@@ -123,15 +158,28 @@ class HFEngine:
         """`model.generate`; the sampled logprobs come from its processed scores (what it drew from: logits / T,
         top-k, top-p), the untruncated ones from its raw logits -- one and the same when nothing is truncated."""
         cut = want_logp and (params.top_k > 0 or params.top_p < 1.0)
-        sampling = {} if params.greedy else {
-            "temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k or None,
-        }
+        sampling = (
+            {}
+            if params.greedy
+            else {
+                "temperature": params.temperature,
+                "top_p": params.top_p,
+                "top_k": params.top_k or None,
+            }
+        )
         with eval_mode(self.model):
             out = self.model.generate(
-                input_ids=ids, attention_mask=mask, max_new_tokens=params.max_new_tokens,
-                num_return_sequences=g, do_sample=not params.greedy, pad_token_id=self.tokenizer.pad_token_id,
-                eos_token_id=self.stop_ids, return_dict_in_generate=True, output_logits=want_logp,
-                output_scores=cut, **sampling,
+                input_ids=ids,
+                attention_mask=mask,
+                max_new_tokens=params.max_new_tokens,
+                num_return_sequences=g,
+                do_sample=not params.greedy,
+                pad_token_id=self.tokenizer.pad_token_id,
+                eos_token_id=self.stop_ids,
+                return_dict_in_generate=True,
+                output_logits=want_logp,
+                output_scores=cut,
+                **sampling,
             )
         comp = out.sequences[:, ids.shape[1] :]
         cmask, truncated = completion_mask(comp, self.stop_ids)
@@ -141,8 +189,13 @@ class HFEngine:
 
         def per_step(steps, temperature: float) -> torch.Tensor:
             # one decode step at a time: never a [N, Lc, V] copy of the logits; pads (maybe -inf) become 0
-            logp = torch.stack([token_logprobs(step.unsqueeze(1), comp[:, t : t + 1], temperature)[:, 0]
-                                for t, step in enumerate(steps)], dim=1).float()
+            logp = torch.stack(
+                [
+                    token_logprobs(step.unsqueeze(1), comp[:, t : t + 1], temperature)[:, 0]
+                    for t, step in enumerate(steps)
+                ],
+                dim=1,
+            ).float()
             return logp.masked_fill(cmask == 0, 0.0)
 
         full = per_step(out.logits, params.temperature)
@@ -150,7 +203,9 @@ class HFEngine:
         return self._rollout(ids, mask, g, comp, cmask, sampled, full if cut else None, truncated)
 
     def _rollout(self, ids, mask, g, comp, cmask, logp, logp_untruncated, truncated) -> Rollout:
-        texts = self.tokenizer.batch_decode(comp * cmask + self.tokenizer.pad_token_id * (1 - cmask), skip_special_tokens=True)
+        texts = self.tokenizer.batch_decode(
+            comp * cmask + self.tokenizer.pad_token_id * (1 - cmask), skip_special_tokens=True
+        )
         return Rollout(
             prompt_ids=ids.repeat_interleave(g, dim=0),
             prompt_mask=mask.repeat_interleave(g, dim=0),

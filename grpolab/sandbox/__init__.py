@@ -20,5 +20,15 @@ from .limits import SandboxLimits
 from .pool import SandboxPool, shared_pool
 from .runner import REASONS, CaseResult, ExecResult, Job, run_job
 
-__all__ = ["REASONS", "CaseResult", "ExecResult", "Isolation", "Job", "SandboxLimits", "SandboxPool", "detect",
-           "run_job", "shared_pool"]
+__all__ = [
+    "REASONS",
+    "CaseResult",
+    "ExecResult",
+    "Isolation",
+    "Job",
+    "SandboxLimits",
+    "SandboxPool",
+    "detect",
+    "run_job",
+    "shared_pool",
+]

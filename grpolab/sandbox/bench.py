@@ -54,10 +54,15 @@ def measure(n: int, limits: SandboxLimits) -> dict:
     elapsed = time.perf_counter() - t0
     pool.close()
     assert all(r.all_passed for r in results)
-    return {"isolation": isolation.name, "n": n, "slots": pool.size,
-            "overhead_median_ms": round(1000 * statistics.median(latencies), 1),
-            "overhead_p95_ms": round(1000 * percentile(latencies, 0.95), 1),
-            "programs_per_s": round(n / elapsed, 2), "load_average_1min": round(os.getloadavg()[0], 2)}
+    return {
+        "isolation": isolation.name,
+        "n": n,
+        "slots": pool.size,
+        "overhead_median_ms": round(1000 * statistics.median(latencies), 1),
+        "overhead_p95_ms": round(1000 * percentile(latencies, 0.95), 1),
+        "programs_per_s": round(n / elapsed, 2),
+        "load_average_1min": round(os.getloadavg()[0], 2),
+    }
 
 
 def main() -> None:

@@ -51,9 +51,10 @@ class Arch:
     denied: tuple[int, ...]
 
 
-ARCHES = {"x86_64": Arch(0xC000003E, 155, 56, 435, 157, (41, 425, 248, 249, 250, 29, 64, 68, 240, 272, 308, 53, 319)),
-          "aarch64": Arch(0xC00000B7, 41, 220, 435, 167, (198, 425, 217, 218, 219, 194, 190, 186, 180, 97, 268, 199,
-                                                         279))}
+ARCHES = {
+    "x86_64": Arch(0xC000003E, 155, 56, 435, 157, (41, 425, 248, 249, 250, 29, 64, 68, 240, 272, 308, 53, 319)),
+    "aarch64": Arch(0xC00000B7, 41, 220, 435, 167, (198, 425, 217, 218, 219, 194, 190, 186, 180, 97, 268, 199, 279)),
+}
 
 
 def _libc():
@@ -122,8 +123,13 @@ def _scratch(root: str, cfg: dict) -> None:
     and /dev/shm."""
     stage, uid = os.path.join(root, ".scratch"), cfg.get("uid")
     os.mkdir(stage, 0o700)
-    mount("tmpfs", stage, "tmpfs", MS_NOSUID | MS_NODEV,
-          f"size={int(cfg['disk_mb'])}m,nr_inodes={int(cfg['max_files']) + 5},mode=0755")
+    mount(
+        "tmpfs",
+        stage,
+        "tmpfs",
+        MS_NOSUID | MS_NODEV,
+        f"size={int(cfg['disk_mb'])}m,nr_inodes={int(cfg['max_files']) + 5},mode=0755",
+    )
     for name, target in (("tmp", "/tmp"), ("var-tmp", "/var/tmp"), ("shm", "/dev/shm"), ("work", cfg["home"])):
         os.mkdir(os.path.join(stage, name), 0o700 if name == "work" else 0o1777)
         os.chmod(os.path.join(stage, name), 0o700 if name == "work" else 0o1777)
@@ -175,7 +181,9 @@ def _copy(src_fd: int, size: int, dst: str, mode: int) -> None:
 
 def _loaded_files() -> set[str]:
     """The files of the modules this process imported already (the worker, its fork, never opens them again)."""
-    return {os.path.realpath(f) for m in list(sys.modules.values()) if isinstance(f := getattr(m, "__file__", None), str)}
+    return {
+        os.path.realpath(f) for m in list(sys.modules.values()) if isinstance(f := getattr(m, "__file__", None), str)
+    }
 
 
 def _devices(root: str) -> None:
@@ -217,7 +225,7 @@ def _use_private_path(image: dict) -> None:
     for module in list(sys.modules.values()):
         path = getattr(module, "__path__", None)
         if type(path) is list:
-            path[:] = [image["zip_path"] + "/" + p[len(stdlib):] if p.startswith(stdlib) else p for p in path]
+            path[:] = [image["zip_path"] + "/" + p[len(stdlib) :] if p.startswith(stdlib) else p for p in path]
     sys.path_importer_cache.clear()
     importlib.invalidate_caches()
 
@@ -306,15 +314,27 @@ def seccomp_program(arch: Arch) -> list[tuple[int, int, int, int]]:
     allow, eacces, enosys = 0x7FFF0000, 0x00050000 | 13, 0x00050000 | 38
     # (op, k, jump if true, jump if false): a jump names a label below, None is the next instruction
     steps: list = [
-        ("ld", 4, None, None), ("jeq", arch.audit, None, "deny"),
-        ("ld", 0, None, None), ("jge", 0x40000000, "deny", None),
-        ("jeq", arch.clone3, "enosys", None), ("jeq", arch.clone, "clone", None), ("jeq", arch.prctl, "prctl", None),
+        ("ld", 4, None, None),
+        ("jeq", arch.audit, None, "deny"),
+        ("ld", 0, None, None),
+        ("jge", 0x40000000, "deny", None),
+        ("jeq", arch.clone3, "enosys", None),
+        ("jeq", arch.clone, "clone", None),
+        ("jeq", arch.prctl, "prctl", None),
         *[("jeq", nr, "deny", None) for nr in arch.denied],
         ("ret", allow, None, None),
-        "clone", ("ld", 16, None, None), ("jset", CLONE_NAMESPACES, "deny", None), ("ret", allow, None, None),
-        "prctl", ("ld", 16, None, None), ("jeq", PR_SET_DUMPABLE, "deny", None), ("ret", allow, None, None),
-        "deny", ("ret", eacces, None, None),
-        "enosys", ("ret", enosys, None, None),
+        "clone",
+        ("ld", 16, None, None),
+        ("jset", CLONE_NAMESPACES, "deny", None),
+        ("ret", allow, None, None),
+        "prctl",
+        ("ld", 16, None, None),
+        ("jeq", PR_SET_DUMPABLE, "deny", None),
+        ("ret", allow, None, None),
+        "deny",
+        ("ret", eacces, None, None),
+        "enosys",
+        ("ret", enosys, None, None),
     ]
     codes = {"ld": 0x20, "jeq": 0x15, "jge": 0x35, "jset": 0x45, "ret": 0x06}
     labels, insns = {}, []

@@ -18,6 +18,8 @@ from .limits import SandboxLimits
 from .runner import Job, run_job
 
 log = logging.getLogger("grpolab")
+
+
 def prefix_closed(uid_drop: bool, python: str) -> str | None:
     """Without a mount namespace the sandbox uid must reach the interpreter's files itself: the first directory
     on the way that others may not enter, else None."""
@@ -42,8 +44,12 @@ def probe(candidate: Isolation, limits: SandboxLimits) -> str | None:
         closed = prefix_closed(True, limits.python)
         if closed:
             return f"{closed} is closed to other users, so the sandbox uid cannot load the interpreter"
-    result = run_job(Job("def f(x):\n    return [x, {'k': (x,)}]\n", ("assert f(2) == [2, {'k': (2,)}]",)),
-                     replace(limits, wall_s=max(limits.wall_s, 10.0), cpu_s=max(limits.cpu_s, 5.0)), candidate, 0)
+    result = run_job(
+        Job("def f(x):\n    return [x, {'k': (x,)}]\n", ("assert f(2) == [2, {'k': (2,)}]",)),
+        replace(limits, wall_s=max(limits.wall_s, 10.0), cpu_s=max(limits.cpu_s, 5.0)),
+        candidate,
+        0,
+    )
     if result.all_passed:
         return None
     return result.infra_error or f"{result.reason}: {result.detail}"
@@ -74,5 +80,7 @@ def detect(limits: SandboxLimits) -> Isolation:
                 _found[key] = candidate
                 return candidate
             tried.append(f"{candidate.name!r} failed: {why}")
-        raise SandboxError("sandbox: no setup could run a program here (" + "; ".join(tried) + "); "
-                           "set reward.sandbox.python to an interpreter the sandbox user can read")
+        raise SandboxError(
+            "sandbox: no setup could run a program here (" + "; ".join(tried) + "); "
+            "set reward.sandbox.python to an interpreter the sandbox user can read"
+        )

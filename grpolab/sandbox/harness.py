@@ -72,9 +72,21 @@ except ImportError:  # started by the runner as a top-level module
 LIMIT_ERRNOS = {errno.EFBIG, errno.EMFILE, errno.ENFILE, errno.EAGAIN, errno.ENOSPC, errno.ENOMEM}
 LOAD_REASONS = ("syntax", "error", "limit", "exit")
 OPS = {
-    "value": lambda o: o, "call": lambda o, *a, **k: o(*a, **k), "getattr": getattr, "setattr": setattr,
-    "getitem": operator.getitem, "list": list, "len": len, "bool": bool, "str": str, "repr": repr, "eq": operator.eq,
-    "lt": operator.lt, "le": operator.le, "gt": operator.gt, "ge": operator.ge,
+    "value": lambda o: o,
+    "call": lambda o, *a, **k: o(*a, **k),
+    "getattr": getattr,
+    "setattr": setattr,
+    "getitem": operator.getitem,
+    "list": list,
+    "len": len,
+    "bool": bool,
+    "str": str,
+    "repr": repr,
+    "eq": operator.eq,
+    "lt": operator.lt,
+    "le": operator.le,
+    "gt": operator.gt,
+    "ge": operator.ge,
 }
 # the judge ignores every signal it can (it has no timer: its deadline is a bound on each wait): SIGKILL and
 # SIGSTOP cannot be ignored (and cannot reach it from the program: another uid, or init of its PID namespace),
@@ -115,6 +127,7 @@ def load_reason(exc: BaseException, compiling: bool) -> str:
 
 def serve(rfd: int, wfd: int, handles: list) -> None:
     """Answer the judge's requests until its pipe closes."""
+
     def handle_of(v: object) -> dict:
         handles.append(v)
         return {"h": len(handles) - 1}
@@ -201,7 +214,9 @@ def classify(exc: BaseException) -> tuple[str, str]:
     ('wrong_answer', 'error')
     """
     if isinstance(exc, RemoteError):
-        reason = {"MemoryError": "limit", "SystemExit": "exit", "KeyboardInterrupt": "exit"}.get(exc.remote_type, "error")
+        reason = {"MemoryError": "limit", "SystemExit": "exit", "KeyboardInterrupt": "exit"}.get(
+            exc.remote_type, "error"
+        )
         reason = "limit" if exc.remote_errno in LIMIT_ERRNOS else reason
         return reason, f"the program raised {exc.remote_type}: {_text(exc)}"[:300]
     if isinstance(exc, OpaqueValue):
@@ -285,7 +300,7 @@ def run_cases(namespace: dict, setup, codes: list, results: list, deadline: floa
     except BaseException as exc:
         reason, detail = classify(exc)
         results.extend([{"ok": False, "reason": reason, "detail": "test setup failed: " + detail}] * len(codes))
-    for code in codes[len(results):]:
+    for code in codes[len(results) :]:
         if time.monotonic() >= deadline:
             raise Deadline()
         failed.clear()
@@ -308,7 +323,9 @@ def judge(conn: Conn, tests: dict, codes: list, setup, deadline: float) -> dict:
     program does or sends decides only its own results: every exception ends as that program's failure, but a
     worker that could not be set up (SandboxFailure: no verdict)."""
     results: list[dict] = []
-    fill = lambda reason, detail: results.extend([{"ok": False, "reason": reason, "detail": detail}] * (len(codes) - len(results)))  # noqa: E731
+    fill = lambda reason, detail: results.extend(
+        [{"ok": False, "reason": reason, "detail": detail}] * (len(codes) - len(results))
+    )  # noqa: E731
     try:
         started = conn.reply()
         if type(started) is not dict or not started.get("started"):

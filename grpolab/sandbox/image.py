@@ -34,16 +34,83 @@ from dataclasses import dataclass
 log = logging.getLogger("grpolab")
 
 # standard-library packages and modules a program has no use for in a judge (tests, GUI, installers, docs)
-SKIPPED_PACKAGES = frozenset({"test", "idlelib", "tkinter", "turtledemo", "lib2to3", "ensurepip", "distutils",
-                              "pydoc_data", "venv", "msilib", "site-packages", "dist-packages", "__pycache__",
-                              "asyncio", "xmlrpc", "wsgiref", "multiprocessing", "curses", "dbm", "sqlite3"})
-SKIPPED_MODULES = frozenset({"turtle.py", "pydoc.py", "mailbox.py", "smtplib.py", "imaplib.py", "nntplib.py",
-                             "poplib.py", "ftplib.py", "telnetlib.py", "smtpd.py", "cgi.py", "cgitb.py"})
-SKIPPED_EXTENSIONS = ("_test", "xx", "_xx", "_ctypes_test", "_tkinter", "_curses", "readline", "_dbm", "_gdbm", "nis",
-                      "_sqlite3", "_ssl", "_hashlib", "ossaudiodev", "spwd", "_crypt", "_codecs_", "audioop", "_asyncio",
-                      "_multiprocessing", "_posixshmem", "_lsprof", "syslog", "termios")
-LOADED_LIBS = ("libc.so", "libm.so", "libpthread.so", "libdl.so", "librt.so", "ld-linux", "libpython", "linux-vdso",
-               "ld64.so")
+SKIPPED_PACKAGES = frozenset(
+    {
+        "test",
+        "idlelib",
+        "tkinter",
+        "turtledemo",
+        "lib2to3",
+        "ensurepip",
+        "distutils",
+        "pydoc_data",
+        "venv",
+        "msilib",
+        "site-packages",
+        "dist-packages",
+        "__pycache__",
+        "asyncio",
+        "xmlrpc",
+        "wsgiref",
+        "multiprocessing",
+        "curses",
+        "dbm",
+        "sqlite3",
+    }
+)
+SKIPPED_MODULES = frozenset(
+    {
+        "turtle.py",
+        "pydoc.py",
+        "mailbox.py",
+        "smtplib.py",
+        "imaplib.py",
+        "nntplib.py",
+        "poplib.py",
+        "ftplib.py",
+        "telnetlib.py",
+        "smtpd.py",
+        "cgi.py",
+        "cgitb.py",
+    }
+)
+SKIPPED_EXTENSIONS = (
+    "_test",
+    "xx",
+    "_xx",
+    "_ctypes_test",
+    "_tkinter",
+    "_curses",
+    "readline",
+    "_dbm",
+    "_gdbm",
+    "nis",
+    "_sqlite3",
+    "_ssl",
+    "_hashlib",
+    "ossaudiodev",
+    "spwd",
+    "_crypt",
+    "_codecs_",
+    "audioop",
+    "_asyncio",
+    "_multiprocessing",
+    "_posixshmem",
+    "_lsprof",
+    "syslog",
+    "termios",
+)
+LOADED_LIBS = (
+    "libc.so",
+    "libm.so",
+    "libpthread.so",
+    "libdl.so",
+    "librt.so",
+    "ld-linux",
+    "libpython",
+    "linux-vdso",
+    "ld64.so",
+)
 ETC_FILES = ("ld.so.cache", "localtime", "passwd", "group")
 MFD_CLOEXEC, MFD_ALLOW_SEALING = 1, 2
 F_ADD_SEALS, SEALS = 1033, 0x1 | 0x2 | 0x4 | 0x8  # F_SEAL_SEAL | SHRINK | GROW | WRITE
@@ -104,14 +171,24 @@ def build(out) -> None:
     with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as zf:
         for root, dirs, files in os.walk(stdlib):
             rel = os.path.relpath(root, stdlib)
-            dirs[:] = sorted(d for d in dirs if d not in SKIPPED_PACKAGES and not (rel == "." and d.startswith("config-"))
-                             and d != "tests")
+            dirs[:] = sorted(
+                d
+                for d in dirs
+                if d not in SKIPPED_PACKAGES and not (rel == "." and d.startswith("config-")) and d != "tests"
+            )
             for name in sorted(f for f in files if f.endswith(".py") and not (rel == "." and f in SKIPPED_MODULES)):
                 data = _pyc(os.path.join(root, name))
                 if data is not None:
                     zf.writestr(os.path.normpath(os.path.join(rel, name[:-3] + ".pyc")), data)
-    extensions = sorted(p for p in glob.glob(os.path.join(dynload, "*.so"))
-                        if not os.path.basename(p).startswith(SKIPPED_EXTENSIONS)) if dynload else []
+    extensions = (
+        sorted(
+            p
+            for p in glob.glob(os.path.join(dynload, "*.so"))
+            if not os.path.basename(p).startswith(SKIPPED_EXTENSIONS)
+        )
+        if dynload
+        else []
+    )
     header = {"zip_path": zip_path, "dynload": dynload, "extensions": extensions, "stdlib": stdlib}
     out.write(json.dumps(header).encode() + b"\n")
     out.write(buf.getvalue())
@@ -144,7 +221,7 @@ def _sealed_memfd(data: bytes) -> int:
     fd = os.memfd_create("grpolab-stdlib", MFD_CLOEXEC | MFD_ALLOW_SEALING)
     view = memoryview(data)
     while view:
-        view = view[os.write(fd, view):]
+        view = view[os.write(fd, view) :]
     import fcntl
 
     fcntl.fcntl(fd, F_ADD_SEALS, SEALS)
@@ -165,8 +242,12 @@ def stdlib_image(python: str) -> StdlibImage | None:
 @functools.lru_cache(maxsize=4)
 def _build_image(python: str) -> StdlibImage | None:
     try:
-        proc = subprocess.run([python, "-s", "-S", "-B", os.path.abspath(__file__)], capture_output=True,
-                              timeout=300, env={"PATH": "/usr/bin:/bin", "LC_ALL": "C.UTF-8"})
+        proc = subprocess.run(
+            [python, "-s", "-S", "-B", os.path.abspath(__file__)],
+            capture_output=True,
+            timeout=300,
+            env={"PATH": "/usr/bin:/bin", "LC_ALL": "C.UTF-8"},
+        )
         head, _, data = proc.stdout.partition(b"\n")
         if proc.returncode != 0 or not data:
             raise RuntimeError(proc.stderr.decode(errors="replace").strip().splitlines()[-1:] or "no output")
@@ -177,8 +258,11 @@ def _build_image(python: str) -> StdlibImage | None:
         path = (header["zip_path"],) + ((header["dynload"],) if header["dynload"] else ())
         return StdlibImage(_sealed_memfd(data), header["zip_path"], header["stdlib"], files, path, len(data))
     except (OSError, ValueError, KeyError, RuntimeError, subprocess.SubprocessError) as exc:
-        log.warning("sandbox: cannot build the private copy of the standard library (%s); runs will see read-only "
-                    "views of the host's directories, which share the host's page cache and file locks", exc)
+        log.warning(
+            "sandbox: cannot build the private copy of the standard library (%s); runs will see read-only "
+            "views of the host's directories, which share the host's page cache and file locks",
+            exc,
+        )
         return None
 
 

@@ -47,30 +47,53 @@ class Isolation:
         """One line per protection this setup lacks, saying what that means (logged once at start-up)."""
         out = []
         if not self.uid_drop:
-            out.append("programs run as your own user (not root, so no drop to an unprivileged uid): they can read and "
-                       "delete what you can, write where the judge imports from if your Python installation is yours, "
-                       "and the process-count limit counts all your processes; the judge shares that uid, so a "
-                       "program can lower the judge's limits and, without a PID namespace, signal it (its own "
-                       "result can be lost, never another program's)")
+            out.append(
+                "programs run as your own user (not root, so no drop to an unprivileged uid): they can read and "
+                "delete what you can, write where the judge imports from if your Python installation is yours, "
+                "and the process-count limit counts all your processes; the judge shares that uid, so a "
+                "program can lower the judge's limits and, without a PID namespace, signal it (its own "
+                "result can be lost, never another program's)"
+            )
         if not self.seccomp:
-            out.append("no seccomp filter (a machine neither x86_64 nor aarch64): programs can leave keys in the "
-                       "sandbox uid's kernel keyring, and sockets and IPC are held back by namespaces alone")
+            out.append(
+                "no seccomp filter (a machine neither x86_64 nor aarch64): programs can leave keys in the "
+                "sandbox uid's kernel keyring, and sockets and IPC are held back by namespaces alone"
+            )
         if not self.net:
-            out.append("no network namespace: " + ("network sockets are refused by the seccomp filter" if self.seccomp
-                                                   else "NETWORK ACCESS IS NOT BLOCKED"))
+            out.append(
+                "no network namespace: "
+                + (
+                    "network sockets are refused by the seccomp filter"
+                    if self.seccomp
+                    else "NETWORK ACCESS IS NOT BLOCKED"
+                )
+            )
         if not self.ipc:
-            out.append("no IPC namespace: " + ("SysV IPC and POSIX message queues are refused by the seccomp filter"
-                                               if self.seccomp else "SYSV IPC AND POSIX MESSAGE QUEUES ARE SHARED "
-                                               "between runs and with the host"))
+            out.append(
+                "no IPC namespace: "
+                + (
+                    "SysV IPC and POSIX message queues are refused by the seccomp filter"
+                    if self.seccomp
+                    else "SYSV IPC AND POSIX MESSAGE QUEUES ARE SHARED between runs and with the host"
+                )
+            )
         if not self.pid:
-            out.append("no PID namespace: " + ("processes that leave the program's process group are killed by uid"
-                                               if self.uid_drop else "a process that calls setsid can outlive its run"))
+            out.append(
+                "no PID namespace: "
+                + (
+                    "processes that leave the program's process group are killed by uid"
+                    if self.uid_drop
+                    else "a process that calls setsid can outlive its run"
+                )
+            )
         if not self.mounts:
-            out.append("no mount namespace: programs see the host's files (data files and the trainer's source among "
-                       "them, where others may read them), can leave files in world-writable host directories (/tmp, "
-                       "/var/tmp, /dev/shm, ...) without an inode limit, run in a host working directory (removed "
-                       "afterwards), and share the host's page cache, file locks and directory cache with the host and "
-                       "with each other (a channel between runs, and a cost on the host)")
+            out.append(
+                "no mount namespace: programs see the host's files (data files and the trainer's source among "
+                "them, where others may read them), can leave files in world-writable host directories (/tmp, "
+                "/var/tmp, /dev/shm, ...) without an inode limit, run in a host working directory (removed "
+                "afterwards), and share the host's page cache, file locks and directory cache with the host and "
+                "with each other (a channel between runs, and a cost on the host)"
+            )
         return out
 
 
@@ -82,12 +105,29 @@ def candidates(unshare: str | None, root: bool, seccomp: bool) -> list[Isolation
     """
     base = Isolation(seccomp=seccomp, uid_drop=root)
     if root:
-        out = [replace(base, unshare=(unshare, *FULL_NS), net=True, pid=True, ipc=True, mounts=True, name="full"),
-               replace(base, unshare=(unshare, *PID_NET_NS), net=True, pid=True, ipc=True, name="net+pid"),
-               replace(base, unshare=(unshare, "--net", "--ipc"), net=True, ipc=True, name="net")] if unshare else []
+        out = (
+            [
+                replace(base, unshare=(unshare, *FULL_NS), net=True, pid=True, ipc=True, mounts=True, name="full"),
+                replace(base, unshare=(unshare, *PID_NET_NS), net=True, pid=True, ipc=True, name="net+pid"),
+                replace(base, unshare=(unshare, "--net", "--ipc"), net=True, ipc=True, name="net"),
+            ]
+            if unshare
+            else []
+        )
         return out + [replace(base, name="rlimits")]
-    user = [replace(base, unshare=(unshare, "--user", "--map-root-user", *FULL_NS), net=True, pid=True, ipc=True,
-                    mounts=True, name="user-ns")] if unshare else []
+    user = (
+        [
+            replace(
+                base,
+                unshare=(unshare, "--user", "--map-root-user", *FULL_NS),
+                net=True,
+                pid=True,
+                ipc=True,
+                mounts=True,
+                name="user-ns",
+            )
+        ]
+        if unshare
+        else []
+    )
     return user + [replace(base, name="rlimits")]
-
-

@@ -68,17 +68,29 @@ class SandboxLimits:
 
     def validate(self, field_prefix: str = "reward.sandbox") -> None:
         """Range checks; SandboxConfigError naming the field."""
-        checks = [("wall_s", self.wall_s > 0), ("cpu_s", self.cpu_s > 0), ("memory_mb", self.memory_mb >= 64),
-                  ("max_procs", self.max_procs >= 2), ("max_open_files", self.max_open_files >= 16),
-                  ("max_file_mb", self.max_file_mb >= 1), ("disk_mb", self.disk_mb >= 1),
-                  ("max_files", self.max_files >= 16),
-                  ("max_output_kb", self.max_output_kb >= 1), ("workers", 0 <= self.workers <= 64),
-                  ("uid", 1 <= self.uid <= 2**31 - 65)]
+        checks = [
+            ("wall_s", self.wall_s > 0),
+            ("cpu_s", self.cpu_s > 0),
+            ("memory_mb", self.memory_mb >= 64),
+            ("max_procs", self.max_procs >= 2),
+            ("max_open_files", self.max_open_files >= 16),
+            ("max_file_mb", self.max_file_mb >= 1),
+            ("disk_mb", self.disk_mb >= 1),
+            ("max_files", self.max_files >= 16),
+            ("max_output_kb", self.max_output_kb >= 1),
+            ("workers", 0 <= self.workers <= 64),
+            ("uid", 1 <= self.uid <= 2**31 - 65),
+        ]
         for name, ok in checks:
             if not ok:
-                bound = {"memory_mb": ">= 64", "max_procs": ">= 2 (the program and its test judge)",
-                         "max_open_files": ">= 16", "max_files": ">= 16", "workers": "in 0..64",
-                         "uid": "in 1..2**31-65"}.get(name, "> 0")
+                bound = {
+                    "memory_mb": ">= 64",
+                    "max_procs": ">= 2 (the program and its test judge)",
+                    "max_open_files": ">= 16",
+                    "max_files": ">= 16",
+                    "workers": "in 0..64",
+                    "uid": "in 1..2**31-65",
+                }.get(name, "> 0")
                 raise SandboxConfigError(f"{field_prefix}.{name}: expected {bound}, got {getattr(self, name)!r}")
 
     @property
@@ -124,7 +136,9 @@ def _coerce(field: str, tp: Any, value: Any) -> Any:
             value = float(value) if kind is float else int(value)
         except ValueError:
             pass
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and (kind is float or float(value).is_integer())
+    ok = (
+        isinstance(value, (int, float)) and not isinstance(value, bool) and (kind is float or float(value).is_integer())
+    )
     if not ok:
         raise SandboxConfigError(f"{field}: expected {'a number' if kind is float else 'an integer'}, got {value!r}")
     return kind(value)

@@ -17,9 +17,28 @@ import builtins
 import functools
 import symtable
 
-ALLOWED_MODULES = frozenset({"math", "cmath", "re", "string", "collections", "itertools", "functools", "operator",
-                             "heapq", "bisect", "statistics", "fractions", "decimal", "copy", "sys", "typing",
-                             "datetime", "random"})
+ALLOWED_MODULES = frozenset(
+    {
+        "math",
+        "cmath",
+        "re",
+        "string",
+        "collections",
+        "itertools",
+        "functools",
+        "operator",
+        "heapq",
+        "bisect",
+        "statistics",
+        "fractions",
+        "decimal",
+        "copy",
+        "sys",
+        "typing",
+        "datetime",
+        "random",
+    }
+)
 BUILTIN_NAMES = frozenset(dir(builtins)) | {"__solution__"}
 
 

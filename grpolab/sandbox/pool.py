@@ -51,8 +51,11 @@ class SandboxPool:
         try:
             result = run_job(job, self.limits, self.isolation, slot)
         except Exception as exc:
-            result = ExecResult([CaseResult(False, None, "sandbox failure")] * len(job.cases), 0.0,
-                                f"the sandbox failed: {type(exc).__name__}: {exc}"[:500])
+            result = ExecResult(
+                [CaseResult(False, None, "sandbox failure")] * len(job.cases),
+                0.0,
+                f"the sandbox failed: {type(exc).__name__}: {exc}"[:500],
+            )
         finally:
             self._slots.put(slot)
         result.meta["slot"] = slot

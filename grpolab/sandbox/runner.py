@@ -39,7 +39,9 @@ GRACE_S = 1.0  # the runner's kill comes this long after the judge's own deadlin
 SETUP_S = 10.0  # the most a run's setup (its root, private copies) may take before the judge is ready
 MAX_RESULT_BYTES = 8 << 20
 SANDBOX_HOME = "/sandbox"  # the program's working directory inside its own root (with a mount namespace)
-JUDGE_UID_OFFSET = 1 << 16  # a slot's judge runs as limits.uid + JUDGE_UID_OFFSET + slot, its program as limits.uid + slot
+JUDGE_UID_OFFSET = (
+    1 << 16
+)  # a slot's judge runs as limits.uid + JUDGE_UID_OFFSET + slot, its program as limits.uid + slot
 FRAME = struct.Struct(">I")
 
 
@@ -120,8 +122,10 @@ def harness_command(python: str) -> list[str]:
     -- without the '' that ``-c`` puts first (the working directory, which the program can write)."""
     compile_harness()
     here = str(Path(__file__).parent)
-    boot = (f"import sys; sys.path[:] = [{here!r}] + [p for p in sys.path if p.startswith('/')]; "
-            "import harness; harness.main()")
+    boot = (
+        f"import sys; sys.path[:] = [{here!r}] + [p for p in sys.path if p.startswith('/')]; "
+        "import harness; harness.main()"
+    )
     return [python, "-s", "-S", "-B", "-c", boot]
 
 
@@ -138,21 +142,27 @@ def parse_frames(buf: bytes) -> tuple[list[dict], bytes]:
     """
     out = []
     while len(buf) >= FRAME.size:
-        size = FRAME.unpack(buf[:FRAME.size])[0]
+        size = FRAME.unpack(buf[: FRAME.size])[0]
         if len(buf) < FRAME.size + size:
             break
         try:
-            out.append(json.loads(buf[FRAME.size:FRAME.size + size]))
+            out.append(json.loads(buf[FRAME.size : FRAME.size + size]))
         except Exception:  # ValueError, RecursionError, MemoryError: never more than this run's problem
             out.append({"malformed": True})
-        buf = buf[FRAME.size + size:]
+        buf = buf[FRAME.size + size :]
     return out, buf
 
 
 def sandbox_env(home: str) -> dict[str, str]:
     """The program's whole environment: nothing inherited, fixed hashing (deterministic set order of strings)."""
-    return {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "PYTHONHASHSEED": "0",
-            "HOME": home, "TMPDIR": "/tmp"}
+    return {
+        "PATH": "/usr/local/bin:/usr/bin:/bin",
+        "LANG": "C.UTF-8",
+        "LC_ALL": "C.UTF-8",
+        "PYTHONHASHSEED": "0",
+        "HOME": home,
+        "TMPDIR": "/tmp",
+    }
 
 
 class _Streams:
@@ -241,10 +251,14 @@ def _live_pids_of(uid: int) -> list[int]:
         if not entry.isdigit():
             continue
         try:
-            status = dict(ln.split(":", 1) for ln in Path(f"/proc/{entry}/status").read_text().splitlines() if ":" in ln)
+            status = dict(
+                ln.split(":", 1) for ln in Path(f"/proc/{entry}/status").read_text().splitlines() if ":" in ln
+            )
         except OSError:
             continue
-        if status.get("Uid", "").split()[:1] == [str(uid)] and not status.get("State", "").strip().startswith(("Z", "X")):
+        if status.get("Uid", "").split()[:1] == [str(uid)] and not status.get("State", "").strip().startswith(
+            ("Z", "X")
+        ):
             out.append(int(entry))
     return out
 
@@ -259,9 +273,10 @@ def verdict(frames: list[dict], killed: str | None, stderr: str, n_cases: int) -
     if final or setup or not any(f.get("ready") for f in frames):
         why = (final or {}).get("judge_error") or setup or (stderr.strip().splitlines() or ["no output"])[-1]
         return [CaseResult(False, None, "sandbox failure")] * n_cases, f"the sandbox failed: {why}"[:500]
-    reason, detail = {"timeout": ("timeout", "the wall-clock limit was reached"),
-                      "output": ("limit", "the output limit was exceeded")}.get(
-        killed or "", ("exit", "the test judge was stopped before it reported (killed by the program)"))
+    reason, detail = {
+        "timeout": ("timeout", "the wall-clock limit was reached"),
+        "output": ("limit", "the output limit was exceeded"),
+    }.get(killed or "", ("exit", "the test judge was stopped before it reported (killed by the program)"))
     return [CaseResult(False, reason, detail)] * n_cases, None
 
 
@@ -288,18 +303,43 @@ def run_job(job: Job, limits: SandboxLimits, isolation: "Isolation", slot: int =
     try:
         if uid is not None:
             os.chown(workdir, uid, uid)
-        cfg = {"result_fd": result_w, "program": job.program, "deadline_s": limits.wall_s, "cpu_s": limits.cpu_s,
-               "rlimits": limits.rlimits(), "uid": uid, "judge_uid": judge_uid, "mounts": isolation.mounts,
-               "workdir": workdir, "home": home, "disk_mb": limits.disk_mb, "max_files": limits.max_files,
-               "seccomp": isolation.seccomp, "image": image and {
-                   "zip_fd": image.zip_fd, "zip_path": image.zip_path, "zip_bytes": image.zip_bytes, "stdlib": image.stdlib,
-                   "files": list(image.files), "path": list(image.path)}}
+        cfg = {
+            "result_fd": result_w,
+            "program": job.program,
+            "deadline_s": limits.wall_s,
+            "cpu_s": limits.cpu_s,
+            "rlimits": limits.rlimits(),
+            "uid": uid,
+            "judge_uid": judge_uid,
+            "mounts": isolation.mounts,
+            "workdir": workdir,
+            "home": home,
+            "disk_mb": limits.disk_mb,
+            "max_files": limits.max_files,
+            "seccomp": isolation.seccomp,
+            "image": image
+            and {
+                "zip_fd": image.zip_fd,
+                "zip_path": image.zip_path,
+                "zip_bytes": image.zip_bytes,
+                "stdlib": image.stdlib,
+                "files": list(image.files),
+                "path": list(image.path),
+            },
+        }
         names, modules = bound_names(job.setup, tuple(job.cases), tuple(job.entry_points))
         data = frame(cfg) + frame({"setup": job.setup, "cases": list(job.cases), "names": names, "modules": modules})
         cmd = [*isolation.command(), *harness_command(limits.python or sys.executable)]
-        proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=workdir,
-                                env=sandbox_env(home), pass_fds=(result_w,) + ((image.zip_fd,) if image else ()),
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            cmd,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=workdir,
+            env=sandbox_env(home),
+            pass_fds=(result_w,) + ((image.zip_fd,) if image else ()),
+            start_new_session=True,
+        )
         os.close(result_w)
         result_w = -1
         streams = _Streams(proc, result_r, data, limits.max_output_kb * 1024)
@@ -310,8 +350,11 @@ def run_job(job: Job, limits: SandboxLimits, isolation: "Isolation", slot: int =
         streams.close()
         return ExecResult(cases, time.monotonic() - start, infra, stdout, stderr, streams.output_bytes, killed)
     except OSError as exc:
-        return ExecResult([CaseResult(False, None, "sandbox failure")] * len(job.cases), time.monotonic() - start,
-                          f"the sandbox failed: {type(exc).__name__}: {exc}")
+        return ExecResult(
+            [CaseResult(False, None, "sandbox failure")] * len(job.cases),
+            time.monotonic() - start,
+            f"the sandbox failed: {type(exc).__name__}: {exc}",
+        )
     finally:
         _cleanup(proc, isolation, (uid, judge_uid), workdir, [fd for fd in (result_r, result_w) if fd >= 0], finished)
 
@@ -372,8 +415,14 @@ def _stop(proc: subprocess.Popen, isolation: "Isolation", finished: bool) -> Non
     proc.wait()
 
 
-def _cleanup(proc: subprocess.Popen | None, isolation: "Isolation", uids: tuple, workdir: str, fds: list[int],
-             finished: bool = False) -> None:
+def _cleanup(
+    proc: subprocess.Popen | None,
+    isolation: "Isolation",
+    uids: tuple,
+    workdir: str,
+    fds: list[int],
+    finished: bool = False,
+) -> None:
     """Stop the processes, kill the stragglers of the program's and the judge's uids without a PID namespace,
     close pipes, remove the working directory."""
     if proc is not None:

@@ -25,8 +25,10 @@ import time
 FRAME = struct.Struct(">I")
 MAX_FRAME = 32 << 20  # a single message (a returned value, the program) larger than this is refused
 MAX_DEPTH = 100  # nesting of a transferred value
-BUILTIN_TYPES = {t.__name__: t for t in (int, float, str, bool, list, tuple, dict, set, frozenset, bytes, bytearray,
-                                         complex, range, object)}
+BUILTIN_TYPES = {
+    t.__name__: t
+    for t in (int, float, str, bool, list, tuple, dict, set, frozenset, bytes, bytearray, complex, range, object)
+}
 CRASH_SIGNALS = {signal.SIGSEGV, signal.SIGABRT, signal.SIGBUS, signal.SIGILL, signal.SIGFPE}
 
 
@@ -109,7 +111,7 @@ def write_frame(fd: int, obj: object, deadline: float | None = None) -> None:
     data = memoryview(pack_frame(obj))
     while data:
         _wait(fd, True, deadline)
-        data = data[os.write(fd, data[: 1 << 16]):]
+        data = data[os.write(fd, data[: 1 << 16]) :]
 
 
 # ----------------------------------------------------------------------------------------------- values
@@ -140,7 +142,9 @@ def encode(v: object, handle_of, depth: int = 0) -> object:
     if t is dict or t in _COLLECTIONS.values():
         tag = "d" if t is dict else t.__name__
         return {tag: [[encode(k, handle_of, d), encode(x, handle_of, d)] for k, x in v.items()]}
-    if t is collections.defaultdict and (v.default_factory is None or BUILTIN_TYPES.get(getattr(v.default_factory, "__name__", "")) is v.default_factory):
+    if t is collections.defaultdict and (
+        v.default_factory is None or BUILTIN_TYPES.get(getattr(v.default_factory, "__name__", "")) is v.default_factory
+    ):
         factory = None if v.default_factory is None else v.default_factory.__name__
         return {"defaultdict": [factory, [[encode(k, handle_of, d), encode(x, handle_of, d)] for k, x in v.items()]]}
     if t is collections.deque:
@@ -179,7 +183,7 @@ def decode(x: object, resolve, depth: int = 0) -> object:
         return [decode(v, resolve, d) for v in x]
     if t is not dict or len(x) != 1:
         raise ProtocolError("malformed value")
-    (tag, v), = x.items()
+    ((tag, v),) = x.items()
     try:
         return _decode_tag(tag, v, resolve, d)
     except ProtocolError:
@@ -229,7 +233,12 @@ def rebuild_set(items: list, kind: type) -> object:
     [16, 12, 13, 14, 15]
     """
     first = None
-    for make in (lambda: kind(items), lambda: kind(set(items)), lambda: kind(set(set(items))), lambda: kind(frozenset(items))):
+    for make in (
+        lambda: kind(items),
+        lambda: kind(set(items)),
+        lambda: kind(set(set(items))),
+        lambda: kind(frozenset(items)),
+    ):
         candidate = make()
         if list(candidate) == items:
             return candidate
@@ -355,8 +364,12 @@ class Conn:
     def request(self, op: str, rid: int, *args, **kwargs):
         if self.gone:
             raise self.gone
-        msg = {"op": op, "h": rid, "a": [encode(a, _handle_id) for a in args],
-               "k": {k: encode(v, _handle_id) for k, v in kwargs.items()}}
+        msg = {
+            "op": op,
+            "h": rid,
+            "a": [encode(a, _handle_id) for a in args],
+            "k": {k: encode(v, _handle_id) for k, v in kwargs.items()},
+        }
         try:
             write_frame(self.wfd, msg, self.deadline)
         except OSError:

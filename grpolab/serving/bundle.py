@@ -54,41 +54,72 @@ def held_out_eval(run_dir: Path, task: str) -> tuple[Path, dict[str, Any], dict[
             data = json.loads(f.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             continue
-        if (not isinstance(data, dict) or not data.get("grpolab_eval") or data.get("task") != task
-                or data.get("capability") or data.get("diversity") or len(data.get("models") or []) < 2):
+        if (
+            not isinstance(data, dict)
+            or not data.get("grpolab_eval")
+            or data.get("task") != task
+            or data.get("capability")
+            or data.get("diversity")
+            or len(data.get("models") or []) < 2
+        ):
             continue
         rows = data["models"]
-        trained = next((m for m in rows[1:] if _inside(m.get("path"), run_dir) or _inside(m.get("model"), run_dir)), None)
+        trained = next(
+            (m for m in rows[1:] if _inside(m.get("path"), run_dir) or _inside(m.get("model"), run_dir)), None
+        )
         if trained is not None:
             return f, data, rows[0], trained
-    raise GrpolabError(f"{run_dir}/eval: no held-out evaluation of this run's model on its task {task!r}; a release "
-                       f"is made from a measured model: run `grpolab eval BASE {run_dir} --out "
-                       f"{run_dir}/eval/{PRIMARY_EVAL}` first")
+    raise GrpolabError(
+        f"{run_dir}/eval: no held-out evaluation of this run's model on its task {task!r}; a release "
+        f"is made from a measured model: run `grpolab eval BASE {run_dir} --out "
+        f"{run_dir}/eval/{PRIMARY_EVAL}` first"
+    )
 
 
 def heldout_record(file: Path, data: dict[str, Any], row: dict[str, Any], label: str) -> dict[str, Any]:
     """What a model's held-out result is: the evaluation set and decoding, its accuracy with the 95% interval, and
     each problem's greedy answer and score (the record a later rollback reproduces on a sample)."""
-    return {"source": str(file), "sha256": hash_files([file]), "model": label, "task": data["task"],
-            "task_options": data.get("task_options") or {}, "split": data.get("split", "test"), "n": data.get("n"),
-            "data_hash": data.get("data_hash"), "max_new_tokens": data.get("max_new_tokens"),
-            "dtype": data.get("dtype", "float32"), "metric": data.get("metric"),
-            "accuracy": row["accuracy"], "ci_low": row["ci_low"], "ci_high": row["ci_high"],
-            "items": [{"uid": it["uid"], "accuracy": it["scores"]["accuracy"], "completion": it["completion"]}
-                      for it in row["items"]]}
+    return {
+        "source": str(file),
+        "sha256": hash_files([file]),
+        "model": label,
+        "task": data["task"],
+        "task_options": data.get("task_options") or {},
+        "split": data.get("split", "test"),
+        "n": data.get("n"),
+        "data_hash": data.get("data_hash"),
+        "max_new_tokens": data.get("max_new_tokens"),
+        "dtype": data.get("dtype", "float32"),
+        "metric": data.get("metric"),
+        "accuracy": row["accuracy"],
+        "ci_low": row["ci_low"],
+        "ci_high": row["ci_high"],
+        "items": [
+            {"uid": it["uid"], "accuracy": it["scores"]["accuracy"], "completion": it["completion"]}
+            for it in row["items"]
+        ],
+    }
 
 
-def generation_settings(config: dict[str, Any], stop_ids: list[int], pad_id: int | None, bos_id: int | None,
-                        max_new_tokens: int) -> dict[str, Any]:
+def generation_settings(
+    config: dict[str, Any], stop_ids: list[int], pad_id: int | None, bos_id: int | None, max_new_tokens: int
+) -> dict[str, Any]:
     """generation_config.json fields: the run's stop ids and sampling settings (module docstring).
 
     >>> generation_settings({"rollout": {"temperature": 0.8, "top_p": 1.0, "top_k": 0}}, [2], 2, 1, 48)["top_k"]
     0
     """
     rollout = config.get("rollout") or {}
-    return {"bos_token_id": bos_id, "eos_token_id": list(stop_ids), "pad_token_id": pad_id, "do_sample": True,
-            "temperature": float(rollout.get("temperature", 1.0)), "top_p": float(rollout.get("top_p", 1.0)),
-            "top_k": int(rollout.get("top_k", 0)), "max_new_tokens": int(max_new_tokens)}
+    return {
+        "bos_token_id": bos_id,
+        "eos_token_id": list(stop_ids),
+        "pad_token_id": pad_id,
+        "do_sample": True,
+        "temperature": float(rollout.get("temperature", 1.0)),
+        "top_p": float(rollout.get("top_p", 1.0)),
+        "top_k": int(rollout.get("top_k", 0)),
+        "max_new_tokens": int(max_new_tokens),
+    }
 
 
 def _stop_ids(bundle: Path, tokenizer) -> list[int]:
@@ -139,27 +170,45 @@ def write_release(run_dir: Path, out: Path, dtype: str | None = None) -> Path:
         template = sha256_bytes((tokenizer.chat_template or "").encode())
         run_template = (manifest.get("hashes") or {}).get("chat_template")
         if run_template and template != run_template:
-            raise GrpolabError(f"{ckpt}: its chat template (sha256 {template[:12]}) is not the one the run trained with "
-                               f"(manifest.json hashes.chat_template {run_template[:12]}); refusing to bundle it")
+            raise GrpolabError(
+                f"{ckpt}: its chat template (sha256 {template[:12]}) is not the one the run trained with "
+                f"(manifest.json hashes.chat_template {run_template[:12]}); refusing to bundle it"
+            )
         stop_ids = _stop_ids(tmp, tokenizer)
-        settings = generation_settings(config, stop_ids, tokenizer.pad_token_id, tokenizer.bos_token_id,
-                                       record["max_new_tokens"] or (config.get("rollout") or {}).get("max_new_tokens", 256))
+        settings = generation_settings(
+            config,
+            stop_ids,
+            tokenizer.pad_token_id,
+            tokenizer.bos_token_id,
+            record["max_new_tokens"] or (config.get("rollout") or {}).get("max_new_tokens", 256),
+        )
         (tmp / "generation_config.json").write_text(json.dumps(settings, indent=2) + "\n", encoding="utf-8")
         write_json_atomic(tmp / HELDOUT_FILE, record)
         hashes = hash_model_dir(str(tmp))
         release = {
-            "grpolab_release": 1, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "source_run": str(run_dir.resolve()), "checkpoint": str(ckpt.resolve()), "lora_merged": is_adapter_dir(ckpt),
-            "hashes": {"checkpoint_weights": _checkpoint_hash(ckpt), "weights": hashes["weights"],
-                       "tokenizer": hashes["tokenizer"], "chat_template": template,
-                       "generation_config": hash_files([tmp / "generation_config.json"]),
-                       "run_manifest": hash_files([run_dir / "manifest.json"])},
+            "grpolab_release": 1,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "source_run": str(run_dir.resolve()),
+            "checkpoint": str(ckpt.resolve()),
+            "lora_merged": is_adapter_dir(ckpt),
+            "hashes": {
+                "checkpoint_weights": _checkpoint_hash(ckpt),
+                "weights": hashes["weights"],
+                "tokenizer": hashes["tokenizer"],
+                "chat_template": template,
+                "generation_config": hash_files([tmp / "generation_config.json"]),
+                "run_manifest": hash_files([run_dir / "manifest.json"]),
+            },
             "precision": {"written": dtype, "evaluated": record["dtype"], "trained": manifest.get("precision")},
-            "generation": settings, "stop_rule": _resolved_stop_rule(config, record),
-            "base_model": {"name": (config.get("model") or {}).get("name"), "path": manifest.get("model_path"),
-                           "weights": (manifest.get("hashes") or {}).get("model_weights")},
-            "held_out": {k: v for k, v in record.items() if k != "items"} | {
-                "base_accuracy": base_row["accuracy"], "diff_vs_base": trained_row.get("diff_vs_first")},
+            "generation": settings,
+            "stop_rule": _resolved_stop_rule(config, record),
+            "base_model": {
+                "name": (config.get("model") or {}).get("name"),
+                "path": manifest.get("model_path"),
+                "weights": (manifest.get("hashes") or {}).get("model_weights"),
+            },
+            "held_out": {k: v for k, v in record.items() if k != "items"}
+            | {"base_accuracy": base_row["accuracy"], "diff_vs_base": trained_row.get("diff_vs_first")},
             "objective": manifest.get("objective"),
         }
         write_json_atomic(tmp / RELEASE_FILE, release)
@@ -176,8 +225,10 @@ def read_release(bundle: Path) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
-        raise GrpolabError(f"{path}: cannot read a release manifest ({type(e).__name__}); expected a directory "
-                           f"written by `grpolab release`") from None
+        raise GrpolabError(
+            f"{path}: cannot read a release manifest ({type(e).__name__}); expected a directory "
+            f"written by `grpolab release`"
+        ) from None
     if not isinstance(data, dict) or not data.get("grpolab_release"):
         raise GrpolabError(f"{path}: not a release manifest (no grpolab_release field)")
     return data

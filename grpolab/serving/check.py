@@ -48,8 +48,10 @@ SERVE_SCRIPT = Path(__file__).with_name("serve_hf.py")
 SERVE_GGUF_SCRIPT = Path(__file__).with_name("serve_gguf.py")
 SERVING_FILE, SERVING_GGUF_FILE, ROLLBACK_FILE = "serving.json", "serving_gguf.json", "rollback.json"
 STACKS = ("transformers", "gguf")
-LLAMA_CPP_MISSING = ("llama-cpp-python is not installed in this interpreter: `make install-gguf` or "
-                     "`pip install 'grpolab[gguf]'` (it builds llama.cpp from source: about 15 min on 2 cores)")
+LLAMA_CPP_MISSING = (
+    "llama-cpp-python is not installed in this interpreter: `make install-gguf` or "
+    "`pip install 'grpolab[gguf]'` (it builds llama.cpp from source: about 15 min on 2 cores)"
+)
 Log = Callable[[str], None]
 
 
@@ -57,8 +59,16 @@ def release_dir(run_dir: Path) -> Path:
     return Path(run_dir) / "release"
 
 
-def _serve_isolated(script: Path, model: Path, requests: list[dict[str, Any]], max_new_tokens: int, threads: int,
-                    what: str, extra: list[str], timeout_s: float) -> dict[str, Any]:
+def _serve_isolated(
+    script: Path,
+    model: Path,
+    requests: list[dict[str, Any]],
+    max_new_tokens: int,
+    threads: int,
+    what: str,
+    extra: list[str],
+    timeout_s: float,
+) -> dict[str, Any]:
     """Run a serving script on `model` in a separate, isolated interpreter (``python -I``: no PYTHONPATH, no user
     site, not the script's or the working directory; run from an empty temporary directory; grpolab imports
     refused by the script itself) and return what it wrote."""
@@ -66,8 +76,22 @@ def _serve_isolated(script: Path, model: Path, requests: list[dict[str, Any]], m
         req, out = Path(tmp) / "requests.json", Path(tmp) / "served.json"
         req.write_text(json.dumps(requests), encoding="utf-8")
         env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
-        cmd = [sys.executable, "-I", str(script), "--model", str(Path(model).resolve()), "--requests",
-               str(req), "--out", str(out), "--max-new-tokens", str(max_new_tokens), "--threads", str(threads), *extra]
+        cmd = [
+            sys.executable,
+            "-I",
+            str(script),
+            "--model",
+            str(Path(model).resolve()),
+            "--requests",
+            str(req),
+            "--out",
+            str(out),
+            "--max-new-tokens",
+            str(max_new_tokens),
+            "--threads",
+            str(threads),
+            *extra,
+        ]
         proc = subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True, timeout=timeout_s)
         if proc.returncode != 0:
             tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
@@ -75,30 +99,59 @@ def _serve_isolated(script: Path, model: Path, requests: list[dict[str, Any]], m
         return json.loads(out.read_text(encoding="utf-8"))
 
 
-def serve_with_transformers(model_dir: Path, requests: list[dict[str, Any]], max_new_tokens: int,
-                            threads: int = 0, batch_size: int = 8, timeout_s: float = 3600) -> dict[str, Any]:
+def serve_with_transformers(
+    model_dir: Path,
+    requests: list[dict[str, Any]],
+    max_new_tokens: int,
+    threads: int = 0,
+    batch_size: int = 8,
+    timeout_s: float = 3600,
+) -> dict[str, Any]:
     """serve_hf.py on a model directory, isolated (_serve_isolated); requests of one prompt length answered
     batch_size at a time (no padding)."""
-    return _serve_isolated(SERVE_SCRIPT, model_dir, requests, max_new_tokens, threads, "plain transformers",
-                           ["--batch-size", str(batch_size)], timeout_s)
+    return _serve_isolated(
+        SERVE_SCRIPT,
+        model_dir,
+        requests,
+        max_new_tokens,
+        threads,
+        "plain transformers",
+        ["--batch-size", str(batch_size)],
+        timeout_s,
+    )
 
 
-def serve_with_llama_cpp(gguf_file: Path, requests: list[dict[str, Any]], max_new_tokens: int, threads: int = 0,
-                         n_ctx: int = 1024, timeout_s: float = 3600) -> dict[str, Any]:
+def serve_with_llama_cpp(
+    gguf_file: Path,
+    requests: list[dict[str, Any]],
+    max_new_tokens: int,
+    threads: int = 0,
+    n_ctx: int = 1024,
+    timeout_s: float = 3600,
+) -> dict[str, Any]:
     """serve_gguf.py on a GGUF file, isolated (_serve_isolated); GrpolabError saying how to install llama-cpp-python
     when this interpreter lacks it."""
     if importlib.util.find_spec("llama_cpp") is None:
         raise GrpolabError(f"{LLAMA_CPP_MISSING}; the GGUF file {gguf_file} was written but cannot be served here")
-    return _serve_isolated(SERVE_GGUF_SCRIPT, gguf_file, requests, max_new_tokens, threads, "llama.cpp",
-                           ["--n-ctx", str(n_ctx)], timeout_s)
+    return _serve_isolated(
+        SERVE_GGUF_SCRIPT, gguf_file, requests, max_new_tokens, threads, "llama.cpp", ["--n-ctx", str(n_ctx)], timeout_s
+    )
 
 
 def _requests(problems: list[Problem], references: list[list[int]] | None = None) -> list[dict[str, Any]]:
-    return [{"uid": p.uid, "messages": [{"role": "user", "content": render_prompt(p)}],
-             **({"reference_ids": references[i]} if references else {})} for i, p in enumerate(problems)]
+    return [
+        {
+            "uid": p.uid,
+            "messages": [{"role": "user", "content": render_prompt(p)}],
+            **({"reference_ids": references[i]} if references else {}),
+        }
+        for i, p in enumerate(problems)
+    ]
 
 
-def _score(problems: list[Problem], texts: list[str], lengths: list[int], truncated: list[bool], task: str) -> list[float]:
+def _score(
+    problems: list[Problem], texts: list[str], lengths: list[int], truncated: list[bool], task: str
+) -> list[float]:
     """Held-out accuracy of each answer, scored as grpolab's evaluation scores it (math-verify; code in the sandbox)."""
     from ..evaluation.heldout import score_code_item
     from ..evaluation.scoring import code_passes, held_out_job
@@ -115,7 +168,9 @@ def _paired(reference: list[float], other: list[float]) -> dict[str, float]:
     return {"mean": mean, "ci_low": lo, "ci_high": hi}
 
 
-def grpolab_side(ckpt: Path, problems: list[Problem], max_new_tokens: int, dtype: str, batch_size: int) -> dict[str, Any]:
+def grpolab_side(
+    ckpt: Path, problems: list[Problem], max_new_tokens: int, dtype: str, batch_size: int
+) -> dict[str, Any]:
     """grpolab's evaluation of the checkpoint: prompts, greedy completion ids (stop token included), texts,
     truncation, the teacher-forced logprob of each completion token, the stop ids, and the model itself."""
     import torch
@@ -141,9 +196,19 @@ def grpolab_side(ckpt: Path, problems: list[Problem], max_new_tokens: int, dtype
         for prompt, completion in zip(prompts, ids):
             full = torch.tensor([prompt + completion], dtype=torch.long)
             logits = model(input_ids=full).logits[0, len(prompt) - 1 : -1].float()
-            logprobs.append(torch.log_softmax(logits, -1).gather(-1, torch.tensor(completion).view(-1, 1)).view(-1).tolist())
-    return {"prompts": prompts, "ids": ids, "texts": texts, "truncated": truncated, "logprobs": logprobs,
-            "stop_ids": list(engine.stop_ids), "model": model, "tokenizer": tokenizer}
+            logprobs.append(
+                torch.log_softmax(logits, -1).gather(-1, torch.tensor(completion).view(-1, 1)).view(-1).tolist()
+            )
+    return {
+        "prompts": prompts,
+        "ids": ids,
+        "texts": texts,
+        "truncated": truncated,
+        "logprobs": logprobs,
+        "stop_ids": list(engine.stop_ids),
+        "model": model,
+        "tokenizer": tokenizer,
+    }
 
 
 def weights_against(model, bundle: Path) -> dict[str, Any]:
@@ -174,8 +239,17 @@ def gguf_file_for(bundle: Path, gguf_type: str) -> Path:
     return Path(bundle).parent / "gguf" / f"{Path(bundle).name}.{gguf_type}.gguf"
 
 
-def _serve_gguf(bundle: Path, release: dict[str, Any], model, requests: list[dict[str, Any]], prompts: list[list[int]],
-                max_new_tokens: int, threads: int, gguf_type: str, log: Log) -> tuple[dict, dict, dict]:
+def _serve_gguf(
+    bundle: Path,
+    release: dict[str, Any],
+    model,
+    requests: list[dict[str, Any]],
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    threads: int,
+    gguf_type: str,
+    log: Log,
+) -> tuple[dict, dict, dict]:
     """Convert the bundle to GGUF (grpolab.serving.gguf), compare the file's tensors with the evaluated model's,
     serve it with llama.cpp; returns (served, weights, conversion). n_ctx: the longest prompt grpolab built, plus
     the longer of max_new_tokens and the longest reference, plus 128 tokens of slack for a template that differs."""
@@ -193,14 +267,28 @@ def _serve_gguf(bundle: Path, release: dict[str, Any], model, requests: list[dic
     return served, weights, conversion
 
 
-def run_serving_check(bundle: Path, n: int = 0, batch_size: int = 16, threads: int = 0, log: Log = lambda s: None,
-                      stack: str = "transformers", gguf_type: str = "f32") -> dict[str, Any]:
+def run_serving_check(
+    bundle: Path,
+    n: int = 0,
+    batch_size: int = 16,
+    threads: int = 0,
+    log: Log = lambda s: None,
+    stack: str = "transformers",
+    gguf_type: str = "f32",
+) -> dict[str, Any]:
     """One stack's serving check (run_serving_checks with ``stacks=(stack,)``): its result."""
     return run_serving_checks(bundle, (stack,), n, batch_size, threads, log, gguf_type)[stack]
 
 
-def run_serving_checks(bundle: Path, stacks: tuple[str, ...] = ("transformers",), n: int = 0, batch_size: int = 16,
-                       threads: int = 0, log: Log = lambda s: None, gguf_type: str = "f32") -> dict[str, dict[str, Any]]:
+def run_serving_checks(
+    bundle: Path,
+    stacks: tuple[str, ...] = ("transformers",),
+    n: int = 0,
+    batch_size: int = 16,
+    threads: int = 0,
+    log: Log = lambda s: None,
+    gguf_type: str = "f32",
+) -> dict[str, dict[str, Any]]:
     """Serve `bundle` with each of `stacks` -- plain transformers ("transformers": SOURCE_RUN/release/serving.json)
     and/or its GGUF file with llama.cpp ("gguf", gguf_type f32 / bf16 / f16: serving_gguf.json) -- and compare each
     with grpolab's evaluation of the checkpoint on the first n held-out problems (0: all the evaluation had), which
@@ -225,48 +313,91 @@ def run_serving_checks(bundle: Path, stacks: tuple[str, ...] = ("transformers",)
     for stack in stacks:
         t0, extra = time.perf_counter(), {}
         if stack == "gguf":
-            served, weights, conversion = _serve_gguf(bundle, release, model, requests, ours["prompts"],
-                                                      held["max_new_tokens"], threads, gguf_type, log)
+            served, weights, conversion = _serve_gguf(
+                bundle, release, model, requests, ours["prompts"], held["max_new_tokens"], threads, gguf_type, log
+            )
             extra = {"gguf": conversion}
         else:
             weights = weights_against(model, bundle)
             log("serving check: plain transformers serves the bundle in a separate process")
             served = serve_with_transformers(bundle, requests, held["max_new_tokens"], threads, batch_size)
-        results[stack] = {"grpolab_serving": 1, "stack": "llama.cpp" if stack == "gguf" else "transformers", **extra,
-                          **_measures(bundle, problems, ours, served, held, release, weights, run_dir),
-                          "seconds": evaluated_s + time.perf_counter() - t0}
-        write_json_atomic(release_dir(run_dir) / (SERVING_GGUF_FILE if stack == "gguf" else SERVING_FILE), results[stack])
+        results[stack] = {
+            "grpolab_serving": 1,
+            "stack": "llama.cpp" if stack == "gguf" else "transformers",
+            **extra,
+            **_measures(bundle, problems, ours, served, held, release, weights, run_dir),
+            "seconds": evaluated_s + time.perf_counter() - t0,
+        }
+        write_json_atomic(
+            release_dir(run_dir) / (SERVING_GGUF_FILE if stack == "gguf" else SERVING_FILE), results[stack]
+        )
     return results
 
 
-def _measures(bundle: Path, problems: list[Problem], ours: dict[str, Any], served: dict[str, Any],
-              held: dict[str, Any], release: dict[str, Any], weights: dict[str, Any], run_dir: Path) -> dict[str, Any]:
+def _measures(
+    bundle: Path,
+    problems: list[Problem],
+    ours: dict[str, Any],
+    served: dict[str, Any],
+    held: dict[str, Any],
+    release: dict[str, Any],
+    weights: dict[str, Any],
+    run_dir: Path,
+) -> dict[str, Any]:
     """What serving.json records of one served stack against grpolab's side (module docstring)."""
     rows, task = served["rows"], held["task"]
     ref_scores = _score(problems, ours["texts"], [len(i) for i in ours["ids"]], ours["truncated"], task)
-    served_scores = _score(problems, [r["text"] for r in rows], [len(r["completion_ids"]) for r in rows],
-                           [not r["stopped"] for r in rows], task)
+    served_scores = _score(
+        problems,
+        [r["text"] for r in rows],
+        [len(r["completion_ids"]) for r in rows],
+        [not r["stopped"] for r in rows],
+        task,
+    )
     divergence = divergence_summary(ours["ids"], [r["completion_ids"] for r in rows])
     stop_ids = {"run": sorted(ours["stop_ids"]), "served": served["eos_token_id"]}
     if "declared_end_ids" in served:  # llama.cpp: the file's eos / eot / eom beside every id it ends on
         stop_ids["declared"] = served["declared_end_ids"]
     return {
-        "bundle": str(Path(bundle).resolve()), "source_run": str(run_dir), "checkpoint": release["checkpoint"],
-        "release_weights": release["hashes"]["weights"], "n": len(problems), "task": task,
-        "served": {k: served[k] for k in ("stack", "dtype", "eos_token_id", "chat_template_sha256", "load_s", "answer_s")},
-        "precision": {"bundle": served["dtype"], "evaluated": held["dtype"],
-                      **({"written": release["precision"]["written"]} if "declared_end_ids" in served else {})},
-        "chat_template": {"run": (read_manifest(run_dir).get("hashes") or {}).get("chat_template"),
-                          "served": served["chat_template_sha256"]},
+        "bundle": str(Path(bundle).resolve()),
+        "source_run": str(run_dir),
+        "checkpoint": release["checkpoint"],
+        "release_weights": release["hashes"]["weights"],
+        "n": len(problems),
+        "task": task,
+        "served": {
+            k: served[k] for k in ("stack", "dtype", "eos_token_id", "chat_template_sha256", "load_s", "answer_s")
+        },
+        "precision": {
+            "bundle": served["dtype"],
+            "evaluated": held["dtype"],
+            **({"written": release["precision"]["written"]} if "declared_end_ids" in served else {}),
+        },
+        "chat_template": {
+            "run": (read_manifest(run_dir).get("hashes") or {}).get("chat_template"),
+            "served": served["chat_template_sha256"],
+        },
         "prompts_identical": sum(p == r["prompt_ids"] for p, r in zip(ours["prompts"], rows)) / len(rows),
-        "stop_ids": stop_ids, "stop_rule": release.get("stop_rule", "none"), "weights": weights,
-        "identical_share": divergence["identical_share"], "first_divergence": divergence["first_divergence"],
+        "stop_ids": stop_ids,
+        "stop_rule": release.get("stop_rule", "none"),
+        "weights": weights,
+        "identical_share": divergence["identical_share"],
+        "first_divergence": divergence["first_divergence"],
         "logprob_diff": mean_abs_logprob_diff(ours["logprobs"], [r["reference_logprobs"] for r in rows]),
-        "truncated": {"evaluated": sum(ours["truncated"]) / len(rows), "served": sum(not r["stopped"] for r in rows) / len(rows)},
-        "metric": {"name": "accuracy", "evaluated": sum(ref_scores) / len(rows), "served": sum(served_scores) / len(rows),
-                   "diff": _paired(ref_scores, served_scores)},
-        "examples": [{"uid": problems[i].uid, "evaluated": ours["texts"][i], "served": rows[i]["text"]}
-                     for i in divergence["diverged"][:3]],
+        "truncated": {
+            "evaluated": sum(ours["truncated"]) / len(rows),
+            "served": sum(not r["stopped"] for r in rows) / len(rows),
+        },
+        "metric": {
+            "name": "accuracy",
+            "evaluated": sum(ref_scores) / len(rows),
+            "served": sum(served_scores) / len(rows),
+            "diff": _paired(ref_scores, served_scores),
+        },
+        "examples": [
+            {"uid": problems[i].uid, "evaluated": ours["texts"][i], "served": rows[i]["text"]}
+            for i in divergence["diverged"][:3]
+        ],
     }
 
 
@@ -278,19 +409,29 @@ def rollback_target(run_dir: Path, target: str | None) -> dict[str, Any]:
     if target:
         release = read_release(Path(target))
         heldout = json.loads((Path(target) / HELDOUT_FILE).read_text(encoding="utf-8"))
-        return {"kind": "release bundle", "name": str(Path(target).resolve()), "path": str(Path(target).resolve()),
-                "recorded_weights": release["hashes"]["weights"], "record": heldout}
+        return {
+            "kind": "release bundle",
+            "name": str(Path(target).resolve()),
+            "path": str(Path(target).resolve()),
+            "recorded_weights": release["hashes"]["weights"],
+            "record": heldout,
+        }
     manifest = read_manifest(run_dir)
     config = manifest.get("config") or {}
     file, data, base_row, _ = held_out_eval(run_dir, (config.get("task") or {}).get("name", ""))
     name = (config.get("model") or {}).get("name") or base_row["model"]
-    return {"kind": "base model", "name": name, "path": resolve_model_path(name),
-            "recorded_weights": (manifest.get("hashes") or {}).get("model_weights"),
-            "record": heldout_record(file, data, base_row, name)}
+    return {
+        "kind": "base model",
+        "name": name,
+        "path": resolve_model_path(name),
+        "recorded_weights": (manifest.get("hashes") or {}).get("model_weights"),
+        "record": heldout_record(file, data, base_row, name),
+    }
 
 
-def run_rollback_check(run_dir: Path, target: str | None = None, n: int = 32, threads: int = 0,
-                       log: Log = lambda s: None) -> dict[str, Any]:
+def run_rollback_check(
+    run_dir: Path, target: str | None = None, n: int = 32, threads: int = 0, log: Log = lambda s: None
+) -> dict[str, Any]:
     """Check that the rollback target is what it was (weight hash), loads in the serving stack and reproduces its
     recorded held-out score on the first n problems it was measured on; write RUN/release/rollback.json."""
     run_dir = Path(run_dir)
@@ -299,11 +440,16 @@ def run_rollback_check(run_dir: Path, target: str | None = None, n: int = 32, th
     start = time.perf_counter()
     weights_now = hash_model_dir(t["path"])["weights"]
     recorded = {it["uid"]: it for it in record["items"]}
-    problems = [p for p in load_eval_problems(record["task"], record["task_options"], record["split"], 0)
-                if p.uid in recorded][: n or None]
+    problems = [
+        p for p in load_eval_problems(record["task"], record["task_options"], record["split"], 0) if p.uid in recorded
+    ][: n or None]
     result: dict[str, Any] = {
-        "grpolab_rollback": 1, "kind": t["kind"], "target": t["name"], "path": t["path"],
-        "weights": {"recorded": t["recorded_weights"], "now": weights_now}, "n": len(problems),
+        "grpolab_rollback": 1,
+        "kind": t["kind"],
+        "target": t["name"],
+        "path": t["path"],
+        "weights": {"recorded": t["recorded_weights"], "now": weights_now},
+        "n": len(problems),
         "recorded": {k: record[k] for k in ("source", "accuracy", "ci_low", "ci_high", "n", "max_new_tokens", "dtype")},
         "command": f"transformers serve {t['path']}",
     }
@@ -314,17 +460,42 @@ def run_rollback_check(run_dir: Path, target: str | None = None, n: int = 32, th
         result.update({"loads": False, "error": str(e), "seconds": time.perf_counter() - start})
     else:
         rows = served["rows"]
-        scores = _score(problems, [r["text"] for r in rows], [len(r["completion_ids"]) for r in rows],
-                        [not r["stopped"] for r in rows], record["task"])
+        scores = _score(
+            problems,
+            [r["text"] for r in rows],
+            [len(r["completion_ids"]) for r in rows],
+            [not r["stopped"] for r in rows],
+            record["task"],
+        )
         before = [recorded[p.uid]["accuracy"] for p in problems]
-        result.update({"loads": True, "dtype": served["dtype"], "served_accuracy": sum(scores) / len(scores),
-                       "recorded_accuracy_on_sample": sum(before) / len(before), "diff": _paired(before, scores),
-                       "identical_answers": sum(r["text"] == recorded[p.uid]["completion"] for p, r in zip(problems, rows)) / len(rows),
-                       "seconds": time.perf_counter() - start})
+        result.update(
+            {
+                "loads": True,
+                "dtype": served["dtype"],
+                "served_accuracy": sum(scores) / len(scores),
+                "recorded_accuracy_on_sample": sum(before) / len(before),
+                "diff": _paired(before, scores),
+                "identical_answers": sum(r["text"] == recorded[p.uid]["completion"] for p, r in zip(problems, rows))
+                / len(rows),
+                "seconds": time.perf_counter() - start,
+            }
+        )
     release_dir(run_dir).mkdir(parents=True, exist_ok=True)
     write_json_atomic(release_dir(run_dir) / ROLLBACK_FILE, result)
     return result
 
 
-__all__ = ["RELEASE_FILE", "ROLLBACK_FILE", "SERVING_FILE", "SERVING_GGUF_FILE", "STACKS", "gguf_file_for", "release_dir",
-           "run_rollback_check", "run_serving_check", "run_serving_checks", "serve_with_llama_cpp", "serve_with_transformers"]
+__all__ = [
+    "RELEASE_FILE",
+    "ROLLBACK_FILE",
+    "SERVING_FILE",
+    "SERVING_GGUF_FILE",
+    "STACKS",
+    "gguf_file_for",
+    "release_dir",
+    "run_rollback_check",
+    "run_serving_check",
+    "run_serving_checks",
+    "serve_with_llama_cpp",
+    "serve_with_transformers",
+]

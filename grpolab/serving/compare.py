@@ -41,12 +41,18 @@ def divergence_summary(references: Sequence[Sequence[int]], served: Sequence[Seq
     (0.3333, [1, 2], {'min': 0, 'median': 0.5, 'max': 1})
     """
     if len(references) != len(served) or not references:
-        raise ValueError(f"divergence_summary: need two equally long, non-empty lists, got {len(references)} and {len(served)}")
+        raise ValueError(
+            f"divergence_summary: need two equally long, non-empty lists, got {len(references)} and {len(served)}"
+        )
     positions = [first_divergence(r, s) for r, s in zip(references, served)]
     diverged = [i for i, p in enumerate(positions) if p is not None]
     at = [positions[i] for i in diverged]
-    return {"n": len(references), "identical_share": 1 - len(diverged) / len(references), "diverged": diverged,
-            "first_divergence": {"min": min(at), "median": median(at), "max": max(at)} if at else None}
+    return {
+        "n": len(references),
+        "identical_share": 1 - len(diverged) / len(references),
+        "diverged": diverged,
+        "first_divergence": {"min": min(at), "median": median(at), "max": max(at)} if at else None,
+    }
 
 
 def mean_abs_logprob_diff(reference: Sequence[Sequence[float]], served: Sequence[Sequence[float]]) -> dict:
@@ -59,7 +65,9 @@ def mean_abs_logprob_diff(reference: Sequence[Sequence[float]], served: Sequence
     total, worst, tokens = 0.0, 0.0, 0
     for i, (r, s) in enumerate(zip(reference, served, strict=True)):
         if len(r) != len(s):
-            raise ValueError(f"mean_abs_logprob_diff: pair {i} scores {len(r)} and {len(s)} tokens; expected the same tokens")
+            raise ValueError(
+                f"mean_abs_logprob_diff: pair {i} scores {len(r)} and {len(s)} tokens; expected the same tokens"
+            )
         for a, b in zip(r, s):
             d = abs(b - a)
             total, worst, tokens = total + d, max(worst, d), tokens + 1

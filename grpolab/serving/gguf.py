@@ -48,8 +48,10 @@ def _read_json(path: Path, what: str) -> dict[str, Any]:
     try:
         return json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
-        raise GrpolabError(f"{path}: cannot read the {what} ({type(e).__name__}); expected a Hugging Face model "
-                           f"directory such as a release bundle") from None
+        raise GrpolabError(
+            f"{path}: cannot read the {what} ({type(e).__name__}); expected a Hugging Face model "
+            f"directory such as a release bundle"
+        ) from None
 
 
 def llama_hparams(config: dict[str, Any], where: Path) -> dict[str, Any]:
@@ -63,23 +65,33 @@ def llama_hparams(config: dict[str, Any], where: Path) -> dict[str, Any]:
     """
     arch = (config.get("architectures") or [None])[0]
     if arch not in SUPPORTED_ARCHITECTURES:
-        raise GrpolabError(f"{where}: architectures is {config.get('architectures')!r}; the GGUF converter handles "
-                           f"{', '.join(SUPPORTED_ARCHITECTURES)} only (llama.cpp's convert_hf_to_gguf.py covers others)")
+        raise GrpolabError(
+            f"{where}: architectures is {config.get('architectures')!r}; the GGUF converter handles "
+            f"{', '.join(SUPPORTED_ARCHITECTURES)} only (llama.cpp's convert_hf_to_gguf.py covers others)"
+        )
     rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
     if rope.get("rope_type", rope.get("type", "default")) not in ("default", None):
-        raise GrpolabError(f"{where}: rope type {rope.get('rope_type', rope.get('type'))!r}; the GGUF converter "
-                           f"handles the default rope only (no scaling)")
+        raise GrpolabError(
+            f"{where}: rope type {rope.get('rope_type', rope.get('type'))!r}; the GGUF converter "
+            f"handles the default rope only (no scaling)"
+        )
     for flag in ("attention_bias", "mlp_bias"):
         if config.get(flag):
             raise GrpolabError(f"{where}: {flag} is true; the GGUF converter handles bias-free Llama layers only")
     heads = config["num_attention_heads"]
-    return {"blocks": config["num_hidden_layers"], "context": config.get("max_position_embeddings", 2048),
-            "embedding": config["hidden_size"], "ffn": config["intermediate_size"], "heads": heads,
-            "kv_heads": config.get("num_key_value_heads") or heads,
-            "head_dim": config.get("head_dim") or config["hidden_size"] // heads,
-            "rope_theta": float(rope.get("rope_theta", config.get("rope_theta", 10000.0))),
-            "rms_eps": float(config.get("rms_norm_eps", 1e-6)), "vocab": config["vocab_size"],
-            "tied": bool(config.get("tie_word_embeddings", False))}
+    return {
+        "blocks": config["num_hidden_layers"],
+        "context": config.get("max_position_embeddings", 2048),
+        "embedding": config["hidden_size"],
+        "ffn": config["intermediate_size"],
+        "heads": heads,
+        "kv_heads": config.get("num_key_value_heads") or heads,
+        "head_dim": config.get("head_dim") or config["hidden_size"] // heads,
+        "rope_theta": float(rope.get("rope_theta", config.get("rope_theta", 10000.0))),
+        "rms_eps": float(config.get("rms_norm_eps", 1e-6)),
+        "vocab": config["vocab_size"],
+        "tied": bool(config.get("tie_word_embeddings", False)),
+    }
 
 
 def permute_rope_rows(weight, n_head: int):
@@ -102,6 +114,7 @@ def pre_tokenizer_name(spec: dict[str, Any] | None, where: str = "tokenizer.json
     >>> pre_tokenizer_name({"type": "ByteLevel", "add_prefix_space": False, "use_regex": True})
     'gpt-2'
     """
+
     def byte_level(p: dict[str, Any]) -> bool:
         return p.get("type") == "ByteLevel" and p.get("use_regex", True) and not p.get("add_prefix_space", False)
 
@@ -109,12 +122,18 @@ def pre_tokenizer_name(spec: dict[str, Any] | None, where: str = "tokenizer.json
     if byte_level(spec):
         return GPT2_PRE
     steps = (spec.get("pretokenizers") or []) if spec.get("type") == "Sequence" else []
-    if (len(steps) == 2 and steps[0].get("type") == "Digits" and steps[0].get("individual_digits")
-            and byte_level(steps[1])):
+    if (
+        len(steps) == 2
+        and steps[0].get("type") == "Digits"
+        and steps[0].get("individual_digits")
+        and byte_level(steps[1])
+    ):
         return SMOLLM_PRE
-    raise GrpolabError(f"{where}: pre_tokenizer {json.dumps(spec)[:200]} has no llama.cpp pre-tokenizer this "
-                       f"converter knows; supported: ByteLevel with its GPT-2 regex ({GPT2_PRE!r}) and "
-                       f"Digits(individual_digits) + ByteLevel ({SMOLLM_PRE!r})")
+    raise GrpolabError(
+        f"{where}: pre_tokenizer {json.dumps(spec)[:200]} has no llama.cpp pre-tokenizer this "
+        f"converter knows; supported: ByteLevel with its GPT-2 regex ({GPT2_PRE!r}) and "
+        f"Digits(individual_digits) + ByteLevel ({SMOLLM_PRE!r})"
+    )
 
 
 def end_id_fields(end_ids: list[int], tokenizer_eos: int | None, where: str) -> dict[str, int]:
@@ -129,8 +148,10 @@ def end_id_fields(end_ids: list[int], tokenizer_eos: int | None, where: str) -> 
     first = tokenizer_eos if tokenizer_eos in end_ids else end_ids[0]
     rest = [i for i in end_ids if i != first]
     if len(rest) > 2:
-        raise GrpolabError(f"{where}: {len(end_ids)} end ids {end_ids}; a GGUF file carries at most three "
-                           f"(tokenizer.ggml.eos_token_id, eot_token_id, eom_token_id)")
+        raise GrpolabError(
+            f"{where}: {len(end_ids)} end ids {end_ids}; a GGUF file carries at most three "
+            f"(tokenizer.ggml.eos_token_id, eot_token_id, eom_token_id)"
+        )
     return dict(zip(("eos", "eot", "eom"), [first, *rest]))
 
 
@@ -144,9 +165,11 @@ def tokenizer_fields(model_dir: Path, vocab_size: int) -> dict[str, Any]:
     spec = json.loads(tok.backend_tokenizer.to_str())
     model, where = spec.get("model") or {}, f"{model_dir}/tokenizer.json"
     if model.get("type") != "BPE" or model.get("byte_fallback") or spec.get("normalizer"):
-        raise GrpolabError(f"{where}: a {model.get('type')} model (byte_fallback {model.get('byte_fallback')}, "
-                           f"normalizer {spec.get('normalizer')}); the GGUF converter handles byte-level BPE "
-                           f"without a normalizer (tokenizer.ggml.model gpt2) only")
+        raise GrpolabError(
+            f"{where}: a {model.get('type')} model (byte_fallback {model.get('byte_fallback')}, "
+            f"normalizer {spec.get('normalizer')}); the GGUF converter handles byte-level BPE "
+            f"without a normalizer (tokenizer.ggml.model gpt2) only"
+        )
     pre = pre_tokenizer_name(spec.get("pre_tokenizer"), where)
     reverse = {i: t for t, i in tok.get_vocab().items()}
     if max(reverse) >= vocab_size:
@@ -159,8 +182,13 @@ def tokenizer_fields(model_dir: Path, vocab_size: int) -> dict[str, Any]:
             types.append(gguf.TokenType.UNUSED)
             continue
         tokens.append(reverse[i])
-        types.append(gguf.TokenType.NORMAL if i not in added else
-                     gguf.TokenType.CONTROL if added[i].special else gguf.TokenType.USER_DEFINED)
+        types.append(
+            gguf.TokenType.NORMAL
+            if i not in added
+            else gguf.TokenType.CONTROL
+            if added[i].special
+            else gguf.TokenType.USER_DEFINED
+        )
     merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges") or []]
     probe, bare = tok("a")["input_ids"], tok("a", add_special_tokens=False)["input_ids"]
     try:
@@ -171,19 +199,34 @@ def tokenizer_fields(model_dir: Path, vocab_size: int) -> dict[str, Any]:
         end = [end]
     elif not end:
         end = [] if tok.eos_token_id is None else [tok.eos_token_id]
-    return {"tokens": tokens, "types": types, "merges": merges, "pre": pre, "bos": tok.bos_token_id,
-            "unk": tok.unk_token_id, "pad": tok.pad_token_id, "chat_template": tok.chat_template,
-            "add_bos": len(probe) > len(bare) and probe[0] == tok.bos_token_id,
-            "add_eos": len(probe) > len(bare) and probe[-1] == tok.eos_token_id,
-            "end_ids": end_id_fields(end, tok.eos_token_id, f"{model_dir}/generation_config.json")}
+    return {
+        "tokens": tokens,
+        "types": types,
+        "merges": merges,
+        "pre": pre,
+        "bos": tok.bos_token_id,
+        "unk": tok.unk_token_id,
+        "pad": tok.pad_token_id,
+        "chat_template": tok.chat_template,
+        "add_bos": len(probe) > len(bare) and probe[0] == tok.bos_token_id,
+        "add_eos": len(probe) > len(bare) and probe[-1] == tok.eos_token_id,
+        "end_ids": end_id_fields(end, tok.eos_token_id, f"{model_dir}/generation_config.json"),
+    }
 
 
-def _write_metadata(writer, h: dict[str, Any], t: dict[str, Any], name: str, outtype: str, bundle_hash: str | None) -> None:
+def _write_metadata(
+    writer, h: dict[str, Any], t: dict[str, Any], name: str, outtype: str, bundle_hash: str | None
+) -> None:
     import gguf
 
     writer.add_name(name)
-    writer.add_file_type({"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16,
-                          "bf16": gguf.LlamaFileType.MOSTLY_BF16}[outtype])
+    writer.add_file_type(
+        {
+            "f32": gguf.LlamaFileType.ALL_F32,
+            "f16": gguf.LlamaFileType.MOSTLY_F16,
+            "bf16": gguf.LlamaFileType.MOSTLY_BF16,
+        }[outtype]
+    )
     writer.add_block_count(h["blocks"])
     writer.add_context_length(h["context"])
     writer.add_embedding_length(h["embedding"])
@@ -205,7 +248,11 @@ def _write_metadata(writer, h: dict[str, Any], t: dict[str, Any], name: str, out
     writer.add_add_space_prefix(False)
     writer.add_add_bos_token(t["add_bos"])
     writer.add_add_eos_token(t["add_eos"])
-    for key, add in (("bos", writer.add_bos_token_id), ("unk", writer.add_unk_token_id), ("pad", writer.add_pad_token_id)):
+    for key, add in (
+        ("bos", writer.add_bos_token_id),
+        ("unk", writer.add_unk_token_id),
+        ("pad", writer.add_pad_token_id),
+    ):
         if t[key] is not None:
             add(t[key])
     ends = t["end_ids"]
@@ -233,8 +280,10 @@ def gguf_tensors(state: dict[str, Any], h: dict[str, Any], outtype: str, permute
             continue
         name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
         if name is None:
-            raise GrpolabError(f"tensor {hf_name}: no llama.cpp name for it; the GGUF converter handles "
-                               f"{', '.join(SUPPORTED_ARCHITECTURES)} tensors only")
+            raise GrpolabError(
+                f"tensor {hf_name}: no llama.cpp name for it; the GGUF converter handles "
+                f"{', '.join(SUPPORTED_ARCHITECTURES)} tensors only"
+            )
         if permute and hf_name.endswith("q_proj.weight"):
             tensor = permute_rope_rows(tensor, h["heads"])
         elif permute and hf_name.endswith("k_proj.weight"):
@@ -274,7 +323,9 @@ def convert_to_gguf(model_dir: Path, out: Path, outtype: str = "f32", permute: b
     h = llama_hparams(_read_json(model_dir / "config.json", "model config"), model_dir / "config.json")
     t = tokenizer_fields(model_dir, h["vocab"])
     release = model_dir / "release.json"
-    bundle_hash = (_read_json(release, "release manifest").get("hashes") or {}).get("weights") if release.is_file() else None
+    bundle_hash = (
+        (_read_json(release, "release manifest").get("hashes") or {}).get("weights") if release.is_file() else None
+    )
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp")
     writer = gguf.GGUFWriter(str(tmp), arch=gguf.MODEL_ARCH_NAMES[gguf.MODEL_ARCH.LLAMA])
@@ -291,8 +342,16 @@ def convert_to_gguf(model_dir: Path, out: Path, outtype: str = "f32", permute: b
         os.replace(tmp, out)
     finally:
         tmp.unlink(missing_ok=True)
-    return {"path": str(out), "type": outtype, "bytes": out.stat().st_size, "seconds": time.perf_counter() - start,
-            "tensors": count, "pre_tokenizer": t["pre"], "end_ids": t["end_ids"], "bundle_weights": bundle_hash}
+    return {
+        "path": str(out),
+        "type": outtype,
+        "bytes": out.stat().st_size,
+        "seconds": time.perf_counter() - start,
+        "tensors": count,
+        "pre_tokenizer": t["pre"],
+        "end_ids": t["end_ids"],
+        "bundle_weights": bundle_hash,
+    }
 
 
 def _as_float(data, kind) -> Any:
@@ -318,8 +377,11 @@ def weights_against_gguf(model, path: Path, bundle_dtype) -> dict[str, Any]:
 
     reader = gguf.GGUFReader(str(path))
     file_type = int(reader.fields["general.file_type"].contents())
-    outtype = {int(gguf.LlamaFileType.ALL_F32): "f32", int(gguf.LlamaFileType.MOSTLY_F16): "f16",
-               int(gguf.LlamaFileType.MOSTLY_BF16): "bf16"}.get(file_type)
+    outtype = {
+        int(gguf.LlamaFileType.ALL_F32): "f32",
+        int(gguf.LlamaFileType.MOSTLY_F16): "f16",
+        int(gguf.LlamaFileType.MOSTLY_BF16): "bf16",
+    }.get(file_type)
     if outtype is None:
         raise GrpolabError(f"{path}: general.file_type {file_type}; expected an f32, f16 or bf16 file")
     h = llama_hparams(model.config.to_dict(), Path(path))
@@ -339,5 +401,10 @@ def weights_against_gguf(model, path: Path, bundle_dtype) -> dict[str, Any]:
         else:
             diff = np.abs(_as_float(got, kind).reshape(-1) - _as_float(array, kind).reshape(-1)).max()
             worst = max(worst, float(diff))
-    return {"tensors": len(reader.tensors), "identical": equal, "max_abs_diff": worst, "only_in_bundle": extra[:5],
-            "missing": sorted(expected)[:5]}
+    return {
+        "tensors": len(reader.tensors),
+        "identical": equal,
+        "max_abs_diff": worst,
+        "only_in_bundle": extra[:5],
+        "missing": sorted(expected)[:5],
+    }

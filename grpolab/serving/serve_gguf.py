@@ -76,8 +76,10 @@ def answer(llm, formatter, eog, request: dict, max_new_tokens: int) -> dict:
     reference = list(request.get("reference_ids") or [])
     need = len(prompt) + max(max_new_tokens, len(reference))
     if need > llm.n_ctx():
-        raise ValueError(f"request {request['uid']}: prompt of {len(prompt)} tokens + {max(max_new_tokens, len(reference))} "
-                         f"does not fit n_ctx {llm.n_ctx()}; pass a larger --n-ctx")
+        raise ValueError(
+            f"request {request['uid']}: prompt of {len(prompt)} tokens + {max(max_new_tokens, len(reference))} "
+            f"does not fit n_ctx {llm.n_ctx()}; pass a larger --n-ctx"
+        )
     llm.reset()
     completion, stopped = [], False
     for token in llm.generate(prompt, temp=0.0, top_k=1, top_p=1.0, min_p=0.0, typical_p=1.0, repeat_penalty=1.0):
@@ -88,9 +90,14 @@ def answer(llm, formatter, eog, request: dict, max_new_tokens: int) -> dict:
         if len(completion) >= max_new_tokens:
             break
     start = len(prompt) - 1
-    row = {"uid": request["uid"], "prompt_ids": prompt, "completion_ids": completion,
-           "text": llm.detokenize(completion, special=False).decode("utf-8", errors="replace"),
-           "logprobs": logprobs_of(llm.scores[start : start + len(completion)], completion), "stopped": stopped}
+    row = {
+        "uid": request["uid"],
+        "prompt_ids": prompt,
+        "completion_ids": completion,
+        "text": llm.detokenize(completion, special=False).decode("utf-8", errors="replace"),
+        "logprobs": logprobs_of(llm.scores[start : start + len(completion)], completion),
+        "stopped": stopped,
+    }
     if reference:
         llm.reset()
         llm.eval(prompt + reference)
@@ -105,8 +112,16 @@ def serve(model_path: str, requests: list[dict], max_new_tokens: int, threads: i
 
     threads = threads or os.cpu_count() or 1
     start = time.perf_counter()
-    llm = Llama(model_path=model_path, n_ctx=n_ctx, n_batch=min(n_ctx, 512), logits_all=True, n_threads=threads,
-                n_threads_batch=threads, seed=0, verbose=False)
+    llm = Llama(
+        model_path=model_path,
+        n_ctx=n_ctx,
+        n_batch=min(n_ctx, 512),
+        logits_all=True,
+        n_threads=threads,
+        n_threads_batch=threads,
+        seed=0,
+        verbose=False,
+    )
     loaded = time.perf_counter() - start
     meta = llm.metadata
     vocab = llama_cpp.llama_model_get_vocab(llm.model)
@@ -116,17 +131,28 @@ def serve(model_path: str, requests: list[dict], max_new_tokens: int, threads: i
         return llama_cpp.llama_vocab_get_text(vocab, token).decode("utf-8") if token >= 0 else ""
 
     template = meta.get("tokenizer.chat_template", "")
-    formatter = Jinja2ChatFormatter(template=template, eos_token=text(llm.token_eos()), bos_token=text(llm.token_bos()),
-                                    add_generation_prompt=True)
+    formatter = Jinja2ChatFormatter(
+        template=template, eos_token=text(llm.token_eos()), bos_token=text(llm.token_bos()), add_generation_prompt=True
+    )
     rows = [answer(llm, formatter, eog, r, max_new_tokens) for r in requests]
     return {
-        "stack": {"llama_cpp": llama_cpp.__version__, "python": sys.version.split()[0],
-                  "isolated": bool(sys.flags.isolated), "chat_format": llm.chat_format, "threads": threads,
-                  "grpolab_modules": sorted(m for m in sys.modules if m.split(".")[0] == "grpolab")},
-        "model_dir": model_path, "dtype": FILE_TYPES.get(int(meta.get("general.file_type", -1)), meta.get("general.file_type")),
-        "eos_token_id": sorted(eog), "declared_end_ids": sorted({int(meta[k]) for k in END_KEYS if k in meta}),
-        "chat_template_sha256": hashlib.sha256(template.encode()).hexdigest(), "n_ctx": llm.n_ctx(),
-        "load_s": loaded, "answer_s": time.perf_counter() - start - loaded, "rows": rows,
+        "stack": {
+            "llama_cpp": llama_cpp.__version__,
+            "python": sys.version.split()[0],
+            "isolated": bool(sys.flags.isolated),
+            "chat_format": llm.chat_format,
+            "threads": threads,
+            "grpolab_modules": sorted(m for m in sys.modules if m.split(".")[0] == "grpolab"),
+        },
+        "model_dir": model_path,
+        "dtype": FILE_TYPES.get(int(meta.get("general.file_type", -1)), meta.get("general.file_type")),
+        "eos_token_id": sorted(eog),
+        "declared_end_ids": sorted({int(meta[k]) for k in END_KEYS if k in meta}),
+        "chat_template_sha256": hashlib.sha256(template.encode()).hexdigest(),
+        "n_ctx": llm.n_ctx(),
+        "load_s": loaded,
+        "answer_s": time.perf_counter() - start - loaded,
+        "rows": rows,
     }
 
 

@@ -76,17 +76,29 @@ def answer_batch(model, tokenizer, requests: list[dict], prompts: list[list[int]
     ids = torch.tensor(prompts, dtype=torch.long)
     rows = []
     with torch.no_grad():
-        out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False, temperature=None,
-                             top_p=None, top_k=None, max_new_tokens=max_new_tokens, return_dict_in_generate=True,
-                             output_logits=True)
+        out = model.generate(
+            input_ids=ids,
+            attention_mask=torch.ones_like(ids),
+            do_sample=False,
+            temperature=None,
+            top_p=None,
+            top_k=None,
+            max_new_tokens=max_new_tokens,
+            return_dict_in_generate=True,
+            output_logits=True,
+        )
         for i, (request, prompt) in enumerate(zip(requests, prompts)):
-            generated = out.sequences[i, len(prompt):].tolist()
+            generated = out.sequences[i, len(prompt) :].tolist()
             completion = torch.tensor(generated[: first_end(generated, eos)], dtype=torch.long)
             steps = torch.stack([step[i] for step in out.logits[: len(completion)]]) if len(completion) else None
-            row = {"uid": request["uid"], "prompt_ids": prompt, "completion_ids": completion.tolist(),
-                   "text": tokenizer.decode(completion, skip_special_tokens=True),
-                   "logprobs": token_logprobs(steps, completion) if steps is not None else [],
-                   "stopped": bool(len(completion)) and int(completion[-1]) in eos}
+            row = {
+                "uid": request["uid"],
+                "prompt_ids": prompt,
+                "completion_ids": completion.tolist(),
+                "text": tokenizer.decode(completion, skip_special_tokens=True),
+                "logprobs": token_logprobs(steps, completion) if steps is not None else [],
+                "stopped": bool(len(completion)) and int(completion[-1]) in eos,
+            }
             if request.get("reference_ids"):
                 row["reference_logprobs"] = teacher_forced(model, prompt, request["reference_ids"])
             rows.append(row)
@@ -95,8 +107,12 @@ def answer_batch(model, tokenizer, requests: list[dict], prompts: list[list[int]
 
 def answer_all(model, tokenizer, requests: list[dict], max_new_tokens: int, batch_size: int) -> list[dict]:
     """Every request, in batches of equal prompt length (at most batch_size each); rows in request order."""
-    prompts = [tokenizer.apply_chat_template(r["messages"], add_generation_prompt=True, tokenize=True,
-                                             return_dict=True)["input_ids"] for r in requests]
+    prompts = [
+        tokenizer.apply_chat_template(r["messages"], add_generation_prompt=True, tokenize=True, return_dict=True)[
+            "input_ids"
+        ]
+        for r in requests
+    ]
     by_length: dict[int, list[int]] = {}
     for i, p in enumerate(prompts):
         by_length.setdefault(len(p), []).append(i)
@@ -104,8 +120,9 @@ def answer_all(model, tokenizer, requests: list[dict], max_new_tokens: int, batc
     for indices in by_length.values():
         for start in range(0, len(indices), max(1, batch_size)):
             chunk = indices[start : start + max(1, batch_size)]
-            answered = answer_batch(model, tokenizer, [requests[i] for i in chunk], [prompts[i] for i in chunk],
-                                    max_new_tokens)
+            answered = answer_batch(
+                model, tokenizer, [requests[i] for i in chunk], [prompts[i] for i in chunk], max_new_tokens
+            )
             for i, row in zip(chunk, answered):
                 rows[i] = row
     return rows
@@ -125,13 +142,21 @@ def serve(model_dir: str, requests: list[dict], max_new_tokens: int, threads: in
     rows = answer_all(model, tokenizer, requests, max_new_tokens, batch_size)
     eos = model.generation_config.eos_token_id
     return {
-        "stack": {"transformers": transformers.__version__, "torch": torch.__version__,
-                  "python": sys.version.split()[0], "isolated": bool(sys.flags.isolated),
-                  "grpolab_modules": sorted(m for m in sys.modules if m.split(".")[0] == "grpolab")},
-        "model_dir": model_dir, "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
+        "stack": {
+            "transformers": transformers.__version__,
+            "torch": torch.__version__,
+            "python": sys.version.split()[0],
+            "isolated": bool(sys.flags.isolated),
+            "grpolab_modules": sorted(m for m in sys.modules if m.split(".")[0] == "grpolab"),
+        },
+        "model_dir": model_dir,
+        "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
         "eos_token_id": sorted([eos] if isinstance(eos, int) else list(eos or [])),
         "chat_template_sha256": hashlib.sha256((tokenizer.chat_template or "").encode()).hexdigest(),
-        "load_s": loaded, "answer_s": time.perf_counter() - start - loaded, "batch_size": batch_size, "rows": rows,
+        "load_s": loaded,
+        "answer_s": time.perf_counter() - start - loaded,
+        "batch_size": batch_size,
+        "rows": rows,
     }
 
 

@@ -47,7 +47,9 @@ def register_task(name: str, factory: Callable[..., Task]) -> None:
 
 def _options(factory: Callable[..., Task]) -> tuple[list[str], list[str]]:
     """(all keyword options, the required ones) a task factory takes."""
-    params = [p for p in inspect.signature(factory).parameters.values() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    params = [
+        p for p in inspect.signature(factory).parameters.values() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+    ]
     return [p.name for p in params], [p.name for p in params if p.default is inspect.Parameter.empty]
 
 
@@ -58,8 +60,10 @@ def make_task(name: str, **kwargs: Any) -> Task:
     'arithmetic'
     """
     if name not in TASKS:
-        raise ConfigError(f"task.name: unknown task {name!r}; expected one of {', '.join(sorted(TASKS))}"
-                          + (" (the agent task registers when grpolab.agents is imported)" if name == "agent" else ""))
+        raise ConfigError(
+            f"task.name: unknown task {name!r}; expected one of {', '.join(sorted(TASKS))}"
+            + (" (the agent task registers when grpolab.agents is imported)" if name == "agent" else "")
+        )
     factory = TASKS[name]
     accepted, required = _options(factory)
     unknown = sorted(set(kwargs) - set(accepted))

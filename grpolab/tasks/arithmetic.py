@@ -69,8 +69,7 @@ def _check_int(field: str, value: object, minimum: int) -> int:
 def _check_operators(value: object) -> str:
     if not isinstance(value, str) or not value or any(c not in ALLOWED_OPERATORS for c in value):
         raise ConfigError(
-            f"task.operators: expected a non-empty string of characters from "
-            f"{ALLOWED_OPERATORS!r}, got {value!r}"
+            f"task.operators: expected a non-empty string of characters from {ALLOWED_OPERATORS!r}, got {value!r}"
         )
     return "".join(dict.fromkeys(value))  # dedupe, keep order
 

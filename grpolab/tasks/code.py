@@ -31,12 +31,30 @@ from grpolab.tasks.base import Problem
 CODE_INSTRUCTION = "Answer with the complete Python function in one ```python code block."
 
 
-def code_problem(uid: str, question: str, reference: str, tests: Sequence[str], *, shown: Sequence[str] = (),
-                 setup: str = "", prefix: str = "", entry_point: str = "", slice: str = "all",
-                 instruction: str = CODE_INSTRUCTION, time_limit_s: float | None = None) -> Problem:
+def code_problem(
+    uid: str,
+    question: str,
+    reference: str,
+    tests: Sequence[str],
+    *,
+    shown: Sequence[str] = (),
+    setup: str = "",
+    prefix: str = "",
+    entry_point: str = "",
+    slice: str = "all",
+    instruction: str = CODE_INSTRUCTION,
+    time_limit_s: float | None = None,
+) -> Problem:
     """A Problem carrying its tests in ``data`` (rules in the module docstring)."""
-    data: dict[str, Any] = {"kind": "code", "tests": tuple(tests), "shown": tuple(shown), "setup": setup,
-                            "prefix": prefix, "entry_point": entry_point, "time_limit_s": time_limit_s}
+    data: dict[str, Any] = {
+        "kind": "code",
+        "tests": tuple(tests),
+        "shown": tuple(shown),
+        "setup": setup,
+        "prefix": prefix,
+        "entry_point": entry_point,
+        "time_limit_s": time_limit_s,
+    }
     return Problem(uid=uid, question=question, answer=reference, slice=slice, data=data, instruction=instruction)
 
 

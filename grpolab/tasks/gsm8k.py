@@ -106,4 +106,3 @@ class GSM8KTask:
                 f"(missing 'question'/'answer' or no text after '{MARKER}'), more than "
                 f"task.max_bad_fraction={self.max_bad_fraction}; first bad lines: {first}"
             )
-

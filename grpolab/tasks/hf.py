@@ -119,8 +119,10 @@ def load_any(path: str, name: str | None = None) -> Any:
 
 
 def _load_hub(datasets: Any, path: str, name: str | None) -> Any:
-    need = (f"task.path {path}: not a local path, so it is read from the Hugging Face hub, which needs network access; "
-            "give a local path instead (a directory written by save_to_disk, or a data file)")
+    need = (
+        f"task.path {path}: not a local path, so it is read from the Hugging Face hub, which needs network access; "
+        "give a local path instead (a directory written by save_to_disk, or a data file)"
+    )
     why = _hub_unreachable()
     if why:
         raise DataError(f"{need} ({why})")
@@ -177,24 +179,49 @@ class HFTask:
 
     name = "hf"
 
-    def __init__(self, path: str | None = None, config_name: str | None = None, prompt_field: str = "question",
-                 answer_field: str | None = None, messages_field: str | None = None, slice_field: str | None = None,
-                 answer_marker: str | None = None, train_split: str = "train", test_split: str | None = None,
-                 test_fraction: float = 0.1, split_seed: int = 0, num_train: int = 0, num_test: int = 0,
-                 max_bad_fraction: float = 0.05, instruction: str | None = None, dataset: Any = None) -> None:
+    def __init__(
+        self,
+        path: str | None = None,
+        config_name: str | None = None,
+        prompt_field: str = "question",
+        answer_field: str | None = None,
+        messages_field: str | None = None,
+        slice_field: str | None = None,
+        answer_marker: str | None = None,
+        train_split: str = "train",
+        test_split: str | None = None,
+        test_fraction: float = 0.1,
+        split_seed: int = 0,
+        num_train: int = 0,
+        num_test: int = 0,
+        max_bad_fraction: float = 0.05,
+        instruction: str | None = None,
+        dataset: Any = None,
+    ) -> None:
         if dataset is None:
             _check_str("path", path, optional=False)
-        for field, value in (("config_name", config_name), ("prompt_field", prompt_field), ("answer_field", answer_field),
-                             ("messages_field", messages_field), ("slice_field", slice_field),
-                             ("answer_marker", answer_marker), ("train_split", train_split), ("test_split", test_split)):
+        for field, value in (
+            ("config_name", config_name),
+            ("prompt_field", prompt_field),
+            ("answer_field", answer_field),
+            ("messages_field", messages_field),
+            ("slice_field", slice_field),
+            ("answer_marker", answer_marker),
+            ("train_split", train_split),
+            ("test_split", test_split),
+        ):
             _check_str(field, value, optional=field not in ("prompt_field", "train_split"))
         self._check_numbers(test_fraction, split_seed, num_train, num_test, max_bad_fraction)
         if instruction is not None and not isinstance(instruction, str):
             raise ConfigError(f"task.instruction: expected a string or null, got {instruction!r}")
         self.path, self.config_name = path, config_name
         self.label = Path(str(path)).name if path else "dataset"
-        self.fields = {"prompt_field": prompt_field, "answer_field": answer_field, "messages_field": messages_field,
-                       "slice_field": slice_field}
+        self.fields = {
+            "prompt_field": prompt_field,
+            "answer_field": answer_field,
+            "messages_field": messages_field,
+            "slice_field": slice_field,
+        }
         self.answer_marker, self.instruction = answer_marker, PROMPT_INSTRUCTION if instruction is None else instruction
         self.test_fraction, self.split_seed = float(test_fraction), split_seed
         self.limits = {"train": num_train, "test": num_test}
@@ -217,7 +244,9 @@ class HFTask:
             raise ConfigError(f"task.max_bad_fraction: expected a number in [0, 1], got {max_bad!r}")
         for field, value in (("split_seed", split_seed), ("num_train", num_train), ("num_test", num_test)):
             if not isinstance(value, int) or isinstance(value, bool) or (value < 0 and field != "split_seed"):
-                raise ConfigError(f"task.{field}: expected an integer{' >= 0' if field != 'split_seed' else ''}, got {value!r}")
+                raise ConfigError(
+                    f"task.{field}: expected an integer{' >= 0' if field != 'split_seed' else ''}, got {value!r}"
+                )
 
     # ------------------------------------------------------------------------------------------ splits and fields
 
@@ -227,12 +256,18 @@ class HFTask:
             loaded, train_split = {"train": loaded}, "train"
         names = list(loaded.keys())
         if train_split not in loaded:
-            raise ConfigError(f"task.train_split: no split {train_split!r} in {self._where()}; splits: {', '.join(names)}")
+            raise ConfigError(
+                f"task.train_split: no split {train_split!r} in {self._where()}; splits: {', '.join(names)}"
+            )
         if test_split is not None and test_split not in loaded:
-            raise ConfigError(f"task.test_split: no split {test_split!r} in {self._where()}; splits: {', '.join(names)}")
+            raise ConfigError(
+                f"task.test_split: no split {test_split!r} in {self._where()}; splits: {', '.join(names)}"
+            )
         test = test_split or ("test" if "test" in loaded and train_split != "test" else None)
-        return {"train": (train_split, loaded[train_split]),
-                "test": (test, loaded[test]) if test else (f"{train_split}[held-out {self.test_fraction:g}]", None)}
+        return {
+            "train": (train_split, loaded[train_split]),
+            "test": (test, loaded[test]) if test else (f"{train_split}[held-out {self.test_fraction:g}]", None),
+        }
 
     def _where(self) -> str:
         return f"{self.path}" + (f" ({self.config_name})" if self.config_name else "") if self.path else "the data set"
@@ -240,7 +275,9 @@ class HFTask:
     def _check_fields(self) -> None:
         """ConfigError naming the first option whose field a used split lacks, and the fields it has."""
         f = self.fields
-        wanted = [("messages_field", f["messages_field"])] if f["messages_field"] else [("prompt_field", f["prompt_field"])]
+        wanted = (
+            [("messages_field", f["messages_field"])] if f["messages_field"] else [("prompt_field", f["prompt_field"])]
+        )
         if f["answer_field"] or not f["messages_field"]:
             wanted.append(("answer_field", f["answer_field"] or "answer"))
         if f["slice_field"]:
@@ -251,8 +288,10 @@ class HFTask:
             columns = list(data.column_names)
             for option, column in wanted:
                 if column not in columns:
-                    raise ConfigError(f"task.{option}: no field {column!r} in split {split!r} of {self._where()}; "
-                                      f"fields: {', '.join(columns)}")
+                    raise ConfigError(
+                        f"task.{option}: no field {column!r} in split {split!r} of {self._where()}; "
+                        f"fields: {', '.join(columns)}"
+                    )
 
     # ------------------------------------------------------------------------------------------ problems
 
@@ -293,8 +332,10 @@ class HFTask:
 
     def _held_out_keys(self, rows: Iterable[tuple[str, int, dict]]) -> set[str]:
         """The normalised questions held out: ceil(test_fraction * distinct) of them, by seeded hash order."""
-        keys = sorted({k for k in (self._key(r[2]) for r in rows) if k is not None},
-                      key=lambda k: _sha256(f"{self.split_seed}:{k}"))
+        keys = sorted(
+            {k for k in (self._key(r[2]) for r in rows) if k is not None},
+            key=lambda k: _sha256(f"{self.split_seed}:{k}"),
+        )
         return set(keys[: math.ceil(self.test_fraction * len(keys))])
 
     def _question_answer(self, row: dict) -> tuple[str | None, str | None]:
@@ -316,8 +357,13 @@ class HFTask:
         if question is None or answer is None:
             return None
         label = _text(row.get(self.fields["slice_field"])) if self.fields["slice_field"] else "all"
-        return Problem(uid=f"hf/{self.label}/{source_split}/{index}", question=question, answer=answer,
-                       slice=label or "all", instruction=self.instruction)
+        return Problem(
+            uid=f"hf/{self.label}/{source_split}/{index}",
+            question=question,
+            answer=answer,
+            slice=label or "all",
+            instruction=self.instruction,
+        )
 
     def _check_bad(self, split: str, total: int, bad: list[int]) -> None:
         where = f"{self._where()}, split {self.splits[split][0]!r}"
@@ -326,18 +372,28 @@ class HFTask:
         if not total:
             raise DataError(f"{where}: no rows")
         first = ", ".join(str(i) for i in bad[:5])
-        raise DataError(f"{where}: {len(bad)} of {total} rows have no usable question or gold answer (more than "
-                        f"task.max_bad_fraction={self.max_bad_fraction}); first bad rows (0-based): {first}")
+        raise DataError(
+            f"{where}: {len(bad)} of {total} rows have no usable question or gold answer (more than "
+            f"task.max_bad_fraction={self.max_bad_fraction}); first bad rows (0-based): {first}"
+        )
 
     # ------------------------------------------------------------------------------------------ identity
 
     @property
     def source(self) -> dict[str, Any]:
         """What the manifest records: where the data came from and the fingerprint of every split used."""
-        fingerprints = {name: getattr(data, "_fingerprint", None) for name, data in self.splits.values() if data is not None}
+        fingerprints = {
+            name: getattr(data, "_fingerprint", None) for name, data in self.splits.values() if data is not None
+        }
         combined = _sha256(json.dumps(sorted(fingerprints.items())))[:16]
         self._split_rows("train")  # the overlap count is known once the splits are cut
-        return {"kind": "hf", "path": self.path if self.path else "in-memory", "config_name": self.config_name,
-                "train_split": self.splits["train"][0], "test_split": self.splits["test"][0],
-                "fingerprints": fingerprints, "fingerprint": combined, "held_out_overlap_removed": self.overlap_removed}
-
+        return {
+            "kind": "hf",
+            "path": self.path if self.path else "in-memory",
+            "config_name": self.config_name,
+            "train_split": self.splits["train"][0],
+            "test_split": self.splits["test"][0],
+            "fingerprints": fingerprints,
+            "fingerprint": combined,
+            "held_out_overlap_removed": self.overlap_removed,
+        }

@@ -50,10 +50,15 @@ def humaneval_problem(row: dict, where: str) -> Problem:
         raise DataError(f"{where}: field 'entry_point' is not a Python name: {entry!r}")
     number = row["task_id"].rsplit("/", 1)[-1]
     question = f"Complete this Python function:\n```python\n{prompt.rstrip()}\n```"
-    return code_problem(f"humaneval/{number}", question, prompt + row["canonical_solution"],
-                        [f"check(__solution__({entry!r}))"],
-                        setup=f"{prompt}\n\n{entry} = __solution__({entry!r})\n\n{row['test']}", prefix=prompt,
-                        entry_point=entry)
+    return code_problem(
+        f"humaneval/{number}",
+        question,
+        prompt + row["canonical_solution"],
+        [f"check(__solution__({entry!r}))"],
+        setup=f"{prompt}\n\n{entry} = __solution__({entry!r})\n\n{row['test']}",
+        prefix=prompt,
+        entry_point=entry,
+    )
 
 
 class HumanEvalTask:
@@ -71,10 +76,15 @@ class HumanEvalTask:
 
     def problems(self, split: str) -> list[Problem]:
         if split != "test":
-            raise ConfigError(f"split: HumanEval has only a 'test' split (it is for held-out evaluation), got {split!r}")
+            raise ConfigError(
+                f"split: HumanEval has only a 'test' split (it is for held-out evaluation), got {split!r}"
+            )
         if self.path is not None:
             file = Path(self.path) / "HumanEval.jsonl"
-            rows = [(f"{file}:{n}", row) for n, row in read_jsonl(file, "HumanEval.jsonl (task.path is the directory holding it)")]
+            rows = [
+                (f"{file}:{n}", row)
+                for n, row in read_jsonl(file, "HumanEval.jsonl (task.path is the directory holding it)")
+            ]
         else:
             rows = [(f"{self.hub_id} row {n}", row) for n, row in load_hub_rows(self.hub_id, "test")]
         if not rows:

@@ -50,11 +50,17 @@ def load_hub_rows(hub_id: str, split: str, config: str | None = None) -> list[tu
     try:
         import datasets
     except ImportError as exc:
-        raise DataError(f"{hub_id}: loading from the hub needs the 'datasets' package ({exc}); or set task.path") from None
+        raise DataError(
+            f"{hub_id}: loading from the hub needs the 'datasets' package ({exc}); or set task.path"
+        ) from None
     try:
-        dataset = datasets.load_dataset(hub_id, config, split=split) if config else datasets.load_dataset(hub_id, split=split)
+        dataset = (
+            datasets.load_dataset(hub_id, config, split=split) if config else datasets.load_dataset(hub_id, split=split)
+        )
     except Exception as exc:  # network, missing dataset or split: report it as a data problem
-        raise DataError(f"{hub_id}: could not load split {split!r} from the hub ({exc}); or set task.path to a local copy") from None
+        raise DataError(
+            f"{hub_id}: could not load split {split!r} from the hub ({exc}); or set task.path to a local copy"
+        ) from None
     return [(number, dict(row)) for number, row in enumerate(dataset, start=1)]
 
 
@@ -103,7 +109,9 @@ class JsonlTask:
         """All rows of the split's file, in file order."""
         file = Path(self.path.replace("{split}", check_split(split)))
         expected = f"a JSONL file with {self.question_field!r} and {self.answer_field!r} fields (task.path)"
-        return [self._problem(file, index, lineno, row) for index, (lineno, row) in enumerate(read_jsonl(file, expected))]
+        return [
+            self._problem(file, index, lineno, row) for index, (lineno, row) in enumerate(read_jsonl(file, expected))
+        ]
 
     def _problem(self, file: Path, index: int, lineno: int, row: dict) -> Problem:
         where = f"{file}:{lineno}"

@@ -48,8 +48,14 @@ def _check_optional_str(field: str, value: object) -> None:
 
 def _str_list(row: dict, field: str, where: str, allow_empty: bool = False) -> list[str]:
     value = row.get(field, [] if allow_empty else None)
-    if not isinstance(value, list) or (not value and not allow_empty) or not all(isinstance(v, str) and v.strip() for v in value):
-        raise DataError(f"{where}: field {field!r} must be a {'' if allow_empty else 'non-empty '}list of assert statements")
+    if (
+        not isinstance(value, list)
+        or (not value and not allow_empty)
+        or not all(isinstance(v, str) and v.strip() for v in value)
+    ):
+        raise DataError(
+            f"{where}: field {field!r} must be a {'' if allow_empty else 'non-empty '}list of assert statements"
+        )
     return [v.strip() for v in value]
 
 
@@ -70,8 +76,9 @@ def mbpp_problem(row: dict, where: str, show_tests: int = 1, challenge: bool = F
     shown = tests[:show_tests]
     noun = "this test" if len(shown) == 1 else "these tests"
     question = text.strip() + (f"\nYour code should pass {noun}:\n" + "\n".join(shown) if shown else "")
-    return code_problem(f"mbpp/{task_id}", question, code.replace("\r\n", "\n"), tests, shown=shown,
-                        setup=setup.replace("\r\n", "\n"))
+    return code_problem(
+        f"mbpp/{task_id}", question, code.replace("\r\n", "\n"), tests, shown=shown, setup=setup.replace("\r\n", "\n")
+    )
 
 
 class MBPPTask:
@@ -82,8 +89,13 @@ class MBPPTask:
     id_forms = "601 (MBPP's task_id), 'Mbpp/601' (evalplus) or 'mbpp/601'"
     uid_of = staticmethod(mbpp_uid)
 
-    def __init__(self, path: str | None = None, hub_id: str = "google-research-datasets/mbpp", show_tests: int = 1,
-                 challenge: bool = False) -> None:
+    def __init__(
+        self,
+        path: str | None = None,
+        hub_id: str = "google-research-datasets/mbpp",
+        show_tests: int = 1,
+        challenge: bool = False,
+    ) -> None:
         _check_optional_str("path", path)
         _check_optional_str("hub_id", hub_id)
         if isinstance(show_tests, bool) or not isinstance(show_tests, int) or not 0 <= show_tests <= 3:

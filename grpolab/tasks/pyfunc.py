@@ -33,11 +33,47 @@ from grpolab.tasks.jsonl import check_split
 from grpolab.tasks.pyfunc_templates import ARG_NAMES, ARG_NOTES, PARAMS, TEMPLATES, Template
 
 FAMILIES = ("int", "str", "list", "pair")
-WORDS = ("apple", "banana", "cat", "level", "noon", "stars", "tree", "river", "lemon", "radar", "idea", "sister",
-         "letter", "coconut", "dolls", "test", "rotor", "bread", "salt", "tonic", "ocean", "lion", "data", "code")
-EDGES = {"n": [0, 1, -1, -7], "n+": [0, 1, 10], "n1": [1, 2, 12], "s": ["", "a"], "s+": ["a"], "text": ["", "a"],
-         "text+": ["a"], "xs": [[], [0]], "xs+": [[5], [3, 3]], "xs2": [[1, 1], [0, -2]], "ab": [(0, 0), (3, -3)],
-         "ab+": [(1, 1), (12, 18)], "ab0": [(2, 0), (-3, 3)]}
+WORDS = (
+    "apple",
+    "banana",
+    "cat",
+    "level",
+    "noon",
+    "stars",
+    "tree",
+    "river",
+    "lemon",
+    "radar",
+    "idea",
+    "sister",
+    "letter",
+    "coconut",
+    "dolls",
+    "test",
+    "rotor",
+    "bread",
+    "salt",
+    "tonic",
+    "ocean",
+    "lion",
+    "data",
+    "code",
+)
+EDGES = {
+    "n": [0, 1, -1, -7],
+    "n+": [0, 1, 10],
+    "n1": [1, 2, 12],
+    "s": ["", "a"],
+    "s+": ["a"],
+    "text": ["", "a"],
+    "text+": ["a"],
+    "xs": [[], [0]],
+    "xs+": [[5], [3, 3]],
+    "xs2": [[1, 1], [0, -2]],
+    "ab": [(0, 0), (3, -3)],
+    "ab+": [(1, 1), (12, 18)],
+    "ab0": [(2, 0), (-3, 3)],
+}
 
 
 def split_of(text: str, test_fraction: float) -> str:
@@ -63,7 +99,11 @@ def draw_input(kind: str, rng: random.Random, param: Any) -> Any:
             return rng.randint(-30, 60)
         return rng.randint(low, 20) if rng.random() < 0.5 else rng.randint(21, 999)
     if kind in ("s", "s+"):
-        s = rng.choice(WORDS) if rng.random() < 0.6 else "".join(rng.choice("abcdeilnorstuy") for _ in range(rng.randint(1, 7)))
+        s = (
+            rng.choice(WORDS)
+            if rng.random() < 0.6
+            else "".join(rng.choice("abcdeilnorstuy") for _ in range(rng.randint(1, 7)))
+        )
         if c:
             where = rng.random()
             s = c + s if where < 0.25 else s + c if where < 0.5 else s if where < 0.7 else _insert(s, c, rng)
@@ -99,8 +139,9 @@ def call_text(name: str, kind: str, value: Any) -> str:
     return f"{name}({', '.join(repr(a) for a in args)})"
 
 
-def choose_tests(template: Template, param: Any, rng: random.Random, shown: int, hidden: int,
-                 output: Any) -> tuple[list, list]:
+def choose_tests(
+    template: Template, param: Any, rng: random.Random, shown: int, hidden: int, output: Any
+) -> tuple[list, list]:
     """(shown inputs, hidden inputs), distinct by repr, chosen so that the expected outputs differ as much as
     possible (a constant function must not pass): from 60 random draws, the shown ones are the first with outputs
     not seen yet; the hidden ones are up to two edge cases, then draws with new outputs, then any other draws."""
@@ -141,7 +182,9 @@ def _choices(field: str, value: Any, allowed: tuple, cast) -> tuple:
     except ValueError:
         out = ()
     if not out or any(v not in allowed for v in out):
-        raise ConfigError(f"task.{field}: expected a comma-separated subset of {', '.join(map(str, allowed))}, got {value!r}")
+        raise ConfigError(
+            f"task.{field}: expected a comma-separated subset of {', '.join(map(str, allowed))}, got {value!r}"
+        )
     return out
 
 
@@ -156,9 +199,19 @@ class PyFuncTask:
 
     name = "pyfunc"
 
-    def __init__(self, seed: int = 0, levels: Any = "1,2,3", families: Any = "int,str,list,pair", test_fraction: float = 0.3,
-                 split_by: str = "problem", shown_tests: int = 2, hidden_tests: int = 6, num_train: int = 0,
-                 num_test: int = 0, time_limit_s: float = 2.0) -> None:
+    def __init__(
+        self,
+        seed: int = 0,
+        levels: Any = "1,2,3",
+        families: Any = "int,str,list,pair",
+        test_fraction: float = 0.3,
+        split_by: str = "problem",
+        shown_tests: int = 2,
+        hidden_tests: int = 6,
+        num_train: int = 0,
+        num_test: int = 0,
+        time_limit_s: float = 2.0,
+    ) -> None:
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise ConfigError(f"task.seed: expected an integer, got {seed!r}")
         self.seed = seed
@@ -166,7 +219,9 @@ class PyFuncTask:
         self.families = _choices("families", families, FAMILIES, str)
         ok = isinstance(test_fraction, (int, float)) and not isinstance(test_fraction, bool) and 0 < test_fraction < 1
         if not ok:
-            raise ConfigError(f"task.test_fraction: expected a number between 0 and 1 (exclusive), got {test_fraction!r}")
+            raise ConfigError(
+                f"task.test_fraction: expected a number between 0 and 1 (exclusive), got {test_fraction!r}"
+            )
         self.test_fraction = float(test_fraction)
         if split_by not in ("problem", "template"):
             raise ConfigError(f"task.split_by: expected 'problem' or 'template', got {split_by!r}")
@@ -179,20 +234,29 @@ class PyFuncTask:
 
     def identities(self) -> list[tuple[Template, Any, str]]:
         """Every (template, parameter, identity text) the options allow, in template order."""
-        return [(t, p, f"{t.key}:{p}" if t.param else t.key) for t in TEMPLATES
-                if t.level in self.levels and t.family in self.families for p in PARAMS[t.param]]
+        return [
+            (t, p, f"{t.key}:{p}" if t.param else t.key)
+            for t in TEMPLATES
+            if t.level in self.levels and t.family in self.families
+            for p in PARAMS[t.param]
+        ]
 
     def problems(self, split: str) -> list[Problem]:
         """The problems of `split` in their seeded order (num_train / num_test of them; 0 = all)."""
         check_split(split)
-        chosen = [(t, p, ident) for t, p, ident in self.identities()
-                  if split_of(t.key if self.split_by == "template" else ident, self.test_fraction) == split]
+        chosen = [
+            (t, p, ident)
+            for t, p, ident in self.identities()
+            if split_of(t.key if self.split_by == "template" else ident, self.test_fraction) == split
+        ]
         random.Random(f"pyfunc:{self.seed}:{split}").shuffle(chosen)
         limit = self.num_train if split == "train" else self.num_test
         chosen = chosen[:limit] if limit else chosen
         if not chosen:
-            raise ConfigError(f"task.test_fraction: no {split} problems with levels={self.levels}, families="
-                              f"{self.families}, test_fraction={self.test_fraction}, split_by={self.split_by!r}")
+            raise ConfigError(
+                f"task.test_fraction: no {split} problems with levels={self.levels}, families="
+                f"{self.families}, test_fraction={self.test_fraction}, split_by={self.split_by!r}"
+            )
         return [self.problem(t, p, ident) for t, p, ident in chosen]
 
     def problem(self, template: Template, param: Any, identity: str) -> Problem:
@@ -215,6 +279,13 @@ class PyFuncTask:
         question = f"Write a Python function `{signature}` that {template.text.format(**fmt)}, where {ARG_NOTES[template.arg]}."
         if shown_asserts:
             question += "\nExamples:\n" + "\n".join(shown_asserts)
-        return code_problem(f"pyfunc/{identity}", question, f"# reference: {template.key} with parameter {param!r}",
-                            [check(v) for v in hidden], shown=shown_asserts, entry_point=name, slice=template.family,
-                            time_limit_s=self.time_limit_s)
+        return code_problem(
+            f"pyfunc/{identity}",
+            question,
+            f"# reference: {template.key} with parameter {param!r}",
+            [check(v) for v in hidden],
+            shown=shown_asserts,
+            entry_point=name,
+            slice=template.family,
+            time_limit_s=self.time_limit_s,
+        )

@@ -40,22 +40,33 @@ def episode_scores(results: list[EpisodeResult], weights: dict[str, float]) -> S
     """Scores of episodes: component ``env`` = the environment's reward, total = weights['env'] * env; an invalid
     episode has NaN and its reason."""
     w = weights[ENV_REWARD]
-    rows = [EpisodeScore(math.nan, {ENV_REWARD: math.nan}, True, f"env: {r.error}", episode=r) if r.invalid
-            else EpisodeScore(w * r.reward, {ENV_REWARD: r.reward}, episode=r) for r in results]
-    return Scores(torch.tensor([r.total for r in rows], dtype=torch.float64),
-                  {ENV_REWARD: torch.tensor([r.components[ENV_REWARD] for r in rows], dtype=torch.float64)},
-                  torch.tensor([r.invalid for r in rows]), rows)
+    rows = [
+        EpisodeScore(math.nan, {ENV_REWARD: math.nan}, True, f"env: {r.error}", episode=r)
+        if r.invalid
+        else EpisodeScore(w * r.reward, {ENV_REWARD: r.reward}, episode=r)
+        for r in results
+    ]
+    return Scores(
+        torch.tensor([r.total for r in rows], dtype=torch.float64),
+        {ENV_REWARD: torch.tensor([r.components[ENV_REWARD] for r in rows], dtype=torch.float64)},
+        torch.tensor([r.invalid for r in rows]),
+        rows,
+    )
 
 
 def check_agent_config(cfg) -> None:
     """ConfigError for settings an agent task cannot honour."""
     unknown = sorted(set(cfg.reward.weights) - {ENV_REWARD})
     if unknown or ENV_REWARD not in cfg.reward.weights:
-        raise ConfigError(f"reward.weights: an agent task is rewarded by its environment; expected {{env: 1.0}}, got "
-                          f"{dict(cfg.reward.weights)}")
+        raise ConfigError(
+            f"reward.weights: an agent task is rewarded by its environment; expected {{env: 1.0}}, got "
+            f"{dict(cfg.reward.weights)}"
+        )
     if cfg.algorithm.overlong_buffer:
-        raise ConfigError("algorithm.overlong_buffer: not supported for agent tasks (episodes are bounded by the "
-                          "task's max_turn_tokens / max_total_tokens)")
+        raise ConfigError(
+            "algorithm.overlong_buffer: not supported for agent tasks (episodes are bounded by the "
+            "task's max_turn_tokens / max_total_tokens)"
+        )
 
 
 class AgentCollector(BatchCollector):

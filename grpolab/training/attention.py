@@ -42,8 +42,9 @@ def grouped_passes() -> Iterator[None]:
         _grouped["on"] = before
 
 
-def grouped_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
-                      scale: float) -> torch.Tensor:
+def grouped_attention(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None, scale: float
+) -> torch.Tensor:
     """O = softmax(Q K^T * scale + M) V for grouped-query heads, without repeating K and V.
 
     query [B, H, L, D], key [B, Hkv, S, D], value [B, Hkv, S, Dv] with H = G * Hkv, query head h reading key/value
@@ -72,17 +73,38 @@ def _grouped_applies(query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor 
     """The passes and inputs ``grouped_attention`` takes: inside ``grouped_passes``; float32 / float64 inputs with
     autocast off (SDPA's math backend upcasts half precision: this path does not); no dropout, bias or softcap;
     a boolean mask [B or 1, 1, L, S] shared by the heads."""
-    if not _grouped["on"] or query.dtype not in (torch.float32, torch.float64) or torch.is_autocast_enabled(query.device.type):
+    if (
+        not _grouped["on"]
+        or query.dtype not in (torch.float32, torch.float64)
+        or torch.is_autocast_enabled(query.device.type)
+    ):
         return False
-    if kwargs.get("dropout") or kwargs.get("position_bias") is not None or kwargs.get("softcap") is not None \
-            or query.shape[1] % key.shape[1]:
+    if (
+        kwargs.get("dropout")
+        or kwargs.get("position_bias") is not None
+        or kwargs.get("softcap") is not None
+        or query.shape[1] % key.shape[1]
+    ):
         return False
-    return (mask is not None and mask.dtype == torch.bool and mask.dim() == 4 and mask.shape[1] == 1
-            and mask.shape[0] in (1, query.shape[0]) and mask.shape[-2:] == (query.shape[2], key.shape[2]))
+    return (
+        mask is not None
+        and mask.dtype == torch.bool
+        and mask.dim() == 4
+        and mask.shape[1] == 1
+        and mask.shape[0] in (1, query.shape[0])
+        and mask.shape[-2:] == (query.shape[2], key.shape[2])
+    )
 
 
-def _attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-               attention_mask: torch.Tensor | None, upcast: bool, **kwargs) -> tuple[torch.Tensor, None]:
+def _attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    upcast: bool,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
     dtype = query.dtype
     mask = attention_mask
     if upcast and mask is not None and mask.dtype != torch.bool:
@@ -97,14 +119,26 @@ def _attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, 
     return out.to(dtype), None
 
 
-def sdpa_fp32_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                      attention_mask: torch.Tensor | None, **kwargs) -> tuple[torch.Tensor, None]:
+def sdpa_fp32_forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
     """Attention on float32 copies of Q, K, V (autocast off inside), the output back in the query's dtype."""
     return _attention(module, query, key, value, attention_mask, True, **kwargs)
 
 
-def sdpa_grouped_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                         attention_mask: torch.Tensor | None, **kwargs) -> tuple[torch.Tensor, None]:
+def sdpa_grouped_forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
     """SDPA, or ``grouped_attention`` inside ``grouped_passes()``."""
     return _attention(module, query, key, value, attention_mask, False, **kwargs)
 

@@ -51,14 +51,21 @@ class Scores:
         return [r.error for r in self.results]
 
     def select(self, rows: list[int]) -> "Scores":
-        return Scores(self.rewards[rows], {k: v[rows] for k, v in self.components.items()}, self.invalid[rows],
-                      [self.results[i] for i in rows])
+        return Scores(
+            self.rewards[rows],
+            {k: v[rows] for k, v in self.components.items()},
+            self.invalid[rows],
+            [self.results[i] for i in rows],
+        )
 
 
 def cat_scores(parts: list[Scores]) -> Scores:
-    return Scores(torch.cat([s.rewards for s in parts]),
-                  {k: torch.cat([s.components[k] for s in parts]) for k in parts[0].components},
-                  torch.cat([s.invalid for s in parts]), [r for s in parts for r in s.results])
+    return Scores(
+        torch.cat([s.rewards for s in parts]),
+        {k: torch.cat([s.components[k] for s in parts]) for k in parts[0].components},
+        torch.cat([s.invalid for s in parts]),
+        [r for s in parts for r in s.results],
+    )
 
 
 def score_rollout(rollout: Rollout, problems: list[Problem], rewards: RewardSet, cfg: Config) -> Scores:
@@ -67,13 +74,16 @@ def score_rollout(rollout: Rollout, problems: list[Problem], rewards: RewardSet,
     With algorithm.overlong_buffer > 0 the DAPO soft overlong penalty is added as the `overlong` component.
     """
     results = rewards.score_many(rollout.texts, [problems[g] for g in rollout.group.tolist()])
-    components = {n: torch.tensor([r.components.get(n, math.nan) for r in results], dtype=torch.float64)
-                  for n in rewards.weights}
+    components = {
+        n: torch.tensor([r.components.get(n, math.nan) for r in results], dtype=torch.float64) for n in rewards.weights
+    }
     total = torch.tensor([r.total for r in results], dtype=torch.float64)
     a = cfg.algorithm
     if a.overlong_buffer > 0:
         lengths = rollout.completion_mask.sum(-1).tolist()
-        pen = [soft_overlong_penalty(n, cfg.rollout.max_new_tokens, a.overlong_buffer, a.overlong_penalty) for n in lengths]
+        pen = [
+            soft_overlong_penalty(n, cfg.rollout.max_new_tokens, a.overlong_buffer, a.overlong_penalty) for n in lengths
+        ]
         components["overlong"] = torch.tensor(pen, dtype=torch.float64)
         total = total + components["overlong"]
     return Scores(total, components, torch.tensor([r.invalid for r in results]), results)
@@ -122,13 +132,26 @@ class BatchCollector:
     """Draws problems from the prompt sampler, generates this rank's groups, scores them, gathers what every rank
     scored, and (with dynamic sampling) refills -- every decision taken on gathered data, identically on all ranks."""
 
-    def __init__(self, cfg: Config, engine: RolloutEngine, tokenizer, sampler: PromptSampler, rewards: RewardSet,
-                 world: World = World()):
+    def __init__(
+        self,
+        cfg: Config,
+        engine: RolloutEngine,
+        tokenizer,
+        sampler: PromptSampler,
+        rewards: RewardSet,
+        world: World = World(),
+    ):
         self.cfg, self.engine, self.tokenizer, self.sampler, self.rewards = cfg, engine, tokenizer, sampler, rewards
         self.world = world
         r = cfg.rollout
-        self.params = SamplingParams(group_size=r.group_size, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
-                                     max_new_tokens=r.max_new_tokens, stop_rule=stop_rule(cfg))
+        self.params = SamplingParams(
+            group_size=r.group_size,
+            temperature=r.temperature,
+            top_p=r.top_p,
+            top_k=r.top_k,
+            max_new_tokens=r.max_new_tokens,
+            stop_rule=stop_rule(cfg),
+        )
         self._prompt_cache: dict[str, list[int]] = {}
         self.timing = {"rollout": 0.0, "reward": 0.0}
 
@@ -139,8 +162,14 @@ class BatchCollector:
 
     def advantages(self, values: torch.Tensor, invalid: torch.Tensor) -> Advantages:
         a, g = self.cfg.algorithm, self.cfg.rollout.group_size
-        return compute_advantages(values.view(-1, g), ~invalid.view(-1, g), baseline=a.baseline, scaling=a.scaling,
-                                  eps=a.adv_eps, std_kind=a.std_kind)
+        return compute_advantages(
+            values.view(-1, g),
+            ~invalid.view(-1, g),
+            baseline=a.baseline,
+            scaling=a.scaling,
+            eps=a.adv_eps,
+            std_kind=a.std_kind,
+        )
 
     def gather(self, local: torch.Tensor, owned: list[int], num_groups: int) -> torch.Tensor:
         return gather_rows(local, owned, num_groups, self.cfg.rollout.group_size, self.world)
@@ -163,10 +192,17 @@ class BatchCollector:
         seeds = [group_seed(self.cfg.train.seed, step, index * p + j) for j in owned]
         rollout, local = self.sample_and_score([problems[j] for j in owned], seeds, t0)
         g = self.cfg.rollout.group_size
-        by_group = {j: res[i * g:(i + 1) * g] for groups, res in gather_objects((owned, local.results), self.world)
-                    for i, j in enumerate(groups)}
-        scores = Scores(self.gather(local.rewards, owned, p), {k: self.gather(v, owned, p) for k, v in local.components.items()},
-                        self.gather(local.invalid, owned, p), [e for j in range(p) for e in by_group[j]])
+        by_group = {
+            j: res[i * g : (i + 1) * g]
+            for groups, res in gather_objects((owned, local.results), self.world)
+            for i, j in enumerate(groups)
+        }
+        scores = Scores(
+            self.gather(local.rewards, owned, p),
+            {k: self.gather(v, owned, p) for k, v in local.components.items()},
+            self.gather(local.invalid, owned, p),
+            [e for j in range(p) for e in by_group[j]],
+        )
         lengths = self.gather(rollout.trained_mask().sum(-1).cpu(), owned, p)  # agent episodes: model tokens only
         rnd = Round(problems, owned, rollout, scores, lengths, self.gather(rollout.truncated.cpu(), owned, p))
         rnd.signal, pass_rates = self.group_signal(scores)
@@ -199,8 +235,12 @@ class BatchCollector:
         if not a.dynamic_sampling:
             return sampled
         train = self.join(rounds, kept[:want] if kept else everything[:want])
-        train.metrics = {**sampled.metrics, **{f"kept/{k}": v for k, v in train.metrics.items()},
-                         "dynamic/extra_rounds": float(len(rounds) - 1), "dynamic/kept_groups": float(min(len(kept), want))}
+        train.metrics = {
+            **sampled.metrics,
+            **{f"kept/{k}": v for k, v in train.metrics.items()},
+            "dynamic/extra_rounds": float(len(rounds) - 1),
+            "dynamic/kept_groups": float(min(len(kept), want)),
+        }
         return train
 
     def join(self, rounds: list[Round], groups: list[tuple[int, int]]) -> Batch:
@@ -212,24 +252,42 @@ class BatchCollector:
         scores = cat_scores([r.scores for r in rounds]).select(every)
         adv = self.advantages(scores.rewards, scores.invalid)
         problems = [rounds[r].problems[gi] for r, gi in groups]
-        metrics = {**reward_metrics(scores.rewards, scores.components, scores.invalid), **result_metrics(scores.results),
-                   **completion_metrics(torch.cat([r.lengths for r in rounds])[every], torch.cat([r.truncated for r in rounds])[every]),
-                   **group_metrics(adv.zero_std, [q.slice for q in problems])}
+        metrics = {
+            **reward_metrics(scores.rewards, scores.components, scores.invalid),
+            **result_metrics(scores.results),
+            **completion_metrics(
+                torch.cat([r.lengths for r in rounds])[every], torch.cat([r.truncated for r in rounds])[every]
+            ),
+            **group_metrics(adv.zero_std, [q.slice for q in problems]),
+        }
         positions = [i for i, (r, gi) in enumerate(groups) if gi in rounds[r].owned]
         offsets = [0]
         for rnd in rounds:
             offsets.append(offsets[-1] + len(rnd.rollout))
-        local_rows = [offsets[r] + rounds[r].owned.index(gi) * g + k for r, gi in (groups[i] for i in positions) for k in range(g)]
+        local_rows = [
+            offsets[r] + rounds[r].owned.index(gi) * g + k for r, gi in (groups[i] for i in positions) for k in range(g)
+        ]
         rollout = concat_rollouts([r.rollout for r in rounds], self.tokenizer.pad_token_id).select(local_rows)
         rollout.group = torch.arange(len(positions)).repeat_interleave(g)
         mine = [i * g + k for i in positions for k in range(g)]
-        return Batch(rollout, [problems[i] for i in positions], scores.select(mine), adv.advantages.view(-1)[mine],
-                     metrics, positions, len(groups))
+        return Batch(
+            rollout,
+            [problems[i] for i in positions],
+            scores.select(mine),
+            adv.advantages.view(-1)[mine],
+            metrics,
+            positions,
+            len(groups),
+        )
 
     def global_advantages(self, batch: Batch) -> torch.Tensor:
         """This rank's advantages recomputed after its rewards changed (KL in the reward), over the whole batch."""
-        rewards = gather_rows(batch.scores.rewards, batch.positions, batch.num_groups, self.cfg.rollout.group_size, self.world)
-        invalid = gather_rows(batch.scores.invalid, batch.positions, batch.num_groups, self.cfg.rollout.group_size, self.world)
+        rewards = gather_rows(
+            batch.scores.rewards, batch.positions, batch.num_groups, self.cfg.rollout.group_size, self.world
+        )
+        invalid = gather_rows(
+            batch.scores.invalid, batch.positions, batch.num_groups, self.cfg.rollout.group_size, self.world
+        )
         g = self.cfg.rollout.group_size
         mine = [i * g + k for i in batch.positions for k in range(g)]
         return self.advantages(rewards, invalid).advantages.view(-1)[mine]

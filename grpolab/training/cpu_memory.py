@@ -27,13 +27,18 @@ from typing import Any, Mapping
 log = logging.getLogger(__name__)
 
 M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_MAX = -1, -2, -4  # glibc's malloc.h
-SETTINGS = {"M_MMAP_MAX": (M_MMAP_MAX, 0), "M_TRIM_THRESHOLD": (M_TRIM_THRESHOLD, 1 << 30),
-            "M_TOP_PAD": (M_TOP_PAD, 256 << 20)}
+SETTINGS = {
+    "M_MMAP_MAX": (M_MMAP_MAX, 0),
+    "M_TRIM_THRESHOLD": (M_TRIM_THRESHOLD, 1 << 30),
+    "M_TOP_PAD": (M_TOP_PAD, 256 << 20),
+}
 GLIBC_DEFAULTS = {"M_MMAP_MAX": 65536, "M_TRIM_THRESHOLD": 128 << 10, "M_TOP_PAD": 128 << 10}
 # where the environment sets each at process start: (the environment variable, the GLIBC_TUNABLES name)
-STARTUP_SOURCES = {"M_MMAP_MAX": ("MALLOC_MMAP_MAX_", "glibc.malloc.mmap_max"),
-                   "M_TRIM_THRESHOLD": ("MALLOC_TRIM_THRESHOLD_", "glibc.malloc.trim_threshold"),
-                   "M_TOP_PAD": ("MALLOC_TOP_PAD_", "glibc.malloc.top_pad")}
+STARTUP_SOURCES = {
+    "M_MMAP_MAX": ("MALLOC_MMAP_MAX_", "glibc.malloc.mmap_max"),
+    "M_TRIM_THRESHOLD": ("MALLOC_TRIM_THRESHOLD_", "glibc.malloc.trim_threshold"),
+    "M_TOP_PAD": ("MALLOC_TOP_PAD_", "glibc.malloc.top_pad"),
+}
 
 
 def glibc() -> Any | None:
@@ -49,7 +54,9 @@ def keep_freed_memory(libc: Any | None = None) -> bool:
     process: a notebook that builds a trainer keeps them); True when all took."""
     libc = libc if libc is not None else glibc()
     if libc is None:
-        log.info("train.keep_freed_memory: not a glibc system (%s); the system allocator is used as it is", platform.system())
+        log.info(
+            "train.keep_freed_memory: not a glibc system (%s); the system allocator is used as it is", platform.system()
+        )
         return False
     refused = [name for name, (param, value) in SETTINGS.items() if libc.mallopt(param, value) != 1]
     if refused:

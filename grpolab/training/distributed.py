@@ -102,7 +102,7 @@ def gather_rows(local: torch.Tensor, owned: list[int], num_groups: int, group_si
     out = torch.empty((num_groups * group_size, *local.shape[1:]), dtype=local.dtype)
     for groups, rows in parts:
         for i, g in enumerate(groups):
-            out[g * group_size:(g + 1) * group_size] = rows[i * group_size:(i + 1) * group_size]
+            out[g * group_size : (g + 1) * group_size] = rows[i * group_size : (i + 1) * group_size]
     return out.to(local.device)
 
 
@@ -136,7 +136,9 @@ def resolve_device(setting: str) -> torch.device:
         from ..errors import ConfigError
 
         if not torch.cuda.is_available():
-            raise ConfigError(f"train.device: {setting} asked for, but torch sees no CUDA device (torch "
-                              f"{torch.__version__}; set train.device=cpu or install a CUDA build of torch)")
+            raise ConfigError(
+                f"train.device: {setting} asked for, but torch sees no CUDA device (torch "
+                f"{torch.__version__}; set train.device=cpu or install a CUDA build of torch)"
+            )
         torch.cuda.set_device(torch.device(setting))
     return torch.device(setting)

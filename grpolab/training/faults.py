@@ -64,8 +64,10 @@ class InterruptGuard:
     def _handle(self, signum, frame) -> None:
         if self.critical and not self.requested:
             self.requested = True
-            log.warning("%s: finishing this step, then writing a checkpoint (interrupt again to stop at once)",
-                        signal.Signals(signum).name)
+            log.warning(
+                "%s: finishing this step, then writing a checkpoint (interrupt again to stop at once)",
+                signal.Signals(signum).name,
+            )
             return
         raise KeyboardInterrupt
 
@@ -94,6 +96,9 @@ class NonFiniteTracker:
         self.streak += 1
         log.warning(
             "step %d: non-finite loss or gradient, update skipped (%d in a row, stop after %d; %d skipped in total)",
-            step, self.streak, self.limit, skipped_total,
+            step,
+            self.streak,
+            self.limit,
+            skipped_total,
         )
         return self.streak >= self.limit

@@ -85,7 +85,9 @@ def completion_logprobs(
     attn = torch.cat([pmask, torch.ones_like(cmask)], dim=1)  # pads after EOS are attended but never trained
     position_ids = (attn.cumsum(-1) - 1).clamp(min=0)
     with autocast(precision, rollout.completion_ids.device):
-        logits = model(input_ids=input_ids, attention_mask=attn, position_ids=position_ids, logits_to_keep=lc + 1).logits
+        logits = model(
+            input_ids=input_ids, attention_mask=attn, position_ids=position_ids, logits_to_keep=lc + 1
+        ).logits
     return _finish(logits[:, :-1], comp_ids, cmask, temperature, with_entropy, entropy_grad)
 
 
@@ -112,15 +114,20 @@ def prompt_runs(rollout: Rollout, rows: torch.Tensor) -> tuple[torch.Tensor, tor
     return torch.cumsum(new.long(), 0) - 1, rows[new]
 
 
-def _shared_prompt_logprobs(model, rollout, rows, temperature, precision, with_entropy, entropy_grad, run, heads) -> ForwardOut:
+def _shared_prompt_logprobs(
+    model, rollout, rows, temperature, precision, with_entropy, entropy_grad, run, heads
+) -> ForwardOut:
     """Prompt once per run (its KV cache repeated for each row of the run), then the padded completions."""
     first, lc = _trim(rollout, rows)
     pmask = rollout.prompt_mask[heads, first:]
     comp_ids, cmask = rollout.completion_ids[rows, :lc], rollout.completion_mask[rows, :lc]
     with autocast(precision, rollout.completion_ids.device):
         out = model(
-            input_ids=rollout.prompt_ids[heads, first:], attention_mask=pmask,
-            position_ids=(pmask.cumsum(-1) - 1).clamp(min=0), use_cache=True, logits_to_keep=1,
+            input_ids=rollout.prompt_ids[heads, first:],
+            attention_mask=pmask,
+            position_ids=(pmask.cumsum(-1) - 1).clamp(min=0),
+            use_cache=True,
+            logits_to_keep=1,
         )
         cache = getattr(out, "cache", None) or out.past_key_values
         cache.batch_select_indices(run)
@@ -129,7 +136,9 @@ def _shared_prompt_logprobs(model, rollout, rows, temperature, precision, with_e
             pmask_rows = pmask[run]
             attn = torch.cat([pmask_rows, torch.ones_like(cmask[:, :-1])], dim=1)
             position_ids = pmask_rows.sum(-1, keepdim=True) + torch.arange(lc - 1).unsqueeze(0)
-            rest = model(input_ids=comp_ids[:, :-1], attention_mask=attn, position_ids=position_ids, **cache_kwarg(model, cache)).logits
+            rest = model(
+                input_ids=comp_ids[:, :-1], attention_mask=attn, position_ids=position_ids, **cache_kwarg(model, cache)
+            ).logits
             logits = torch.cat([logits, rest], dim=1)
     return _finish(logits, comp_ids, cmask, temperature, with_entropy, entropy_grad)
 
@@ -139,7 +148,9 @@ def packing_supported(model) -> bool:
     return getattr(model.config, "_attn_implementation", None) in SDPA_NAMES
 
 
-def _packed_group_logprobs(model, rollout, rows, temperature, precision, with_entropy, entropy_grad, run, heads) -> ForwardOut:
+def _packed_group_logprobs(
+    model, rollout, rows, temperature, precision, with_entropy, entropy_grad, run, heads
+) -> ForwardOut:
     """Each group's prompt (but its last token) once through the decoder, cached; then the completions packed
     into rows (packing.py) through the whole model: one embedding lookup and one LM-head projection per pass."""
     first, lc = _trim(rollout, rows)
@@ -153,14 +164,22 @@ def _packed_group_logprobs(model, rollout, rows, temperature, precision, with_en
         prefix_embeds, row_embeds = embeds.split([prefix.numel(), packed.ids.numel()])
         cache_arg = {}
         if prefix.shape[1]:
-            out = model.get_decoder()(inputs_embeds=prefix_embeds.view(*prefix.shape, -1), attention_mask=prefix_mask,
-                                      position_ids=(prefix_mask.cumsum(-1) - 1).clamp(min=0), use_cache=True)
+            out = model.get_decoder()(
+                inputs_embeds=prefix_embeds.view(*prefix.shape, -1),
+                attention_mask=prefix_mask,
+                position_ids=(prefix_mask.cumsum(-1) - 1).clamp(min=0),
+                use_cache=True,
+            )
             cache = getattr(out, "cache", None) or out.past_key_values
             cache.batch_select_indices(packed.group)
             cache_arg = cache_kwarg(model, cache)
         position_ids = pmask.sum(-1)[packed.group].unsqueeze(-1) - 1 + packed.pos.clamp(min=0)
-        logits = model(inputs_embeds=row_embeds.view(*packed.ids.shape, -1), position_ids=position_ids,
-                       attention_mask=block_causal_mask(row_prefix_mask, packed.seg, packed.pos), **cache_arg).logits
+        logits = model(
+            inputs_embeds=row_embeds.view(*packed.ids.shape, -1),
+            position_ids=position_ids,
+            attention_mask=block_causal_mask(row_prefix_mask, packed.seg, packed.pos),
+            **cache_arg,
+        ).logits
     out = _finish(logits, packed.targets, None, temperature, with_entropy, entropy_grad)
 
     def unpack(packed_vals: torch.Tensor) -> torch.Tensor:

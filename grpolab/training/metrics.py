@@ -23,7 +23,9 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
-def reward_metrics(rewards: torch.Tensor, components: dict[str, torch.Tensor], invalid: torch.Tensor) -> dict[str, float]:
+def reward_metrics(
+    rewards: torch.Tensor, components: dict[str, torch.Tensor], invalid: torch.Tensor
+) -> dict[str, float]:
     """reward/mean, reward/std (population, over valid samples), reward/<c>/mean, reward/invalid_frac.
 
     A component's mean is over the valid samples where it is finite: a log-only (weight 0) reward that failed on some
@@ -91,7 +93,9 @@ def agent_metrics(results: list[Any]) -> dict[str, float]:
     }
     needs = [r for r, ok in zip(results, success) if ok and r.requires_tools]
     if any(r.requires_tools for r in results):
-        out["agent/success_without_tool_frac"] = (sum(r.tool_calls == 0 for r in needs) / len(needs)) if needs else math.nan
+        out["agent/success_without_tool_frac"] = (
+            (sum(r.tool_calls == 0 for r in needs) / len(needs)) if needs else math.nan
+        )
     return out
 
 
@@ -124,15 +128,38 @@ def completion_table(batch: Any, tokenizer: Any, k: int, seed: int, step: int) -
     ids = list(groups)
     zero = [bool(zero_signal_groups(scores.rewards[groups[g]][None], ~scores.invalid[groups[g]][None])[0]) for g in ids]
     components = sorted(scores.components)
-    columns = ["step", "group", "uid", "prompt", "completion", "reward", *(f"reward/{c}" for c in components),
-               "advantage", "length", "finish_reason", "zero_variance_group"]
+    columns = [
+        "step",
+        "group",
+        "uid",
+        "prompt",
+        "completion",
+        "reward",
+        *(f"reward/{c}" for c in components),
+        "advantage",
+        "length",
+        "finish_reason",
+        "zero_variance_group",
+    ]
     rows = []
     for j in pick_table_groups(zero, k, seed, step):
         for i in groups[ids[j]]:
             prompt = tokenizer.decode(r.prompt_ids[i][r.prompt_mask[i].bool()], skip_special_tokens=True)
-            rows.append([step, j, batch.problems[ids[j]].uid, prompt, r.texts[i], scores.rewards[i].item(),
-                         *(scores.components[c][i].item() for c in components), batch.advantages[i].item(),
-                         int(r.completion_mask[i].sum()), "length" if bool(r.truncated[i]) else "stop", zero[j]])
+            rows.append(
+                [
+                    step,
+                    j,
+                    batch.problems[ids[j]].uid,
+                    prompt,
+                    r.texts[i],
+                    scores.rewards[i].item(),
+                    *(scores.components[c][i].item() for c in components),
+                    batch.advantages[i].item(),
+                    int(r.completion_mask[i].sum()),
+                    "length" if bool(r.truncated[i]) else "stop",
+                    zero[j],
+                ]
+            )
     return columns, rows
 
 
@@ -143,7 +170,10 @@ class JsonlSink:
         self.file = open(path, "a", encoding="utf-8")
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
-        row = {"step": step, **{k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in metrics.items()}}
+        row = {
+            "step": step,
+            **{k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in metrics.items()},
+        }
         self.file.write(json.dumps(row) + "\n")
         self.file.flush()
 

@@ -53,8 +53,9 @@ class PackedRows:
     slot: tuple[torch.Tensor, torch.Tensor]
 
 
-def pack_completions(comp_ids: torch.Tensor, cmask: torch.Tensor, last_prompt_token: torch.Tensor,
-                     prompt_of_row: torch.Tensor) -> PackedRows:
+def pack_completions(
+    comp_ids: torch.Tensor, cmask: torch.Tensor, last_prompt_token: torch.Tensor, prompt_of_row: torch.Tensor
+) -> PackedRows:
     """comp_ids/cmask [N, Lc] (masks 1 on a prefix), last_prompt_token [P], prompt_of_row [N] in 0..P-1."""
     lengths = cmask.sum(-1).tolist()
     capacity = max(max(lengths), 1)
@@ -85,8 +86,9 @@ def pack_completions(comp_ids: torch.Tensor, cmask: torch.Tensor, last_prompt_to
         r_idx.append(torch.full((n,), r))
         s_idx.append(off + t)
     cat = lambda xs: torch.cat(xs) if xs else torch.zeros(0, dtype=torch.long)  # noqa: E731
-    return PackedRows(ids, targets, seg, pos, torch.tensor(groups or [0]), cat(row_idx), cat(col_idx),
-                      (cat(r_idx), cat(s_idx)))
+    return PackedRows(
+        ids, targets, seg, pos, torch.tensor(groups or [0]), cat(row_idx), cat(col_idx), (cat(r_idx), cat(s_idx))
+    )
 
 
 def block_causal_mask(prompt_mask: torch.Tensor, seg: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:

@@ -84,6 +84,7 @@ def fit_to_budget(m: int, k: int, n: int, max_flop: float = MAX_PROBE_FLOP) -> l
     >>> fit_to_budget(1792, 576, 1536), fit_to_budget(8, 576, 49152), fit_to_budget(8, 4096, 152064)
     ([56, 576, 1536], [8, 576, 10850], [8, 4096, 1525])
     """
+
     def cut(x: int, y: int) -> int:  # x so that 2 * x * k * y <= max_flop
         return max(1, min(x, int(max_flop // (2 * k * y))))
 
@@ -105,20 +106,26 @@ def streaming_shape(m: int, k: int, n: int, max_bytes: int = MAX_SAMPLING_WEIGHT
     return [m, k, max(1, min(n, max_bytes // (4 * k)))]
 
 
-def probe_shapes(hidden: int, intermediate: int, vocab: int, micro_batch_size: int, max_new_tokens: int,
-                 group_size: int) -> dict[str, list[int]]:
+def probe_shapes(
+    hidden: int, intermediate: int, vocab: int, micro_batch_size: int, max_new_tokens: int, group_size: int
+) -> dict[str, list[int]]:
     """The [m, k, n] product measured for each use: the update's MLP product on a micro-batch's tokens (within
     ``MAX_PROBE_FLOP``) and the decoder's output head on one token per completion of a group (its weight out of
     cache: ``streaming_shape``)."""
     tokens = micro_batch_size * (TYPICAL_PROMPT_TOKENS + max_new_tokens)
-    return {"update": fit_to_budget(tokens, hidden, intermediate), "sampling": streaming_shape(group_size, hidden, vocab)}
+    return {
+        "update": fit_to_budget(tokens, hidden, intermediate),
+        "sampling": streaming_shape(group_size, hidden, vocab),
+    }
 
 
 def model_dims(model: torch.nn.Module) -> tuple[int, int, int]:
     """(hidden, intermediate, vocab) of a causal LM: the input embedding's shape, and the config's
     intermediate_size (4 x hidden when the config has none)."""
     vocab, hidden = model.get_input_embeddings().weight.shape
-    intermediate = getattr(model.config, "intermediate_size", None) or getattr(model.config, "n_inner", None) or 4 * hidden
+    intermediate = (
+        getattr(model.config, "intermediate_size", None) or getattr(model.config, "n_inner", None) or 4 * hidden
+    )
     return int(hidden), int(intermediate), int(vocab)
 
 
@@ -172,8 +179,12 @@ def measure(shapes: dict[str, list[int]], timer: Callable[..., float] = sample_s
     for use, (m, k, n) in shapes.items():
         seconds = time_pair(m, k, n, timer)
         fp32, bf16 = gflops(m, k, n, seconds[torch.float32]), gflops(m, k, n, seconds[torch.bfloat16])
-        out[use] = {"shape": [m, k, n], "fp32_gflops": round(fp32, 2), "bf16_gflops": round(bf16, 2),
-                    "speedup": round(bf16 / fp32, 3) if fp32 > 0 else 0.0}
+        out[use] = {
+            "shape": [m, k, n],
+            "fp32_gflops": round(fp32, 2),
+            "bf16_gflops": round(bf16, 2),
+            "speedup": round(bf16 / fp32, 3) if fp32 > 0 else 0.0,
+        }
     return out
 
 
@@ -215,8 +226,9 @@ def _recorded_decision(entry: object) -> dict[str, str]:
     return {use: choose(p.get("speedup", 0.0)) for use, p in products.items() if isinstance(p, dict)}
 
 
-def probe(shapes: dict[str, list[int]], timer: Callable[..., float] = sample_seconds,
-          refresh: bool = False) -> dict[str, Any]:
+def probe(
+    shapes: dict[str, list[int]], timer: Callable[..., float] = sample_seconds, refresh: bool = False
+) -> dict[str, Any]:
     """The probe's decision and numbers for these shapes on this machine: from the cache when it holds a decision
     (``cached: true``) unless `refresh`, else measured (``measure``), decided (``choose``, with the hysteresis
     around the decision the cache held, if any) and written to it atomically (an unwritable cache only costs a
@@ -231,9 +243,13 @@ def probe(shapes: dict[str, list[int]], timer: Callable[..., float] = sample_sec
     t0 = time.perf_counter()
     products = measure(shapes, timer)
     decision = {use: choose(p["speedup"], previous.get(use)) for use, p in products.items()}
-    entry = {"products": products, "decision": decision, "measured": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-             "probe_s": round(time.perf_counter() - t0, 3),
-             **({"previous_decision": previous} if previous else {})}
+    entry = {
+        "products": products,
+        "decision": decision,
+        "measured": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "probe_s": round(time.perf_counter() - t0, 3),
+        **({"previous_decision": previous} if previous else {}),
+    }
     tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -250,8 +266,9 @@ def probe(shapes: dict[str, list[int]], timer: Callable[..., float] = sample_sec
 # ----------------------------------------------------------------------------------------------- the rule
 
 
-def choose(s: float, previous: str | None = None, margin: float = BF16_MARGIN,
-           band: tuple[float, float] = HYSTERESIS) -> str:
+def choose(
+    s: float, previous: str | None = None, margin: float = BF16_MARGIN, band: tuple[float, float] = HYSTERESIS
+) -> str:
     """'bf16' or 'fp32' from bf16's measured speedup s = bf16 rate / fp32 rate (0 when fp32 has no rate). A first
     decision (`previous` None): bf16 when s >= margin. Against a previous decision, the hysteresis band (lo, hi):
     fp32 becomes bf16 only at s >= hi, bf16 becomes fp32 only at s <= lo; inside the band the previous decision
@@ -284,9 +301,14 @@ def _kind(setting: str) -> str | None:
     return {"fp32": "fp32", "float32": "fp32", "bf16": "bf16", "bfloat16": "bf16"}.get(setting)
 
 
-def resolve(update: str, sampling: str, device: torch.device | str, shapes: dict[str, list[int]] | None = None,
-            recorded: dict[str, Any] | None = None,
-            run_probe: Callable[[dict[str, list[int]]], dict[str, Any]] | None = None) -> dict[str, Any]:
+def resolve(
+    update: str,
+    sampling: str,
+    device: torch.device | str,
+    shapes: dict[str, list[int]] | None = None,
+    recorded: dict[str, Any] | None = None,
+    run_probe: Callable[[dict[str, list[int]]], dict[str, Any]] | None = None,
+) -> dict[str, Any]:
     """The resolution of train.precision (`update`) and rollout.dtype (`sampling`):
     ``{"update": "fp32"|"bf16", "sampling": "float32"|"bfloat16", "setting": {...}, "source": str, "probe": ...}``.
 
@@ -324,10 +346,18 @@ def resolve(update: str, sampling: str, device: torch.device | str, shapes: dict
     else:
         for use in auto:
             kinds[use], sources[use] = "fp32", f"auto: no probe for device type {dev.type}"
-    source = sources["update"] if sources["update"] == sources["sampling"] else \
-        f"update {sources['update']}; sampling {sources['sampling']}"
-    return {"update": UPDATE[kinds["update"]], "sampling": SAMPLING[kinds["sampling"]], "setting": setting,
-            "source": source, **({"probe": probed} if probed else {})}
+    source = (
+        sources["update"]
+        if sources["update"] == sources["sampling"]
+        else f"update {sources['update']}; sampling {sources['sampling']}"
+    )
+    return {
+        "update": UPDATE[kinds["update"]],
+        "sampling": SAMPLING[kinds["sampling"]],
+        "setting": setting,
+        "source": source,
+        **({"probe": probed} if probed else {}),
+    }
 
 
 def resolve_update(setting: str, model: torch.nn.Module, batch_size: int, new_tokens: int) -> dict[str, Any]:
@@ -343,7 +373,7 @@ def resolve_update(setting: str, model: torch.nn.Module, batch_size: int, new_to
 RANK_INVARIANCE = {
     "float32": "yes: 1 and N processes sample the same tokens (tests/test_distributed.py; docs/scaling.md)",
     "bfloat16": "no: bf16 rounding depends on each rank's decode batch shape, so 1 and N processes sample different "
-                "tokens once it flips one (measured; docs/scaling.md); set rollout.dtype: float32 for that promise",
+    "tokens once it flips one (measured; docs/scaling.md); set rollout.dtype: float32 for that promise",
 }
 """Whether the samples of 1 and N data-parallel processes agree, by the sampler's dtype (what the card shows)."""
 
@@ -351,16 +381,30 @@ RANK_INVARIANCE = {
 def card_entry(resolution: dict[str, Any]) -> dict[str, str]:
     """What the objective card shows of a resolution: the choices, their source, and whether samples are the same
     whatever the number of processes (RANK_INVARIANCE)."""
-    attention = {"attention": resolution["attention"]} if "attention" in resolution else {}  # grpolab/training/attention.py
-    ranks = {"rank_invariant_samples": RANK_INVARIANCE[resolution["sampling"]]} \
-        if resolution["sampling"] in RANK_INVARIANCE else {}
-    return {"update": resolution["update"], "sampling": resolution["sampling"], "source": resolution["source"],
-            **attention, **ranks}
+    attention = (
+        {"attention": resolution["attention"]} if "attention" in resolution else {}
+    )  # grpolab/training/attention.py
+    ranks = (
+        {"rank_invariant_samples": RANK_INVARIANCE[resolution["sampling"]]}
+        if resolution["sampling"] in RANK_INVARIANCE
+        else {}
+    )
+    return {
+        "update": resolution["update"],
+        "sampling": resolution["sampling"],
+        "source": resolution["source"],
+        **attention,
+        **ranks,
+    }
 
 
 def unresolved(update: str, sampling: str) -> dict[str, Any]:
     """The resolution of a config no trainer has resolved yet: explicit settings as they are, ``auto`` left open."""
     setting = {"update": update, "sampling": sampling}
     explicit = all(_kind(s) for s in setting.values())
-    return {"update": update, "sampling": sampling, "setting": setting,
-            "source": "explicit" if explicit else "auto: resolved when the trainer is built"}
+    return {
+        "update": update,
+        "sampling": sampling,
+        "setting": setting,
+        "source": "explicit" if explicit else "auto: resolved when the trainer is built",
+    }

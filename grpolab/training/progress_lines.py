@@ -5,7 +5,11 @@ section 5 names)."""
 from __future__ import annotations
 
 # (metric, label, format) shown after the reward when the step logged it; policy/kl only when algorithm.beta > 0
-STEP_FIELDS = (("loss/total", "loss", "{:+.4f}"), ("policy/kl", "kl", "{:.4f}"), ("policy/entropy", "entropy", "{:.3f}"))
+STEP_FIELDS = (
+    ("loss/total", "loss", "{:+.4f}"),
+    ("policy/kl", "kl", "{:.4f}"),
+    ("policy/entropy", "entropy", "{:.3f}"),
+)
 
 
 def step_line(step: int, total: int, m: dict[str, float], held_out: float | None, show_kl: bool = False) -> str:
@@ -29,5 +33,10 @@ def step_line(step: int, total: int, m: dict[str, float], held_out: float | None
 def trainer_step_line(trainer, step: int, m: dict[str, float]) -> str:
     """step_line of a Trainer's step: its configured steps, its last held-out accuracy, KL shown when beta > 0."""
     cfg = trainer.cfg
-    return step_line(step, cfg.train.steps, m, trainer.last_eval.accuracy if trainer.last_eval else None,
-                     show_kl=cfg.algorithm.beta > 0)
+    return step_line(
+        step,
+        cfg.train.steps,
+        m,
+        trainer.last_eval.accuracy if trainer.last_eval else None,
+        show_kl=cfg.algorithm.beta > 0,
+    )

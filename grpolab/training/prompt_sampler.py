@@ -87,13 +87,23 @@ class PromptSampler:
         if self.schedule == "shuffle":
             return {}
         saturated = sum(m["saturated"] for m in self.memory.values())
-        return {"schedule/saturated_prompts": float(saturated), "schedule/seen_prompts": float(len(self.memory)),
-                "schedule/skipped_total": float(self.skipped)}
+        return {
+            "schedule/saturated_prompts": float(saturated),
+            "schedule/seen_prompts": float(len(self.memory)),
+            "schedule/skipped_total": float(self.skipped),
+        }
 
     def state_dict(self) -> dict[str, Any]:
-        return {"epoch": self.epoch, "position": self.position, "seed": self.seed, "size": len(self.problems),
-                "schedule": self.schedule, "floor": self.floor, "skipped": self.skipped,
-                "memory": {uid: dict(m) for uid, m in self.memory.items()}}
+        return {
+            "epoch": self.epoch,
+            "position": self.position,
+            "seed": self.seed,
+            "size": len(self.problems),
+            "schedule": self.schedule,
+            "floor": self.floor,
+            "skipped": self.skipped,
+            "memory": {uid: dict(m) for uid, m in self.memory.items()},
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.epoch, self.position = state["epoch"], state["position"]

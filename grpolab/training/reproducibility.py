@@ -33,8 +33,11 @@ DeterministicState = tuple[bool, bool, bool]  # (deterministic algorithms, warn 
 
 def deterministic_state() -> DeterministicState:
     """torch's process-wide deterministic settings as they are now."""
-    return (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
-            bool(torch.utils.deterministic.fill_uninitialized_memory))
+    return (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+        bool(torch.utils.deterministic.fill_uninitialized_memory),
+    )
 
 
 def set_deterministic_state(state: DeterministicState) -> None:
@@ -67,9 +70,19 @@ def training_attention(deterministic: bool, device: torch.device) -> Iterator[No
 def record(deterministic: bool, device: torch.device) -> dict[str, Any]:
     """The manifest's ``reproducibility`` entry: whether a rerun is expected to give the same bytes, and under what."""
     if not deterministic:
-        return {"bitwise": False, "why": "train.deterministic is false (CPU flash-attention backward and any "
-                                         "kernel torch has no deterministic version of may differ between runs)"}
-    where = ("CPU: deterministic algorithms on, training attention through grouped_attention or SDPA's math backend" if device.type == "cpu"
-             else f"{device.type}: deterministic algorithms on (warn only); not verified on this device type")
-    return {"bitwise": device.type == "cpu", "threads": torch.get_num_threads(), "how": where,
-            "holds_for": "the same config, seed, machine (not only its CPU kind), thread count and package versions"}
+        return {
+            "bitwise": False,
+            "why": "train.deterministic is false (CPU flash-attention backward and any "
+            "kernel torch has no deterministic version of may differ between runs)",
+        }
+    where = (
+        "CPU: deterministic algorithms on, training attention through grouped_attention or SDPA's math backend"
+        if device.type == "cpu"
+        else f"{device.type}: deterministic algorithms on (warn only); not verified on this device type"
+    )
+    return {
+        "bitwise": device.type == "cpu",
+        "threads": torch.get_num_threads(),
+        "how": where,
+        "holds_for": "the same config, seed, machine (not only its CPU kind), thread count and package versions",
+    }

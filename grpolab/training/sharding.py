@@ -41,11 +41,15 @@ def check_shardable(cfg, world, policy: torch.nn.Module) -> None:
     from ..errors import ConfigError
 
     if not world.distributed:
-        raise ConfigError("train.strategy: fsdp2 shards over data-parallel processes; launch with torchrun "
-                          "--nproc-per-node N (or grpolab train --nproc N), or use ddp in one process")
+        raise ConfigError(
+            "train.strategy: fsdp2 shards over data-parallel processes; launch with torchrun "
+            "--nproc-per-node N (or grpolab train --nproc N), or use ddp in one process"
+        )
     if hasattr(policy, "peft_config"):
-        raise ConfigError("train.strategy: fsdp2 with model.lora is not supported yet; use ddp (LoRA's trainable "
-                          "weights are small enough to replicate)")
+        raise ConfigError(
+            "train.strategy: fsdp2 with model.lora is not supported yet; use ddp (LoRA's trainable "
+            "weights are small enough to replicate)"
+        )
 
 
 def shard(policy: torch.nn.Module) -> torch.nn.Module:
@@ -76,7 +80,9 @@ def full_optimizer_state(policy: torch.nn.Module, optimizer: torch.optim.Optimiz
     return get_optimizer_state_dict(policy, optimizer, options=FULL)
 
 
-def load_full_state(policy: torch.nn.Module, optimizer: torch.optim.Optimizer, weights: dict, optim_state: dict) -> None:
+def load_full_state(
+    policy: torch.nn.Module, optimizer: torch.optim.Optimizer, weights: dict, optim_state: dict
+) -> None:
     """Each rank takes its shards of full weights and optimizer state (every rank passes the same full dicts)."""
     opts = StateDictOptions(full_state_dict=True)
     set_model_state_dict(policy, weights, options=opts)

@@ -83,6 +83,7 @@ def markdown_table(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> str
     | 1 | x\\|y |
     | 2 | p ⏎ q |
     """
+
     def cell(v: Any) -> str:
         return str(v).replace("|", "\\|").replace("\r", "").replace("\n", " ⏎ ")
 
@@ -131,9 +132,16 @@ class WandbSink:
         import wandb
 
         run_id = run.state.get("id") or secrets.token_hex(6)  # a W&B run id: letters and digits
-        self.run = wandb.init(mode="offline", dir=str(run.run_dir), id=run_id, resume="allow",
-                              project=os.environ.get("WANDB_PROJECT") or "grpolab", name=run.run_dir.name,
-                              config=run.config, settings=wandb.Settings(console="off", silent=True, save_code=False))
+        self.run = wandb.init(
+            mode="offline",
+            dir=str(run.run_dir),
+            id=run_id,
+            resume="allow",
+            project=os.environ.get("WANDB_PROJECT") or "grpolab",
+            name=run.run_dir.name,
+            config=run.config,
+            settings=wandb.Settings(console="off", silent=True, save_code=False),
+        )
         self.state = {"id": run_id}
         for name, text in run.texts.items():  # files of the run's files directory are synced with it
             (Path(self.run.dir) / name).write_text(text, encoding="utf-8")
@@ -171,12 +179,15 @@ class MlflowSink:
             name = os.environ.get("MLFLOW_EXPERIMENT_NAME") or "grpolab"
             found = self.client.get_experiment_by_name(name)
             artifacts = None if run.mlflow_tracking_uri else (local / "artifacts").as_uri()
-            experiment = found.experiment_id if found else self.client.create_experiment(name, artifact_location=artifacts)
-            self.run_id = self.client.create_run(experiment, run_name=run.run_dir.name,
-                                                 tags={"grpolab.run_dir": str(run.run_dir.resolve())}).info.run_id
+            experiment = (
+                found.experiment_id if found else self.client.create_experiment(name, artifact_location=artifacts)
+            )
+            self.run_id = self.client.create_run(
+                experiment, run_name=run.run_dir.name, tags={"grpolab.run_dir": str(run.run_dir.resolve())}
+            ).info.run_id
             params = [Param(k, v if isinstance(v, str) else json.dumps(v)) for k, v in flatten(run.config).items()]
             for i in range(0, len(params), self.MAX_PARAMS):
-                self.client.log_batch(self.run_id, params=params[i:i + self.MAX_PARAMS])
+                self.client.log_batch(self.run_id, params=params[i : i + self.MAX_PARAMS])
             for name, text in run.texts.items():
                 self.client.log_text(self.run_id, text, name)
         self.state = {"run_id": self.run_id, "tracking_uri": uri}
@@ -187,7 +198,7 @@ class MlflowSink:
         now = int(time.time() * 1000)
         points = [Metric(k, v, now, step) for k, v in _numbers(metrics).items()]
         for i in range(0, len(points), self.MAX_METRICS):
-            self.client.log_batch(self.run_id, metrics=points[i:i + self.MAX_METRICS])
+            self.client.log_batch(self.run_id, metrics=points[i : i + self.MAX_METRICS])
 
     def log_table(self, step: int, columns: list[str], rows: list[list[Any]]) -> None:
         data = {c: [r[i] for r in rows] for i, c in enumerate(columns)}
@@ -219,8 +230,10 @@ def check_installed(names: Sequence[str]) -> None:
     for name in names:
         missing = [m for m in KINDS[name].modules if importlib.util.find_spec(m) is None]
         if missing:
-            raise ConfigError(f"run.report_to: {name} needs {', '.join(missing)}, which is not installed: "
-                              f"pip install 'grpolab[{name}]'")
+            raise ConfigError(
+                f"run.report_to: {name} needs {', '.join(missing)}, which is not installed: "
+                f"pip install 'grpolab[{name}]'"
+            )
 
 
 # ----------------------------------------------------------------------------------------------- the fan-out
@@ -258,8 +271,13 @@ class Trackers:
             except Exception as e:  # noqa: BLE001 -- a tracker must never stop the run
                 _warn(name, "starting", e)
                 continue
-            ledger[name] = {**entry, **sinks[name].state, "logged_through": min(entry.get("logged_through", 0), start_step)
-                            if KINDS[name].replaces_redone_steps else entry.get("logged_through", 0)}
+            ledger[name] = {
+                **entry,
+                **sinks[name].state,
+                "logged_through": min(entry.get("logged_through", 0), start_step)
+                if KINDS[name].replaces_redone_steps
+                else entry.get("logged_through", 0),
+            }
         trackers = cls(run_dir, sinks, ledger)
         trackers.write_ledger()
         return trackers
@@ -298,8 +316,12 @@ class Trackers:
         try:
             write_json_atomic(self.run_dir / LEDGER, self.ledger)
         except OSError as e:
-            log.warning("%s: not written (%s: %s); a resume may start new tracker runs", self.run_dir / LEDGER,
-                        type(e).__name__, e)
+            log.warning(
+                "%s: not written (%s: %s); a resume may start new tracker runs",
+                self.run_dir / LEDGER,
+                type(e).__name__,
+                e,
+            )
 
     def close(self) -> None:
         for name in list(self.sinks):
@@ -310,6 +332,11 @@ class Trackers:
 
 
 def _warn(name: str, what: str, e: Exception) -> None:
-    log.warning("run.report_to: %s failed while %s (%s: %s); it is turned off for the rest of this run "
-                "(training and metrics.jsonl are unaffected)", name, what, type(e).__name__, str(e).splitlines()[0] if
-                str(e) else "")
+    log.warning(
+        "run.report_to: %s failed while %s (%s: %s); it is turned off for the rest of this run "
+        "(training and metrics.jsonl are unaffected)",
+        name,
+        what,
+        type(e).__name__,
+        str(e).splitlines()[0] if str(e) else "",
+    )

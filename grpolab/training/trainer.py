@@ -117,10 +117,16 @@ class Trainer:
     Process-wide settings (train.deterministic, train.keep_freed_memory; grpolab.training.process_settings) are
     applied here and put back when ``fit`` ends, on ``close()`` or on leaving ``with Trainer(...) as trainer``."""
 
-    def __init__(self, cfg: Config, run_dir: Path, world: World | None = None,
-                 rewards: dict[str, Callable[..., Any]] | None = None,
-                 problems: tuple[list[Problem], list[Problem], dict[str, Any]] | None = None,
-                 precision: dict[str, Any] | None = None, progress: Progress | None = None):
+    def __init__(
+        self,
+        cfg: Config,
+        run_dir: Path,
+        world: World | None = None,
+        rewards: dict[str, Callable[..., Any]] | None = None,
+        problems: tuple[list[Problem], list[Problem], dict[str, Any]] | None = None,
+        precision: dict[str, Any] | None = None,
+        progress: Progress | None = None,
+    ):
         self.cfg = self.config_given = cfg
         self.run_dir = Path(run_dir)
         self.progress = progress
@@ -135,51 +141,83 @@ class Trainer:
             self.settings.restore()  # a trainer that failed to build leaves the process as it found it
             raise
 
-    def build(self, cfg: Config, world: World | None, rewards: dict[str, Callable[..., Any]] | None,
-              problems: tuple[list[Problem], list[Problem], dict[str, Any]] | None,
-              precision: dict[str, Any] | None) -> None:
+    def build(
+        self,
+        cfg: Config,
+        world: World | None,
+        rewards: dict[str, Callable[..., Any]] | None,
+        problems: tuple[list[Problem], list[Problem], dict[str, Any]] | None,
+        precision: dict[str, Any] | None,
+    ) -> None:
         """The rest of __init__ (after the process settings): data, rewards, models, sampler, optimizer."""
         self.world = world or init_world(self.device)
         ckpt.seed_everything(cfg.train.seed)
-        self.rewards = RewardSet(cfg.reward.weights, cfg.reward.functions, cfg.reward.time_limit_s,  # before any model
-                                 cfg.reward.sandbox, callables=rewards, model=cfg.reward.model, device=self.device,
-                                 judge=cfg.reward.judge)
+        self.rewards = RewardSet(
+            cfg.reward.weights,
+            cfg.reward.functions,
+            cfg.reward.time_limit_s,  # before any model
+            cfg.reward.sandbox,
+            callables=rewards,
+            model=cfg.reward.model,
+            device=self.device,
+            judge=cfg.reward.judge,
+        )
         self.train_problems, self.eval_problems, self.data_summary = problems or load_problems(cfg)
         self.rewards.probe(self.train_problems[0])  # a reward returning a non-number fails here, before any model
         self.reward_failures, self.reward_results = RewardFailureStreak(fields=dict(self.rewards.fields)), []
         self.model_path = resolve_model_path(cfg.model.name)
         self.tell(f"loading the model {self.model_path}")
         self.tokenizer = load_tokenizer(self.model_path)
-        self.policy = apply_lora(load_causal_lm(self.model_path, cfg.model.dtype), cfg.model, self.model_path,
-                                 cfg.train.seed).to(self.device)  # a peft model when model.lora.rank > 0
+        self.policy = apply_lora(
+            load_causal_lm(self.model_path, cfg.model.dtype), cfg.model, self.model_path, cfg.train.seed
+        ).to(self.device)  # a peft model when model.lora.rank > 0
         self.policy.train()
         self.precision = self.resolve_precision(precision)
         compute_dtype = torch.bfloat16 if self.update_precision == "bf16" else DTYPES[cfg.model.dtype]
         if cfg.algorithm.beta > 0:
             self.tell("making the reference model (algorithm.beta > 0)")
-        self.reference = make_reference(self.policy, compute_dtype) if cfg.algorithm.beta > 0 else None  # LoRA: adapters off
+        self.reference = (
+            make_reference(self.policy, compute_dtype) if cfg.algorithm.beta > 0 else None
+        )  # LoRA: adapters off
         t = cfg.train
         self.sharded = t.strategy == Strategy.FSDP2  # the sampler and reference copies are made before sharding
         self.tell("preparing the sampler's copy of the model")
-        self.engine = HFEngine(self.policy, self.tokenizer, DTYPES[self.sampling_dtype], cfg.rollout.decoder,
-                               self.sharded, cfg.rollout.cpu_fast_paths, cfg.rollout.preallocate_kv_cache)
+        self.engine = HFEngine(
+            self.policy,
+            self.tokenizer,
+            DTYPES[self.sampling_dtype],
+            cfg.rollout.decoder,
+            self.sharded,
+            cfg.rollout.cpu_fast_paths,
+            cfg.rollout.preallocate_kv_cache,
+        )
         fp32_inside = t.attention_fp32 and self.update_precision == "bf16"  # training/attention.py; after the copies
-        if self.device.type == "cpu" and (fp32_inside or t.deterministic) \
-                and use_training_attention(self.policy, fp32_inside) == ATTENTION_FP32:
+        if (
+            self.device.type == "cpu"
+            and (fp32_inside or t.deterministic)
+            and use_training_attention(self.policy, fp32_inside) == ATTENTION_FP32
+        ):
             self.precision["attention"] = "float32 inside bf16 autocast (sdpa_fp32)"
         if self.sharded:
             check_shardable(cfg, self.world, self.policy)
             shard(self.policy)
         self.optimizer = torch.optim.AdamW(
-            trainable_parameters(self.policy), lr=t.lr, weight_decay=t.weight_decay, betas=(t.adam_beta1, t.adam_beta2),
+            trainable_parameters(self.policy),
+            lr=t.lr,
+            weight_decay=t.weight_decay,
+            betas=(t.adam_beta1, t.adam_beta2),
             **({"fused": True} if t.fused_adamw and not self.sharded else {"foreach": True}),
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(cfg))
-        self.updater = PolicyUpdater(cfg, self.policy, self.reference, self.optimizer, self.scheduler, self.world,
-                                     self.update_precision)
-        self.sampler = PromptSampler(self.train_problems, t.seed, t.prompt_schedule, t.prompt_floor)  # same on every rank
-        self.collector = collector_class(self.train_problems)(cfg, self.engine, self.tokenizer, self.sampler,
-                                                              self.rewards, self.world)  # episodes for agent tasks
+        self.updater = PolicyUpdater(
+            cfg, self.policy, self.reference, self.optimizer, self.scheduler, self.world, self.update_precision
+        )
+        self.sampler = PromptSampler(
+            self.train_problems, t.seed, t.prompt_schedule, t.prompt_floor
+        )  # same on every rank
+        self.collector = collector_class(self.train_problems)(
+            cfg, self.engine, self.tokenizer, self.sampler, self.rewards, self.world
+        )  # episodes for agent tasks
         self.step = 0
         self.saved_step: int | None = None  # step of the newest checkpoint this trainer wrote or loaded
         self.saved_at = time.monotonic()  # when it was written (for train.save_every_minutes)
@@ -220,15 +258,22 @@ class Trainer:
         """train.precision / rollout.dtype resolved by grpolab.training.precision (explicit wins; auto: CUDA support or the
         CPU probe at this model's shapes; a resume's recorded resolution); rank 0 decides for every rank."""
         c = self.cfg
-        shapes = precision.probe_shapes(*precision.model_dims(self.policy), c.train.micro_batch_size,
-                                        c.rollout.max_new_tokens, c.rollout.group_size)
+        shapes = precision.probe_shapes(
+            *precision.model_dims(self.policy), c.train.micro_batch_size, c.rollout.max_new_tokens, c.rollout.group_size
+        )
+
         def probe_told(probe_shapes: dict[str, list[int]]) -> dict[str, Any]:
-            self.tell("choosing fp32 or bf16 for this model (precision auto: measured once per machine and shape, "
-                      "then cached)")
+            self.tell(
+                "choosing fp32 or bf16 for this model (precision auto: measured once per machine and shape, "
+                "then cached)"
+            )
             return precision.probe(probe_shapes)
 
-        mine = precision.resolve(c.train.precision, c.rollout.dtype, self.device, shapes, recorded,
-                                 run_probe=probe_told) if self.world.main else None
+        mine = (
+            precision.resolve(c.train.precision, c.rollout.dtype, self.device, shapes, recorded, run_probe=probe_told)
+            if self.world.main
+            else None
+        )
         return gather_objects(mine, self.world)[0]
 
     # ------------------------------------------------------------------------------------------ one step
@@ -236,8 +281,10 @@ class Trainer:
     def collect(self) -> Batch:
         if not self.told_first_step:
             c = self.cfg
-            self.tell(f"step {self.step + 1}/{c.train.steps}: sampling {c.train.prompts_per_step} prompts x "
-                      f"{c.rollout.group_size} completions")
+            self.tell(
+                f"step {self.step + 1}/{c.train.steps}: sampling {c.train.prompts_per_step} prompts x "
+                f"{c.rollout.group_size} completions"
+            )
         return self.collector.collect(self.step)
 
     def train_step(self) -> tuple[dict[str, float], list[dict[str, Any]]]:
@@ -256,8 +303,12 @@ class Trainer:
         kl_seq = (token_kl(old, ref, a.kl_estimator).double() * batch.rollout.trained_mask()).sum(-1)  # float64: no
         # rounding that depends on how wide the rollout tensor is (it differs with the number of ranks)
         batch.scores.rewards = batch.scores.rewards - a.beta * kl_seq.to(batch.scores.rewards.device)
-        penalty = all_reduce_sum(torch.tensor([a.beta * kl_seq.sum().item(), float(len(kl_seq))], dtype=torch.float64), self.world)
-        batch.metrics["reward/kl_penalty/mean"] = (penalty[0] / penalty[1].clamp(min=1)).item()  # reward/mean: task reward
+        penalty = all_reduce_sum(
+            torch.tensor([a.beta * kl_seq.sum().item(), float(len(kl_seq))], dtype=torch.float64), self.world
+        )
+        batch.metrics["reward/kl_penalty/mean"] = (
+            penalty[0] / penalty[1].clamp(min=1)
+        ).item()  # reward/mean: task reward
         batch.advantages = self.collector.global_advantages(batch)
         return ref, old
 
@@ -272,8 +323,16 @@ class Trainer:
             self.told_first_step = True
         with training_attention(t.deterministic, self.device):  # PPO's critic update runs in kl_in_reward
             ref, old = self.kl_in_reward(batch)
-            update_metrics = self.updater.update(rollout, batch.advantages, ~scores.invalid, ref_logp=ref, old_logp=old,
-                                                 positions=batch.positions, num_groups=batch.num_groups, step=self.step)
+            update_metrics = self.updater.update(
+                rollout,
+                batch.advantages,
+                ~scores.invalid,
+                ref_logp=ref,
+                old_logp=old,
+                positions=batch.positions,
+                num_groups=batch.num_groups,
+                step=self.step,
+            )
         self.skipped_in_step = self.updater.skipped_steps - skipped
         self.step += 1
         align_schedule(self.scheduler, self.step * t.mu * t.minibatches)
@@ -281,14 +340,24 @@ class Trainer:
         t2 = time.perf_counter()
         if scores.invalid.any():
             first = next(e for e in scores.errors if e is not None)
-            log.warning("step %d: %d of %d completions have no valid reward (excluded from the update); first: %s",
-                        self.step, int(scores.invalid.sum()), len(rollout), first)
+            log.warning(
+                "step %d: %d of %d completions have no valid reward (excluded from the update); first: %s",
+                self.step,
+                int(scores.invalid.sum()),
+                len(rollout),
+                first,
+            )
         timing = self.collector.timing
-        tokens = all_reduce_sum(torch.tensor([float(rollout.completion_mask.sum() + rollout.prompt_mask.sum())]), self.world)
+        tokens = all_reduce_sum(
+            torch.tensor([float(rollout.completion_mask.sum() + rollout.prompt_mask.sum())]), self.world
+        )
         metrics = {
-            **batch.metrics, **update_metrics,
+            **batch.metrics,
+            **update_metrics,
             "optim/lr": self.scheduler.get_last_lr()[0],
-            "time/rollout_s": timing["rollout"], "time/reward_s": timing["reward"], "time/update_s": t2 - t1,
+            "time/rollout_s": timing["rollout"],
+            "time/reward_s": timing["reward"],
+            "time/update_s": t2 - t1,
             "time/step_s": t2 - t0,
             "throughput/tokens_per_s": tokens.item() / (t2 - t0),
             "memory/peak_rss_mb": peak_rss_mb(),
@@ -299,14 +368,24 @@ class Trainer:
         """train.samples_per_step rows of the trained batch, spread over its groups."""
         r, g, run = batch.rollout, self.cfg.rollout.group_size, self.cfg.run
         rows = sample_rows(len(r), self.cfg.train.samples_per_step, g)
-        due = bool(run.report_to and run.table_every_steps and self.step % run.table_every_steps == 0 and self.world.main)
-        self.table = completion_table(batch, self.tokenizer, run.table_groups, self.cfg.train.seed, self.step) if due else None
+        due = bool(
+            run.report_to and run.table_every_steps and self.step % run.table_every_steps == 0 and self.world.main
+        )
+        self.table = (
+            completion_table(batch, self.tokenizer, run.table_groups, self.cfg.train.seed, self.step) if due else None
+        )
         return [
-            {"step": self.step, "uid": batch.problems[r.group[i]].uid, "gold": batch.problems[r.group[i]].answer,
-             "completion": r.texts[i], "reward": batch.scores.rewards[i].item(), "advantage": batch.advantages[i].item(),
-             **{f"reward/{k}": v[i].item() for k, v in batch.scores.components.items()},
-             **({"reason": batch.scores.results[i].reason} if batch.scores.results[i].reason else {}),
-             **({"error": batch.scores.results[i].error} if batch.scores.results[i].error else {})}
+            {
+                "step": self.step,
+                "uid": batch.problems[r.group[i]].uid,
+                "gold": batch.problems[r.group[i]].answer,
+                "completion": r.texts[i],
+                "reward": batch.scores.rewards[i].item(),
+                "advantage": batch.advantages[i].item(),
+                **{f"reward/{k}": v[i].item() for k, v in batch.scores.components.items()},
+                **({"reason": batch.scores.results[i].reason} if batch.scores.results[i].reason else {}),
+                **({"error": batch.scores.results[i].error} if batch.scores.results[i].error else {}),
+            }
             for i in rows
         ]
 
@@ -318,8 +397,14 @@ class Trainer:
 
     def eval_metrics(self) -> dict[str, float]:
         r = self.evaluate()
-        return {"eval/accuracy": r.accuracy, "eval/ci_low": r.ci_low, "eval/ci_high": r.ci_high, "eval/n": r.n,
-                "eval/len_mean": r.len_mean, "eval/truncated_frac": r.truncated_frac}
+        return {
+            "eval/accuracy": r.accuracy,
+            "eval/ci_low": r.ci_low,
+            "eval/ci_high": r.ci_high,
+            "eval/n": r.n,
+            "eval/len_mean": r.len_mean,
+            "eval/truncated_frac": r.truncated_frac,
+        }
 
     # ------------------------------------------------------------------------------------------ loop
 
@@ -366,11 +451,18 @@ class Trainer:
             manifest = json.loads((self.run_dir / "manifest.json").read_text(encoding="utf-8"))
         except (OSError, ValueError):
             return {}
-        return {"manifest.json": json.dumps(manifest, indent=2),
-                "objective_card.json": json.dumps(manifest.get("objective"), indent=2)}
+        return {
+            "manifest.json": json.dumps(manifest, indent=2),
+            "objective_card.json": json.dumps(manifest.get("objective"), indent=2),
+        }
 
-    def end_step(self, metrics: dict[str, float], samples: list[dict[str, Any]], sinks: dict[str, JsonlSink],
-                 on_step: Callable[[int, dict[str, float]], None] | None) -> dict[str, float]:
+    def end_step(
+        self,
+        metrics: dict[str, float],
+        samples: list[dict[str, Any]],
+        sinks: dict[str, JsonlSink],
+        on_step: Callable[[int, dict[str, float]], None] | None,
+    ) -> dict[str, float]:
         """Periodic eval, logging, non-finite bookkeeping and the periodic checkpoint of the step just taken."""
         cfg, step = self.cfg, self.step
         evaluated = bool(cfg.eval.every_steps) and (step % cfg.eval.every_steps == 0 or step == cfg.train.steps)
@@ -390,7 +482,8 @@ class Trainer:
             raise GrpolabError(
                 f"step {step}: {self.nonfinite.streak} consecutive steps with a non-finite loss or gradient "
                 f"(train.max_nonfinite_steps = {self.nonfinite.limit}); stopped. "
-                + (f"The last good checkpoint is {last}" if last else "No checkpoint was written"))
+                + (f"The last good checkpoint is {last}" if last else "No checkpoint was written")
+            )
         if (stop := self.reward_failures.record(step, self.reward_results)) is not None:
             last = ckpt.latest_checkpoint(self.run_dir)
             raise GrpolabError(stop + (f" The last checkpoint is {last}." if last else " No checkpoint was written."))
@@ -408,11 +501,22 @@ class Trainer:
         better = ckpt.is_better(value, self.best["value"] if self.best else None) and not self.nonfinite.streak
         if not gather_objects(better, self.world)[0]:
             return
-        self.best = {"step": self.step, "checkpoint": f"checkpoints/step-{self.step}", "metric": ckpt.BEST_METRIC,
-                     "value": value, "ci_low": metrics.get("eval/ci_low"), "ci_high": metrics.get("eval/ci_high"),
-                     "num_problems": len(self.eval_problems), "training_reward": metrics.get("reward/mean"),
-                     "rule": "highest held-out accuracy of the periodic greedy eval (eval.every_steps); a tie keeps "
-                             "the earlier step; training reward is not used"} if self.world.main else None
+        self.best = (
+            {
+                "step": self.step,
+                "checkpoint": f"checkpoints/step-{self.step}",
+                "metric": ckpt.BEST_METRIC,
+                "value": value,
+                "ci_low": metrics.get("eval/ci_low"),
+                "ci_high": metrics.get("eval/ci_high"),
+                "num_problems": len(self.eval_problems),
+                "training_reward": metrics.get("reward/mean"),
+                "rule": "highest held-out accuracy of the periodic greedy eval (eval.every_steps); a tie keeps "
+                "the earlier step; training reward is not used",
+            }
+            if self.world.main
+            else None
+        )
         self.save()  # its trainer state holds the new best, so a resume agrees with best.json
         if self.world.main:
             ckpt.write_best(self.run_dir, self.best)
@@ -443,11 +547,18 @@ class Trainer:
         """Everything an exact resume needs besides the weights (docs/robustness.md). Dynamic sampling keeps no
         state across steps (each step refills from the prompt cursor), so the cursor covers it."""
         return {
-            **self.cursor_state(), "step": self.step,
-            "optimizer": full_optimizer_state(self.policy, self.optimizer) if self.sharded else self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(), "faults": {"skipped_steps": self.updater.skipped_steps},
-            "logs": {name: _size(self.run_dir / name) for name in LOGS}, "torch_threads": torch.get_num_threads(),
-            "world_size": self.world.size, "rank_rng": gather_objects(ckpt.rng_state(), self.world), "best": self.best,
+            **self.cursor_state(),
+            "step": self.step,
+            "optimizer": full_optimizer_state(self.policy, self.optimizer)
+            if self.sharded
+            else self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "faults": {"skipped_steps": self.updater.skipped_steps},
+            "logs": {name: _size(self.run_dir / name) for name in LOGS},
+            "torch_threads": torch.get_num_threads(),
+            "world_size": self.world.size,
+            "rank_rng": gather_objects(ckpt.rng_state(), self.world),
+            "best": self.best,
         }
 
     def save(self) -> Path:
@@ -459,13 +570,23 @@ class Trainer:
         self.tell(f"step {self.step}/{self.cfg.train.steps}: writing checkpoint {path.name}")
         try:
             if self.world.main:
-                path = ckpt.save_checkpoint(self.run_dir, self.step, self.policy, self.tokenizer, state,
-                                            self.cfg.train.keep_last, weights, self.cfg.train.checkpoint_direct_io)
+                path = ckpt.save_checkpoint(
+                    self.run_dir,
+                    self.step,
+                    self.policy,
+                    self.tokenizer,
+                    state,
+                    self.cfg.train.keep_last,
+                    weights,
+                    self.cfg.train.checkpoint_direct_io,
+                )
         except (OSError, RuntimeError) as e:
             prev = ckpt.latest_checkpoint(self.run_dir)
             kept = f"the previous checkpoint {prev} is intact" if prev else "there is no earlier checkpoint"
-            raise GrpolabError(f"could not write the checkpoint of step {self.step} ({type(e).__name__}: {e}); {kept}; "
-                               f"fix the cause (disk space?) and continue with: grpolab train --resume {self.run_dir}") from None
+            raise GrpolabError(
+                f"could not write the checkpoint of step {self.step} ({type(e).__name__}: {e}); {kept}; "
+                f"fix the cause (disk space?) and continue with: grpolab train --resume {self.run_dir}"
+            ) from None
         barrier(self.world)  # no rank runs ahead of a checkpoint that is not on disk yet
         self.saved_step, self.saved_at = self.step, time.monotonic()
         return path
@@ -476,12 +597,18 @@ class Trainer:
         state = ckpt.load_state(path)
         saved_world = state.get("world_size", 1)
         if saved_world != self.world.size:
-            raise GrpolabError(f"{path} was written by {saved_world} process(es), this run has {self.world.size}: resume "
-                               f"with the same number (torchrun --nproc-per-node {saved_world} ... or grpolab train "
-                               f"--nproc {saved_world} --resume {self.run_dir})")
+            raise GrpolabError(
+                f"{path} was written by {saved_world} process(es), this run has {self.world.size}: resume "
+                f"with the same number (torchrun --nproc-per-node {saved_world} ... or grpolab train "
+                f"--nproc {saved_world} --resume {self.run_dir})"
+            )
         if self.sharded:  # every rank reads the full state and keeps its shards
-            load_full_state(self.policy, self.optimizer, load_causal_lm(str(path), self.cfg.model.dtype).state_dict(),
-                            state["optimizer"])
+            load_full_state(
+                self.policy,
+                self.optimizer,
+                load_causal_lm(str(path), self.cfg.model.dtype).state_dict(),
+                state["optimizer"],
+            )
         else:
             load_weights(self.policy, path, self.cfg.model.dtype)  # the full model, or the LoRA adapter
             self.optimizer.load_state_dict(state["optimizer"])
@@ -497,9 +624,14 @@ class Trainer:
             ckpt.write_best(self.run_dir, self.best)
             ckpt.prune(self.run_dir, self.cfg.train.keep_last)
         if state.get("torch_threads", torch.get_num_threads()) != torch.get_num_threads():
-            log.warning("%s was written with %d torch threads, this process uses %d: CPU results may differ in the "
-                        "last bits (set OMP_NUM_THREADS=%d for an exact resume)", path, state["torch_threads"],
-                        torch.get_num_threads(), state["torch_threads"])
+            log.warning(
+                "%s was written with %d torch threads, this process uses %d: CPU results may differ in the "
+                "last bits (set OMP_NUM_THREADS=%d for an exact resume)",
+                path,
+                state["torch_threads"],
+                torch.get_num_threads(),
+                state["torch_threads"],
+            )
         ckpt.set_rng_state(state["rank_rng"][self.world.rank] if "rank_rng" in state else state["rng"])
 
     def resume(self) -> Path | None:

@@ -31,8 +31,18 @@ from .distributed import World, all_reduce_gradients, all_reduce_max, all_reduce
 from .forward import completion_logprobs, weight_casts_kept
 from .sharding import loss_scale
 
-SUMMED = ("loss/policy", "loss/kl", "loss/total", "kl_tok", "clip_low", "clip_high", "tokens", "entropy",
-          "approx_kl_old", "signal_tokens")  # per-step sums, added over the ranks before they are divided
+SUMMED = (
+    "loss/policy",
+    "loss/kl",
+    "loss/total",
+    "kl_tok",
+    "clip_low",
+    "clip_high",
+    "tokens",
+    "entropy",
+    "approx_kl_old",
+    "signal_tokens",
+)  # per-step sums, added over the ranks before they are divided
 
 
 @dataclass(frozen=True)
@@ -59,16 +69,21 @@ class PolicyUpdater:
     """``precision``: the update's resolved train.precision, "fp32" or "bf16" (the Trainer passes its resolution;
     None: cfg.train.precision as given, where "auto" runs as fp32, as forward.autocast does)."""
 
-    def __init__(self, cfg: Config, policy, reference, optimizer, scheduler, world: World = World(),
-                 precision: str | None = None):
+    def __init__(
+        self, cfg: Config, policy, reference, optimizer, scheduler, world: World = World(), precision: str | None = None
+    ):
         a = cfg.algorithm
         self.world = world
         self.cfg, self.policy, self.reference = cfg, policy, reference
         self.precision = precision or ("fp32" if cfg.train.precision == "auto" else cfg.train.precision)
         self.optimizer, self.scheduler = optimizer, scheduler
         self.params = ObjectiveParams(
-            surrogate=a.surrogate, clip=ClipParams(a.eps_low, a.eps_high, a.dual_clip_c), beta=a.beta,
-            kl_estimator=a.kl_estimator, kl_in_loss=a.kl_placement == KLPlacement.LOSS, entropy_coef=a.entropy_coef,
+            surrogate=a.surrogate,
+            clip=ClipParams(a.eps_low, a.eps_high, a.dual_clip_c),
+            beta=a.beta,
+            kl_estimator=a.kl_estimator,
+            kl_in_loss=a.kl_placement == KLPlacement.LOSS,
+            entropy_coef=a.entropy_coef,
         )
         self.is_params = ISParams(c_max=a.is_c_max, c_min=a.is_c_min)
         self.temperature = cfg.rollout.temperature
@@ -89,8 +104,9 @@ class PolicyUpdater:
                 if rows is None:
                     self.idle_pass(grad=False)
                     continue
-                fo = completion_logprobs(net, rollout, rows, self.temperature, precision,
-                                         share_prompt=self.share_prompt, pack=self.pack)
+                fo = completion_logprobs(
+                    net, rollout, rows, self.temperature, precision, share_prompt=self.share_prompt, pack=self.pack
+                )
                 out[rows, fo.cols] = fo.logp.float()
         return out
 
@@ -120,9 +136,17 @@ class PolicyUpdater:
             mask[rollout.truncated] = 0
         return mask
 
-    def update(self, rollout: Rollout, advantages: torch.Tensor, valid: torch.Tensor,
-               ref_logp: torch.Tensor | None = None, old_logp: torch.Tensor | None = None,
-               positions: list[int] | None = None, num_groups: int | None = None, step: int = 0) -> dict[str, float]:
+    def update(
+        self,
+        rollout: Rollout,
+        advantages: torch.Tensor,
+        valid: torch.Tensor,
+        ref_logp: torch.Tensor | None = None,
+        old_logp: torch.Tensor | None = None,
+        positions: list[int] | None = None,
+        num_groups: int | None = None,
+        step: int = 0,
+    ) -> dict[str, float]:
         """One rollout batch's update; ref/old logprobs are computed here unless the caller already has them.
         advantages: [N] per sequence (GRPO: broadcast over its tokens) or [N, Lc] per token (PPO: grpolab.baselines.ppo).
 
@@ -143,7 +167,9 @@ class PolicyUpdater:
         where = {pos: i for i, pos in enumerate(positions)}
         for it in range(t.mu):
             for chunk in minibatch_groups(num_groups, t.minibatches, t.seed, step, it):
-                mb = torch.tensor([where[pos] * g + k for pos in chunk if pos in where for k in range(g)], dtype=torch.long)
+                mb = torch.tensor(
+                    [where[pos] * g + k for pos in chunk if pos in where for k in range(g)], dtype=torch.long
+                )
                 finite = self.minibatch(batch, mb, sums, mismatch if it == 0 else None)
                 bad = all_reduce_max(torch.tensor([0.0 if finite else 1.0]), self.world)
                 if not self.sharded:  # fsdp2 reduce-scatters the gradients itself (grpolab.training.sharding)
@@ -162,8 +188,9 @@ class PolicyUpdater:
         cfg, size = self.cfg, self.cfg.train.micro_batch_size
         counts = all_reduce_sum(batch_counts(batch.mask[mb]), self.world)
         weights = token_weights(batch.mask[mb], cfg.algorithm.aggregation, cfg.l_max, counts)
-        micro_batches = [MicroBatch(mb[start : start + size], weights[start : start + size])
-                         for start in range(0, len(mb), size)]
+        micro_batches = [
+            MicroBatch(mb[start : start + size], weights[start : start + size]) for start in range(0, len(mb), size)
+        ]
         self.optimizer.zero_grad(set_to_none=True)
         finite = True
         with self.casts_kept(self.precision):
@@ -183,14 +210,23 @@ class PolicyUpdater:
         device = next(self.policy.parameters()).device
         return weight_casts_kept("fp32" if self.sharded else precision, device)
 
-    def micro_batch(self, batch: UpdateBatch, micro: MicroBatch, sums: dict[str, float],
-                    mismatch: dict | None) -> torch.Tensor:
+    def micro_batch(
+        self, batch: UpdateBatch, micro: MicroBatch, sums: dict[str, float], mismatch: dict | None
+    ) -> torch.Tensor:
         """Forward of one micro-batch: returns its loss (a scalar with its graph; the caller runs the backward) and
         adds its loss terms and token statistics to `sums` (and its IS-mismatch tokens to `mismatch`, if given)."""
         cfg, rollout, rows = self.cfg, batch.rollout, micro.rows
-        fo = completion_logprobs(self.policy, rollout, rows, self.temperature, self.precision, with_entropy=True,
-                                 entropy_grad=cfg.algorithm.entropy_coef != 0, share_prompt=self.share_prompt,
-                                 pack=self.pack)
+        fo = completion_logprobs(
+            self.policy,
+            rollout,
+            rows,
+            self.temperature,
+            self.precision,
+            with_entropy=True,
+            entropy_grad=cfg.algorithm.entropy_coef != 0,
+            share_prompt=self.share_prompt,
+            pack=self.pack,
+        )
         c = fo.cols
         m = batch.mask[rows][:, c]
         old = fo.logp.detach() if batch.old_logp is None else batch.old_logp[rows][:, c]
@@ -199,16 +235,29 @@ class PolicyUpdater:
         advantages = batch.advantages  # per token [N, Lc] or per sequence [N]
         adv = advantages[rows][:, c] if advantages.dim() == 2 else advantages[rows]
         terms = objective(
-            fo.logp, old, None if batch.ref_logp is None else batch.ref_logp[rows][:, c], adv,
-            micro.weights[:, c], isw, m, self.params, fo.entropy,
+            fo.logp,
+            old,
+            None if batch.ref_logp is None else batch.ref_logp[rows][:, c],
+            adv,
+            micro.weights[:, c],
+            isw,
+            m,
+            self.params,
+            fo.entropy,
         )
         mf = m.float()
-        for key, value in (("loss/policy", terms.policy), ("loss/kl", terms.kl), ("loss/total", terms.total.item()),
-                           ("kl_tok", terms.kl_token_sum), ("clip_low", terms.clip_low_count),
-                           ("clip_high", terms.clip_high_count), ("tokens", terms.token_count),
-                           ("entropy", (fo.entropy * mf).sum().item()),
-                           ("approx_kl_old", (0.5 * (fo.logp.detach() - old) ** 2 * mf).sum().item()),
-                           ("signal_tokens", (mf * per_token(adv != 0, mf)).sum().item())):
+        for key, value in (
+            ("loss/policy", terms.policy),
+            ("loss/kl", terms.kl),
+            ("loss/total", terms.total.item()),
+            ("kl_tok", terms.kl_token_sum),
+            ("clip_low", terms.clip_low_count),
+            ("clip_high", terms.clip_high_count),
+            ("tokens", terms.token_count),
+            ("entropy", (fo.entropy * mf).sum().item()),
+            ("approx_kl_old", (0.5 * (fo.logp.detach() - old) ** 2 * mf).sum().item()),
+            ("signal_tokens", (mf * per_token(adv != 0, mf)).sum().item()),
+        ):
             sums[key] += value
         if mismatch is not None:
             sel = m.bool()
@@ -243,11 +292,16 @@ class PolicyUpdater:
         steps = max(sums["optimizer_steps"], 1)
         tokens = max(sums["tokens"], 1)
         out = {
-            "loss/policy": sums["loss/policy"] / steps, "loss/kl": sums["loss/kl"] / steps,
-            "loss/total": sums["loss/total"] / steps, "policy/kl": sums["kl_tok"] / tokens,
-            "policy/entropy": sums["entropy"] / tokens, "policy/clip_frac_low": sums["clip_low"] / tokens,
-            "policy/clip_frac_high": sums["clip_high"] / tokens, "policy/approx_kl_old": sums["approx_kl_old"] / tokens,
-            "loss/signal_token_frac": sums["signal_tokens"] / tokens, "optim/grad_norm": sums["grad_norm"] / steps,
+            "loss/policy": sums["loss/policy"] / steps,
+            "loss/kl": sums["loss/kl"] / steps,
+            "loss/total": sums["loss/total"] / steps,
+            "policy/kl": sums["kl_tok"] / tokens,
+            "policy/entropy": sums["entropy"] / tokens,
+            "policy/clip_frac_low": sums["clip_low"] / tokens,
+            "policy/clip_frac_high": sums["clip_high"] / tokens,
+            "policy/approx_kl_old": sums["approx_kl_old"] / tokens,
+            "loss/signal_token_frac": sums["signal_tokens"] / tokens,
+            "optim/grad_norm": sums["grad_norm"] / steps,
         }
         local = [torch.cat(mismatch[k]).cpu() if mismatch[k] else torch.zeros(0) for k in ("old", "sampler", "w")]
         parts = gather_objects(local, world)

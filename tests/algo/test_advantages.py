@@ -288,7 +288,9 @@ def test_group_of_two_distinct_values(baseline, scaling, std_kind, pair):
     torch.testing.assert_close(out.advantages, expected, rtol=1e-12, atol=1e-12)
     assert out.zero_std.tolist() == [False]
     # a group of two equal values is zero-signal
-    out = _run(torch.tensor([[a, a]], dtype=torch.float32), baseline=baseline, scaling=scaling, std_kind=std_kind, eps=0.0)
+    out = _run(
+        torch.tensor([[a, a]], dtype=torch.float32), baseline=baseline, scaling=scaling, std_kind=std_kind, eps=0.0
+    )
     assert out.zero_std.tolist() == [True]
     assert out.advantages.tolist() == [[0.0, 0.0]]
 
@@ -304,7 +306,9 @@ def test_resolution_threshold():
     r = torch.tensor([[base, base + 1e-6, base, base]], dtype=torch.float64)
     out = compute_advantages(r, eps=0.0)
     assert out.zero_std.tolist() == [False]
-    torch.testing.assert_close(out.advantages, torch.tensor([[-0.5, 1.5, -0.5, -0.5]], dtype=torch.float64), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(
+        out.advantages, torch.tensor([[-0.5, 1.5, -0.5, -0.5]], dtype=torch.float64), rtol=1e-6, atol=1e-6
+    )
     # a caller-chosen coarser resolution
     out = compute_advantages(r, eps=0.0, resolution=1e-3)
     assert out.zero_std.tolist() == [True]

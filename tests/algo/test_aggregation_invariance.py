@@ -98,6 +98,8 @@ def _one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
 TEMPERATURE = 0.9
 
 
@@ -154,7 +156,9 @@ PARAM_GRID = list(itertools.product(list(Aggregation), list(Surrogate), list(KLE
 
 def _params(surrogate, kl):
     clip = ClipParams(0.2, 0.28, 3.0) if surrogate != Surrogate.GSPO else ClipParams(0.03, 0.04, 3.0)
-    return ObjectiveParams(surrogate=surrogate, clip=clip, beta=0.07, kl_estimator=kl, kl_in_loss=True, entropy_coef=0.013)
+    return ObjectiveParams(
+        surrogate=surrogate, clip=clip, beta=0.07, kl_estimator=kl, kl_in_loss=True, entropy_coef=0.013
+    )
 
 
 @pytest.mark.parametrize("mode,surrogate,kl", PARAM_GRID, ids=[f"{a}-{s}-{k}" for a, s, k in PARAM_GRID])
@@ -172,7 +176,15 @@ def test_microbatch_invariance(mode, surrogate, kl):
         assert abs(loss - loss_full) <= 1e-12, (size, loss, loss_full)
         torch.testing.assert_close(grad, grad_full, rtol=0, atol=1e-12)
         # the detached per-micro-batch terms add up to the full-batch ones too
-        for name in ("policy", "kl", "entropy_bonus", "kl_token_sum", "clip_low_count", "clip_high_count", "token_count"):
+        for name in (
+            "policy",
+            "kl",
+            "entropy_bonus",
+            "kl_token_sum",
+            "clip_low_count",
+            "clip_high_count",
+            "token_count",
+        ):
             assert sum(getattr(t, name) for t in terms) == pytest.approx(getattr(tf, name), rel=1e-12, abs=1e-12), name
 
 
@@ -224,8 +236,14 @@ def test_beta_zero_or_reward_placement_leaves_kl_out_of_the_loss():
     logits = X @ W0
     logp = token_logprobs(logits, ids, TEMPERATURE)
     w = token_weights(mask, Aggregation.TOKEN_MEAN, L_MAX)
-    base = ObjectiveParams(surrogate=Surrogate.PPO_CLIP, clip=ClipParams(0.2, 0.2, 3.0), beta=0.0,
-                           kl_estimator=KLEstimator.K3, kl_in_loss=True, entropy_coef=0.0)
+    base = ObjectiveParams(
+        surrogate=Surrogate.PPO_CLIP,
+        clip=ClipParams(0.2, 0.2, 3.0),
+        beta=0.0,
+        kl_estimator=KLEstimator.K3,
+        kl_in_loss=True,
+        entropy_coef=0.0,
+    )
     a = objective(logp, old, None, adv, w, isw, mask, base)
     b = objective(logp, old, ref, adv, w, isw, mask, base)
     c = objective(logp, old, ref, adv, w, isw, mask, dataclasses.replace(base, beta=0.5, kl_in_loss=False))

@@ -33,7 +33,9 @@ HAND_EXPECTED = {
 
 
 def _hand_inputs():
-    sampler = torch.tensor([[-1.0, -2.0, -0.5, -3.0], [-0.1, -4.0, -2.0, -1.0], [-2.0, -2.0, -5.0, -0.7], [-1.0] * 4], dtype=torch.float64)
+    sampler = torch.tensor(
+        [[-1.0, -2.0, -0.5, -3.0], [-0.1, -4.0, -2.0, -1.0], [-2.0, -2.0, -5.0, -0.7], [-1.0] * 4], dtype=torch.float64
+    )
     old = sampler + torch.log(torch.tensor(HAND_RATIOS, dtype=torch.float64))
     mask = torch.tensor(HAND_MASK)
     return old, sampler, mask
@@ -156,7 +158,9 @@ def test_mismatch_stats_hand():
     assert s["sampler/logp_diff_max"] == pytest.approx(1.0, rel=1e-12)
     assert s["sampler/is_weight_min"] == pytest.approx(math.exp(-1.0), rel=1e-12)
     assert s["sampler/is_weight_max"] == pytest.approx(math.exp(0.5), rel=1e-12)
-    assert s["sampler/is_weight_mean"] == pytest.approx((math.exp(0.5) + math.exp(-1.0) + math.exp(0.25)) / 3, rel=1e-12)
+    assert s["sampler/is_weight_mean"] == pytest.approx(
+        (math.exp(0.5) + math.exp(-1.0) + math.exp(0.25)) / 3, rel=1e-12
+    )
     # the mismatch is measured whatever the mode
     s_none = mismatch_stats(old, sampler, mask, is_weights(old, sampler, mask, ISMode.NONE, P))
     assert s_none["sampler/logp_diff_mean"] == s["sampler/logp_diff_mean"]

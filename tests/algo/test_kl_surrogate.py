@@ -246,7 +246,9 @@ def test_gspo_hand():
     out = surrogate_loss(Surrogate.GSPO, logp, old, adv, mask, p)
     s = [math.exp(0.1), math.exp(1e-4), math.exp(0.1), math.exp(-0.3)]
     row_loss = [-2.0 * (1 + 4e-4), -2.0 * math.exp(1e-4), 2.0 * math.exp(0.1), 1.0 * (1 - 3e-4)]
-    torch.testing.assert_close(out.ratio, torch.tensor(s, dtype=torch.float64)[:, None].expand(4, 4), rtol=1e-12, atol=0)
+    torch.testing.assert_close(
+        out.ratio, torch.tensor(s, dtype=torch.float64)[:, None].expand(4, 4), rtol=1e-12, atol=0
+    )
     torch.testing.assert_close(
         out.loss, torch.tensor(row_loss, dtype=torch.float64)[:, None].expand(4, 4), rtol=1e-12, atol=1e-12
     )

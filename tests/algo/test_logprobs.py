@@ -239,7 +239,7 @@ def test_chunks_are_cache_sized_on_a_cpu_and_large_elsewhere():
 
     assert lpm.chunk_rows(49152) == lpm.chunk_rows(49152, torch.device("cpu")) == 5  # 5 x 49152 x 4 B < 1 MiB
     assert lpm.chunk_rows(49152, torch.device("cuda")) == 1365  # 256 MiB of float32 rows
-    assert lpm.chunk_rows(10 ** 7) == 1  # at least one row
+    assert lpm.chunk_rows(10**7) == 1  # at least one row
 
 
 @pytest.mark.parametrize("first", [float("-inf"), torch.finfo(torch.float32).min, -1e4])
