@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Writing a checkpoint with train.checkpoint_direct_io on and off (grpolab/models/direct_io.py), in one process.
+"""Writing a checkpoint with speed.checkpoint_direct_io on and off (grpolab/models/direct_io.py), in one process.
 
     python benchmarks/checkpoint_write.py --rounds 4
 

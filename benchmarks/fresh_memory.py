@@ -8,7 +8,7 @@ Where memory is backed up front the two should be close (not measured here). On 
 memory the host backs lazily (and takes back when the guest frees it), the first write to a guest page the host
 has not backed yet costs far more, and it is paid again whenever the process needs memory it has not held before:
 a training run's first update (gradients, optimizer moments, activations), and every checkpoint written through
-the page cache (docs/performance.md, "End to end"; train.checkpoint_direct_io). Printed: seconds per GiB for each GiB written
+the page cache (docs/performance.md, "End to end"; speed.checkpoint_direct_io). Printed: seconds per GiB for each GiB written
 fresh, then for the same GiB written again (reused), their ratio; with --pause, a second process after the pause
 shows whether memory the first one freed is cheap again or went back to the host.
 """

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""train.keep_freed_memory on and off (grpolab/training/cpu_memory.py): the quickstart's steps, one process per
+"""speed.keep_freed_memory on and off (grpolab/training/cpu_memory.py): the quickstart's steps, one process per
 setting, alternating over --rounds.
 
     python benchmarks/keep_freed_memory.py --precision bf16 --rounds 2
@@ -36,7 +36,7 @@ def worker(args) -> None:
         [
             f"train.precision={args.precision}",
             f"rollout.dtype={dtype}",
-            f"train.keep_freed_memory={args.worker == 'on'}",
+            f"speed.keep_freed_memory={args.worker == 'on'}",
             "eval.every_steps=0",
         ],
     )

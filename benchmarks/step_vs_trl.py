@@ -182,8 +182,8 @@ def grpolab_raw_config(args, model_path: str, out_dir: str) -> dict:
             "top_k": 0,
             "dtype": "bfloat16" if bf16 else "float32",
             "decoder": args.decoder,
-            "cpu_fast_paths": not args.no_cpu_fast_paths,
         },
+        "speed": {"cpu_fast_paths": not args.no_cpu_fast_paths},
         "algorithm": {
             "preset": "grpo",
             "beta": args.beta,
@@ -322,11 +322,11 @@ def run_ours(args, model_path: str) -> dict[str, Any]:
         "torch_threads": torch.get_num_threads(),
         "phase_calls": dict(instr.calls),
         "notes": {
-            "share_prompt": cfg.train.share_prompt,
-            "optimizer": f"torch.optim.AdamW({'fused' if cfg.train.fused_adamw else 'foreach'}=True)",
-            "pack_completions": cfg.train.pack_completions,
+            "share_prompt": cfg.speed.share_prompt,
+            "optimizer": f"torch.optim.AdamW({'fused' if cfg.speed.fused_adamw else 'foreach'}=True)",
+            "pack_completions": cfg.speed.pack_completions,
             "decoder": cfg.rollout.decoder,
-            "cpu_fast_paths": cfg.rollout.cpu_fast_paths,
+            "cpu_fast_paths": cfg.speed.cpu_fast_paths,
             "sampler_copy": trainer.engine.own_copy,
         },
         "warmup": steps[: args.warmup],
@@ -877,7 +877,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--no-cpu-fast-paths",
         action="store_true",
-        help="grpolab's rollout.cpu_fast_paths off: decode without weights packed once per call",
+        help="grpolab's speed.cpu_fast_paths off: decode without weights packed once per call",
     )
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--prompts-per-step", type=int, default=4)

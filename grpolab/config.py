@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import enum
+import logging
 import math
 import types
 import typing
@@ -26,6 +27,8 @@ from .algo.kl import KLEstimator, KLPlacement
 from .algo.surrogate import Surrogate
 from .errors import ConfigError
 from .presets import PRESETS
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -109,13 +112,6 @@ class RolloutConfig:
     stop_rule: Literal["auto", "none", "code_block"] = "auto"
     # the sampler's own weight copy, synced after each update; auto = measured at start (grpolab/training/precision.py)
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
-    # grpolab decoder on a CPU, float32 (or bfloat16 where the CPU has bf16 units): weights packed once per decode call
-    # for oneDNN (rollout/prepack.py; the same sums in another order); false = every product re-packs its weight
-    cpu_fast_paths: bool = True
-    # grpolab decoder: the KV cache is written in place into buffers allocated once per decode call for prompt +
-    # max_new_tokens (rollout/cache.py; the same numbers; on a GPU that memory is reserved up front, on a CPU only
-    # written pages count); false = transformers' default, a concatenation per step
-    preallocate_kv_cache: bool = True
 
 
 @dataclass(frozen=True)
@@ -171,17 +167,10 @@ class TrainConfig:
     grad_clip: float = 1.0
     # bf16 = bfloat16 autocast over fp32 master weights; auto = measured at start (grpolab/training/precision.py)
     precision: Literal["auto", "fp32", "bf16"] = "auto"
-    attention_fp32: bool = (
-        True  # with bf16 on CPU: attention in float32 (its bf16 backward is slow; grpolab/training/attention.py)
-    )
     device: str = "auto"  # auto (cuda when available) | cpu | cuda | cuda:N; under torchrun on CUDA: cuda:LOCAL_RANK
     strategy: Literal["ddp", "fsdp2"] = (
         "ddp"  # data parallel: replicated weights, or sharded (grpolab/training/sharding.py)
     )
-    share_prompt: bool = True  # training passes run each prompt once per micro-batch, not once per completion
-    fused_adamw: bool = True  # torch's fused AdamW kernel (same update as foreach, one pass over the weights)
-    pack_completions: bool = True  # with share_prompt: completions packed end to end, not padded (SDPA models)
-    keep_freed_memory: bool = True  # CPU: malloc keeps freed memory for reuse (grpolab/training/cpu_memory.py)
     seed: int = 0
     # same config + seed on the same machine, threads and versions => the same bytes (grpolab/training/reproducibility.py:
     # deterministic algorithms; on CPU the training passes' attention through SDPA's math backend)
@@ -191,13 +180,48 @@ class TrainConfig:
         10.0  # ... and/or after this many minutes since the last one (0 = off); always at the end
     )
     keep_last: int = 2
-    checkpoint_direct_io: bool = True  # write checkpoints past the page cache, O_DIRECT (grpolab/models/direct_io.py)
     samples_per_step: int = 4
     max_nonfinite_steps: int = 3  # stop after this many consecutive steps with a NaN/Inf loss or gradient
     # prompt order (grpolab/training/prompt_sampler.py): shuffle = each prompt once per epoch; pass_rate = prompts whose last
     # group was solved G/G or 0/G are skipped except with probability prompt_floor (and after ceil(1/floor) skips)
     prompt_schedule: Literal["shuffle", "pass_rate"] = "shuffle"
     prompt_floor: float = 0.25
+
+
+@dataclass(frozen=True)
+class SpeedConfig:
+    """How fast a run computes, never what it optimises: each switch keeps the objective, the data and the sampler's
+    distribution as they are (some sum the same numbers in another order). `grpolab manifest diff` lists them apart
+    from the differences that matter, a resume accepts a change of them (recorded; the bitwise claim is downgraded),
+    and each one's measured effect is in docs/performance.md."""
+
+    # grpolab decoder on a CPU, float32 (or bfloat16 where the CPU has bf16 units): weights packed once per decode call
+    # for oneDNN (rollout/prepack.py); false = every product re-packs its weight
+    cpu_fast_paths: bool = True
+    # grpolab decoder: the KV cache written in place into buffers allocated once per decode call for prompt +
+    # max_new_tokens (rollout/cache.py); false = transformers' default, a concatenation per step
+    preallocate_kv_cache: bool = True
+    # with bf16 on CPU: attention in float32 (its bf16 backward is slow; grpolab/training/attention.py)
+    attention_fp32: bool = True
+    share_prompt: bool = True  # training passes run each prompt once per micro-batch, not once per completion
+    pack_completions: bool = True  # with share_prompt: completions packed end to end, not padded (SDPA models)
+    fused_adamw: bool = True  # torch's fused AdamW kernel (same update as foreach, one pass over the weights)
+    keep_freed_memory: bool = True  # CPU: malloc keeps freed memory for reuse (grpolab/training/cpu_memory.py)
+    checkpoint_direct_io: bool = True  # write checkpoints past the page cache, O_DIRECT (grpolab/models/direct_io.py)
+
+
+# Where each speed switch lived before it moved to `speed:`; a config or recorded manifest that still sets one
+# there is read as the new field, with a warning (move_speed_fields).
+SPEED_FIELDS_MOVED = {
+    "cpu_fast_paths": "rollout",
+    "preallocate_kv_cache": "rollout",
+    "attention_fp32": "train",
+    "share_prompt": "train",
+    "pack_completions": "train",
+    "fused_adamw": "train",
+    "keep_freed_memory": "train",
+    "checkpoint_direct_io": "train",
+}
 
 
 @dataclass(frozen=True)
@@ -240,6 +264,7 @@ class Config:
     rollout: RolloutConfig = RolloutConfig()
     algorithm: AlgorithmConfig = AlgorithmConfig()
     train: TrainConfig = TrainConfig()
+    speed: SpeedConfig = SpeedConfig()
     eval: EvalConfig = EvalConfig()
     critic: CriticConfig = CriticConfig()
     run: RunConfig = RunConfig()
@@ -412,8 +437,31 @@ def parse_option(text: str) -> tuple[str, Any]:
     return key, _from_cli(value)
 
 
+def move_speed_fields(raw: dict, warn: bool = True) -> dict:
+    """raw with every speed switch still set at its old place (SPEED_FIELDS_MOVED) moved to ``speed:``; both
+    places set is an error. raw itself is left as it is.
+
+    >>> move_speed_fields({"train": {"share_prompt": False, "steps": 3}}, warn=False)
+    {'train': {'steps': 3}, 'speed': {'share_prompt': False}}
+    """
+    out = {k: dict(v) if isinstance(v, dict) else v for k, v in raw.items()}
+    for name, section in SPEED_FIELDS_MOVED.items():
+        old = out.get(section)
+        if not isinstance(old, dict) or name not in old:
+            continue
+        speed = out.setdefault("speed", {})
+        if not isinstance(speed, dict):
+            raise ConfigError(f"speed: expected a mapping of fields, got {speed!r}")
+        if name in speed:
+            raise ConfigError(f"{section}.{name} and speed.{name} are both set; {section}.{name} moved to speed.{name}")
+        speed[name] = old.pop(name)
+        if warn:
+            log.warning("%s.%s moved to speed.%s; read as that (set speed.%s instead)", section, name, name, name)
+    return out
+
+
 def from_dict(raw: dict) -> Config:
-    cfg = _build(Config, _expand_preset(raw), "")
+    cfg = _build(Config, _expand_preset(move_speed_fields(raw)), "")
     validate(cfg)
     return cfg
 

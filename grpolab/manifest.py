@@ -12,6 +12,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Iterable
 
+from .config import move_speed_fields
 from .errors import GrpolabError
 from .tasks.base import Problem, normalise_problem_text
 
@@ -135,8 +136,7 @@ def read_manifest(run_dir: Path) -> dict[str, Any]:
 
 
 SEMANTIC_SECTIONS = ("config", "objective", "hashes", "versions", "git", "world_size")
-# where and how a run is written and watched: not what it computes (an old run resumes, a tracker can be added,
-# checkpoints may be written through the page cache on a filesystem that refuses direct I/O)
+# where and how a run is written and watched: not what it computes (an old run resumes, a tracker can be added)
 IGNORED_CONFIG_KEYS = {
     "config.run.name",
     "config.run.output_dir",
@@ -144,8 +144,9 @@ IGNORED_CONFIG_KEYS = {
     "config.run.mlflow_tracking_uri",
     "config.run.table_every_steps",
     "config.run.table_groups",
-    "config.train.checkpoint_direct_io",
 }
+# how fast a run computes, never what (config.SpeedConfig): listed apart, by speed_differences
+SPEED_PREFIX = "config.speed."
 
 
 def _flatten(x: Any, prefix: str) -> dict[str, Any]:
@@ -157,10 +158,29 @@ def _flatten(x: Any, prefix: str) -> dict[str, Any]:
     return {prefix: x}
 
 
+def _semantic(m: dict[str, Any]) -> dict[str, Any]:
+    """The semantic sections of a manifest, flattened to dotted keys; a config recorded before the speed switches
+    moved to ``speed:`` is read with them there (config.move_speed_fields)."""
+    sections = {k: m.get(k) for k in SEMANTIC_SECTIONS}
+    if isinstance(sections["config"], dict):
+        sections["config"] = move_speed_fields(sections["config"], warn=False)
+    return _flatten(sections, "")
+
+
+def _differences(a: dict[str, Any], b: dict[str, Any], speed: bool) -> list[tuple[str, Any, Any]]:
+    fa, fb = _semantic(a), _semantic(b)
+    keys = sorted(k for k in (set(fa) | set(fb)) - IGNORED_CONFIG_KEYS if k.startswith(SPEED_PREFIX) == speed)
+    return [(k, fa.get(k), fb.get(k)) for k in keys if fa.get(k) != fb.get(k)]
+
+
 def diff_manifests(a: dict[str, Any], b: dict[str, Any]) -> list[tuple[str, Any, Any]]:
     """Every semantic difference (algorithm, sampler, reward code, data, model, tokenizer, chat template,
-    versions) between two manifests, as (field path, value in a, value in b)."""
-    fa = _flatten({k: a.get(k) for k in SEMANTIC_SECTIONS}, "")
-    fb = _flatten({k: b.get(k) for k in SEMANTIC_SECTIONS}, "")
-    keys = sorted((set(fa) | set(fb)) - IGNORED_CONFIG_KEYS)
-    return [(k, fa.get(k), fb.get(k)) for k in keys if fa.get(k) != fb.get(k)]
+    versions) between two manifests, as (field path, value in a, value in b). The speed switches are not among
+    them (speed_differences)."""
+    return _differences(a, b, speed=False)
+
+
+def speed_differences(a: dict[str, Any], b: dict[str, Any]) -> list[tuple[str, Any, Any]]:
+    """The speed switches (``config.speed.*``) that differ: the same objective computed another way. A field
+    one manifest lacks (written before it existed) is compared as missing."""
+    return _differences(a, b, speed=True)

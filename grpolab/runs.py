@@ -356,11 +356,17 @@ def resume_run(
     if not trainer.world.main:
         return trainer, path
     updated = dict(recorded, precision=current["precision"])  # the recorded one unless an override changed it
-    if diffs:
+    speed = mf.speed_differences(recorded, current)  # accepted without --allow-changes: the same objective
+    if diffs or speed:
         updated.update({k: current[k] for k in RESUME_GUARDED})
     threads = torch.get_num_threads()
     updated["reproducibility"] = resumed_reproducibility(
-        recorded.get("reproducibility") or {}, recorded.get("machine") or {}, current["machine"], threads, trainer.step
+        recorded.get("reproducibility") or {},
+        recorded.get("machine") or {},
+        current["machine"],
+        threads,
+        trainer.step,
+        [f"{k} {a!r} -> {b!r}" for k, a, b in speed],
     )
     updated["resumes"] = [
         *recorded.get("resumes", []),
@@ -371,6 +377,7 @@ def resume_run(
             "command": " ".join(["grpolab", *sys.argv[1:]]),
             "allow_changes": allow_changes,
             "differences": [{"field": k, "recorded": a, "now": b} for k, a, b in diffs],
+            "speed_changes": [{"field": k, "recorded": a, "now": b} for k, a, b in speed],
             "git": current.get("git"),
             "machine": current["machine"],
             "threads": threads,
@@ -415,11 +422,17 @@ def intact_checkpoints(run_dir: Path, from_intact: bool) -> list[tuple[Path, str
 
 
 def resumed_reproducibility(
-    claim: dict[str, Any], machine_then: dict[str, Any], machine_now: dict[str, Any], threads_now: int, step: int
+    claim: dict[str, Any],
+    machine_then: dict[str, Any],
+    machine_now: dict[str, Any],
+    threads_now: int,
+    step: int,
+    speed_changes: list[str] = (),
 ) -> dict[str, Any]:
     """The manifest's ``reproducibility`` after a resume at ``step``: ``claim`` itself when the machine (every
-    field both records) and the torch thread count are the run's own; else ``bitwise: false`` with ``why`` naming
-    the resume and what changed, the first claim kept under ``original`` (later resumes add to ``changes``).
+    field both records), the torch thread count and the speed switches are the run's own; else ``bitwise: false``
+    with ``why`` naming the resume and what changed, the first claim kept under ``original`` (later resumes add to
+    ``changes``). A speed switch keeps the objective but may sum in another order, so it ends the bitwise claim.
 
     >>> claim = {"bitwise": True, "threads": 2}
     >>> resumed_reproducibility(claim, {"cpus": 2}, {"cpus": 2}, 2, 3) is claim
@@ -437,6 +450,7 @@ def resumed_reproducibility(
     threads_then = original.get("threads")
     if threads_then is not None and threads_then != threads_now:
         found.append(f"step {step}: torch threads {threads_then} -> {threads_now}")
+    found += [f"step {step}: {change}" for change in speed_changes]
     if not found:
         return claim
     changes = [*claim.get("changes", []), *found]
@@ -444,6 +458,8 @@ def resumed_reproducibility(
         "bitwise": False,
         "original": original,
         "changes": changes,
-        "why": "resumed on another machine or thread count (" + "; ".join(changes) + "); the original claim "
+        "why": "resumed on another machine, thread count or speed switch ("
+        + "; ".join(changes)
+        + "); the original claim "
         "held only for " + str(original.get("holds_for", "the same machine, thread count and versions")),
     }

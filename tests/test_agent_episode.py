@@ -209,7 +209,8 @@ def _updater(model, **train) -> PolicyUpdater:
         {
             "algorithm": {"beta": 0.0},
             "rollout": {"group_size": 2},
-            "train": {"micro_batch_size": 8, "share_prompt": False, "pack_completions": False, **train},
+            "train": {"micro_batch_size": 8, **train},
+            "speed": {"share_prompt": False, "pack_completions": False},
         }
     )
     opt = torch.optim.SGD(model.parameters(), lr=0.0)

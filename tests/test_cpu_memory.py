@@ -1,4 +1,4 @@
-"""train.keep_freed_memory (grpolab/training/cpu_memory.py): the three mallopt settings, checked on a fake C library
+"""speed.keep_freed_memory (grpolab/training/cpu_memory.py): the three mallopt settings, checked on a fake C library
 (the values, independent of the machine's libc); what happens where there is no glibc or a setting is refused; and
 that the trainer applies it only on a CPU and only when asked, and puts it back when the run ends: the values glibc
 started the process with (defaults, MALLOC_*_ variables, GLIBC_TUNABLES), and the kept memory returned (measured on
@@ -64,7 +64,8 @@ def test_the_trainer_applies_it_on_a_cpu_when_asked(monkeypatch, tmp_path, tiny_
         "model": {"name": tiny_model_dir},
         "task": {"name": "arithmetic", "options": {"num_train": 8, "num_test": 4}},
         "rollout": {"group_size": 2, "max_new_tokens": 4, "dtype": "float32"},
-        "train": {"steps": 1, "prompts_per_step": 2, "precision": "fp32", "device": "cpu", "keep_freed_memory": keep},
+        "train": {"steps": 1, "prompts_per_step": 2, "precision": "fp32", "device": "cpu"},
+        "speed": {"keep_freed_memory": keep},
         "eval": {"every_steps": 0},
         "run": {"output_dir": str(tmp_path), "name": "t"},
     }

@@ -32,7 +32,7 @@ TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--np
 
 
 def config(model_dir: str, reward: str = "vowel_share", steps: int = 3, **algorithm) -> dict:
-    train = algorithm.pop("train", {})
+    train, speed = algorithm.pop("train", {}), algorithm.pop("speed", {})
     return {
         "model": {"name": model_dir},
         "task": {"name": "arithmetic", "options": {"num_train": 40, "num_test": 4}},
@@ -49,6 +49,7 @@ def config(model_dir: str, reward: str = "vowel_share", steps: int = 3, **algori
             "save_every_minutes": 0,
             **train,
         },
+        "speed": speed,
         "eval": {"every_steps": 0},
     }
 
@@ -72,7 +73,8 @@ RUNS = {
     "fsdp2": {
         "aggregation": "token_mean",
         "beta": 0.1,
-        "train": {"minibatches": 2, "share_prompt": False},
+        "train": {"minibatches": 2},
+        "speed": {"share_prompt": False},
         "two_ranks": {"strategy": "fsdp2"},
     },
 }

@@ -138,10 +138,9 @@ def test_policy_update_is_the_same_with_every_lever(float64_rmsnorm, micro_batch
                 "algorithm": {"beta": 0.04, "kl_estimator": "k3"},
                 "train": {
                     "micro_batch_size": micro_batch_size,
-                    "share_prompt": share,
-                    "pack_completions": pack,
                     "grad_clip": 0.0,
                 },
+                "speed": {"share_prompt": share, "pack_completions": pack},
             }
         )
         policy = copy.deepcopy(base)

@@ -19,8 +19,9 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from grpolab import manifest as mf
-from grpolab.config import from_dict
-from grpolab.manifest import diff_manifests, hash_model_dir
+from grpolab.config import SPEED_FIELDS_MOVED, from_dict
+from grpolab.errors import ConfigError
+from grpolab.manifest import diff_manifests, hash_model_dir, speed_differences
 from grpolab.runs import build_manifest
 from grpolab.tasks import make_task
 
@@ -98,15 +99,33 @@ def test_where_a_run_is_written_and_watched_does_not_count(tiny_model_dir, token
     assert diff_manifests(base, other) == []
 
 
-def test_how_checkpoints_are_written_does_not_count_but_what_is_trained_does(base):
-    """train.checkpoint_direct_io changes how the same bytes reach the disk; a run written before the key existed
-    (no such field in its manifest) resumes too. A training setting next to it still counts."""
-    other, older = copy.deepcopy(base), copy.deepcopy(base)
-    other["config"]["train"]["checkpoint_direct_io"] = not base["config"]["train"]["checkpoint_direct_io"]
-    del older["config"]["train"]["checkpoint_direct_io"]
+def test_speed_switches_are_listed_apart_from_what_is_trained(base):
+    """A speed switch (config.SpeedConfig) never changes the objective: diff_manifests leaves it out and
+    speed_differences lists it; a run recorded before a switch existed, or before the switches moved to `speed:`,
+    compares as the same run. A training setting still counts."""
+    other, older, moved = copy.deepcopy(base), copy.deepcopy(base), copy.deepcopy(base)
+    other["config"]["speed"]["keep_freed_memory"] = not base["config"]["speed"]["keep_freed_memory"]
+    del older["config"]["speed"]["checkpoint_direct_io"]
+    for name, section in SPEED_FIELDS_MOVED.items():  # the layout before `speed:`
+        moved["config"][section][name] = moved["config"]["speed"].pop(name)
+    del moved["config"]["speed"]
     assert diff_manifests(base, other) == [] and diff_manifests(older, base) == []
-    other["config"]["train"]["keep_freed_memory"] = not base["config"]["train"]["keep_freed_memory"]
-    assert [k for k, _, _ in diff_manifests(base, other)] == ["config.train.keep_freed_memory"]
+    assert speed_differences(base, other) == [("config.speed.keep_freed_memory", True, False)]
+    assert speed_differences(older, base) == [("config.speed.checkpoint_direct_io", None, True)]
+    assert diff_manifests(moved, base) == [] and speed_differences(moved, base) == []
+    other["config"]["train"]["lr"] = 2 * base["config"]["train"]["lr"]
+    assert [k for k, _, _ in diff_manifests(base, other)] == ["config.train.lr"]
+
+
+def test_a_speed_switch_at_its_old_place_is_read_there_with_a_warning(caplog):
+    cfg = from_dict({"train": {"share_prompt": False}, "rollout": {"cpu_fast_paths": False}})
+    assert (cfg.speed.share_prompt, cfg.speed.cpu_fast_paths, cfg.speed.pack_completions) == (False, False, True)
+    assert "train.share_prompt moved to speed.share_prompt" in caplog.text
+    assert not hasattr(cfg.train, "share_prompt") and not hasattr(cfg.rollout, "cpu_fast_paths")
+    with pytest.raises(ConfigError, match="train.share_prompt and speed.share_prompt are both set"):
+        from_dict({"train": {"share_prompt": False}, "speed": {"share_prompt": True}})
+    with pytest.raises(ConfigError, match="unknown field 'speed.share_prompts'; did you mean 'speed.share_prompt'"):
+        from_dict({"speed": {"share_prompts": False}})
 
 
 def test_bookkeeping_fields_do_not_count(base):

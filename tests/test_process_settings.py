@@ -37,9 +37,9 @@ def tiny(model_dir: str, tmp_path, name: str, deterministic: bool) -> dict:
             "precision": "fp32",
             "device": "cpu",
             "deterministic": deterministic,
-            "keep_freed_memory": False,
             "save_every_minutes": 0,
         },
+        "speed": {"keep_freed_memory": False},
         "eval": {"every_steps": 0},
         "run": {"output_dir": str(tmp_path), "name": name},
     }

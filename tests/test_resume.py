@@ -157,10 +157,10 @@ def test_a_failed_checkpoint_write_keeps_the_previous_one(tiny_model_dir, tmp_pa
     """A write that dies midway (a full disk) leaves no step dir, no temp dir, and step-1 loadable; the run
     stops with a message naming it, and a resume from step-1 carries on without duplicating step 2's row.
     "direct write": a buffer write of the files written past the page cache (the model's safetensors first);
-    "save_pretrained": the model written by transformers, as with train.checkpoint_direct_io false."""
+    "save_pretrained": the model written by transformers, as with speed.checkpoint_direct_io false."""
     raw = tiny(tiny_model_dir, tmp_path, "full", steps=2)
     raw["eval"] = {"every_steps": 0}
-    raw["train"]["checkpoint_direct_io"] = fail_in != "save_pretrained"
+    raw["speed"] = {"checkpoint_direct_io": fail_in != "save_pretrained"}
     cfg = from_dict(raw)
     trainer, _ = start_run(cfg)
     calls = {"n": 0}

@@ -135,7 +135,7 @@ def test_resumed_reproducibility_is_kept_or_downgraded_by_hand():
         "bitwise": False,
         "original": claim,
         "changes": ["step 5: machine.cpu_model 'AMD EPYC' -> 'Intel Xeon'"],
-        "why": "resumed on another machine or thread count (step 5: machine.cpu_model 'AMD EPYC' -> "
+        "why": "resumed on another machine, thread count or speed switch (step 5: machine.cpu_model 'AMD EPYC' -> "
         "'Intel Xeon'); the original claim held only for the same machine",
     }
     again = runs.resumed_reproducibility(moved, machine, machine, 1, 9)  # back on the machine, one thread
@@ -198,6 +198,29 @@ def test_resume_verifies_the_newest_checkpoint_offers_the_intact_one_and_records
     resumed.fit()
     assert [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()] == [1, 2]
     assert ckpt.verify_checkpoint(run / "checkpoints" / "step-2") is None
+
+
+def test_a_resume_accepts_a_speed_switch_records_it_and_ends_the_bitwise_claim(tiny_model_dir, tmp_path):
+    """A speed switch keeps the objective: no --allow-changes needed, but the change is recorded and the bitwise
+    claim downgraded (it may sum in another order); a training field beside it is still refused."""
+    cfg = from_dict(tiny(tiny_model_dir, tmp_path, "s"))
+    trainer, manifest = runs.start_run(cfg)
+    trainer.fit()
+    trainer.close()
+    run = tmp_path / "s"
+    with pytest.raises(GrpolabError, match=r"1 difference: config.train.lr") as refused:
+        runs.resume_run(run, ["speed.share_prompt=false", "train.lr=0.5"], allow_changes=False)
+    assert "share_prompt" not in str(refused.value)
+    resumed, _ = runs.resume_run(run, ["speed.share_prompt=false"], allow_changes=False)
+    resumed.close()
+    after = json.loads((run / "manifest.json").read_text())
+    (entry,) = after["resumes"]
+    assert entry["differences"] == []
+    assert entry["speed_changes"] == [{"field": "config.speed.share_prompt", "recorded": True, "now": False}]
+    assert after["config"]["speed"]["share_prompt"] is False, "the next resume compares against the run as it is"
+    assert after["reproducibility"]["bitwise"] is False
+    assert after["reproducibility"]["changes"] == ["step 2: config.speed.share_prompt True -> False"]
+    assert after["reproducibility"]["original"] == manifest["reproducibility"]
 
 
 def test_a_resume_is_refused_while_another_process_writes_the_run(tiny_model_dir, tmp_path):

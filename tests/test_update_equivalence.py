@@ -215,11 +215,10 @@ def grpolab_update(
                 "mu": mu,
                 "minibatches": minibatches,
                 "micro_batch_size": micro_batch_size,
-                "share_prompt": share_prompt,
-                "pack_completions": pack,
                 "grad_clip": GRAD_CLIP,
                 "seed": 0,
             },
+            "speed": {"share_prompt": share_prompt, "pack_completions": pack},
         }
     )
     policy, log = copy.deepcopy(base), []

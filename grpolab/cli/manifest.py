@@ -12,19 +12,23 @@ from .app import app, console, manifest_app
 
 @manifest_app.command("diff")
 def manifest_diff(run_a: Path, run_b: Path) -> None:
-    """Every semantic difference between two runs (algorithm, sampler, reward code, data, model, tokenizer...)."""
-    from ..manifest import diff_manifests, read_manifest
+    """Every semantic difference between two runs (algorithm, sampler, reward code, data, model, tokenizer...);
+    the speed switches (`speed:`, the same objective computed another way) in a table of their own."""
+    from ..manifest import diff_manifests, read_manifest, speed_differences
 
-    diffs = diff_manifests(read_manifest(run_a), read_manifest(run_b))
+    a, b = read_manifest(run_a), read_manifest(run_b)
+    diffs, speed = diff_manifests(a, b), speed_differences(a, b)
     if not diffs:
         console.print("no semantic differences")
-        return
-    table = Table(title=f"{run_a}  vs  {run_b}")
-    for col in ("field", str(run_a), str(run_b)):
-        table.add_column(col, overflow="fold")
-    for key, a, b in diffs:
-        table.add_row(key, json.dumps(a), json.dumps(b))
-    console.print(table)
+    for title, rows in ((f"{run_a}  vs  {run_b}", diffs), ("speed switches only (the same objective)", speed)):
+        if not rows:
+            continue
+        table = Table(title=title)
+        for col in ("field", str(run_a), str(run_b)):
+            table.add_column(col, overflow="fold")
+        for key, x, y in rows:
+            table.add_row(key, json.dumps(x), json.dumps(y))
+        console.print(table)
 
 
 @app.command()

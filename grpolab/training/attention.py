@@ -3,7 +3,7 @@
 Two implementations registered with transformers' ``AttentionInterface`` (and SDPA's mask builder), each the
 standard SDPA in every respect it does not name (masks, grouped-query heads, causal flag):
 
-- ``sdpa_fp32`` (bf16 runs, ``train.attention_fp32``): on a CPU the bf16 SDPA backward is far slower than the float32
+- ``sdpa_fp32`` (bf16 runs, ``speed.attention_fp32``): on a CPU the bf16 SDPA backward is far slower than the float32
   one, so it computes  O = softmax(Q K^T * scale + mask) V  with Q, K, V upcast to float32 and O cast back to
   bfloat16 -- float32 SDPA on the bf16-rounded inputs; every other product stays in bf16.
 - ``sdpa_grouped`` (deterministic runs without ``sdpa_fp32``): SDPA as it is, existing only for what follows.

@@ -1,4 +1,4 @@
-"""Freed memory kept for reuse on a CPU (``train.keep_freed_memory``, on by default).
+"""Freed memory kept for reuse on a CPU (``speed.keep_freed_memory``, on by default).
 
 glibc's malloc serves every allocation above its mmap threshold (at most 32 MiB) with a fresh ``mmap`` and returns it
 on ``free``, so the next tensor of that size faults its pages in again; a training step allocates and frees the same
@@ -55,12 +55,12 @@ def keep_freed_memory(libc: Any | None = None) -> bool:
     libc = libc if libc is not None else glibc()
     if libc is None:
         log.info(
-            "train.keep_freed_memory: not a glibc system (%s); the system allocator is used as it is", platform.system()
+            "speed.keep_freed_memory: not a glibc system (%s); the system allocator is used as it is", platform.system()
         )
         return False
     refused = [name for name, (param, value) in SETTINGS.items() if libc.mallopt(param, value) != 1]
     if refused:
-        log.warning("train.keep_freed_memory: mallopt refused %s; freed memory may be returned to the system", refused)
+        log.warning("speed.keep_freed_memory: mallopt refused %s; freed memory may be returned to the system", refused)
     return not refused
 
 
@@ -87,7 +87,7 @@ def restore_freed_memory(libc: Any | None = None, environ: Mapping[str, str] | N
     start = startup_values(environ)
     refused = [name for name, (param, _) in SETTINGS.items() if libc.mallopt(param, start[name]) != 1]
     if refused:
-        log.warning("train.keep_freed_memory: mallopt refused to restore %s", refused)
+        log.warning("speed.keep_freed_memory: mallopt refused to restore %s", refused)
     if hasattr(libc, "malloc_trim"):
         libc.malloc_trim(0)
     return not refused

@@ -5,7 +5,7 @@ Two of a run's choices can only be made for the whole process:
 
 - ``train.deterministic``: torch's deterministic algorithms on (warn only) and its NaN fill of new memory off
   (grpolab.training.reproducibility);
-- ``train.keep_freed_memory`` on a CPU: three glibc mallopt values (grpolab.training.cpu_memory).
+- ``speed.keep_freed_memory`` on a CPU: three glibc mallopt values (grpolab.training.cpu_memory).
 
 A Trainer applies its run's values when it is built (before its models load) and again when ``fit`` starts, and puts
 back what it found when ``fit`` returns or raises, on ``close()``, or on leaving ``with Trainer(...)``:

@@ -114,7 +114,7 @@ class Trainer:
     precision probe, a checkpoint's restore, the first step's sampling and update, each held-out eval and
     checkpoint write; None is silent; may be set as ``trainer.progress`` later.
 
-    Process-wide settings (train.deterministic, train.keep_freed_memory; grpolab.training.process_settings) are
+    Process-wide settings (train.deterministic, speed.keep_freed_memory; grpolab.training.process_settings) are
     applied here and put back when ``fit`` ends, on ``close()`` or on leaving ``with Trainer(...) as trainer``."""
 
     def __init__(
@@ -132,7 +132,7 @@ class Trainer:
         self.progress = progress
         check_installed(cfg.run.report_to)  # a tracker asked for but not installed: one line, before any model loads
         self.device = resolve_device(cfg.train.device)
-        keep_freed = self.device.type == "cpu" and cfg.train.keep_freed_memory
+        keep_freed = self.device.type == "cpu" and cfg.speed.keep_freed_memory
         self.settings = ProcessSettings(cfg.train.deterministic, keep_freed)
         self.settings.apply()  # before the models load: every allocation from here on
         try:
@@ -188,10 +188,12 @@ class Trainer:
             DTYPES[self.sampling_dtype],
             cfg.rollout.decoder,
             self.sharded,
-            cfg.rollout.cpu_fast_paths,
-            cfg.rollout.preallocate_kv_cache,
+            cfg.speed.cpu_fast_paths,
+            cfg.speed.preallocate_kv_cache,
         )
-        fp32_inside = t.attention_fp32 and self.update_precision == "bf16"  # training/attention.py; after the copies
+        fp32_inside = (
+            cfg.speed.attention_fp32 and self.update_precision == "bf16"
+        )  # training/attention.py; after the copies
         if (
             self.device.type == "cpu"
             and (fp32_inside or t.deterministic)
@@ -206,7 +208,7 @@ class Trainer:
             lr=t.lr,
             weight_decay=t.weight_decay,
             betas=(t.adam_beta1, t.adam_beta2),
-            **({"fused": True} if t.fused_adamw and not self.sharded else {"foreach": True}),
+            **({"fused": True} if cfg.speed.fused_adamw and not self.sharded else {"foreach": True}),
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(cfg))
         self.updater = PolicyUpdater(
@@ -578,7 +580,7 @@ class Trainer:
                     state,
                     self.cfg.train.keep_last,
                     weights,
-                    self.cfg.train.checkpoint_direct_io,
+                    self.cfg.speed.checkpoint_direct_io,
                 )
         except (OSError, RuntimeError) as e:
             prev = ckpt.latest_checkpoint(self.run_dir)

@@ -88,8 +88,8 @@ class PolicyUpdater:
         self.is_params = ISParams(c_max=a.is_c_max, c_min=a.is_c_min)
         self.temperature = cfg.rollout.temperature
         self.sharded = cfg.train.strategy == "fsdp2"  # plain training passes: one root call per micro-batch
-        self.share_prompt = cfg.train.share_prompt and not self.sharded
-        self.pack = cfg.train.pack_completions
+        self.share_prompt = cfg.speed.share_prompt and not self.sharded
+        self.pack = cfg.speed.pack_completions
         self.skipped_steps = 0  # optimizer steps skipped for a non-finite loss or gradient, over the whole run
 
     @torch.no_grad()
