@@ -143,8 +143,16 @@ class AlgorithmConfig:
     overlong_penalty: float = 1.0  # ... and its maximum penalty
     dynamic_sampling: bool = False  # DAPO: drop zero-variance groups and refill
     max_extra_rounds: int = 0  # refill budget (extra generation rounds per step)
-    # advantage estimator: group-relative (GRPO family) or gae = PPO with a learned critic (grpolab/baselines/ppo.py)
-    estimator: Literal["group", "gae"] = "group"
+    # advantage estimator: group-relative (GRPO family), pass_at_k = the group's unbiased pass@k gain per sample
+    # (grpolab/algo/advantages.py; pass_k, pass_threshold), or gae = PPO with a learned critic (grpolab/baselines/ppo.py)
+    # distill = on-policy distillation from distill.teacher (grpolab/training/distill.py)
+    estimator: Literal["group", "pass_at_k", "gae", "distill"] = "group"
+    pass_k: int = 4  # pass_at_k: the k of pass@k (1 <= k <= rollout.group_size)
+    pass_threshold: float = 1.0  # pass_at_k: a completion passes when its reward is >= this
+    # periodic reference reset (ProRL): every N steps the reference model <- the current policy (0 = never); with
+    # ref_reset_optimizer the optimizer's moments are cleared at the same time
+    ref_reset_every: int = 0
+    ref_reset_optimizer: bool = False
     gamma: float = 1.0  # gae: discount
     lam: float = 0.95  # gae: lambda
     whiten: bool = True  # gae: whiten the per-token advantages over the batch
@@ -225,6 +233,17 @@ SPEED_FIELDS_MOVED = {
 
 
 @dataclass(frozen=True)
+class DistillConfig:
+    """On-policy distillation (algorithm.estimator = distill): the student samples, the teacher scores the student's
+    tokens, and each token's advantage is the negative reverse KL, log pi_teacher - log pi_student, optionally
+    mixed with the group advantage of the task reward."""
+
+    teacher: str = ""  # hub id, local path, bundled: alias or a `grpolab train` run directory; same tokenizer
+    reward_weight: float = 0.0  # A_it = (log pi_T - log pi_old)(o_it) + reward_weight * A_i
+    dtype: Literal["float32", "bfloat16"] = "float32"  # the teacher's weights
+
+
+@dataclass(frozen=True)
 class CriticConfig:
     """The value model of algorithm.estimator = gae (grpolab/baselines/critic.py); trained for train.mu x train.minibatches
     steps per batch, like the policy."""
@@ -265,6 +284,7 @@ class Config:
     algorithm: AlgorithmConfig = AlgorithmConfig()
     train: TrainConfig = TrainConfig()
     speed: SpeedConfig = SpeedConfig()
+    distill: DistillConfig = DistillConfig()
     eval: EvalConfig = EvalConfig()
     critic: CriticConfig = CriticConfig()
     run: RunConfig = RunConfig()
@@ -533,6 +553,8 @@ _RANGES: list[tuple[str, Any, str]] = [
     ("algorithm.overlong_penalty", lambda v: v >= 0, "a number >= 0"),
     ("algorithm.max_extra_rounds", lambda v: v >= 0, "an integer >= 0"),
     ("algorithm.gamma", lambda v: 0 <= v <= 1, "a number in [0, 1]"),
+    ("algorithm.pass_k", lambda v: v >= 1, "an integer >= 1"),
+    ("algorithm.ref_reset_every", lambda v: v >= 0, "an integer >= 0"),
     ("algorithm.lam", lambda v: 0 <= v <= 1, "a number in [0, 1]"),
     ("critic.lr", lambda v: v > 0, "a number > 0"),
     ("critic.value_clip", lambda v: v >= 0, "a number >= 0 (0 = off)"),
@@ -611,6 +633,10 @@ def validate(cfg: Config) -> None:
     if j.min_score >= j.max_score:
         raise ConfigError(
             f"reward.judge.max_score: expected > reward.judge.min_score ({j.min_score:g}), got {j.max_score:g}"
+        )
+    if a.estimator == "pass_at_k" and a.pass_k > cfg.rollout.group_size:
+        raise ConfigError(
+            f"algorithm.pass_k: expected <= rollout.group_size ({cfg.rollout.group_size}), got {a.pass_k}"
         )
     if a.is_c_min > a.is_c_max:
         raise ConfigError(f"algorithm.is_c_min: expected <= algorithm.is_c_max ({a.is_c_max}), got {a.is_c_min}")
