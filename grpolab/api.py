@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
+import inspect
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -146,6 +148,32 @@ def _say(verbose: bool) -> Callable[[str], None] | None:
     return (lambda message: print(message, file=sys.stderr, flush=True)) if verbose else None
 
 
+def quiet_unless_verbose(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Run `fn` with the libraries' own progress bars (transformers' "Loading weights", the hub's downloads) off when
+    it is called with ``verbose=False``, and put them back as they were afterwards."""
+    default = inspect.signature(fn).parameters["verbose"].default
+
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("verbose", default):
+            return fn(*args, **kwargs)
+        from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
+        from transformers.utils import logging as hf_logging
+
+        hub_was_on, hf_was_on = not are_progress_bars_disabled(), hf_logging.is_progress_bar_enabled()
+        disable_progress_bars()
+        hf_logging.disable_progress_bar()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            if hub_was_on:
+                enable_progress_bars()
+            if hf_was_on:
+                hf_logging.enable_progress_bar()
+
+    return call
+
+
 def _with_run_dir(cfg: "Config", run_dir: str | Path | None) -> "Config":
     """cfg with run.output_dir / run.name pointing at `run_dir` (unchanged when None)."""
     if run_dir is None:
@@ -229,6 +257,7 @@ def in_memory_problems(
 # ------------------------------------------------------------------------------------------------ entry points
 
 
+@quiet_unless_verbose
 def train(
     config: Any = None,
     *,
@@ -347,6 +376,7 @@ def _is_config(obj: Any) -> bool:
     return isinstance(obj, Config)
 
 
+@quiet_unless_verbose
 def evaluate_models(
     models: str | Sequence[str],
     task: str = "arithmetic",
@@ -421,6 +451,7 @@ def compare(
     return Comparison(data, write_result(out, data))
 
 
+@quiet_unless_verbose
 def release_report(
     run_dir: str | Path,
     baselines: Sequence[str] = (),

@@ -43,6 +43,11 @@ def test_train_prints_phases_and_step_lines_to_stderr_by_default(tiny_model_dir,
 
 
 def test_train_and_evaluate_are_silent_with_verbose_false(tiny_model_dir, tmp_path, capsys):
+    """Silent includes the libraries' own bars (transformers' "Loading weights"): turned off for the call and back
+    on after it."""
+    from transformers.utils import logging
+
+    logging.enable_progress_bar()
     result = grpolab.train(base(tiny_model_dir, tmp_path), run_dir=tmp_path / "runs" / "quiet", verbose=False)
     grpolab.evaluate_models(
         [tiny_model_dir], options={"num_train": 20, "num_test": 10}, limit=2, max_new_tokens=2, verbose=False
@@ -50,6 +55,9 @@ def test_train_and_evaluate_are_silent_with_verbose_false(tiny_model_dir, tmp_pa
     out = capsys.readouterr()
     assert (out.out, out.err) == ("", "")
     assert result.steps == 1
+    assert logging.is_progress_bar_enabled(), "the caller's setting is restored"
+    grpolab.evaluate_models([tiny_model_dir], options={"num_train": 20, "num_test": 10}, limit=2, max_new_tokens=2)
+    assert "Loading weights" in capsys.readouterr().err, "with the bars on, the load shows one (the test can fail)"
 
 
 def test_evaluate_models_prints_one_line_per_batch_and_writes_into_new_folders(tiny_model_dir, tmp_path, capsys):

@@ -24,7 +24,7 @@ from grpolab.baselines.sft_bon import (
 )
 from grpolab.errors import GrpolabError
 from grpolab.evaluation.heldout import run_eval
-from grpolab.rewards import REWARD_FUNCTIONS, RewardSpec
+from grpolab.rewards import REWARD_FUNCTIONS, RewardSet, RewardSpec
 from grpolab.tasks.base import Problem
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
@@ -50,6 +50,21 @@ def test_select_best_invalid_never_wins(monkeypatch):
     monkeypatch.setitem(REWARD_FUNCTIONS, "fragile", RewardSpec(fragile, "raises on boom"))
     best, rewards = select_best([r"boom \boxed{4}", "nothing"], "4", {"correct": 1.0, "fragile": 1.0})
     assert best == 1 and math.isnan(rewards[0]) and rewards[1] == 0.0
+
+
+def test_select_best_ranks_by_a_runs_own_reward_set():
+    """--reward-from RUN ranks by the run's whole reward (cli/score.run_reward): a user function the built-in
+    weights know nothing about decides here, and it sees the problem (not only the gold answer)."""
+
+    def shortest_with_question_word(completion, problem):
+        return (problem.question.split()[0] in completion) - len(completion) / 100
+
+    rewards = RewardSet({"mine": 1.0}, callables={"mine": shortest_with_question_word})
+    problem = Problem("t/0", "seven plus one", "8")
+    texts = [r"\boxed{8}", "seven is 8", "seven", "eight"]
+    best, totals = select_best(texts, problem, rewards)
+    assert best == 2 and totals == pytest.approx([-0.09, 0.9, 0.95, -0.05], abs=1e-12)
+    assert select_best(texts, problem, W)[0] == 0  # the built-in weights would keep the boxed answer
 
 
 def test_best_of_n_picks_highest_reward_sample():

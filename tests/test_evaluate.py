@@ -318,3 +318,16 @@ def test_compare_keeps_eval_sets_apart(tmp_path):
     assert [len(s["rows"]) for s in res["eval_sets"]] == [1, 1]
     with pytest.raises(GrpolabError, match="expected a run directory"):
         load_entries([tmp_path / "missing"])
+
+
+def test_a_result_that_cannot_be_written_leaves_the_earlier_one_whole(tmp_path):
+    """write_result writes a temporary file and renames it: a failure (here a value JSON cannot hold) leaves the
+    result already at the path byte for byte, and no half-written file."""
+    from grpolab.evaluation.result import write_result
+
+    path = write_result(tmp_path / "eval" / "result.json", {"accuracy": 0.5})
+    before = path.read_bytes()
+    with pytest.raises(TypeError):
+        write_result(path, {"accuracy": object()})
+    assert path.read_bytes() == before and json.loads(before) == {"accuracy": 0.5}
+    assert sorted(p.name for p in path.parent.iterdir()) == ["result.json"]

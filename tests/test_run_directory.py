@@ -237,3 +237,25 @@ def test_a_resume_is_refused_while_another_process_writes_the_run(tiny_model_dir
     finally:
         holder.kill()
     assert sorted(p.name for p in run.iterdir()) == [runs.LOCK_FILE, "manifest.json"]
+
+
+def test_a_run_read_as_a_model_is_verified_first(tiny_model_dir, tmp_path):
+    """`grpolab eval RUN` / `report` / RUN:best load the checkpoint only after its checksums match: a damaged one
+    is one error naming the file and the newest intact checkpoint to name instead."""
+    from grpolab.models.load import resolve_model_path
+
+    trainer, _ = runs.start_run(from_dict(tiny(tiny_model_dir, tmp_path, "m")))
+    trainer.fit()
+    trainer.close()
+    run = tmp_path / "m"
+    assert resolve_model_path(str(run)) == str(run / "checkpoints" / "step-2")
+    weights = run / "checkpoints" / "step-2" / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    weights.write_bytes(bytes(data))
+    with pytest.raises(GrpolabError) as refused:
+        resolve_model_path(str(run))
+    message = str(refused.value)
+    assert message.startswith(f"{run}: checkpoint step-2 of {run} is corrupt (model.safetensors ")
+    assert message.endswith(f"the newest intact one is {run / 'checkpoints' / 'step-1'}: name it instead")
+    assert resolve_model_path(str(run / "checkpoints" / "step-1")) == str(run / "checkpoints" / "step-1")

@@ -45,7 +45,7 @@ import torch
 from ..errors import GrpolabError
 from ..evaluation.heldout import Completion, EvalResult, generate_all, summarise
 from ..evaluation.scoring import is_correct
-from ..rewards import score_completion
+from ..rewards import RewardSet, score_completion
 from ..rollout.base import RolloutEngine, SamplingParams
 from ..tasks.base import Problem
 from ..tasks.prompting import prompt_ids
@@ -176,20 +176,29 @@ def budget_cells(b: dict[str, Any] | None) -> list[str]:
 # ---------------------------------------------------------------------------------------------- best-of-n
 
 
-def select_best(texts: list[str], gold: str, weights: dict[str, float]) -> tuple[int, list[float]]:
+def select_best(
+    texts: list[str], problem: Problem | str, rewards: dict[str, float] | RewardSet
+) -> tuple[int, list[float]]:
     """(index of the highest training reward, all rewards); NaN (invalid) ranks below any number; ties -> first.
+    ``rewards``: the built-in rewards' weights, or a run's whole RewardSet (its own functions, judge, reward
+    model: cli/score.run_reward); ``problem``: the problem, or its gold answer alone for the built-ins.
 
     >>> select_best(["7", "\\\\boxed{4}", "4"], "4", {"correct": 1.0, "format": 0.1})
     (1, [0.0, 1.1, 1.0])
     """
-    rewards = [score_completion(t, gold, weights).total for t in texts]
-    keyed = [(-math.inf if math.isnan(r) else r) for r in rewards]
-    return max(range(len(texts)), key=lambda i: (keyed[i], -i)), rewards
+    if isinstance(problem, str):
+        problem = Problem(uid="", question="", answer=problem)
+    scorer = rewards if isinstance(rewards, RewardSet) else RewardSet(rewards)
+    totals = [r.total for r in scorer.score_many(texts, [problem] * len(texts))]
+    keyed = [(-math.inf if math.isnan(r) else r) for r in totals]
+    return max(range(len(texts)), key=lambda i: (keyed[i], -i)), totals
 
 
-def best_of_n_item(problem: Problem, samples: list[Completion], weights: dict[str, float]) -> dict[str, Any]:
+def best_of_n_item(
+    problem: Problem, samples: list[Completion], rewards: dict[str, float] | RewardSet
+) -> dict[str, Any]:
     """Evaluation record of the reward-selected sample (same shape as evaluate.score_item's)."""
-    best, rewards = select_best([s.text for s in samples], problem.answer, weights)
+    best, totals = select_best([s.text for s in samples], problem, rewards)
     chosen = samples[best]
     ok = [bool(is_correct(s.text, problem.answer)) for s in samples]
     return {
@@ -202,7 +211,7 @@ def best_of_n_item(problem: Problem, samples: list[Completion], weights: dict[st
         "length": chosen.length,
         "truncated": chosen.truncated,
         "chosen": best,
-        "rewards": rewards,
+        "rewards": totals,
         "samples_correct": ok,
         "scores": {"accuracy": float(ok[best]), f"oracle@{len(samples)}": float(any(ok))},
     }
@@ -213,20 +222,21 @@ def best_of_n_eval(
     tokenizer,
     problems: list[Problem],
     n: int,
-    weights: dict[str, float],
+    rewards: dict[str, float] | RewardSet,
     temperature: float = 1.0,
     max_new_tokens: int = 64,
     batch_size: int = 64,
     seed: int = 0,
 ) -> EvalResult:
-    """Best-of-n by training reward, scored by the held-out metric (``accuracy``), with ``oracle@n``."""
+    """Best-of-n by training reward (``rewards``: weights of the built-ins, or a run's RewardSet), scored by the
+    held-out metric (``accuracy``), with ``oracle@n``."""
     if n < 1:
         raise GrpolabError(f"best-of-n: n must be >= 1, got {n}")
     start = time.perf_counter()
     torch.manual_seed(seed)
     params = SamplingParams(group_size=n, logprobs=False, temperature=temperature, max_new_tokens=max_new_tokens)
     samples = generate_all(engine, tokenizer, problems, params, batch_size)
-    items = [best_of_n_item(p, s, weights) for p, s in zip(problems, samples)]
+    items = [best_of_n_item(p, s, rewards) for p, s in zip(problems, samples)]
     return summarise(items, time.perf_counter() - start)
 
 

@@ -238,7 +238,8 @@ def best_of_n(
     n: Annotated[int, typer.Option(help="samples per problem")] = 8,
     reward_weight: Annotated[list[str], typer.Option("--reward-weight", help="training reward NAME=WEIGHT")] = [],
     reward_from: Annotated[
-        Optional[Path], typer.Option(help="take the reward weights from this run's manifest")
+        Optional[Path],
+        typer.Option(help="rank by the reward this run was trained with (its manifest's weights and functions)"),
     ] = None,
     task: str = "arithmetic",
     task_option: Annotated[list[str], typer.Option("--task-option", help="task option KEY=VALUE")] = [],
@@ -257,26 +258,28 @@ def best_of_n(
     from ..evaluation.eval_checks import check_dtype, check_eval_settings
     from ..evaluation.heldout import eval_header, load_eval_problems, model_row
     from ..evaluation.overlap import check_held_out
-    from ..manifest import read_manifest
     from ..models.load import DTYPES, load_causal_lm, load_tokenizer, resolve_model_path
+    from ..rewards import RewardSet
     from ..rollout.hf import HFEngine
+    from .score import run_reward
 
     check_eval_settings(n=n, limit=limit, max_new_tokens=max_new_tokens, batch_size=batch_size, temperature=temperature)
     check_dtype(dtype)
     if out is not None:
         writable_file(out, "--out")
     weights = dict(RewardConfig().weights)
-    if reward_from:
-        weights = read_manifest(reward_from)["config"]["reward"]["weights"]
+    rewards: dict[str, float] | RewardSet = weights
+    if reward_from:  # the run's whole reward: its weights with its own functions, reward model and judge
+        weights, rewards = run_reward(reward_from, {})
     if reward_weight:
-        weights = number_map("--reward-weight", _options(reward_weight), sep=" ")
+        weights = rewards = number_map("--reward-weight", _options(reward_weight), sep=" ")
     options = _options(task_option)
     problems = load_eval_problems(task, options, split, limit)
     path = resolve_model_path(model)
     held_out = check_held_out(model, path, problems)
     tok, lm = load_tokenizer(path), load_causal_lm(path, dtype)
     res = best_of_n_eval(
-        HFEngine(lm, tok, DTYPES[dtype]), tok, problems, n, weights, temperature, max_new_tokens, batch_size, seed
+        HFEngine(lm, tok, DTYPES[dtype]), tok, problems, n, rewards, temperature, max_new_tokens, batch_size, seed
     )
     decoding = {
         "greedy": False,

@@ -5,7 +5,6 @@ ones such as pass@j from more than j samples), with n, the method and any degene
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,6 +12,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from ..manifest import write_json_atomic
 from .intervals import score_interval
 
 
@@ -98,10 +98,11 @@ def summarise(items: list[dict[str, Any]], elapsed: float) -> EvalResult:
 
 
 def write_result(path: str | Path | None, data: Mapping[str, Any]) -> Path | None:
-    """Write an evaluation or comparison JSON to `path` (folders created); None when no path is given."""
+    """Write an evaluation or comparison JSON to `path` (folders created; written whole to a temporary file, then
+    renamed over it, so a failure leaves any earlier result at `path` as it was); None when no path is given."""
     if path is None:
         return None
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=2) + "\n")
+    write_json_atomic(path, data)
     return path

@@ -90,7 +90,7 @@ def resolve_model_path(name: str) -> str:
                 f"{name}: {run} is not a run directory (no manifest.json); RUN:best names the best "
                 f"checkpoint of a run written by `grpolab train`"
             )
-        return str(best_checkpoint(run))
+        return str(intact_or_error(name, run, best_checkpoint(run)))
     p = Path(name)
     if (p / "manifest.json").is_file():  # a run directory: take its newest checkpoint
         from .checkpoint import latest_checkpoint
@@ -98,7 +98,7 @@ def resolve_model_path(name: str) -> str:
         ckpt = latest_checkpoint(p)
         if ckpt is None:
             raise GrpolabError(f"{p}: run directory has no complete checkpoint under checkpoints/")
-        return str(ckpt)
+        return str(intact_or_error(name, p, ckpt))
     looks_local = name.startswith((".", "/", "~")) or p.exists() or name.count("/") > 1
     if looks_local and not (p / "config.json").is_file() and not is_adapter_dir(p):
         raise GrpolabError(
@@ -106,6 +106,19 @@ def resolve_model_path(name: str) -> str:
             f"adapter's adapter_config.json)"
         )
     return name
+
+
+def intact_or_error(name: str, run: Path, ckpt: Path) -> Path:
+    """``ckpt`` when its files match the sizes and checksums written with it (checkpoint.verify_checkpoint); else a
+    GrpolabError naming the damaged file and the newest intact checkpoint of the run, which can be named instead."""
+    from .checkpoint import newest_intact, verify_checkpoint
+
+    problem = verify_checkpoint(ckpt)
+    if problem is None:
+        return ckpt
+    intact, _ = newest_intact(run)
+    instead = f"; the newest intact one is {intact}: name it instead" if intact else "; no checkpoint of it is intact"
+    raise GrpolabError(f"{name}: checkpoint {ckpt.name} of {run} is corrupt ({problem}){instead}")
 
 
 def load_tokenizer(path: str) -> PreTrainedTokenizerBase:
