@@ -52,12 +52,21 @@ _ADV_TEXT = {
         r"\frac{R_i - \mathrm{mean}_{j \ne i} R_j}{\mathrm{std}_B R + \epsilon}",
     ),
     ("leave_one_out", "none"): ("R_i - mean_{j!=i} R_j", r"R_i - \mathrm{mean}_{j \ne i} R_j"),
+    ("batch_mean", "batch_std"): (
+        "(R_i - mean_batch R) / (std_batch R + {eps})",
+        r"\frac{R_i - \mathrm{mean}_B R}{\mathrm{std}_B R + \epsilon}",
+    ),
+    ("batch_mean", "none"): ("R_i - mean_batch R", r"R_i - \mathrm{mean}_B R"),
 }
 _AGG_TEXT = {
     "seq_mean_token_mean": ("(1/B) sum_i (1/|o_i|) sum_t", r"\frac{1}{B}\sum_i \frac{1}{|o_i|}\sum_t"),
     "token_mean": ("(1/sum_i |o_i|) sum_i sum_t", r"\frac{1}{\sum_i |o_i|}\sum_i\sum_t"),
     "seq_mean_token_sum_norm": ("(1/(B*{lmax})) sum_i sum_t", r"\frac{1}{B \cdot L_{max}}\sum_i\sum_t"),
     "seq_mean_token_sum": ("(1/B) sum_i sum_t", r"\frac{1}{B}\sum_i\sum_t"),
+    "prompt_mean_token_mean": (
+        "(1/P) sum_g (1/sum_{i in g} |o_i|) sum_{i in g} sum_t",
+        r"\frac{1}{P}\sum_g \frac{1}{\sum_{i \in g} |o_i|}\sum_{i \in g}\sum_t",
+    ),
 }
 _RATIO = {
     "gspo": ("s_i = exp(mean_t log r_it)", r"s_i"),
@@ -66,26 +75,74 @@ _RATIO = {
 }
 
 
+def _menu_term(cfg: Config, adv: str, adv_tex: str) -> tuple[str, str]:
+    """(text, LaTeX) of `L = <agg> [ l_it` for the surrogates whose token loss is not a PPO clip of a ratio."""
+    a = cfg.algorithm
+    agg, agg_tex = _AGG_TEXT[a.aggregation.value]
+    agg = agg.replace("{lmax}", str(cfg.l_max))
+    r, lo, hi = "r_it", a.eps_low, a.eps_high
+    if a.surrogate == "cispo":
+        clo, chi = round(1 - a.cispo_eps_low, 12), round(1 + a.cispo_eps_high, 12)
+        return (
+            f"L = {agg} [ -sg(clip({r}, {clo}, {chi})) {adv} log pi_theta(o_it)",
+            rf"\mathcal{{L}} = {agg_tex}\Big[-\mathrm{{sg}}\big(\mathrm{{clip}}(r_{{i,t}}, {clo}, {chi})\big) "
+            rf"{adv_tex} \log\pi_\theta(o_{{i,t}})",
+        )
+    if a.surrogate == "gmpo":
+        return (
+            f"L = {agg} [ -{adv} exp(mean_t sgn({adv}) min(sgn({adv}) log {r}, sgn({adv}) clip(log {r}, -{lo}, {hi})))",
+            rf"\mathcal{{L}} = {agg_tex}\Big[-{adv_tex} \exp\big(\frac{{1}}{{|o_i|}}\sum_t \mathrm{{sgn}}({adv_tex})"
+            rf"\min(\mathrm{{sgn}}({adv_tex})\log r_{{i,t}}, \mathrm{{sgn}}({adv_tex})\,\mathrm{{clip}}(\log r_{{i,t}}, "
+            rf"-{lo}, {hi}))\big)",
+        )
+    if a.surrogate == "sapo":
+        tau = f"tau = {a.sapo_tau_pos} if {adv} > 0 else {a.sapo_tau_neg}"
+        return (
+            f"L = {agg} [ -(4/tau) sigmoid(tau ({r} - 1)) {adv} ({tau})",
+            rf"\mathcal{{L}} = {agg_tex}\Big[-\frac{{4}}{{\tau}}\sigma\big(\tau (r_{{i,t}} - 1)\big) {adv_tex}"
+            rf"\ (\tau = {a.sapo_tau_pos}\ \text{{if }} {adv_tex} > 0,\ {a.sapo_tau_neg}\ \text{{else}})",
+        )
+    if a.surrogate == "clip_cov":
+        sel = f"the top {a.cov_ratio} of unclipped tokens by cov(A, log pi) in ({a.clip_cov_lb}, {a.clip_cov_ub})"
+        return (
+            f"L = {agg} [ -min({r} {adv}, clip({r}, 1-{lo}, 1+{hi}) {adv}) * (0 on {sel})",
+            rf"\mathcal{{L}} = -{agg_tex}\Big[\min\big(r_{{i,t}} {adv_tex},\ \mathrm{{clip}}(r_{{i,t}}, 1-{lo}, 1+{hi})"
+            rf" {adv_tex}\big) \cdot \mathbb{{1}}[(i,t) \notin \mathcal{{I}}_{{cov}}]",
+        )
+    return (
+        f"L = {agg} [ -{r} {adv} + {a.kl_cov_coef} |log {r}| on the top {a.cov_ratio} of tokens by cov(A, log pi)",
+        rf"\mathcal{{L}} = {agg_tex}\Big[-r_{{i,t}} {adv_tex} + {a.kl_cov_coef}\,|\log r_{{i,t}}|\,"
+        rf"\mathbb{{1}}[(i,t) \in \mathcal{{I}}_{{cov}}]",
+    )
+
+
 def policy_loss(cfg: Config, adv: str = "A_i", adv_tex: str = "A_i") -> tuple[str, str]:
     """(plain text, LaTeX) of the policy loss as it is optimised -- the run's aggregation, surrogate, IS correction,
     KL in the loss and entropy bonus -- with the advantage written `adv` / `adv_tex`: GRPO's sequence advantage
     A_i, or PPO's per-token A_it (grpolab.baselines.ppo_card)."""
     a = cfg.algorithm
     agg, agg_tex = _AGG_TEXT[a.aggregation.value]
-    r, r_tex = _RATIO[a.surrogate.value]
-    text = (
-        f"L = -{agg.replace('{lmax}', str(cfg.l_max))} [ min({r} {adv}, clip({r}, 1-{a.eps_low}, 1+{a.eps_high}) {adv})"
-    )
-    tex = (
-        rf"\mathcal{{L}} = -{agg_tex}\Big[\min\big({r_tex} {adv_tex},\ \mathrm{{clip}}({r_tex}, 1-{a.eps_low}, "
-        rf"1+{a.eps_high}) {adv_tex}\big)"
-    )
+    if a.surrogate.value in _RATIO:
+        r, r_tex = _RATIO[a.surrogate.value]
+        text = f"L = -{agg.replace('{lmax}', str(cfg.l_max))} [ min({r} {adv}, clip({r}, 1-{a.eps_low}, 1+{a.eps_high}) {adv})"
+        tex = (
+            rf"\mathcal{{L}} = -{agg_tex}\Big[\min\big({r_tex} {adv_tex},\ \mathrm{{clip}}({r_tex}, 1-{a.eps_low}, "
+            rf"1+{a.eps_high}) {adv_tex}\big)"
+        )
+    else:
+        text, tex = _menu_term(cfg, adv, adv_tex)
     if a.surrogate == "dual_clip":
         text += f", capped at {a.dual_clip_c} {adv} for {adv} < 0"
         tex += rf"\ \text{{(dual clip }}c={a.dual_clip_c}\text{{)}}"
     if a.is_mode != "none":
         text += f" * w_IS[{a.is_mode}]"
         tex += r" \cdot w^{IS}"
+    if a.is_reject != "none":
+        text += f" * 1[exp(mean_t log(pi_old/q)) in [{a.is_reject_lo}, {a.is_reject_hi}]]"
+        tex += rf" \cdot \mathbb{{1}}\big[g_i \in [{a.is_reject_lo}, {a.is_reject_hi}]\big]"
+    if a.offpolicy_mask_delta > 0:
+        text += f" * 1[not ({adv} < 0 and mean_t (log q - log pi_theta) > {a.offpolicy_mask_delta})]"
+        tex += rf" \cdot M_i^{{\delta={a.offpolicy_mask_delta}}}"
     if a.beta > 0 and a.kl_placement == "loss":
         text += f" - {a.beta} KL_{a.kl_estimator.value}(pi_theta || pi_ref)"
         tex += rf" - {a.beta}\,\mathrm{{KL}}_{{{a.kl_estimator.value}}}"
@@ -95,12 +152,27 @@ def policy_loss(cfg: Config, adv: str = "A_i", adv_tex: str = "A_i") -> tuple[st
     return text + " ]", tex + r"\Big]"
 
 
+def _pass_at_k_text(a: Any) -> tuple[str, str]:
+    """A_i of algorithm.estimator = pass_at_k (grpolab.algo.advantages.pass_at_k_group): N_g valid samples in the
+    group, F_g of them failing (R < pass_threshold), P_g the group's unbiased pass@k."""
+    k, tau = a.pass_k, a.pass_threshold
+    text = (
+        f"(1 - P_g - [R_i < {tau}] C(F_g - 1, {k - 1}) / C(N_g - 1, {k - 1})) / (sqrt(P_g (1 - P_g)) + {{eps}}), "
+        f"P_g = 1 - C(F_g, {k}) / C(N_g, {k})"
+    )
+    tex = (
+        rf"\frac{{1 - P_g - [R_i < {tau}]\,\binom{{F_g - 1}}{{{k - 1}}} / \binom{{N_g - 1}}{{{k - 1}}}}}"
+        rf"{{\sqrt{{P_g (1 - P_g)}} + \epsilon}},\ P_g = 1 - \binom{{F_g}}{{{k}}} / \binom{{N_g}}{{{k}}}"
+    )
+    return text, tex
+
+
 def formula(cfg: Config) -> tuple[str, str]:
     """(plain text, LaTeX) of the minimised loss."""
     if cfg.algorithm.estimator == "gae":  # PPO with a critic: the same policy loss, per-token advantages
         return ppo_card.formula(cfg, *policy_loss(cfg, "A_it", "A_{i,t}"))
     a = cfg.algorithm
-    adv, adv_tex = _ADV_TEXT[(a.baseline.value, a.scaling.value)]
+    adv, adv_tex = _pass_at_k_text(a) if a.estimator == "pass_at_k" else _ADV_TEXT[(a.baseline.value, a.scaling.value)]
     text, tex = policy_loss(cfg)
     text += f",  A_i = {adv.replace('{eps}', str(a.adv_eps))}"
     tex += rf",\quad A_i = {adv_tex}"
@@ -136,6 +208,18 @@ def _std_differences(cfg: Config, peer: str) -> list[str]:
 def _advantage(cfg: Config) -> dict[str, dict]:
     a = cfg.algorithm
     s, est = a.scaling.value, "--algo.advantage.estimator"
+    if a.estimator == "pass_at_k":
+        none = "no pass@k advantage"
+        verl = "grpo_passk is another estimator (arXiv 2503.19595: only the group's best sample gets r_max - r_2nd)"
+        return {"trl": _row(NONE, {}, none), "verl": _row(NONE, {}, verl), "openrlhf": _row(NONE, {}, none)}
+    if a.baseline == "batch_mean":  # REINFORCE++'s global baseline: the peers' versions whiten per token
+        unchecked = _row(
+            NONE,
+            {},
+            "no sequence-level batch-mean baseline: REINFORCE++ (verl reinforce_plus_plus, OpenRLHF reinforce) whitens "
+            "over tokens, each sequence weighted by its length (the same only when every length is equal)",
+        )
+        return {"trl": unchecked, "verl": dict(unchecked), "openrlhf": {**unchecked, "settings": {}}}
     if a.baseline == "leave_one_out":
         no_std = [] if s == "none" else ["no std scaling"]
         trl = (
@@ -161,6 +245,8 @@ def _advantage(cfg: Config) -> dict[str, dict]:
 
 def _surrogate(cfg: Config) -> dict[str, dict]:
     a = cfg.algorithm
+    if a.surrogate.value not in _RATIO:
+        return _menu_surrogate(cfg)
     gspo, dual = a.surrogate == "gspo", a.surrogate == "dual_clip"
     clip = {"epsilon": a.eps_low, "epsilon_high": a.eps_high}
     if a.baseline == "leave_one_out":
@@ -194,6 +280,54 @@ def _surrogate(cfg: Config) -> dict[str, dict]:
     return {"trl": trl, "verl": _row(EXACT, verl_settings), "openrlhf": _row(EXACT, orl_settings)}
 
 
+_TRL_LOSS = {"cispo": "cispo", "sapo": "sapo"}  # surrogates TRL selects by loss_type, and the aggregation it implies
+_TRL_LOSS_AGG = {"cispo": "token_mean", "sapo": "seq_mean_token_mean"}
+_VERL_MODE = {"cispo": "cispo", "gmpo": "geo_mean", "sapo": "sapo", "clip_cov": "clip_cov", "kl_cov": "kl_cov"}
+
+
+def _menu_surrogate(cfg: Config) -> dict[str, dict]:
+    """Peer rows of cispo, gmpo, sapo, clip_cov and kl_cov."""
+    a, kind = cfg.algorithm, cfg.algorithm.surrogate.value
+    actor, pl = "actor_rollout_ref.actor.", "actor_rollout_ref.actor.policy_loss."
+    if a.baseline == "leave_one_out":
+        trl = _row(NONE, {}, f"RLOOTrainer has no {kind} loss")
+    elif kind == "cispo":
+        low = [] if a.cispo_eps_low >= 1 else ["no lower bound on the weight"]
+        trl = _unless(low, {"loss_type": "cispo", "epsilon_high": round(1 + a.cispo_eps_high, 12)})
+    elif kind == "sapo":
+        trl = _row(
+            EXACT,
+            {"loss_type": "sapo", "sapo_temperature_pos": a.sapo_tau_pos, "sapo_temperature_neg": a.sapo_tau_neg},
+        )
+    else:
+        trl = _row(NONE, {}, f"GRPOTrainer has no {kind} loss")
+    verl_settings: dict[str, Any] = {f"{pl}loss_mode": _VERL_MODE[kind]}
+    differences: list[str] = []
+    if kind == "cispo":
+        verl_settings.update({f"{actor}clip_ratio_low": a.cispo_eps_low, f"{actor}clip_ratio_high": a.cispo_eps_high})
+    elif kind == "sapo":
+        verl_settings.update({f"{actor}tau_pos": a.sapo_tau_pos, f"{actor}tau_neg": a.sapo_tau_neg})
+    else:
+        verl_settings.update({f"{actor}clip_ratio_low": a.eps_low, f"{actor}clip_ratio_high": a.eps_high})
+    if kind == "clip_cov":
+        verl_settings.update(
+            {
+                f"{pl}clip_cov_ratio": a.cov_ratio,
+                f"{pl}clip_cov_lb": a.clip_cov_lb,
+                f"{pl}clip_cov_ub": a.clip_cov_ub,
+            }
+        )
+        if a.cov_ratio < 1:
+            differences.append("draws the selected tokens at random among the eligible ones, not the largest first")
+    elif kind == "kl_cov":
+        verl_settings.update({f"{pl}kl_cov_ratio": a.cov_ratio, f"{pl}ppo_kl_coef": a.kl_cov_coef})
+    return {
+        "trl": trl,
+        "verl": _unless(differences, verl_settings),
+        "openrlhf": _row(NONE, {}, "--actor.policy_loss_type has only ppo and gspo"),
+    }
+
+
 def _aggregation(cfg: Config) -> dict[str, dict]:
     a = cfg.algorithm
     agg = a.aggregation.value
@@ -202,9 +336,24 @@ def _aggregation(cfg: Config) -> dict[str, dict]:
         "token_mean": "dapo",
         "seq_mean_token_sum_norm": "dr_grpo",
         "seq_mean_token_sum": "luspo",
-    }[agg]
+    }.get(agg, "")
+    trl_loss = _TRL_LOSS.get(a.surrogate.value)
     if a.baseline == "leave_one_out":
         trl = _row(NEAREST, {}, "RLOOTrainer has one sequence-level term per sequence, mean over sequences")
+    elif trl_loss and agg != _TRL_LOSS_AGG[trl_loss]:
+        trl = _row(NONE, {}, f"loss_type={trl_loss} aggregates {_TRL_LOSS_AGG[trl_loss]}")
+    elif trl_loss:
+        trl = (
+            _row(EXACT, {"loss_type": trl_loss})
+            if cfg.train.minibatches == 1 or agg != "token_mean"
+            else _row(
+                NEAREST,
+                {"loss_type": trl_loss},
+                "divides each optimizer step by the generation batch's tokens / steps, not by its own",
+            )
+        )
+    elif agg == "prompt_mean_token_mean":
+        trl = _row(NONE, {}, "no loss_type averages tokens per prompt group")
     elif agg == "token_mean" and cfg.train.minibatches > 1:
         trl = _row(
             NEAREST,
@@ -218,13 +367,22 @@ def _aggregation(cfg: Config) -> dict[str, dict]:
     verl_settings: dict[str, Any] = {"actor_rollout_ref.actor.loss_agg_mode": agg.replace("_", "-")}
     if agg == "seq_mean_token_sum_norm":
         verl_settings["actor_rollout_ref.actor.loss_scale_factor"] = cfg.l_max
-    if a.surrogate == "gspo" and agg != "seq_mean_token_mean":
+    fixed = {"gmpo": "geo_mean averages the sequence losses", "sapo": "sapo always aggregates seq-mean-token-mean"}
+    if agg == "prompt_mean_token_mean":
+        verl = _row(NONE, {}, "loss_agg_mode has no per-prompt token mean")
+    elif a.surrogate.value in fixed and agg != "seq_mean_token_mean":
+        verl = _row(NEAREST, {}, fixed[a.surrogate.value])
+    else:
+        verl = _row(EXACT, verl_settings)
+    if agg == "prompt_mean_token_mean":
+        orl = _row(NONE, {}, "--actor.loss_agg_mode has only token-mean and seq-mean-token-mean")
+    elif a.surrogate == "gspo" and agg != "seq_mean_token_mean":
         orl = _row(NONE, {}, "OpenRLHF's GSPO always aggregates seq-mean-token-mean")
     elif agg in ("token_mean", "seq_mean_token_mean"):
         orl = _row(EXACT, {"--actor.loss_agg_mode": agg.replace("_", "-")})
     else:
         orl = _row(NONE, {}, "--actor.loss_agg_mode has only token-mean and seq-mean-token-mean")
-    return {"trl": trl, "verl": _row(EXACT, verl_settings), "openrlhf": orl}
+    return {"trl": trl, "verl": verl, "openrlhf": orl}
 
 
 def _kl(cfg: Config) -> dict[str, dict]:
@@ -289,6 +447,31 @@ def _kl(cfg: Config) -> dict[str, dict]:
 
 
 def _importance(cfg: Config) -> dict[str, dict]:
+    """The IS weighting's rows, with the geometric rejection folded in (verl: rollout_rs; the others: none)."""
+    rows = _is_weighting(cfg)
+    a = cfg.algorithm
+    if a.is_reject == "none":
+        return rows
+    verl = rows["verl"]
+    settings = {
+        **verl["settings"],
+        "algorithm.rollout_correction.rollout_rs": "seq_mean_k1",
+        # verl's statistic is mean_t log(q / pi_old) = -log g_i: the bounds are inverted
+        "algorithm.rollout_correction.rollout_rs_threshold": f"{1 / a.is_reject_hi!r}_{1 / a.is_reject_lo!r}",
+    }
+    diff = (
+        "rejected sequences leave the response mask before the advantage step (A = 0) and the aggregation's "
+        "denominators (grpolab: weight 0)"
+    )
+    extra = [verl["difference"]] if "difference" in verl else []
+    return {
+        "trl": _row(NONE, {}, "no sequence rejection (vllm_importance_sampling_mode weights or masks only)"),
+        "verl": _row(NEAREST if verl["match"] != NONE else NONE, settings, "; ".join(extra + [diff])),
+        "openrlhf": _row(NONE, {}, "no rejection separate from its IS weight"),
+    }
+
+
+def _is_weighting(cfg: Config) -> dict[str, dict]:
     a = cfg.algorithm
     mode, loo = a.is_mode.value, a.baseline == "leave_one_out"
     if mode == "none":
@@ -357,6 +540,25 @@ def _entropy(cfg: Config) -> dict[str, dict]:
         {"--actor.entropy_coef": c},
     )
     return {"trl": trl, "verl": verl, "openrlhf": orl}
+
+
+def _offpolicy_mask(cfg: Config) -> dict[str, dict]:
+    a = cfg.algorithm
+    if a.offpolicy_mask_delta <= 0:
+        trl = _row(EXACT, {} if a.baseline == "leave_one_out" else {"off_policy_mask_threshold": None})
+        return {"trl": trl, "verl": _row(EXACT), "openrlhf": _row(EXACT)}
+    if a.baseline == "leave_one_out":
+        trl = _row(NONE, {}, "RLOOTrainer has no off-policy sequence mask")
+    else:
+        trl = _unless(
+            [] if a.is_mode != "none" else ["without vLLM it measures the drift from pi_old, not from the sampler"],
+            {"off_policy_mask_threshold": a.offpolicy_mask_delta},
+        )
+    return {
+        "trl": trl,
+        "verl": _row(NONE, {}, "no off-policy sequence mask"),
+        "openrlhf": _row(NONE, {}, "no off-policy sequence mask"),
+    }
 
 
 def _mask_truncated(cfg: Config) -> dict[str, dict]:
@@ -465,6 +667,7 @@ AXES = {
     "aggregation": _aggregation,
     "kl": _kl,
     "importance_sampling": _importance,
+    "offpolicy_mask": _offpolicy_mask,
     "entropy": _entropy,
     "mask_truncated": _mask_truncated,
     "overlong": _overlong,
@@ -527,6 +730,7 @@ def objective_card(cfg: Config, precision: dict[str, Any] | None = None) -> dict
             "eps_low": a.eps_low,
             "eps_high": a.eps_high,
             "dual_clip_c": a.dual_clip_c,
+            **_menu_choices(cfg),
             "aggregation": a.aggregation.value,
             "l_max": cfg.l_max,
             "beta": a.beta,
@@ -535,6 +739,14 @@ def objective_card(cfg: Config, precision: dict[str, Any] | None = None) -> dict
             "is_mode": a.is_mode.value,
             "is_c_max": a.is_c_max,
             "is_c_min": a.is_c_min,
+            "is_reject": a.is_reject.value,
+            "is_reject_lo": a.is_reject_lo,
+            "is_reject_hi": a.is_reject_hi,
+            "offpolicy_mask_delta": a.offpolicy_mask_delta,
+            "pass_k": a.pass_k,
+            "pass_threshold": a.pass_threshold,
+            "ref_reset_every": a.ref_reset_every,
+            "ref_reset_optimizer": a.ref_reset_optimizer,
             "entropy_coef": a.entropy_coef,
             "mask_truncated": a.mask_truncated,
             "overlong_buffer": a.overlong_buffer,
@@ -572,6 +784,32 @@ def objective_card(cfg: Config, precision: dict[str, Any] | None = None) -> dict
         **reward_model_card(cfg),  # the learned reward's model: hashes, template, normalisation (rewards/model.py)
         **judge_card(cfg),  # the LLM judge: identity, rubric sha256, parse rule (rewards/judge.py)
     }
+
+
+def _menu_choices(cfg: Config) -> dict[str, Any]:
+    """The parameters of the surrogate in use (cispo, sapo, clip_cov, kl_cov), and for scalerl what it leaves out."""
+    a = cfg.algorithm
+    out: dict[str, Any] = {
+        "cispo_eps_low": a.cispo_eps_low,
+        "cispo_eps_high": a.cispo_eps_high,
+        "sapo_tau_pos": a.sapo_tau_pos,
+        "sapo_tau_neg": a.sapo_tau_neg,
+        "cov_ratio": a.cov_ratio,
+        "clip_cov_lb": a.clip_cov_lb,
+        "clip_cov_ub": a.clip_cov_ub,
+        "kl_cov_coef": a.kl_cov_coef,
+    }
+    if a.surrogate in ("clip_cov", "kl_cov"):
+        out["cov_selection"] = "per micro-batch (as verl): the n largest covariances, n = max(floor(cov_ratio N), 1)"
+    if a.preset == "scalerl":
+        out["not_reproduced"] = SCALERL_NOT_REPRODUCED
+    return out
+
+
+SCALERL_NOT_REPRODUCED = (
+    "PipelineRL-8 (asynchronous generation with in-flight weight updates), the FP32 LM head, no-positive-resampling "
+    "(train.prompt_schedule pass_rate is the nearest), forced length interruptions"
+)
 
 
 def code_extraction(cfg: Config) -> dict[str, str]:

@@ -22,7 +22,7 @@ import yaml
 
 from .algo.advantages import Baseline, Scaling, StdKind
 from .algo.aggregation import Aggregation
-from .algo.importance import ISMode
+from .algo.importance import ISMode, ISReject
 from .algo.kl import KLEstimator, KLPlacement
 from .algo.surrogate import Surrogate
 from .errors import ConfigError
@@ -120,7 +120,7 @@ class AlgorithmConfig:
     GRPO, the ``grpo`` preset); presets.py writes each other preset as its differences from them, and algo/'s
     parameter classes have no defaults of their own (the trainer fills them from here)."""
 
-    preset: Literal["grpo", "dapo", "dr_grpo", "rloo", "gspo"] = "grpo"
+    preset: Literal["grpo", "dapo", "dr_grpo", "rloo", "gspo", "cispo", "gmpo", "sapo", "icepop", "scalerl"] = "grpo"
     baseline: Baseline = Baseline.GROUP_MEAN
     scaling: Scaling = Scaling.GROUP_STD
     std_kind: StdKind = StdKind.SAMPLE
@@ -129,6 +129,18 @@ class AlgorithmConfig:
     eps_low: float = 0.2
     eps_high: float = 0.2
     dual_clip_c: float = 3.0
+    # cispo: the detached IS weight clipped to [1 - cispo_eps_low, 1 + cispo_eps_high] (1.0: no lower bound, as
+    # MiniMax-M1; upper 5 = the eps_max TRL recommends for ScaleRL)
+    cispo_eps_low: float = 1.0
+    cispo_eps_high: float = 4.0
+    sapo_tau_pos: float = 1.0  # sapo: gate temperature where A > 0 ...
+    sapo_tau_neg: float = 1.05  # ... and where A <= 0 (TRL's and verl's defaults)
+    # clip_cov / kl_cov: share of a micro-batch's tokens selected by covariance; clip_cov's covariance bounds; kl_cov's
+    # coefficient of |log r| (verl's defaults)
+    cov_ratio: float = 2e-4
+    clip_cov_lb: float = 1.0
+    clip_cov_ub: float = 5.0
+    kl_cov_coef: float = 0.1
     aggregation: Aggregation = Aggregation.SEQ_MEAN_TOKEN_MEAN
     l_max: int = 0  # constant of seq_mean_token_sum_norm; 0 = rollout.max_new_tokens
     beta: float = 0.04
@@ -137,6 +149,14 @@ class AlgorithmConfig:
     is_mode: ISMode = ISMode.NONE
     is_c_max: float = 2.0
     is_c_min: float = 0.5
+    # sequence rejection, orthogonal to is_mode: geometric = the geometric mean of pi_old / q over the sequence
+    # outside [is_reject_lo, is_reject_hi] (verl's geo_rs bounds)
+    is_reject: ISReject = ISReject.NONE
+    is_reject_lo: float = 0.999
+    is_reject_hi: float = 1.001
+    # DeepSeek-V3.2 off-policy sequence masking: a sequence with A < 0 whose mean_t (log q - log pi_theta) exceeds
+    # this gets no policy gradient (0 = off)
+    offpolicy_mask_delta: float = 0.0
     entropy_coef: float = 0.0
     mask_truncated: bool = False  # drop truncated completions from the loss
     overlong_buffer: int = 0  # DAPO soft overlong punishment: length buffer (0 = off)
@@ -147,7 +167,7 @@ class AlgorithmConfig:
     # (grpolab/algo/advantages.py; pass_k, pass_threshold), or gae = PPO with a learned critic (grpolab/baselines/ppo.py)
     # distill = on-policy distillation from distill.teacher (grpolab/training/distill.py)
     estimator: Literal["group", "pass_at_k", "gae", "distill"] = "group"
-    pass_k: int = 4  # pass_at_k: the k of pass@k (1 <= k <= rollout.group_size)
+    pass_k: int = 4  # pass_at_k: the k of pass@k (1 <= k < rollout.group_size)
     pass_threshold: float = 1.0  # pass_at_k: a completion passes when its reward is >= this
     # periodic reference reset (ProRL): every N steps the reference model <- the current policy (0 = never); with
     # ref_reset_optimizer the optimizer's moments are cleared at the same time
@@ -545,6 +565,15 @@ _RANGES: list[tuple[str, Any, str]] = [
     ("algorithm.eps_low", lambda v: 0 <= v < 1, "a number in [0, 1)"),
     ("algorithm.eps_high", lambda v: v >= 0, "a number >= 0"),
     ("algorithm.dual_clip_c", lambda v: v > 1, "a number > 1"),
+    ("algorithm.cispo_eps_low", lambda v: 0 <= v <= 1, "a number in [0, 1] (1 = no lower bound)"),
+    ("algorithm.cispo_eps_high", lambda v: v >= 0, "a number >= 0"),
+    ("algorithm.sapo_tau_pos", lambda v: v > 0, "a number > 0"),
+    ("algorithm.sapo_tau_neg", lambda v: v > 0, "a number > 0"),
+    ("algorithm.cov_ratio", lambda v: 0 < v <= 1, "a number in (0, 1]"),
+    ("algorithm.kl_cov_coef", lambda v: v >= 0, "a number >= 0"),
+    ("algorithm.is_reject_lo", lambda v: v > 0, "a number > 0"),
+    ("algorithm.is_reject_hi", lambda v: v > 0, "a number > 0"),
+    ("algorithm.offpolicy_mask_delta", lambda v: v >= 0, "a number >= 0 (0 = off)"),
     ("algorithm.l_max", lambda v: v >= 0, "an integer >= 0"),
     ("algorithm.beta", lambda v: v >= 0, "a number >= 0"),
     ("algorithm.is_c_max", lambda v: v > 0, "a number > 0"),
@@ -634,12 +663,31 @@ def validate(cfg: Config) -> None:
         raise ConfigError(
             f"reward.judge.max_score: expected > reward.judge.min_score ({j.min_score:g}), got {j.max_score:g}"
         )
-    if a.estimator == "pass_at_k" and a.pass_k > cfg.rollout.group_size:
+    if a.estimator == "pass_at_k" and a.pass_k >= cfg.rollout.group_size:
         raise ConfigError(
-            f"algorithm.pass_k: expected <= rollout.group_size ({cfg.rollout.group_size}), got {a.pass_k}"
+            f"algorithm.pass_k: expected < rollout.group_size ({cfg.rollout.group_size}): a group has pass@k signal "
+            f"only with a pass and at least pass_k failures; got {a.pass_k}"
+        )
+    if a.estimator == "pass_at_k" and a.beta > 0 and a.kl_placement == "reward":
+        raise ConfigError(
+            "algorithm.kl_placement: expected loss with estimator pass_at_k and beta > 0 (the KL-shaped reward would "
+            "be compared with pass_threshold), got reward"
+        )
+    if a.baseline == "batch_mean" and a.scaling == "group_std":
+        raise ConfigError(
+            "algorithm.scaling: expected batch_std or none with baseline batch_mean (an all-equal group would be "
+            "divided by adv_eps alone), got group_std"
         )
     if a.is_c_min > a.is_c_max:
         raise ConfigError(f"algorithm.is_c_min: expected <= algorithm.is_c_max ({a.is_c_max}), got {a.is_c_min}")
+    if a.is_reject_lo > a.is_reject_hi:
+        raise ConfigError(
+            f"algorithm.is_reject_lo: expected <= algorithm.is_reject_hi ({a.is_reject_hi}), got {a.is_reject_lo}"
+        )
+    if a.clip_cov_lb >= a.clip_cov_ub:
+        raise ConfigError(
+            f"algorithm.clip_cov_lb: expected < algorithm.clip_cov_ub ({a.clip_cov_ub}), got {a.clip_cov_lb}"
+        )
     rollouts = cfg.train.prompts_per_step * cfg.rollout.group_size
     if rollouts % cfg.train.minibatches:
         raise ConfigError(

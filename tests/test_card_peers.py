@@ -37,10 +37,10 @@ import torch
 
 from grpolab.algo.advantages import StdKind, compute_advantages
 from grpolab.algo.aggregation import token_weights
-from grpolab.algo.importance import ISParams, is_weights
+from grpolab.algo.importance import ISParams, RejectParams, correction
 from grpolab.algo.kl import token_kl
-from grpolab.algo.loss import ObjectiveParams, objective
-from grpolab.algo.surrogate import ClipParams
+from grpolab.algo.loss import ObjectiveParams, objective, offpolicy_sequence_mask
+from grpolab.algo.surrogate import ClipParams, PolicyLossParams
 from grpolab.card import AXES, EXACT, NEAREST, STD_EPS, objective_card, peer_settings
 from grpolab.config import from_dict
 from grpolab.rewards.overlong import soft_overlong_penalty
@@ -73,6 +73,21 @@ CASES = {
     "overlong": {"overlong_buffer": 8, "overlong_penalty": 0.5},
     "dynamic_sampling": {"preset": "dapo", "max_extra_rounds": 2},
     "mu_minibatches": {"mu": 2, "minibatches": 2},
+    # the objective menu (docs/algorithms.md): CISPO, GMPO, SAPO, Clip-Cov, KL-Cov, ScaleRL, IcePop, rejection, OPSM
+    **{p: {"preset": p} for p in ["cispo", "gmpo", "sapo", "scalerl"]},
+    "cispo_bounds": {"surrogate": "cispo", "cispo_eps_low": 0.2, "cispo_eps_high": 0.28, "beta": 0.0},
+    "gmpo_token_mean": {"preset": "gmpo", "aggregation": "token_mean"},
+    "clip_cov": {
+        "surrogate": "clip_cov",
+        "beta": 0.0,
+        "cov_ratio": 1.0,
+        "clip_cov_lb": 0.05,
+        "aggregation": "token_mean",
+    },
+    "kl_cov": {"surrogate": "kl_cov", "beta": 0.0, "cov_ratio": 0.1, "kl_cov_coef": 0.5, "aggregation": "token_mean"},
+    "icepop": {"preset": "icepop", "beta": 0.0},
+    "geometric_reject": {"is_mode": "sequence_truncate", "is_reject": "geometric", **IS_BOUNDS},
+    "offpolicy_mask": {"offpolicy_mask_delta": 0.05, "beta": 0.0},
 }
 TOL = dict(rtol=1e-6, atol=1e-7)  # peers compute in float32 in places (TRL's rewards, OpenRLHF's KL)
 # TRL 1.16 defaults gradient_checkpointing=True, a name transformers 5.2x deprecates
@@ -203,11 +218,23 @@ def grpolab_loss(cfg, b, adv) -> torch.Tensor:
         kl_estimator=a.kl_estimator,
         kl_in_loss=a.kl_placement == "loss",
         entropy_coef=a.entropy_coef,
+        policy_loss=PolicyLossParams(
+            a.cispo_eps_low,
+            a.cispo_eps_high,
+            a.sapo_tau_pos,
+            a.sapo_tau_neg,
+            a.cov_ratio,
+            a.clip_cov_lb,
+            a.clip_cov_ub,
+            a.kl_cov_coef,
+        ),
+        offpolicy_mask_delta=a.offpolicy_mask_delta,
     )
     ref = b.ref if a.beta > 0 and a.kl_placement == "loss" else None
-    isw = is_weights(b.old, b.sampler, b.mask, a.is_mode, ISParams(a.is_c_max, a.is_c_min))
-    weights = token_weights(b.mask, a.aggregation, cfg.l_max)
-    return objective(b.logp, b.old, ref, adv, weights, isw, b.mask, params, b.entropy).total
+    reject = RejectParams(a.is_reject_lo, a.is_reject_hi)
+    isw = correction(b.sampler, b.old, b.mask, a.is_mode, ISParams(a.is_c_max, a.is_c_min), a.is_reject, reject).weights
+    weights = token_weights(b.mask, a.aggregation, cfg.l_max, group_size=G)
+    return objective(b.logp, b.old, ref, adv, weights, isw, b.mask, params, b.entropy, behaviour_logp=b.sampler).total
 
 
 def test_every_axis_is_on_every_peer_and_settings_merge():
@@ -318,7 +345,9 @@ def test_trl_numbers(trl, name, tiny_model, tmp_path, one_thread):
         )
         torch.testing.assert_close(out["advantages"].double(), grpolab_advantages(reference, gen), **TOL)
         checked.append("advantages")
-    if eq["interface"] == "trl.GRPOConfig" and all_exact(eq, "surrogate", "aggregation", "kl", "entropy"):
+    if eq["interface"] == "trl.GRPOConfig" and all_exact(
+        eq, "surrogate", "aggregation", "kl", "entropy", "offpolicy_mask"
+    ):
         phase["loss"] = True
         trainer.model.eval()  # one micro-batch, no gradient accumulation
         adv = grpolab_advantages(cfg, b)
@@ -352,6 +381,23 @@ def test_trl_soft_overlong_punishment(trl):
     assert got == pytest.approx(
         [soft_overlong_penalty(n, max_len, a.overlong_buffer, a.overlong_penalty) for n in lengths]
     )
+
+
+def test_trl_off_policy_mask(trl):
+    """TRL's own DeepSeek-V3.2 mask (GRPOTrainer.get_off_policy_mask, fed the sampler's logprobs as with vLLM) drops
+    the sequences grpolab's offpolicy_sequence_mask drops, on the fixed batch and deltas around its drifts."""
+    b = fixed_batch()
+    drift = ((b.sampler - b.logp) * b.mask).sum(-1) / b.mask.sum(-1)
+    dropped = set()
+    for adv in (grpolab_advantages(case_config("grpo"), b), -grpolab_advantages(case_config("grpo"), b)):
+        for delta in [0.05, 0.1, 0.17, 0.5]:
+            eq = card_of(with_algorithm(case_config("offpolicy_mask"), offpolicy_mask_delta=delta))["trl"]
+            threshold = eq["offpolicy_mask"]["settings"]["off_policy_mask_threshold"]
+            keep = trl.GRPOTrainer.get_off_policy_mask(adv[:, None], b.logp, b.sampler, b.mask.double(), threshold)
+            ours = offpolicy_sequence_mask(b.logp, b.sampler, adv, b.mask, delta)
+            assert keep.squeeze(-1).bool().tolist() == (~ours).tolist(), delta
+            dropped.add(int(ours.sum()))
+    assert dropped == {0, 1} and drift.abs().max() > 0.1  # some deltas drop a sequence, others none
 
 
 # --------------------------------------------------------------------------------------------- verl
@@ -486,16 +532,43 @@ def test_verl_numbers(name, verl_advantage_step, one_thread):
         eq["kl"]["match"] == EXACT or eq["kl"].get("difference") == "k3 clamped to [-10, 10]"
     )  # this batch stays inside
     reference = advantage_reference(cfg, "verl")
+    if cfg.algorithm.is_reject != "none":  # the card's difference: verl's rejection zeroes A before its advantage step
+        reference = None
     if reference is not None and kl_ok:
         torch.testing.assert_close(advantages[:, 0], grpolab_advantages(reference, b), **TOL)
         checked.append("advantages")
-    if all_exact(eq, "surrogate", "aggregation", "entropy", "importance_sampling") and kl_ok:
+    if all_exact(eq, "surrogate", "aggregation", "entropy", "importance_sampling", "offpolicy_mask") and kl_ok:
         adv = grpolab_advantages(cfg, b)
         got = verl_loss(actor, b, adv, is_weights, bool(cfg.algorithm.entropy_coef))
         torch.testing.assert_close(got, grpolab_loss(cfg, b, adv), **TOL)
         checked.append("loss")
     if not checked:
         pytest.skip("no row here is exact, or nearest by a fixed parameter, where verl computes the quantity")
+
+
+def test_verl_geometric_rejection():
+    """verl's rollout rejection (the card's rollout_rs / rollout_rs_threshold) keeps exactly the sequences grpolab's
+    geometric rejection keeps, for bounds that reject some of the fixed batch's sequences and keep others."""
+    pytest.importorskip("verl.trainer.ppo.core_algos")
+    from verl.trainer.ppo.rollout_corr_helper import compute_rollout_rejection_mask
+
+    b = fixed_batch()
+    counts = []
+    for lo, hi in [(0.9, 1.1), (0.95, 1.02), (0.999, 1.001)]:
+        cfg = with_algorithm(case_config("geometric_reject"), is_reject_lo=lo, is_reject_hi=hi)
+        settings = peer_settings(card_of(cfg)["verl"])
+        kept, _ = compute_rollout_rejection_mask(
+            b.old - b.sampler,
+            b.mask.double(),
+            settings["algorithm.rollout_correction.rollout_rs"],
+            settings["algorithm.rollout_correction.rollout_rs_threshold"],
+        )
+        a = cfg.algorithm
+        ours = correction(b.sampler, b.old, b.mask, "none", ISParams(2.0, 0.5), a.is_reject, RejectParams(lo, hi))
+        assert (kept.sum(-1) == 0).tolist() == ours.rejected.tolist(), (lo, hi)
+        assert ((kept > 0) == (b.mask & ~ours.rejected[:, None])).all()
+        counts.append(int(ours.rejected.sum()))
+    assert counts == [2, 7, 8]  # a few, most, all of the fixed batch's sequences
 
 
 def test_verl_dapo_reward_manager_overlong_penalty():
@@ -669,7 +742,7 @@ def test_openrlhf_numbers(openrlhf, name, one_thread):
     kl_ok = (
         eq["kl"]["match"] == EXACT or eq["kl"].get("difference") == "estimate clamped to [-10, 10]"
     )  # this batch stays inside
-    if all_exact(eq, "surrogate", "aggregation", "entropy", "importance_sampling") and kl_ok:
+    if all_exact(eq, "surrogate", "aggregation", "entropy", "importance_sampling", "offpolicy_mask") and kl_ok:
         adv = grpolab_advantages(cfg, b)
         torch.testing.assert_close(openrlhf_loss(ns, args, b, adv), grpolab_loss(cfg, b, adv), **TOL)
         checked.append("loss")

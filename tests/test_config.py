@@ -14,9 +14,9 @@ import pytest
 import yaml
 
 from grpolab import config as config_mod
-from grpolab.algo.importance import ISParams
+from grpolab.algo.importance import ISParams, RejectParams
 from grpolab.algo.loss import ObjectiveParams
-from grpolab.algo.surrogate import ClipParams
+from grpolab.algo.surrogate import ClipParams, PolicyLossParams
 from grpolab.config import AlgorithmConfig, Config, from_dict, load_config, parse_override, set_path, to_dict
 from grpolab.errors import ConfigError
 
@@ -31,6 +31,14 @@ COMMON = {
     "eps_low": 0.2,
     "eps_high": 0.2,
     "dual_clip_c": 3.0,
+    "cispo_eps_low": 1.0,
+    "cispo_eps_high": 4.0,
+    "sapo_tau_pos": 1.0,
+    "sapo_tau_neg": 1.05,
+    "cov_ratio": 2e-4,
+    "clip_cov_lb": 1.0,
+    "clip_cov_ub": 5.0,
+    "kl_cov_coef": 0.1,
     "aggregation": "seq_mean_token_mean",
     "l_max": 0,
     "beta": 0.0,
@@ -39,6 +47,10 @@ COMMON = {
     "is_mode": "none",
     "is_c_max": 2.0,
     "is_c_min": 0.5,
+    "is_reject": "none",
+    "is_reject_lo": 0.999,
+    "is_reject_hi": 1.001,
+    "offpolicy_mask_delta": 0.0,
     "entropy_coef": 0.0,
     "mask_truncated": False,
     "overlong_buffer": 0,
@@ -46,6 +58,10 @@ COMMON = {
     "dynamic_sampling": False,
     "max_extra_rounds": 0,
     "estimator": "group",
+    "pass_k": 4,
+    "pass_threshold": 1.0,
+    "ref_reset_every": 0,
+    "ref_reset_optimizer": False,
     "gamma": 1.0,
     "lam": 0.95,
     "whiten": True,
@@ -71,6 +87,23 @@ EXPECTED_PRESETS = {
     "rloo": {**COMMON, "preset": "rloo", "baseline": "leave_one_out", "scaling": "none"},
     # GSPO: sequence-level (length-normalised) ratio, clip 3e-4 / 4e-4, no KL.
     "gspo": {**COMMON, "preset": "gspo", "surrogate": "gspo", "eps_low": 3e-4, "eps_high": 4e-4},
+    # CISPO (MiniMax-M1): clipped detached IS weight on a REINFORCE term, token mean over the batch, no KL.
+    "cispo": {**COMMON, "preset": "cispo", "surrogate": "cispo", "aggregation": "token_mean"},
+    # GMPO: geometric mean of token ratios, clipped to [-0.4, 0.4] in log space, no KL.
+    "gmpo": {**COMMON, "preset": "gmpo", "surrogate": "gmpo", "eps_low": 0.4, "eps_high": 0.4},
+    # SAPO: soft gate, no KL.
+    "sapo": {**COMMON, "preset": "sapo", "surrogate": "sapo"},
+    # IcePop: GRPO with the mismatch weight masked outside [0.5, 5] (token_mask).
+    "icepop": {**COMMON, "preset": "icepop", "beta": 0.04, "is_mode": "token_mask", "is_c_min": 0.5, "is_c_max": 5.0},
+    # ScaleRL: CISPO, prompt-level average, batch std, zero-variance filtering without refill, no KL.
+    "scalerl": {
+        **COMMON,
+        "preset": "scalerl",
+        "surrogate": "cispo",
+        "aggregation": "prompt_mean_token_mean",
+        "scaling": "batch_std",
+        "dynamic_sampling": True,
+    },
 }
 
 
@@ -106,7 +139,7 @@ def test_preset_holds_only_its_differences_from_the_defaults(preset):
     assert config_mod.PRESETS[preset] == expected_differences
 
 
-@pytest.mark.parametrize("params", [ClipParams, ISParams, ObjectiveParams])
+@pytest.mark.parametrize("params", [ClipParams, ISParams, ObjectiveParams, PolicyLossParams, RejectParams])
 def test_algo_parameter_classes_have_no_defaults_of_their_own(params):
     """The algorithm defaults are defined once (AlgorithmConfig); algo/'s parameter classes take every value."""
     assert all(
@@ -139,7 +172,9 @@ def test_user_field_overrides_preset_from_yaml_and_set(tmp_path):
 
 def test_unknown_preset_lists_the_known_ones():
     with pytest.raises(
-        ConfigError, match=r"algorithm\.preset: expected one of 'grpo', 'dapo', 'dr_grpo', 'rloo', 'gspo', got 'ppo'"
+        ConfigError,
+        match=r"algorithm\.preset: expected one of 'grpo', 'dapo', 'dr_grpo', 'rloo', 'gspo', 'cispo', 'gmpo', 'sapo', "
+        r"'icepop', 'scalerl', got 'ppo'",
     ):
         from_dict({"algorithm": {"preset": "ppo"}})
 
@@ -210,7 +245,7 @@ def test_unknown_field_without_close_match_lists_known_fields():
         (
             {"algorithm": {"aggregation": "token-mean"}},
             "algorithm.aggregation: expected one of 'seq_mean_token_mean', 'token_mean', 'seq_mean_token_sum_norm', "
-            "'seq_mean_token_sum', got 'token-mean'",
+            "'seq_mean_token_sum', 'prompt_mean_token_mean', got 'token-mean'",
         ),
         ({"algorithm": {"kl_estimator": "k4"}}, "algorithm.kl_estimator: expected one of 'k1', 'k2', 'k3', got 'k4'"),
         ({"model": {"dtype": "float16"}}, "model.dtype: expected one of 'float32', 'bfloat16', got 'float16'"),
@@ -245,6 +280,15 @@ BAD_VALUES = {
     "algorithm.eps_low": 1.0,
     "algorithm.eps_high": -0.1,
     "algorithm.dual_clip_c": 1.0,
+    "algorithm.cispo_eps_low": 1.5,
+    "algorithm.cispo_eps_high": -0.1,
+    "algorithm.sapo_tau_pos": 0.0,
+    "algorithm.sapo_tau_neg": -1.0,
+    "algorithm.cov_ratio": 0.0,
+    "algorithm.kl_cov_coef": -0.1,
+    "algorithm.is_reject_lo": 0.0,
+    "algorithm.is_reject_hi": 0.0,
+    "algorithm.offpolicy_mask_delta": -0.1,
     "algorithm.l_max": -1,
     "algorithm.beta": -1.0,
     "algorithm.is_c_max": 0.0,
@@ -253,6 +297,8 @@ BAD_VALUES = {
     "algorithm.overlong_penalty": -1.0,
     "algorithm.max_extra_rounds": -1,
     "algorithm.gamma": 1.5,
+    "algorithm.pass_k": 0,
+    "algorithm.ref_reset_every": -1,
     "algorithm.lam": -0.1,
     "critic.lr": 0.0,
     "critic.value_clip": -0.2,

@@ -4,6 +4,14 @@
 
 w_it are the aggregation weights of the whole optimisation batch (aggregation.token_weights), so summing L
 over micro-batches gives the batch loss exactly. Everything here is pure torch; the caller supplies tensors.
+
+Off-policy sequence masking (DeepSeek-V3.2), with delta > 0 and the behaviour logprobs log q given: the policy term
+of sequence i is dropped when
+
+    A_i < 0  and  (1/|o_i|) sum_t m_it (log q(o_it) - sg(log pi_theta(o_it))) > delta
+
+(the mask is computed here, detached, from the current policy; a KL or entropy term keeps its tokens). The
+sequence's advantage is its mean over unmasked tokens when advantages are per token.
 """
 
 from __future__ import annotations
@@ -13,13 +21,15 @@ from dataclasses import dataclass
 import torch
 
 from .kl import KLEstimator, token_kl
-from .surrogate import ClipParams, Surrogate, surrogate_loss
+from .surrogate import ClipParams, PolicyLossParams, Surrogate, surrogate_loss
 
 
 @dataclass(frozen=True)
 class ObjectiveParams:
     """The objective's scalar choices (see the formula above).
-    No defaults: the algorithm's defaults are defined once, by AlgorithmConfig (grpolab/config.py)."""
+    No defaults: the algorithm's defaults are defined once, by AlgorithmConfig (grpolab/config.py). policy_loss carries
+    the parameters of the surrogates that need them (cispo, sapo, clip_cov, kl_cov; None: not given, and those
+    surrogates refuse to run), offpolicy_mask_delta the off-policy sequence mask's delta (0: off)."""
 
     surrogate: Surrogate
     clip: ClipParams
@@ -27,6 +37,8 @@ class ObjectiveParams:
     kl_estimator: KLEstimator
     kl_in_loss: bool
     entropy_coef: float
+    policy_loss: PolicyLossParams | None
+    offpolicy_mask_delta: float
 
 
 @dataclass(frozen=True)
@@ -41,6 +53,26 @@ class LossTerms:
     clip_low_count: float
     clip_high_count: float
     token_count: float
+    cov_selected_count: float  # tokens selected by clip_cov / kl_cov
+    offpolicy_masked_seqs: float  # sequences (with tokens) dropped by the off-policy sequence mask
+    sequence_count: float  # sequences with at least one unmasked token
+
+
+def offpolicy_sequence_mask(
+    logp: torch.Tensor, behaviour_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, delta: float
+) -> torch.Tensor:
+    """[B] bool, detached: A_i < 0 and mean_t m_it (log q - log pi_theta) > delta (rows without tokens: False).
+
+    >>> lp = torch.log(torch.tensor([[0.5, 0.5], [0.5, 0.5]]))
+    >>> q = torch.log(torch.tensor([[0.9, 0.9], [0.9, 0.9]]))
+    >>> offpolicy_sequence_mask(lp, q, torch.tensor([-1.0, 1.0]), torch.ones(2, 2), 0.5).tolist()
+    [True, False]
+    """
+    m = mask.to(logp.dtype)
+    n = m.sum(-1)
+    drift = ((behaviour_logp - logp.detach()) * m).sum(-1) / n.clamp(min=1.0)
+    adv = advantages if advantages.dim() == 1 else (advantages * m).sum(-1) / n.clamp(min=1.0)
+    return (n > 0) & (adv < 0) & (drift > delta)
 
 
 def objective(
@@ -53,12 +85,22 @@ def objective(
     mask: torch.Tensor,
     params: ObjectiveParams,
     entropy: torch.Tensor | None = None,
+    behaviour_logp: torch.Tensor | None = None,
 ) -> LossTerms:
-    """Micro-batch loss L (module docstring). Shapes: [B, T]; advantages [B] (per sequence) or [B, T] (per token)."""
+    """Micro-batch loss L (module docstring). Shapes: [B, T]; advantages [B] (per sequence) or [B, T] (per token);
+    behaviour_logp: the sampler's logprobs log q, needed by the off-policy sequence mask."""
     m = mask.to(logp.dtype)
     w = weights.to(logp.dtype)
-    sur = surrogate_loss(params.surrogate, logp, old_logp, advantages.to(logp.dtype), m, params.clip)
-    policy = (w * sur.loss * is_weights.to(logp.dtype)).sum()
+    adv = advantages.to(logp.dtype)
+    sur = surrogate_loss(params.surrogate, logp, old_logp, adv, m, params.clip, params.policy_loss)
+    token_policy = w * sur.loss * is_weights.to(logp.dtype)
+    dropped = torch.zeros(logp.shape[0], dtype=torch.bool, device=logp.device)
+    if params.offpolicy_mask_delta > 0:
+        if behaviour_logp is None:
+            raise ValueError("offpolicy_mask_delta > 0 needs behaviour_logp (the sampler's logprobs)")
+        dropped = offpolicy_sequence_mask(logp, behaviour_logp.to(logp.dtype), adv, m, params.offpolicy_mask_delta)
+        token_policy = torch.where(dropped.unsqueeze(-1), torch.zeros_like(token_policy), token_policy)
+    policy = token_policy.sum()
     total = policy
     kl_value, kl_token_sum = 0.0, 0.0
     if ref_logp is not None:
@@ -81,4 +123,7 @@ def objective(
         clip_low_count=(sur.clipped_low.to(m.dtype) * m).sum().item(),
         clip_high_count=(sur.clipped_high.to(m.dtype) * m).sum().item(),
         token_count=m.sum().item(),
+        cov_selected_count=0.0 if sur.selected is None else (sur.selected.to(m.dtype) * m).sum().item(),
+        offpolicy_masked_seqs=float(dropped.sum().item()),
+        sequence_count=float((m.sum(-1) > 0).sum().item()),
     )

@@ -9,6 +9,21 @@ per-token advantages A_it ([B, T], e.g. GAE from a critic: grpolab.algo.gae), A_
   below at c A_i (Ye et al. 2020; c = 3 typical)
 * gspo:      the token ratio is replaced by the sequence ratio s_i = exp((1/|o_i|) sum_t m_it log r_it),
   broadcast to every token, then clipped as ppo_clip (GSPO, Zheng et al. 2025; eps ~ 3e-4 / 4e-4)
+* cispo:     l_it = -sg(clip(r_it, 1 - eps_low_is, 1 + eps_high_is)) A_i log pi_theta(o_it): a REINFORCE term
+  weighted by the clipped, detached ratio; every token keeps a gradient (MiniMax-M1, arXiv 2506.13585)
+* gmpo:      the geometric mean of token ratios, clipped in log space: log r~_it = sgn(A_i) min(sgn(A_i) log r_it,
+  sgn(A_i) clip(log r_it, -eps_low, eps_high)), s_i = exp(sum_t m_it log r~_it / sum_t m_it), l_it = -A_i s_i for
+  every token of o_i (GMPO, arXiv 2507.20673; eps_low = eps_high = 0.4)
+* sapo:      a soft gate in place of the clip: l_it = -(4 / tau) sigmoid(tau (r_it - 1)) A_i, tau = tau_pos for
+  A_i > 0, tau_neg otherwise (SAPO, arXiv 2511.20347; 1.0 / 1.05)
+* clip_cov:  ppo_clip, and the loss of up to n = max(floor(rho N), 1) tokens is set to 0 (so is its gradient): tokens
+  not clipped by ppo_clip whose covariance c_it = (A_it - mean A)(log pi_it - mean log pi) lies in (lb, ub), the
+  largest c_it first (Cui et al. 2025, arXiv 2505.22617; rho = 2e-4, lb = 1, ub = 5)
+* kl_cov:    l_it = -r_it A_i (no clip), plus k |log r_it| on the n = max(floor(rho N), 1) tokens of largest c_it
+  (same paper; rho = 2e-4, k = 0.1 as verl's default)
+
+Clip-Cov and KL-Cov select tokens among the N unmasked tokens of the tensors they are given (one micro-batch, as
+verl does), with the means of c_it over the same tokens; the selection is detached.
 
 Each returns a SurrogateOut with the token loss and where the clip was active (for clip-fraction metrics):
 ``clipped_low`` marks tokens with A < 0 and ratio < 1 - eps_low (gradient zeroed by the clip),
@@ -28,6 +43,11 @@ class Surrogate(StrEnum):
     PPO_CLIP = "ppo_clip"
     DUAL_CLIP = "dual_clip"
     GSPO = "gspo"
+    CISPO = "cispo"
+    GMPO = "gmpo"
+    SAPO = "sapo"
+    CLIP_COV = "clip_cov"
+    KL_COV = "kl_cov"
 
 
 @dataclass(frozen=True)
@@ -41,11 +61,27 @@ class ClipParams:
 
 
 @dataclass(frozen=True)
+class PolicyLossParams:
+    """The parameters of cispo (IS-weight bounds), sapo (gate temperatures), clip_cov / kl_cov (share of tokens
+    selected, covariance bounds, KL coefficient). No defaults: AlgorithmConfig defines them (grpolab/config.py)."""
+
+    cispo_eps_low: float
+    cispo_eps_high: float
+    sapo_tau_pos: float
+    sapo_tau_neg: float
+    cov_ratio: float
+    clip_cov_lb: float
+    clip_cov_ub: float
+    kl_cov_coef: float
+
+
+@dataclass(frozen=True)
 class SurrogateOut:
     loss: torch.Tensor  # [B, T]
     ratio: torch.Tensor  # [B, T] the ratio that was clipped (token or broadcast sequence ratio)
     clipped_low: torch.Tensor  # [B, T] bool
     clipped_high: torch.Tensor  # [B, T] bool
+    selected: torch.Tensor | None = None  # [B, T] bool: clip_cov / kl_cov's covariance-selected tokens
 
 
 def per_token(adv: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -69,7 +105,12 @@ def _clipped(log_ratio: torch.Tensor, adv: torch.Tensor, p: ClipParams) -> Surro
 
 
 def ppo_clip(
-    logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, p: ClipParams
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    adv: torch.Tensor,
+    mask: torch.Tensor,
+    p: ClipParams,
+    extra: PolicyLossParams | None = None,
 ) -> SurrogateOut:
     """l_it = -min(r_it A_i, clip(r_it, 1-eps_low, 1+eps_high) A_i), r_it = exp(logp - old_logp) on unmasked
     tokens (masked tokens get r = 1, so padding values can never produce inf/NaN)."""
@@ -78,7 +119,12 @@ def ppo_clip(
 
 
 def dual_clip(
-    logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, p: ClipParams
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    adv: torch.Tensor,
+    mask: torch.Tensor,
+    p: ClipParams,
+    extra: PolicyLossParams | None = None,
 ) -> SurrogateOut:
     """ppo_clip, then for A_i < 0: l_it = min(l_it, -c A_i)."""
     out = ppo_clip(logp, old_logp, adv, mask, p)
@@ -88,7 +134,12 @@ def dual_clip(
 
 
 def gspo(
-    logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, p: ClipParams
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    adv: torch.Tensor,
+    mask: torch.Tensor,
+    p: ClipParams,
+    extra: PolicyLossParams | None = None,
 ) -> SurrogateOut:
     """log s_i = sum_t m_it (logp - old_logp) / sum_t m_it; l_it = -min(s_i A_i, clip(s_i, ...) A_i) for all t."""
     m = mask.to(logp.dtype)
@@ -96,13 +147,124 @@ def gspo(
     return _clipped(log_s.unsqueeze(-1).expand_as(logp), per_token(adv, logp), p)
 
 
+def _needs(extra: PolicyLossParams | None, kind: str) -> PolicyLossParams:
+    if extra is None:
+        raise ValueError(f"surrogate {kind!r} needs its PolicyLossParams (got None)")
+    return extra
+
+
+def _token_log_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """log r_it on unmasked tokens, 0 on masked ones (padding values never produce inf/NaN)."""
+    return torch.where(mask.bool(), logp - old_logp, torch.zeros_like(logp))
+
+
+def cispo(logp, old_logp, adv, mask, p: ClipParams, extra: PolicyLossParams | None = None) -> SurrogateOut:
+    """l_it = -sg(clip(r_it, 1 - eps_low_is, 1 + eps_high_is)) A_i log pi_theta(o_it); the gradient of every token
+    is -sg(w_it) A_i d log pi_theta(o_it). clipped_low / clipped_high mark where the weight was bounded."""
+    q = _needs(extra, "cispo")
+    ratio = torch.exp(_token_log_ratio(logp, old_logp, mask))
+    lo, hi = 1.0 - q.cispo_eps_low, 1.0 + q.cispo_eps_high
+    w = torch.clamp(ratio, lo, hi).detach()
+    a = per_token(adv, logp)
+    loss = -w * a * torch.where(mask.bool(), logp, torch.zeros_like(logp))
+    return SurrogateOut(loss=loss, ratio=ratio, clipped_low=ratio < lo, clipped_high=ratio > hi)
+
+
+def gmpo(logp, old_logp, adv, mask, p: ClipParams, extra: PolicyLossParams | None = None) -> SurrogateOut:
+    """log r~_it = sgn(A_i) min(sgn(A_i) log r_it, sgn(A_i) clip(log r_it, -eps_low, eps_high));
+    s_i = exp(sum_t m_it log r~_it / sum_t m_it); l_it = -A_i s_i on every token of o_i. Per-token advantages enter
+    as their mean over the sequence's unmasked tokens."""
+    m = mask.to(logp.dtype)
+    log_r = _token_log_ratio(logp, old_logp, mask)
+    a_tok = per_token(adv, logp)
+    a_seq = (a_tok * m).sum(-1) / m.sum(-1).clamp(min=1.0)
+    sgn = torch.sign(a_seq).unsqueeze(-1)
+    log_r_clipped = sgn * torch.minimum(sgn * log_r, sgn * torch.clamp(log_r, -p.eps_low, p.eps_high))
+    s = torch.exp((log_r_clipped * m).sum(-1) / m.sum(-1).clamp(min=1.0))
+    loss = (-a_seq * s).unsqueeze(-1).expand_as(logp)
+    low = (sgn < 0) & (log_r < -p.eps_low)
+    high = (sgn > 0) & (log_r > p.eps_high)
+    return SurrogateOut(loss=loss, ratio=s.unsqueeze(-1).expand_as(logp), clipped_low=low, clipped_high=high)
+
+
+def sapo(logp, old_logp, adv, mask, p: ClipParams, extra: PolicyLossParams | None = None) -> SurrogateOut:
+    """l_it = -(4 / tau_it) sigmoid(tau_it (r_it - 1)) A_i, tau_it = tau_pos if A_i > 0 else tau_neg. The gate's slope
+    at r = 1 is 1 (the gradient of plain r A there); no token is clipped."""
+    q = _needs(extra, "sapo")
+    ratio = torch.exp(_token_log_ratio(logp, old_logp, mask))
+    a = per_token(adv, logp)
+    tau = torch.where(a > 0, a.new_tensor(q.sapo_tau_pos), a.new_tensor(q.sapo_tau_neg))
+    loss = -torch.sigmoid(tau * (ratio - 1.0)) * (4.0 / tau) * a
+    none = torch.zeros_like(mask, dtype=torch.bool)
+    return SurrogateOut(loss=loss, ratio=ratio, clipped_low=none, clipped_high=none)
+
+
+def _covariance(logp: torch.Tensor, a: torch.Tensor, sel: torch.Tensor) -> torch.Tensor:
+    """c_it = (A_it - mean A)(log pi_it - mean log pi), means over the selected tokens; detached."""
+    lp, aa = logp.detach(), a.detach()
+    n = sel.sum().clamp(min=1)
+    mean_a = torch.where(sel, aa, torch.zeros_like(aa)).sum() / n
+    mean_lp = torch.where(sel, lp, torch.zeros_like(lp)).sum() / n
+    return (aa - mean_a) * (lp - mean_lp)
+
+
+def _top(score: torch.Tensor, eligible: torch.Tensor, n: int) -> torch.Tensor:
+    """[B, T] bool: the (at most n) eligible tokens of largest score."""
+    flat = torch.where(eligible, score, torch.full_like(score, -torch.inf)).reshape(-1)
+    k = min(n, int(eligible.sum().item()))
+    out = torch.zeros_like(flat, dtype=torch.bool)
+    if k > 0:
+        out[torch.topk(flat, k).indices] = True
+    return out.view_as(score)
+
+
+def _cov_count(ratio: float, sel: torch.Tensor) -> int:
+    """n = max(floor(rho N), 1), N the unmasked tokens."""
+    return max(int(ratio * float(sel.sum().item())), 1)
+
+
+def clip_cov(logp, old_logp, adv, mask, p: ClipParams, extra: PolicyLossParams | None = None) -> SurrogateOut:
+    """ppo_clip with l_it = 0 on the selected tokens: not clipped, c_it in (lb, ub), the n largest c_it."""
+    q = _needs(extra, "clip_cov")
+    sel = mask.bool()
+    a = per_token(adv, logp)
+    base = _clipped(_token_log_ratio(logp, old_logp, mask), a, p)
+    unclipped_value = -base.ratio * a
+    clipped_by_ppo = base.loss.detach() > unclipped_value.detach()
+    cov = _covariance(logp, a, sel)
+    eligible = sel & ~clipped_by_ppo & (cov > q.clip_cov_lb) & (cov < q.clip_cov_ub)
+    chosen = _top(cov, eligible, _cov_count(q.cov_ratio, sel))
+    loss = torch.where(chosen, torch.zeros_like(base.loss), base.loss)
+    return SurrogateOut(loss, base.ratio, base.clipped_low, base.clipped_high, selected=chosen)
+
+
+def kl_cov(logp, old_logp, adv, mask, p: ClipParams, extra: PolicyLossParams | None = None) -> SurrogateOut:
+    """l_it = -r_it A_i, plus k |log r_it| on the n unmasked tokens of largest c_it (no clip)."""
+    q = _needs(extra, "kl_cov")
+    sel = mask.bool()
+    a = per_token(adv, logp)
+    log_r = _token_log_ratio(logp, old_logp, mask)
+    ratio = torch.exp(log_r)
+    chosen = _top(_covariance(logp, a, sel), sel, _cov_count(q.cov_ratio, sel))
+    loss = -ratio * a + torch.where(chosen, q.kl_cov_coef * log_r.abs(), torch.zeros_like(log_r))
+    none = torch.zeros_like(sel)
+    return SurrogateOut(loss=loss, ratio=ratio, clipped_low=none, clipped_high=none, selected=chosen)
+
+
 SURROGATES: dict[Surrogate, Callable[..., SurrogateOut]] = {
     Surrogate.PPO_CLIP: ppo_clip,
     Surrogate.DUAL_CLIP: dual_clip,
     Surrogate.GSPO: gspo,
+    Surrogate.CISPO: cispo,
+    Surrogate.GMPO: gmpo,
+    Surrogate.SAPO: sapo,
+    Surrogate.CLIP_COV: clip_cov,
+    Surrogate.KL_COV: kl_cov,
 }
 
 
-def surrogate_loss(kind: Surrogate, logp, old_logp, adv, mask, p: ClipParams) -> SurrogateOut:
-    """Dispatch through SURROGATES."""
-    return SURROGATES[Surrogate(kind)](logp, old_logp, adv, mask, p)
+def surrogate_loss(
+    kind: Surrogate, logp, old_logp, adv, mask, p: ClipParams, extra: PolicyLossParams | None = None
+) -> SurrogateOut:
+    """Dispatch through SURROGATES (extra: the parameters of cispo, sapo, clip_cov and kl_cov)."""
+    return SURROGATES[Surrogate(kind)](logp, old_logp, adv, mask, p, extra)

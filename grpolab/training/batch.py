@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..algo.advantages import Advantages, compute_advantages, zero_signal_groups
+from ..algo.advantages import Advantages, compute_advantages, pass_at_k_advantages, zero_signal_groups
 from ..config import Config
 from ..rewards import CORRECTNESS_REWARDS, RewardResult, RewardSet, result_metrics, stop_rule
 from ..rewards.overlong import soft_overlong_penalty
@@ -161,7 +161,13 @@ class BatchCollector:
         return self._prompt_cache[problem.uid]
 
     def advantages(self, values: torch.Tensor, invalid: torch.Tensor) -> Advantages:
+        """The batch's advantages, [P, G]: pass@k (algorithm.estimator = pass_at_k: pass_k, pass_threshold, adv_eps;
+        baseline and scaling do not apply) or the group-relative family (baseline, scaling, std_kind, adv_eps)."""
         a, g = self.cfg.algorithm, self.cfg.rollout.group_size
+        if a.estimator == "pass_at_k":
+            return pass_at_k_advantages(
+                values.view(-1, g), ~invalid.view(-1, g), k=a.pass_k, threshold=a.pass_threshold, eps=a.adv_eps
+            )
         return compute_advantages(
             values.view(-1, g),
             ~invalid.view(-1, g),
@@ -210,12 +216,15 @@ class BatchCollector:
         return rnd
 
     def group_signal(self, scores: Scores) -> tuple[list[bool], list[float]]:
-        """Per group: whether its correctness (signal_values) varies among the valid rows, and its mean over them."""
+        """Per group: whether it carries signal -- its correctness (signal_values) varies among the valid rows, or
+        with algorithm.estimator = pass_at_k its pass@k advantages are not all zero -- and its mean correctness."""
         g = self.cfg.rollout.group_size
         values, invalid = signal_values(scores, self.rewards.weights).view(-1, g), scores.invalid.view(-1, g)
         valid = ~invalid & torch.isfinite(values)
         values = torch.where(valid, values, 0.0)
         means = (values.sum(-1) / valid.sum(-1).clamp(min=1)).tolist()
+        if self.cfg.algorithm.estimator == "pass_at_k":
+            return (~self.advantages(scores.rewards, scores.invalid).zero_std).tolist(), means
         return (~zero_signal_groups(values, valid)).tolist(), means
 
     def collect(self, step: int = 0) -> Batch:

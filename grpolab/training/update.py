@@ -19,10 +19,10 @@ from dataclasses import dataclass
 import torch
 
 from ..algo.aggregation import batch_counts, token_weights
-from ..algo.importance import ISParams, is_weights, mismatch_stats
+from ..algo.importance import ISParams, RejectParams, correction, correction_stats, mismatch_stats
 from ..algo.kl import KLPlacement
 from ..algo.loss import ObjectiveParams, objective
-from ..algo.surrogate import ClipParams, per_token
+from ..algo.surrogate import ClipParams, PolicyLossParams, per_token
 from ..config import Config
 from ..models.load import eval_mode
 from ..models.lora import runnable
@@ -42,7 +42,25 @@ SUMMED = (
     "entropy",
     "approx_kl_old",
     "signal_tokens",
+    "cov_selected",
+    "offpolicy_masked_seqs",
+    "sequences",
 )  # per-step sums, added over the ranks before they are divided
+
+
+# what the first pass records per trained token (the first 7) and per sequence with tokens (the last 3)
+MISMATCH_KEYS = (
+    "old",
+    "sampler",
+    "w",
+    "log_ratio",
+    "truncated",
+    "masked",
+    "rejected",
+    "seq_truncated",
+    "seq_masked",
+    "seq_rejected",
+)
 
 
 @dataclass(frozen=True)
@@ -84,8 +102,20 @@ class PolicyUpdater:
             kl_estimator=a.kl_estimator,
             kl_in_loss=a.kl_placement == KLPlacement.LOSS,
             entropy_coef=a.entropy_coef,
+            policy_loss=PolicyLossParams(
+                cispo_eps_low=a.cispo_eps_low,
+                cispo_eps_high=a.cispo_eps_high,
+                sapo_tau_pos=a.sapo_tau_pos,
+                sapo_tau_neg=a.sapo_tau_neg,
+                cov_ratio=a.cov_ratio,
+                clip_cov_lb=a.clip_cov_lb,
+                clip_cov_ub=a.clip_cov_ub,
+                kl_cov_coef=a.kl_cov_coef,
+            ),
+            offpolicy_mask_delta=a.offpolicy_mask_delta,
         )
         self.is_params = ISParams(c_max=a.is_c_max, c_min=a.is_c_min)
+        self.reject_params = RejectParams(lo=a.is_reject_lo, hi=a.is_reject_hi)
         self.temperature = cfg.rollout.temperature
         self.sharded = cfg.train.strategy == "fsdp2"  # plain training passes: one root call per micro-batch
         self.share_prompt = cfg.speed.share_prompt and not self.sharded
@@ -186,8 +216,9 @@ class PolicyUpdater:
         finite (the step will be skipped, so no backward is run after it; the later forwards still add their
         metrics)."""
         cfg, size = self.cfg, self.cfg.train.micro_batch_size
-        counts = all_reduce_sum(batch_counts(batch.mask[mb]), self.world)
-        weights = token_weights(batch.mask[mb], cfg.algorithm.aggregation, cfg.l_max, counts)
+        g = cfg.rollout.group_size
+        counts = all_reduce_sum(batch_counts(batch.mask[mb], g), self.world)
+        weights = token_weights(batch.mask[mb], cfg.algorithm.aggregation, cfg.l_max, counts, g)
         micro_batches = [
             MicroBatch(mb[start : start + size], weights[start : start + size]) for start in range(0, len(mb), size)
         ]
@@ -231,7 +262,9 @@ class PolicyUpdater:
         m = batch.mask[rows][:, c]
         old = fo.logp.detach() if batch.old_logp is None else batch.old_logp[rows][:, c]
         sampler = rollout.sampler_logprobs[rows][:, c]  # the distribution sampled (after top-k/top-p)
-        isw = is_weights(old, sampler, m, cfg.algorithm.is_mode, self.is_params)
+        a = cfg.algorithm
+        corr = correction(sampler, old, m, a.is_mode, self.is_params, a.is_reject, self.reject_params)
+        isw = corr.weights
         advantages = batch.advantages  # per token [N, Lc] or per sequence [N]
         adv = advantages[rows][:, c] if advantages.dim() == 2 else advantages[rows]
         terms = objective(
@@ -244,6 +277,7 @@ class PolicyUpdater:
             m,
             self.params,
             fo.entropy,
+            behaviour_logp=sampler,
         )
         mf = m.float()
         for key, value in (
@@ -257,14 +291,35 @@ class PolicyUpdater:
             ("entropy", (fo.entropy * mf).sum().item()),
             ("approx_kl_old", (0.5 * (fo.logp.detach() - old) ** 2 * mf).sum().item()),
             ("signal_tokens", (mf * per_token(adv != 0, mf)).sum().item()),
+            ("cov_selected", terms.cov_selected_count),
+            ("offpolicy_masked_seqs", terms.offpolicy_masked_seqs),
+            ("sequences", terms.sequence_count),
         ):
             sums[key] += value
         if mismatch is not None:
-            sel = m.bool()
-            mismatch["old"].append(old[sel])
-            mismatch["sampler"].append(rollout.untruncated_logprobs()[rows][:, c][sel])  # like with like
-            mismatch["w"].append(isw[sel])
+            self.record_mismatch(mismatch, corr, old, rollout.untruncated_logprobs()[rows][:, c], m)
         return terms.total
+
+    @staticmethod
+    def record_mismatch(mismatch: dict, corr, old: torch.Tensor, sampler_full: torch.Tensor, m: torch.Tensor) -> None:
+        """The first pass's trained tokens (and sequences with tokens) for the sampler/* metrics: the numeric mismatch
+        against the untruncated sampler (like with like), the correction's weights and flags."""
+        sel = m.bool()
+        rows = sel.any(-1)
+        rejected = corr.rejected.unsqueeze(-1).expand_as(sel)
+        for key, value in (
+            ("old", old[sel]),
+            ("sampler", sampler_full[sel]),  # like with like
+            ("w", corr.weights[sel]),
+            ("log_ratio", corr.log_ratio[sel]),
+            ("truncated", corr.truncated[sel]),
+            ("masked", corr.masked[sel]),
+            ("rejected", rejected[sel]),
+            ("seq_truncated", corr.truncated.any(-1)[rows]),
+            ("seq_masked", corr.masked.any(-1)[rows]),
+            ("seq_rejected", corr.rejected[rows]),
+        ):
+            mismatch[key].append(value.detach())
 
     def optimizer_step(self, finite_loss: bool = True) -> float:
         """Clip, step the optimizer and the LR schedule. A non-finite loss or gradient norm skips the step
@@ -302,12 +357,17 @@ class PolicyUpdater:
             "policy/approx_kl_old": sums["approx_kl_old"] / tokens,
             "loss/signal_token_frac": sums["signal_tokens"] / tokens,
             "optim/grad_norm": sums["grad_norm"] / steps,
+            "policy/cov_selected_frac": sums["cov_selected"] / tokens,
+            "sampler/offpolicy_masked_seq_frac": sums["offpolicy_masked_seqs"] / max(sums["sequences"], 1),
         }
-        local = [torch.cat(mismatch[k]).cpu() if mismatch[k] else torch.zeros(0) for k in ("old", "sampler", "w")]
+        keys = MISMATCH_KEYS
+        local = [torch.cat(mismatch[k]).cpu() if mismatch[k] else torch.zeros(0) for k in keys]
         parts = gather_objects(local, world)
-        old, sampler, w = (torch.cat([part[i] for part in parts]) for i in range(3))
-        if old.numel():
-            out.update(mismatch_stats(old, sampler, torch.ones_like(old), w))
+        got = dict(zip(keys, (torch.cat([part[i] for part in parts]) for i in range(len(keys)))))
+        if got["old"].numel():
+            out.update(mismatch_stats(got["old"], got["sampler"], torch.ones_like(got["old"]), got["w"]))
+            flags = [got[k].bool() for k in keys[4:]]
+            out.update(correction_stats(got["log_ratio"], *flags))
         return out
 
 

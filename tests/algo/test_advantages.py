@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from grpolab.algo.advantages import (
+    BATCH_BASELINES,
     REWARD_RESOLUTION,
     Baseline,
     Scaling,
@@ -20,7 +21,10 @@ from grpolab.algo.advantages import (
     compute_advantages,
 )
 
-COMBOS = list(itertools.product(list(Baseline), list(Scaling), list(StdKind)))
+# the group baselines; batch_mean (one baseline for the whole batch, zero signal batch-wide, group_std refused) is
+# tested in tests/test_advantages_options.py
+GROUP_BASELINES = [b for b in Baseline if b not in BATCH_BASELINES]
+COMBOS = list(itertools.product(GROUP_BASELINES, list(Scaling), list(StdKind)))
 COMBO_IDS = [f"{b}-{s}-{k}" for b, s, k in COMBOS]
 
 S3 = math.sqrt(3.0)

@@ -19,7 +19,7 @@ from grpolab.algo.importance import ISMode, ISParams, is_weights
 from grpolab.algo.kl import KLEstimator
 from grpolab.algo.logprobs import logprobs_and_entropy, token_logprobs
 from grpolab.algo.loss import ObjectiveParams, objective
-from grpolab.algo.surrogate import ClipParams, Surrogate
+from grpolab.algo.surrogate import ClipParams, PolicyLossParams, Surrogate
 
 # --------------------------------------------------------------------------------------------------
 # Hand values
@@ -36,6 +36,8 @@ HAND_WEIGHTS = {
     "seq_mean_token_sum_norm": [[1 / 12, 1 / 12, 0.0], [1 / 12, 0.0, 0.0], [0.0, 0.0, 0.0]],
     # B_ne = 2
     "seq_mean_token_sum": [[0.5, 0.5, 0.0], [0.5, 0.0, 0.0], [0.0, 0.0, 0.0]],
+    # one row per prompt group (group_size 1): the per-sequence token mean
+    "prompt_mean_token_mean": [[0.25, 0.25, 0.0], [0.5, 0.0, 0.0], [0.0, 0.0, 0.0]],
 }
 # token losses [[1, 2, x], [4, x, x], [x, x, x]] (x anything finite, masked):
 HAND_LOSS = {
@@ -43,6 +45,7 @@ HAND_LOSS = {
     "token_mean": 7.0 / 3,
     "seq_mean_token_sum_norm": 7.0 / 12,
     "seq_mean_token_sum": (3.0 + 4.0) / 2,
+    "prompt_mean_token_mean": (1.5 + 4.0) / 2,
 }
 
 
@@ -151,13 +154,23 @@ def _run(setup, params, mode, mb_size, per_mb_weights=False):
     return total, W.grad.clone(), terms
 
 
-PARAM_GRID = list(itertools.product(list(Aggregation), list(Surrogate), list(KLEstimator)))
+# clip_cov / kl_cov select their tokens per micro-batch (as verl does; docs/algorithms.md): not invariant by design
+INVARIANT = [s for s in Surrogate if s not in (Surrogate.CLIP_COV, Surrogate.KL_COV)]
+PARAM_GRID = list(itertools.product(list(Aggregation), INVARIANT, list(KLEstimator)))
+MENU = PolicyLossParams(0.5, 1.0, 1.0, 1.05, 2e-4, 1.0, 5.0, 0.1)
 
 
 def _params(surrogate, kl):
     clip = ClipParams(0.2, 0.28, 3.0) if surrogate != Surrogate.GSPO else ClipParams(0.03, 0.04, 3.0)
     return ObjectiveParams(
-        surrogate=surrogate, clip=clip, beta=0.07, kl_estimator=kl, kl_in_loss=True, entropy_coef=0.013
+        surrogate=surrogate,
+        clip=clip,
+        beta=0.07,
+        kl_estimator=kl,
+        kl_in_loss=True,
+        entropy_coef=0.013,
+        policy_loss=MENU,
+        offpolicy_mask_delta=0.0,
     )
 
 
@@ -243,6 +256,8 @@ def test_beta_zero_or_reward_placement_leaves_kl_out_of_the_loss():
         kl_estimator=KLEstimator.K3,
         kl_in_loss=True,
         entropy_coef=0.0,
+        policy_loss=None,
+        offpolicy_mask_delta=0.0,
     )
     a = objective(logp, old, None, adv, w, isw, mask, base)
     b = objective(logp, old, ref, adv, w, isw, mask, base)

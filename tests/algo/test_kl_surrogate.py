@@ -179,6 +179,9 @@ def test_surrogate_registry_complete():
 
 
 RATIOS = [0.5, 0.9, 1.0, 1.1, 1.25, 1.5, 4.0]
+# the clipped-ratio surrogates this module's naive reference covers; the 2025-26 menu (cispo, gmpo, sapo, clip_cov,
+# kl_cov) has its references, hand values and extreme-ratio checks in tests/test_objective_menu.py
+CLIP_FAMILY = [Surrogate.PPO_CLIP, Surrogate.DUAL_CLIP, Surrogate.GSPO]
 
 # per-token loss for A = +2 and A = -2 (rows), written out by hand.
 #   A > 0: l = -A min(r, clip(r))   A < 0: l = |A| max(r, clip(r))
@@ -274,7 +277,7 @@ def _random_surrogate_inputs(seed, dtype=torch.float64):
 
 
 @pytest.mark.parametrize("seed", range(10))
-@pytest.mark.parametrize("kind", list(Surrogate))
+@pytest.mark.parametrize("kind", CLIP_FAMILY)
 def test_surrogates_random_vs_naive(seed, kind):
     logp, old, adv, mask, p = _random_surrogate_inputs(seed)
     out = surrogate_loss(kind, logp, old, adv, mask, p)
@@ -288,7 +291,7 @@ def test_surrogates_random_vs_naive(seed, kind):
     assert out.clipped_high.tolist() == high
 
 
-@pytest.mark.parametrize("kind", list(Surrogate))
+@pytest.mark.parametrize("kind", CLIP_FAMILY)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_surrogates_extreme_ratios(kind, dtype):
     """log ratio +-30 and +-50 under every mode: loss and gradient finite, flags right, dual cap holds."""
@@ -426,7 +429,7 @@ def test_gspo_gradient_spread_over_masked_tokens():
     assert (grad[mask == 0] == 0).all()
 
 
-@pytest.mark.parametrize("kind", list(Surrogate))
+@pytest.mark.parametrize("kind", CLIP_FAMILY)
 def test_surrogate_dispatch_accepts_str(kind):
     """Dispatch accepts the plain string value as well as the enum."""
     logp, old, adv, mask, p = _random_surrogate_inputs(1)
@@ -435,7 +438,7 @@ def test_surrogate_dispatch_accepts_str(kind):
     assert torch.equal(a.loss, b.loss)
 
 
-@pytest.mark.parametrize("kind,est", list(itertools.product(list(Surrogate), list(KLEstimator))))
+@pytest.mark.parametrize("kind,est", list(itertools.product(CLIP_FAMILY, list(KLEstimator))))
 def test_float32_inputs_close_to_float64(kind, est):
     """float32 inputs give the float64 answer to float32 precision (no hidden precision loss)."""
     logp, old, adv, mask, p = _random_surrogate_inputs(7)
