@@ -1,4 +1,4 @@
-"""The objective card's peer equivalents (grpolab/card.py), checked by the peers' own code.
+"""The objective card's peer equivalents (grpolab/card/), checked by the peers' own code.
 
 Optional: the tests of a peer skip when it is not installed (install commands: docs/algorithms.md, "Checking the
 card against the peers"). For every preset and a grid of non-default choices (CASES):
