@@ -40,6 +40,7 @@ from .card import objective_card
 from .config import Config, from_dict, parse_override, set_path, to_dict
 from .errors import GrpolabError
 from .models import checkpoint as ckpt
+from .models.load import resolve_model_path
 from .rewards.model import reward_model_hashes, reward_model_manifest
 from .rewards.user import source_hashes
 from .tasks.base import Problem
@@ -187,6 +188,7 @@ def build_manifest(
     reward_hashes = {**source_hashes(cfg.reward.functions), **(callable_hashes or {})}
     fingerprint = ((data_summary or {}).get("source") or {}).get("fingerprint")
     rm = reward_model_manifest(cfg)  # the learned reward's model (grpolab.rewards.model), None without one
+    teacher = teacher_manifest(cfg)  # on-policy distillation's teacher, {} without one
     return {
         "grpolab_manifest": 1,
         "command": " ".join(["grpolab", *sys.argv[1:]]),
@@ -204,11 +206,13 @@ def build_manifest(
             "held_out_data": mf.data_hash(held_out),
             **({"dataset_fingerprint": fingerprint} if fingerprint else {}),
             **reward_model_hashes(rm),
+            **teacher.get("hashes", {}),
         },
         **({"python_rewards": sorted(callable_hashes)} if callable_hashes else {}),
         **({"reward_model": rm} if rm else {}),
         "data": data_summary or {"train_problems": len(train), "held_out_problems": len(held_out)},
         "model_path": model_path,
+        **teacher.get("path", {}),
         "train_problem_hashes": mf.problem_hashes(train),
         "versions": mf.versions(),
         "git": mf.git_state(),
@@ -216,6 +220,19 @@ def build_manifest(
         "reproducibility": reproducibility.record(cfg.train.deterministic, resolve_device(cfg.train.device)),
         "world_size": world_size,
         "machine": mf.machine(),
+    }
+
+
+def teacher_manifest(cfg: Config) -> dict[str, Any]:
+    """With algorithm.estimator = distill: the teacher's weights and tokenizer hashes (so a resume, `manifest diff`
+    and the comparison of seeds see a teacher whose run directory gained a newer checkpoint) and its resolved path."""
+    if cfg.algorithm.estimator != "distill":
+        return {}
+    path = resolve_model_path(cfg.distill.teacher)
+    hashes = mf.hash_model_dir(path)
+    return {
+        "hashes": {"teacher_weights": hashes["weights"], "teacher_tokenizer": hashes["tokenizer"]},
+        "path": {"teacher_path": path},
     }
 
 

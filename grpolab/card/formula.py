@@ -147,10 +147,23 @@ def formula(cfg: Config) -> tuple[str, str]:
         return ppo_card.formula(cfg, *policy_loss(cfg, "A_it", "A_{i,t}"))
     a = cfg.algorithm
     adv, adv_tex = _pass_at_k_text(a) if a.estimator == "pass_at_k" else _ADV_TEXT[(a.baseline.value, a.scaling.value)]
-    text, tex = policy_loss(cfg)
-    text += f",  A_i = {adv.replace('{eps}', str(a.adv_eps))}"
-    tex += rf",\quad A_i = {adv_tex}"
+    adv = adv.replace("{eps}", str(a.adv_eps))
+    if a.estimator == "distill":  # on-policy distillation: per-token advantages from the teacher (training/distill.py)
+        w = cfg.distill.reward_weight
+        text, tex = policy_loss(cfg, "A_it", "A_{i,t}")
+        text += ",  A_it = log pi_T(o_it) - log pi_old(o_it)" + (f" + {w} A_i,  A_i = {adv}" if w else "")
+        tex += r",\quad A_{i,t} = \log\pi_T(o_{i,t}) - \log\pi_{old}(o_{i,t})" + (
+            rf" + {w} A_i,\quad A_i = {adv_tex}" if w else ""
+        )
+    else:
+        text, tex = policy_loss(cfg)
+        text += f",  A_i = {adv}"
+        tex += rf",\quad A_i = {adv_tex}"
     if a.beta > 0 and a.kl_placement == "reward":
         text += f",  R_i <- R_i - {a.beta} sum_t KL_{a.kl_estimator.value}"
         tex += rf",\quad R_i \leftarrow R_i - {a.beta}\sum_t \mathrm{{KL}}_{{{a.kl_estimator.value}}}"
+    if a.beta > 0 and a.ref_reset_every:  # ProRL's periodic reference reset (training/reference.py)
+        cleared = " (optimizer cleared)" if a.ref_reset_optimizer else ""
+        text += f",  pi_ref <- pi_theta every {a.ref_reset_every} steps{cleared}"
+        tex += rf",\quad \pi_{{ref}} \leftarrow \pi_\theta \text{{ every {a.ref_reset_every} steps{cleared}}}"
     return text, tex

@@ -110,6 +110,17 @@ def objective_card(cfg: Config, precision: dict[str, Any] | None = None) -> dict
             "pass_threshold": a.pass_threshold,
             "ref_reset_every": a.ref_reset_every,
             "ref_reset_optimizer": a.ref_reset_optimizer,
+            "distill": (
+                {
+                    "teacher": cfg.distill.teacher,
+                    "reward_weight": cfg.distill.reward_weight,
+                    "dtype": cfg.distill.dtype,
+                    "nearest_peer": "TRL GKDTrainer(lmbda=1.0, beta=1.0): the full-vocabulary reverse KL per token, "
+                    "not a sampled per-token advantage (not checked)",
+                }
+                if a.estimator == "distill"
+                else "off"
+            ),
             "entropy_coef": a.entropy_coef,
             "mask_truncated": a.mask_truncated,
             "overlong_buffer": a.overlong_buffer,

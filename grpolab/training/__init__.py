@@ -5,6 +5,8 @@
   for multi-turn agent episodes; ``prompt_sampler``: the order prompts are drawn in (and its schedules);
 - ``update``: the policy update (micro-batches, the loss of grpolab.algo, gradient steps); ``forward``: the logprob
   passes (shared prompt, packed completions); ``packing``, ``attention``: their building blocks;
+- ``distill``: on-policy distillation (algorithm.estimator = distill: the teacher, its per-token advantages);
+  ``reference``: the periodic reference reset (algorithm.ref_reset_every) and its part of a checkpoint;
 - ``precision``: fp32 / bf16 (the probe, GRPOLAB_PRECISION); ``reproducibility``: deterministic kernels;
   ``cpu_memory``: freed memory kept (mallopt); ``process_settings``: both held for a run and put back after it;
   ``schedule``: the learning-rate schedule;

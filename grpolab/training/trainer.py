@@ -9,6 +9,9 @@ Checkpoint contents and exact resume: grpolab.models.checkpoint and `state_dict`
 grpolab.training.faults. Experiment trackers (run.report_to) and completions tables: grpolab.training.trackers.
 Process-wide settings (deterministic algorithms, mallopt) are held for the run and put back after it:
 grpolab.training.process_settings. ``progress(message)``: one line before each phase that can take over ~20 s.
+On-policy distillation (algorithm.estimator = distill): grpolab.training.distill replaces the group advantages by
+the teacher's per-token ones before the update. The periodic reference reset (algorithm.ref_reset_every):
+grpolab.training.reference, after the update.
 """
 
 from __future__ import annotations
@@ -40,11 +43,20 @@ from .agent_batch import collector_class
 from .attention import NAME as ATTENTION_FP32
 from .attention import use_training_attention
 from .batch import Batch
+from .distill import check_distill_config, distill_advantages, distill_metrics, distill_sums, load_teacher
 from .distributed import World, all_reduce_max, all_reduce_sum, barrier, gather_objects, init_world, resolve_device
 from .faults import InterruptGuard, NonFiniteTracker, TrainingInterrupted
 from .metrics import JsonlSink, completion_table, peak_rss_mb, truncate_log
 from .process_settings import ProcessSettings
 from .prompt_sampler import PromptSampler
+from .reference import (
+    check_reset_config,
+    clear_optimizer,
+    reference_state,
+    reset_due,
+    reset_reference,
+    restore_reference,
+)
 from .reproducibility import training_attention
 from .schedule import align_schedule, lr_lambda
 from .sharding import Strategy, check_shardable, full_model_state, full_optimizer_state, load_full_state, shard
@@ -151,6 +163,9 @@ class Trainer:
     ) -> None:
         """The rest of __init__ (after the process settings): data, rewards, models, sampler, optimizer."""
         self.world = world or init_world(self.device)
+        check_reset_config(cfg)  # before anything loads
+        if cfg.algorithm.estimator == "distill":
+            check_distill_config(cfg)
         ckpt.seed_everything(cfg.train.seed)
         self.rewards = RewardSet(
             cfg.reward.weights,
@@ -179,6 +194,8 @@ class Trainer:
         self.reference = (
             make_reference(self.policy, compute_dtype) if cfg.algorithm.beta > 0 else None
         )  # LoRA: adapters off
+        self.reference_dtype = compute_dtype
+        self.ref_resets, self.ref_reset_step = 0, 0  # algorithm.ref_reset_every: how many so far, the last one's step
         t = cfg.train
         self.sharded = t.strategy == Strategy.FSDP2  # the sampler and reference copies are made before sharding
         self.tell("preparing the sampler's copy of the model")
@@ -200,6 +217,12 @@ class Trainer:
             and use_training_attention(self.policy, fp32_inside) == ATTENTION_FP32
         ):
             self.precision["attention"] = "float32 inside bf16 autocast (sdpa_fp32)"
+        self.teacher = None  # algorithm.estimator = distill: the frozen teacher (grpolab.training.distill)
+        if cfg.algorithm.estimator == "distill":
+            self.tell(f"loading the teacher {cfg.distill.teacher} (on-policy distillation)")
+            self.teacher = load_teacher(cfg, self.tokenizer, self.model_path, self.device)
+            if self.policy.config._attn_implementation != self.teacher.config._attn_implementation:
+                use_training_attention(self.teacher, fp32_inside)  # the student's attention: the same kernels
         if self.sharded:
             check_shardable(cfg, self.world, self.policy)
             shard(self.policy)
@@ -325,6 +348,8 @@ class Trainer:
             self.told_first_step = True
         with training_attention(t.deterministic, self.device):  # PPO's critic update runs in kl_in_reward
             ref, old = self.kl_in_reward(batch)
+            if self.teacher is not None:
+                old = self.distill(batch, old)
             update_metrics = self.updater.update(
                 rollout,
                 batch.advantages,
@@ -338,6 +363,7 @@ class Trainer:
         self.skipped_in_step = self.updater.skipped_steps - skipped
         self.step += 1
         align_schedule(self.scheduler, self.step * t.mu * t.minibatches)
+        self.reset_reference_if_due()
         self.engine.sync_weights(self.policy)
         t2 = time.perf_counter()
         if scores.invalid.any():
@@ -363,8 +389,41 @@ class Trainer:
             "time/step_s": t2 - t0,
             "throughput/tokens_per_s": tokens.item() / (t2 - t0),
             "memory/peak_rss_mb": peak_rss_mb(),
+            **self.reference_metrics(),
         }
         return metrics, self.samples(batch)
+
+    def distill(self, batch: Batch, old: torch.Tensor | None) -> torch.Tensor:
+        """On-policy distillation's advantage step (grpolab.training.distill): the teacher scores the sampled tokens,
+        batch.advantages <- per-token log pi_T - log pi_old (+ distill.reward_weight x the group advantages); returns
+        pi_old's logprobs for the update, which uses the same ones."""
+        t0, rollout = time.perf_counter(), batch.rollout
+        if old is None:
+            old = self.updater.logprobs_no_grad(self.policy, rollout, self.update_precision)
+        teacher = self.updater.logprobs_no_grad(self.teacher, rollout, self.update_precision)  # pi_old's numerics
+        mask = self.updater.loss_mask(rollout, ~batch.scores.invalid)
+        group = batch.advantages.to(old.device)
+        batch.advantages = distill_advantages(teacher, old, mask, group, self.cfg.distill.reward_weight)
+        sums = all_reduce_sum(distill_sums(teacher, old, mask).cpu(), self.world)
+        batch.metrics.update({**distill_metrics(sums), "time/teacher_s": time.perf_counter() - t0})
+        return old
+
+    def reset_reference_if_due(self) -> None:
+        """After the update of every algorithm.ref_reset_every-th step: pi_ref <- pi_theta (and, with
+        algorithm.ref_reset_optimizer, the optimizer's moments cleared); grpolab.training.reference."""
+        a = self.cfg.algorithm
+        if self.reference is None or not reset_due(self.step, a.ref_reset_every):
+            return
+        self.reference = self.updater.reference = reset_reference(self.reference, self.policy, self.reference_dtype)
+        if a.ref_reset_optimizer:
+            clear_optimizer(self.optimizer)
+        self.ref_resets, self.ref_reset_step = self.ref_resets + 1, self.step
+
+    def reference_metrics(self) -> dict[str, float]:
+        """reference/resets and reference/last_reset_step (0: the base model), in a run with resets configured."""
+        if not self.cfg.algorithm.ref_reset_every:
+            return {}
+        return {"reference/resets": float(self.ref_resets), "reference/last_reset_step": float(self.ref_reset_step)}
 
     def samples(self, batch: Batch) -> list[dict[str, Any]]:
         """train.samples_per_step rows of the trained batch, spread over its groups."""
@@ -376,6 +435,10 @@ class Trainer:
         self.table = (
             completion_table(batch, self.tokenizer, run.table_groups, self.cfg.train.seed, self.step) if due else None
         )
+        advantages = batch.advantages  # per token (distillation): each completion's mean over its tokens
+        if advantages.dim() == 2:
+            m = r.completion_mask.to(advantages.dtype)
+            advantages = (advantages * m).sum(-1) / m.sum(-1).clamp(min=1)
         return [
             {
                 "step": self.step,
@@ -383,7 +446,7 @@ class Trainer:
                 "gold": batch.problems[r.group[i]].answer,
                 "completion": r.texts[i],
                 "reward": batch.scores.rewards[i].item(),
-                "advantage": batch.advantages[i].item(),
+                "advantage": advantages[i].item(),
                 **{f"reward/{k}": v[i].item() for k, v in batch.scores.components.items()},
                 **({"reason": batch.scores.results[i].reason} if batch.scores.results[i].reason else {}),
                 **({"error": batch.scores.results[i].error} if batch.scores.results[i].error else {}),
@@ -561,7 +624,16 @@ class Trainer:
             "world_size": self.world.size,
             "rank_rng": gather_objects(ckpt.rng_state(), self.world),
             "best": self.best,
+            **self.reference_checkpoint(),
         }
+
+    def reference_checkpoint(self) -> dict[str, Any]:
+        """The reference's part of the trainer state: with resets configured their count and last step, and once one
+        happened the reference's weights (it is no longer the base model a resume rebuilds; grpolab.training.reference)."""
+        if not self.cfg.algorithm.ref_reset_every:
+            return {}
+        weights = reference_state(self.reference) if self.ref_resets else None
+        return {"reference": {"resets": self.ref_resets, "last_reset_step": self.ref_reset_step, "weights": weights}}
 
     def save(self) -> Path:
         """Write checkpoints/step-N atomically; a failed write (full disk...) stops the run with the previous
@@ -622,6 +694,7 @@ class Trainer:
             truncate_log(self.run_dir / name, offset)
         self.step = self.saved_step = state["step"]
         self.best = state.get("best")
+        self.load_reference(state.get("reference"), path)
         if self.best and self.world.main:  # a kill between the checkpoint and best.json: the checkpoint's record wins
             ckpt.write_best(self.run_dir, self.best)
             ckpt.prune(self.run_dir, self.cfg.train.keep_last)
@@ -635,6 +708,17 @@ class Trainer:
                 state["torch_threads"],
             )
         ckpt.set_rng_state(state["rank_rng"][self.world.rank] if "rank_rng" in state else state["rng"])
+
+    def load_reference(self, saved: dict[str, Any] | None, path: Path) -> None:
+        """Restore the reset reference of a checkpoint (reference_checkpoint); nothing before the first reset."""
+        if saved is None or saved.get("weights") is None or self.reference is None:
+            return
+        try:
+            restored = restore_reference(self.reference, self.policy, self.reference_dtype, saved["weights"])
+        except ValueError as e:
+            raise GrpolabError(f"{path}: {e}") from None
+        self.reference = self.updater.reference = restored
+        self.ref_resets, self.ref_reset_step = saved["resets"], saved["last_reset_step"]
 
     def resume(self) -> Path | None:
         """Continue from the newest complete checkpoint, or from step 0 (logs emptied) when there is none."""
