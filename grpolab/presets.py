@@ -1,4 +1,4 @@
-"""Algorithm presets, each written as its differences from AlgorithmConfig's field defaults (grpolab/config.py).
+"""Algorithm presets, each written as its differences from AlgorithmConfig's field defaults (grpolab/config/schema.py).
 
 Those defaults are the one definition of every algorithm field's default, and they are DeepSeekMath's GRPO, so the
 ``grpo`` preset changes nothing. config.from_dict expands a preset as defaults, then the preset's differences, then

@@ -13,12 +13,14 @@ import re
 import pytest
 import yaml
 
-from grpolab import config as config_mod
 from grpolab.algo.importance import ISParams, RejectParams
 from grpolab.algo.loss import ObjectiveParams
 from grpolab.algo.surrogate import ClipParams, PolicyLossParams
 from grpolab.config import AlgorithmConfig, Config, from_dict, load_config, parse_override, set_path, to_dict
+from grpolab.config import build as config_build
+from grpolab.config import checks as config_checks
 from grpolab.errors import ConfigError
+from grpolab.presets import PRESETS
 
 # --------------------------------------------------------------------------------------------- presets
 
@@ -111,7 +113,7 @@ def test_expected_presets_cover_every_algorithm_field_and_every_preset():
     fields = {f.name for f in dataclasses.fields(AlgorithmConfig)}
     for name, expected in EXPECTED_PRESETS.items():
         assert set(expected) == fields, name
-    assert set(EXPECTED_PRESETS) == set(config_mod.PRESETS)
+    assert set(EXPECTED_PRESETS) == set(PRESETS)
 
 
 @pytest.mark.parametrize("preset", sorted(EXPECTED_PRESETS))
@@ -136,7 +138,7 @@ def test_preset_holds_only_its_differences_from_the_defaults(preset):
     """presets.py lists a preset's fields that differ from AlgorithmConfig's defaults, and nothing else."""
     defaults = to_dict(Config())["algorithm"]
     expected_differences = {k: v for k, v in EXPECTED_PRESETS[preset].items() if k != "preset" and v != defaults[k]}
-    assert config_mod.PRESETS[preset] == expected_differences
+    assert PRESETS[preset] == expected_differences
 
 
 @pytest.mark.parametrize("params", [ClipParams, ISParams, ObjectiveParams, PolicyLossParams, RejectParams])
@@ -360,7 +362,7 @@ NON_FINITE_VALUES = [
 
 
 def test_bad_values_cover_every_range_entry():
-    assert set(BAD_VALUES) == {path for path, _, _ in config_mod._RANGES}
+    assert set(BAD_VALUES) == {path for path, _, _ in config_checks._RANGES}
 
 
 def _raw(path: str, value) -> dict:
@@ -371,7 +373,7 @@ def _raw(path: str, value) -> dict:
 
 @pytest.mark.parametrize("path, value", list(BAD_VALUES.items()) + MORE_BAD_VALUES)
 def test_out_of_range_value_names_the_field(path, value):
-    expected = {p: e for p, _, e in config_mod._RANGES}[path]
+    expected = {p: e for p, _, e in config_checks._RANGES}[path]
     with pytest.raises(ConfigError) as e:
         from_dict(_raw(path, value))
     msg = str(e.value)
@@ -397,7 +399,7 @@ def test_non_finite_value_names_the_field(path, value):
     ],
 )
 def test_range_boundaries_that_are_allowed(path, value):
-    assert config_mod.get_path(from_dict(_raw(path, value)), path) == value
+    assert config_checks.get_path(from_dict(_raw(path, value)), path) == value
 
 
 def test_is_c_min_above_is_c_max_is_rejected():
@@ -459,12 +461,12 @@ def test_numeric_string_is_not_accepted_for_an_int_field():
 )
 def test_parse_override(text, expected):
     key, value = parse_override(text)
-    assert (key, config_mod._from_cli(value)) == expected
+    assert (key, config_build._from_cli(value)) == expected
 
 
 def test_set_keeps_the_typed_text_for_string_fields():
     key, value = parse_override("run.name=007")
-    assert config_mod._from_cli(value, str) == "007" and config_mod._from_cli(value, int) == 7
+    assert config_build._from_cli(value, str) == "007" and config_build._from_cli(value, int) == 7
 
 
 def test_parse_override_without_equals_sign():
@@ -566,8 +568,8 @@ def test_set_numeric_looking_string_field():
 
 
 def test_parse_option_reads_task_options_as_yaml():
-    assert config_mod.parse_option("max_operand=20") == ("max_operand", 20)
-    assert config_mod.parse_option("operators=+-") == ("operators", "+-")
+    assert config_build.parse_option("max_operand=20") == ("max_operand", 20)
+    assert config_build.parse_option("operators=+-") == ("operators", "+-")
 
 
 def test_option_values_that_are_not_yaml_stay_text():

@@ -245,8 +245,8 @@ def resolve_module_path(parts: list[str], from_root: bool = False) -> bool:
 
 
 def resolve_config_path(parts: list[str]) -> bool:
-    """Rule 2, second way: Config.<field>.<field>... through the annotated config classes of grpolab/config.py."""
-    config_classes = {n.name: n for n in module_tree(PKG / "config.py").body if isinstance(n, ast.ClassDef)}
+    """Rule 2, second way: Config.<field>.<field>... through the annotated config classes of grpolab/config/schema.py."""
+    config_classes = {n.name: n for n in module_tree(PKG / "config" / "schema.py").body if isinstance(n, ast.ClassDef)}
     cls = config_classes.get("Config")
     for i, part in enumerate(parts):
         if cls is None:
@@ -289,7 +289,7 @@ def resolves(name: str) -> bool:
 
 @functools.lru_cache(maxsize=None)
 def _config_fields() -> frozenset[str]:
-    body = module_tree(PKG / "config.py").body
+    body = module_tree(PKG / "config" / "schema.py").body
     config = next(n for n in body if isinstance(n, ast.ClassDef) and n.name == "Config")
     fields = [n.target for n in config.body if isinstance(n, ast.AnnAssign)]
     return frozenset(t.id for t in fields if isinstance(t, ast.Name))

@@ -55,7 +55,7 @@ class ISReject(StrEnum):
 @dataclass(frozen=True)
 class ISParams:
     """Bounds of the importance weight: truncated at c_max, or masked outside [c_min, c_max].
-    No defaults: the algorithm's defaults are defined once, by AlgorithmConfig (grpolab/config.py)."""
+    No defaults: the algorithm's defaults are defined once, by AlgorithmConfig (grpolab/config/schema.py)."""
 
     c_max: float
     c_min: float
@@ -105,7 +105,7 @@ IS_CORRECTIONS: dict[ISMode, Callable[[torch.Tensor, torch.Tensor, ISParams], to
 
 @dataclass(frozen=True)
 class RejectParams:
-    """Bounds [lo, hi] of the rejection statistic. No defaults: AlgorithmConfig defines them (grpolab/config.py)."""
+    """Bounds [lo, hi] of the rejection statistic. No defaults: AlgorithmConfig defines them (grpolab/config/schema.py)."""
 
     lo: float
     hi: float

@@ -27,7 +27,7 @@ from .surrogate import ClipParams, PolicyLossParams, Surrogate, surrogate_loss
 @dataclass(frozen=True)
 class ObjectiveParams:
     """The objective's scalar choices (see the formula above).
-    No defaults: the algorithm's defaults are defined once, by AlgorithmConfig (grpolab/config.py). policy_loss carries
+    No defaults: the algorithm's defaults are defined once, by AlgorithmConfig (grpolab/config/schema.py). policy_loss carries
     the parameters of the surrogates that need them (cispo, sapo, clip_cov, kl_cov; None: not given, and those
     surrogates refuse to run), offpolicy_mask_delta the off-policy sequence mask's delta (0: off)."""
 

@@ -53,7 +53,7 @@ class Surrogate(StrEnum):
 @dataclass(frozen=True)
 class ClipParams:
     """Clip range [1 - eps_low, 1 + eps_high] of the ratio, and the dual-clip bound c.
-    No defaults: the algorithm's defaults are defined once, by AlgorithmConfig (grpolab/config.py)."""
+    No defaults: the algorithm's defaults are defined once, by AlgorithmConfig (grpolab/config/schema.py)."""
 
     eps_low: float
     eps_high: float
@@ -63,7 +63,7 @@ class ClipParams:
 @dataclass(frozen=True)
 class PolicyLossParams:
     """The parameters of cispo (IS-weight bounds), sapo (gate temperatures), clip_cov / kl_cov (share of tokens
-    selected, covariance bounds, KL coefficient). No defaults: AlgorithmConfig defines them (grpolab/config.py)."""
+    selected, covariance bounds, KL coefficient). No defaults: AlgorithmConfig defines them (grpolab/config/schema.py)."""
 
     cispo_eps_low: float
     cispo_eps_high: float

@@ -1,0 +1,157 @@
+"""Range checks a type alone cannot express, each naming the field and what was expected."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import ConfigError
+from .schema import Config
+
+_RANGES: list[tuple[str, Any, str]] = [
+    ("model.lora.rank", lambda v: v >= 0, "an integer >= 0 (0 = off)"),
+    ("model.lora.alpha", lambda v: v > 0, "a number > 0"),
+    ("model.lora.dropout", lambda v: 0 <= v < 1, "a number in [0, 1)"),
+    (
+        "model.lora.target_modules",
+        lambda v: (
+            v == "all-linear" or (isinstance(v, list) and len(v) > 0 and all(isinstance(m, str) and m for m in v))
+        ),
+        "'all-linear' or a non-empty list of module names",
+    ),
+    ("rollout.group_size", lambda v: v >= 2, "an integer >= 2 (a group needs at least two completions to compare)"),
+    ("rollout.temperature", lambda v: v > 0, "a number > 0"),
+    ("rollout.top_p", lambda v: 0 < v <= 1, "a number in (0, 1]"),
+    ("rollout.top_k", lambda v: v >= 0, "an integer >= 0"),
+    ("rollout.max_new_tokens", lambda v: v >= 1, "an integer >= 1"),
+    ("algorithm.adv_eps", lambda v: v >= 0, "a number >= 0"),
+    ("algorithm.eps_low", lambda v: 0 <= v < 1, "a number in [0, 1)"),
+    ("algorithm.eps_high", lambda v: v >= 0, "a number >= 0"),
+    ("algorithm.dual_clip_c", lambda v: v > 1, "a number > 1"),
+    ("algorithm.cispo_eps_low", lambda v: 0 <= v <= 1, "a number in [0, 1] (1 = no lower bound)"),
+    ("algorithm.cispo_eps_high", lambda v: v >= 0, "a number >= 0"),
+    ("algorithm.sapo_tau_pos", lambda v: v > 0, "a number > 0"),
+    ("algorithm.sapo_tau_neg", lambda v: v > 0, "a number > 0"),
+    ("algorithm.cov_ratio", lambda v: 0 < v <= 1, "a number in (0, 1]"),
+    ("algorithm.kl_cov_coef", lambda v: v >= 0, "a number >= 0"),
+    ("algorithm.is_reject_lo", lambda v: v > 0, "a number > 0"),
+    ("algorithm.is_reject_hi", lambda v: v > 0, "a number > 0"),
+    ("algorithm.offpolicy_mask_delta", lambda v: v >= 0, "a number >= 0 (0 = off)"),
+    ("algorithm.l_max", lambda v: v >= 0, "an integer >= 0"),
+    ("algorithm.beta", lambda v: v >= 0, "a number >= 0"),
+    ("algorithm.is_c_max", lambda v: v > 0, "a number > 0"),
+    ("algorithm.is_c_min", lambda v: v >= 0, "a number >= 0"),
+    ("algorithm.overlong_buffer", lambda v: v >= 0, "an integer >= 0"),
+    ("algorithm.overlong_penalty", lambda v: v >= 0, "a number >= 0"),
+    ("algorithm.max_extra_rounds", lambda v: v >= 0, "an integer >= 0"),
+    ("algorithm.gamma", lambda v: 0 <= v <= 1, "a number in [0, 1]"),
+    ("algorithm.pass_k", lambda v: v >= 1, "an integer >= 1"),
+    ("algorithm.ref_reset_every", lambda v: v >= 0, "an integer >= 0"),
+    ("algorithm.lam", lambda v: 0 <= v <= 1, "a number in [0, 1]"),
+    ("critic.lr", lambda v: v > 0, "a number > 0"),
+    ("critic.value_clip", lambda v: v >= 0, "a number >= 0 (0 = off)"),
+    ("critic.grad_clip", lambda v: v >= 0, "a number >= 0 (0 = off)"),
+    ("reward.time_limit_s", lambda v: v > 0, "a number > 0 (seconds)"),
+    ("reward.model.batch_size", lambda v: v >= 1, "an integer >= 1"),
+    ("reward.model.max_length", lambda v: v >= 8, "an integer >= 8 (tokens)"),
+    ("reward.judge.batch_size", lambda v: v >= 1, "an integer >= 1"),
+    ("reward.judge.max_new_tokens", lambda v: v >= 1, "an integer >= 1"),
+    ("reward.judge.time_limit_s", lambda v: v > 0, "a number > 0 (seconds)"),
+    ("reward.judge.retries", lambda v: 0 <= v <= 20, "an integer in [0, 20]"),
+    ("reward.judge.temperature", lambda v: v >= 0, "a number >= 0"),
+    ("reward.judge.min_yes_no_mass", lambda v: 0 <= v <= 1, "a number in [0, 1]"),
+    ("train.steps", lambda v: v >= 1, "an integer >= 1"),
+    ("train.prompts_per_step", lambda v: v >= 1, "an integer >= 1"),
+    ("train.mu", lambda v: v >= 1, "an integer >= 1"),
+    ("train.minibatches", lambda v: v >= 1, "an integer >= 1"),
+    ("train.micro_batch_size", lambda v: v >= 1, "an integer >= 1"),
+    ("train.lr", lambda v: v > 0, "a number > 0"),
+    ("train.weight_decay", lambda v: v >= 0, "a number >= 0"),
+    ("train.warmup_steps", lambda v: v >= 0, "an integer >= 0"),
+    ("train.grad_clip", lambda v: v >= 0, "a number >= 0 (0 = off)"),
+    ("train.save_every", lambda v: v >= 0, "an integer >= 0"),
+    (
+        "train.device",
+        lambda v: v in ("auto", "cpu", "cuda") or (v.startswith("cuda:") and v[5:].isdigit()),
+        "one of 'auto', 'cpu', 'cuda', 'cuda:N'",
+    ),
+    ("train.save_every_minutes", lambda v: v >= 0, "a number >= 0 (0 = off)"),
+    ("train.keep_last", lambda v: v >= 1, "an integer >= 1"),
+    ("train.adam_beta1", lambda v: 0 <= v < 1, "a number in [0, 1)"),
+    ("train.adam_beta2", lambda v: 0 <= v < 1, "a number in [0, 1)"),
+    ("train.min_lr_ratio", lambda v: 0 <= v <= 1, "a number in [0, 1]"),
+    ("train.samples_per_step", lambda v: v >= 0, "an integer >= 0"),
+    ("train.max_nonfinite_steps", lambda v: v >= 1, "an integer >= 1"),
+    ("train.prompt_floor", lambda v: 0 < v <= 1, "a number in (0, 1]"),
+    ("eval.every_steps", lambda v: v >= 0, "an integer >= 0"),
+    ("eval.batch_size", lambda v: v >= 1, "an integer >= 1"),
+    ("eval.max_new_tokens", lambda v: v >= 0, "an integer >= 0 (0 = rollout.max_new_tokens)"),
+    ("eval.num_problems", lambda v: v >= 1, "an integer >= 1"),
+    (
+        "run.report_to",
+        lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v) and len(set(v)) == len(v),
+        "a list of distinct tracker names (tensorboard, wandb, mlflow)",
+    ),
+    ("run.table_every_steps", lambda v: v >= 0, "an integer >= 0 (0 = off)"),
+    ("run.table_groups", lambda v: v >= 1, "an integer >= 1"),
+]
+
+
+TRACKERS = ("tensorboard", "wandb", "mlflow")  # what run.report_to accepts (grpolab/training/trackers.py)
+
+
+def get_path(cfg: Any, dotted: str) -> Any:
+    for part in dotted.split("."):
+        cfg = getattr(cfg, part)
+    return cfg
+
+
+def validate(cfg: Config) -> None:
+    """Range checks that a type alone cannot express (every float field is already finite: _coerce); raises
+    ConfigError naming the field."""
+    for path, ok, expected in _RANGES:
+        value = get_path(cfg, path)
+        if not ok(value):
+            raise ConfigError(f"{path}: expected {expected}, got {value!r}")
+    unknown = [x for x in cfg.run.report_to if x not in TRACKERS]
+    if unknown:
+        raise ConfigError(f"run.report_to: unknown tracker {unknown[0]!r}; expected any of {', '.join(TRACKERS)}")
+    a = cfg.algorithm
+    if a.overlong_buffer >= cfg.rollout.max_new_tokens:
+        raise ConfigError(
+            f"algorithm.overlong_buffer: expected < rollout.max_new_tokens ({cfg.rollout.max_new_tokens}), got {a.overlong_buffer}"
+        )
+    j = cfg.reward.judge
+    if j.min_score >= j.max_score:
+        raise ConfigError(
+            f"reward.judge.max_score: expected > reward.judge.min_score ({j.min_score:g}), got {j.max_score:g}"
+        )
+    if a.estimator == "pass_at_k" and a.pass_k >= cfg.rollout.group_size:
+        raise ConfigError(
+            f"algorithm.pass_k: expected < rollout.group_size ({cfg.rollout.group_size}): a group has pass@k signal "
+            f"only with a pass and at least pass_k failures; got {a.pass_k}"
+        )
+    if a.estimator == "pass_at_k" and a.beta > 0 and a.kl_placement == "reward":
+        raise ConfigError(
+            "algorithm.kl_placement: expected loss with estimator pass_at_k and beta > 0 (the KL-shaped reward would "
+            "be compared with pass_threshold), got reward"
+        )
+    if a.baseline == "batch_mean" and a.scaling == "group_std":
+        raise ConfigError(
+            "algorithm.scaling: expected batch_std or none with baseline batch_mean (an all-equal group would be "
+            "divided by adv_eps alone), got group_std"
+        )
+    if a.is_c_min > a.is_c_max:
+        raise ConfigError(f"algorithm.is_c_min: expected <= algorithm.is_c_max ({a.is_c_max}), got {a.is_c_min}")
+    if a.is_reject_lo > a.is_reject_hi:
+        raise ConfigError(
+            f"algorithm.is_reject_lo: expected <= algorithm.is_reject_hi ({a.is_reject_hi}), got {a.is_reject_lo}"
+        )
+    if a.clip_cov_lb >= a.clip_cov_ub:
+        raise ConfigError(
+            f"algorithm.clip_cov_lb: expected < algorithm.clip_cov_ub ({a.clip_cov_ub}), got {a.clip_cov_lb}"
+        )
+    rollouts = cfg.train.prompts_per_step * cfg.rollout.group_size
+    if rollouts % cfg.train.minibatches:
+        raise ConfigError(
+            f"train.minibatches: expected a divisor of prompts_per_step * group_size = {rollouts}, got {cfg.train.minibatches}"
+        )
