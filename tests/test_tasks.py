@@ -257,17 +257,23 @@ def test_jsonl_task_missing_field(tmp_path):
 
 
 def test_registry_and_make_task():
-    assert sorted(TASKS) == ["agent", "arithmetic", "gsm8k", "hf", "humaneval", "jsonl", "math500", "mbpp", "pyfunc"]
+    import grpolab.agents  # noqa: F401 -- registers the agent, openenv and verifiers tasks
+    assert sorted(TASKS) == [
+        *["agent", "arithmetic", "gsm8k", "hf", "humaneval", "jsonl", "math500", "mbpp", "openenv", "pyfunc"],
+        "verifiers",
+    ]
     task = make_task("arithmetic", digits=2, num_train=5)
     assert task.name == "arithmetic" and len(task.problems("train")) == 5
 
 
 def test_make_task_unknown_name():
+    import grpolab.agents  # noqa: F401 -- registers the agent, openenv and verifiers tasks
     with pytest.raises(ConfigError) as info:
         make_task("foo")
     assert (
         str(info.value)
-        == "task.name: unknown task 'foo'; expected one of agent, arithmetic, gsm8k, hf, humaneval, jsonl, math500, mbpp, pyfunc"
+        == "task.name: unknown task 'foo'; expected one of agent, arithmetic, gsm8k, hf, humaneval, jsonl, math500, mbpp, "
+        "openenv, pyfunc, verifiers"
     )
 
 

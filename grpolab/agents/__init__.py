@@ -7,14 +7,20 @@
   ``answer_env``: their shared end (the first turn without a tool call is the answer, scored by the correctness rule);
 - ``episode``: the token-in / token-out episode runner (one token sequence per episode, ``loss_mask`` on the model's
   tokens only); ``turns``: one turn of many episodes that continues each episode's KV cache;
-- ``expert``: episodes played by an environment's scripted solver, rendered as sampled episodes are (warm starts).
+- ``expert``: episodes played by an environment's scripted solver, rendered as sampled episodes are (warm starts);
+- ``verifiers_env``: verifiers environments (task ``verifiers``): loading, a single-turn taskset's rows as problems and
+  its rubric as rewards (the optional verifiers library, imported when used); ``verifiers_episodes``: a multi-turn
+  verifiers Env played as agent episodes;
+- ``openenv_env``: OpenEnv servers (task ``openenv``): episodes through the library's client to a server the run starts
+  on 127.0.0.1 or is pointed at (the optional openenv-core library, imported when used).
 The training-batch collector that runs episodes is grpolab.training.agent_batch; held-out episode success is
 grpolab.evaluation.episodes.
 
 Importing the package registers the built-in environments (``calc``, ``guess``, ``lookup``: ``env.register_environment``) and
-the ``agent`` task (``grpolab.tasks.register_task``); the base class never imports its subclasses.
+the ``agent``, ``verifiers`` and ``openenv`` tasks (``grpolab.tasks.register_task``); the base class never imports its
+subclasses. docs/environments.md: the verifiers and OpenEnv adapters.
 
 May import: grpolab.errors, tasks, rewards, rollout, models. Imported by: training, evaluation, cli.
 """
 
-from . import calc, env, guess, lookup  # noqa: F401 -- each registers itself
+from . import calc, env, guess, lookup, openenv_env, verifiers_env  # noqa: F401 -- each registers itself

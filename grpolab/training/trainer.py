@@ -26,6 +26,7 @@ from typing import Any, Callable
 
 import torch
 
+from ..agents.openenv_env import stop_servers
 from ..algo.kl import KLPlacement, token_kl
 from ..config import Config
 from ..errors import DataError, GrpolabError
@@ -508,6 +509,7 @@ class Trainer:
                 sink.close()
             self.trackers.close()
             self.settings.restore()
+            stop_servers()  # the OpenEnv servers this run started (grpolab.agents.openenv_env); none for other tasks
         return metrics
 
     def tracker_texts(self) -> dict[str, str]:
