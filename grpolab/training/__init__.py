@@ -1,6 +1,7 @@
 """The GRPO training loop and everything only it uses (docs/design.md §3).
 
 - ``trainer``: the loop, top to bottom (sample a batch, score, advantages, policy update, log, checkpoint, eval);
+  ``checkpointing``: its checkpoints (what one holds, save, exact restore, the best by held-out accuracy);
 - ``batch``: collecting a batch of groups (dynamic sampling, reward scoring, advantages); ``agent_batch``: the same
   for multi-turn agent episodes; ``prompt_sampler``: the order prompts are drawn in (and its schedules);
 - ``update``: the policy update (micro-batches, the loss of grpolab.algo, gradient steps); ``forward``: the logprob

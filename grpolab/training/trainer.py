@@ -5,7 +5,8 @@
       -> update (mu x minibatches x micro-batches; grpolab.training.update) -> sync the sampler's weights
       -> metrics -> [periodic held-out eval] -> log (JSONL, trackers) -> [checkpoint; the best by held-out]
 
-Checkpoint contents and exact resume: grpolab.models.checkpoint and `state_dict` / `load` below. Ctrl-C and SIGTERM:
+Checkpoint contents and exact resume: grpolab.models.checkpoint and grpolab.training.checkpointing (`state_dict`,
+`load`). Ctrl-C and SIGTERM:
 grpolab.training.faults. Experiment trackers (run.report_to) and completions tables: grpolab.training.trackers.
 Process-wide settings (deterministic algorithms, mallopt) are held for the run and put back after it:
 grpolab.training.process_settings. ``progress(message)``: one line before each phase that can take over ~20 s.
@@ -19,7 +20,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -32,7 +32,7 @@ from ..config import Config
 from ..errors import DataError, GrpolabError
 from ..evaluation.heldout import EvalResult, greedy_eval
 from ..models import checkpoint as ckpt
-from ..models.load import DTYPES, load_causal_lm, load_tokenizer, load_weights, make_reference, resolve_model_path
+from ..models.load import DTYPES, load_causal_lm, load_tokenizer, make_reference, resolve_model_path
 from ..models.lora import apply_lora, trainable_parameters
 from ..rewards import RewardSet
 from ..rewards.health import RewardFailureStreak
@@ -44,29 +44,27 @@ from .agent_batch import collector_class
 from .attention import NAME as ATTENTION_FP32
 from .attention import use_training_attention
 from .batch import Batch
+from .checkpointing import LOGS, TrainerCheckpoints
 from .distill import check_distill_config, distill_advantages, distill_metrics, distill_sums, load_teacher
-from .distributed import World, all_reduce_max, all_reduce_sum, barrier, gather_objects, init_world, resolve_device
+from .distributed import World, all_reduce_sum, gather_objects, init_world, resolve_device
 from .faults import InterruptGuard, NonFiniteTracker, TrainingInterrupted
-from .metrics import JsonlSink, completion_table, peak_rss_mb, truncate_log
+from .metrics import JsonlSink, completion_table, peak_rss_mb
 from .process_settings import ProcessSettings
 from .prompt_sampler import PromptSampler
 from .reference import (
     check_reset_config,
     clear_optimizer,
-    reference_state,
     reset_due,
     reset_reference,
-    restore_reference,
 )
 from .reproducibility import training_attention
 from .schedule import align_schedule, lr_lambda
-from .sharding import Strategy, check_shardable, full_model_state, full_optimizer_state, load_full_state, shard
+from .sharding import Strategy, check_shardable, shard
 from .trackers import Trackers, check_installed
 from .update import PolicyUpdater
 
 log = logging.getLogger("grpolab")
 Progress = Callable[[str], None]  # told one line before each phase that can take over ~20 s (Trainer.progress)
-LOGS = ("metrics.jsonl", "samples.jsonl")  # truncated to their checkpointed length on resume
 
 
 def load_problems(cfg: Config) -> tuple[list[Problem], list[Problem], dict[str, int]]:
@@ -114,7 +112,7 @@ class NullSink:
         pass
 
 
-class Trainer:
+class Trainer(TrainerCheckpoints):
     """``rewards``: Python reward callables by name, beside the config's (grpolab.api); ``problems``: (train,
     held-out, data summary) given in memory instead of loaded from the config's task (grpolab.api).
 
@@ -559,180 +557,3 @@ class Trainer:
         if self.checkpoint_due() and step < cfg.train.steps and not self.nonfinite.streak and self.saved_step != step:
             self.save()
         return metrics
-
-    def keep_if_best(self, metrics: dict[str, float]) -> None:
-        """After a periodic held-out eval: when its accuracy beats every earlier one (ckpt.is_better: a tie keeps the
-        earlier step), checkpoint this step and name it the best (checkpoints/best.json, kept out of keep_last's
-        pruning). Training reward never decides; a step with a non-finite loss is never the best. Rank 0 decides."""
-        value = metrics.get(ckpt.BEST_METRIC, math.nan) if self.world.main else math.nan
-        better = ckpt.is_better(value, self.best["value"] if self.best else None) and not self.nonfinite.streak
-        if not gather_objects(better, self.world)[0]:
-            return
-        self.best = (
-            {
-                "step": self.step,
-                "checkpoint": f"checkpoints/step-{self.step}",
-                "metric": ckpt.BEST_METRIC,
-                "value": value,
-                "ci_low": metrics.get("eval/ci_low"),
-                "ci_high": metrics.get("eval/ci_high"),
-                "num_problems": len(self.eval_problems),
-                "training_reward": metrics.get("reward/mean"),
-                "rule": "highest held-out accuracy of the periodic greedy eval (eval.every_steps); a tie keeps "
-                "the earlier step; training reward is not used",
-            }
-            if self.world.main
-            else None
-        )
-        self.save()  # its trainer state holds the new best, so a resume agrees with best.json
-        if self.world.main:
-            ckpt.write_best(self.run_dir, self.best)
-            ckpt.prune(self.run_dir, self.cfg.train.keep_last)
-
-    def checkpoint_due(self) -> bool:
-        """train.save_every steps, or train.save_every_minutes since the last checkpoint (0 turns either off); the
-        ranks' clocks differ, so any rank's "due" makes it due on all of them."""
-        t = self.cfg.train
-        by_step = bool(t.save_every) and self.step % t.save_every == 0
-        by_time = bool(t.save_every_minutes) and time.monotonic() - self.saved_at >= 60 * t.save_every_minutes
-        return bool(all_reduce_max(torch.tensor([float(by_step or by_time)]), self.world).item())
-
-    def interrupted(self) -> TrainingInterrupted:
-        """Checkpoint the last completed step (unless it already is, or nothing was trained) for a Ctrl-C."""
-        written = self.step > 0 and self.saved_step != self.step and not self.nonfinite.streak
-        if written:
-            self.save()
-        return TrainingInterrupted(self.run_dir, ckpt.latest_checkpoint(self.run_dir), written)
-
-    # ------------------------------------------------------------------------------------------ state
-
-    def cursor_state(self) -> dict[str, Any]:
-        """What a step changes before its update: the RNG states and the prompt cursor (cheap to copy)."""
-        return {"rng": ckpt.rng_state(), "sampler": self.sampler.state_dict()}
-
-    def state_dict(self) -> dict[str, Any]:
-        """Everything an exact resume needs besides the weights (docs/robustness.md). Dynamic sampling keeps no
-        state across steps (each step refills from the prompt cursor), so the cursor covers it."""
-        return {
-            **self.cursor_state(),
-            "step": self.step,
-            "optimizer": full_optimizer_state(self.policy, self.optimizer)
-            if self.sharded
-            else self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
-            "faults": {"skipped_steps": self.updater.skipped_steps},
-            "logs": {name: _size(self.run_dir / name) for name in LOGS},
-            "torch_threads": torch.get_num_threads(),
-            "world_size": self.world.size,
-            "rank_rng": gather_objects(ckpt.rng_state(), self.world),
-            "best": self.best,
-            **self.reference_checkpoint(),
-        }
-
-    def reference_checkpoint(self) -> dict[str, Any]:
-        """The reference's part of the trainer state: with resets configured their count and last step, and once one
-        happened the reference's weights (it is no longer the base model a resume rebuilds; grpolab.training.reference)."""
-        if not self.cfg.algorithm.ref_reset_every:
-            return {}
-        weights = reference_state(self.reference) if self.ref_resets else None
-        return {"reference": {"resets": self.ref_resets, "last_reset_step": self.ref_reset_step, "weights": weights}}
-
-    def save(self) -> Path:
-        """Write checkpoints/step-N atomically; a failed write (full disk...) stops the run with the previous
-        checkpoint intact."""
-        state = self.state_dict()  # a collective: every rank's RNG state goes into rank 0's checkpoint
-        weights = full_model_state(self.policy) if self.sharded else None  # fsdp2: gathered (a collective)
-        path = ckpt.checkpoint_path(self.run_dir, self.step)
-        self.tell(f"step {self.step}/{self.cfg.train.steps}: writing checkpoint {path.name}")
-        try:
-            if self.world.main:
-                path = ckpt.save_checkpoint(
-                    self.run_dir,
-                    self.step,
-                    self.policy,
-                    self.tokenizer,
-                    state,
-                    self.cfg.train.keep_last,
-                    weights,
-                    self.cfg.speed.checkpoint_direct_io,
-                )
-        except (OSError, RuntimeError) as e:
-            prev = ckpt.latest_checkpoint(self.run_dir)
-            kept = f"the previous checkpoint {prev} is intact" if prev else "there is no earlier checkpoint"
-            raise GrpolabError(
-                f"could not write the checkpoint of step {self.step} ({type(e).__name__}: {e}); {kept}; "
-                f"fix the cause (disk space?) and continue with: grpolab train --resume {self.run_dir}"
-            ) from None
-        barrier(self.world)  # no rank runs ahead of a checkpoint that is not on disk yet
-        self.saved_step, self.saved_at = self.step, time.monotonic()
-        return path
-
-    def load(self, path: Path) -> None:
-        """Restore a checkpoint. The RNG states are restored last, after everything that could draw from them."""
-        self.tell(f"restoring {path}")
-        state = ckpt.load_state(path)
-        saved_world = state.get("world_size", 1)
-        if saved_world != self.world.size:
-            raise GrpolabError(
-                f"{path} was written by {saved_world} process(es), this run has {self.world.size}: resume "
-                f"with the same number (torchrun --nproc-per-node {saved_world} ... or grpolab train "
-                f"--nproc {saved_world} --resume {self.run_dir})"
-            )
-        if self.sharded:  # every rank reads the full state and keeps its shards
-            load_full_state(
-                self.policy,
-                self.optimizer,
-                load_causal_lm(str(path), self.cfg.model.dtype).state_dict(),
-                state["optimizer"],
-            )
-        else:
-            load_weights(self.policy, path, self.cfg.model.dtype)  # the full model, or the LoRA adapter
-            self.optimizer.load_state_dict(state["optimizer"])
-        self.engine.sync_weights(self.policy)
-        self.scheduler.load_state_dict(state["scheduler"])
-        self.sampler.load_state_dict(state["sampler"])
-        self.updater.skipped_steps = state.get("faults", {}).get("skipped_steps", 0)
-        for name, offset in state.get("logs", {}).items() if self.world.main else ():
-            truncate_log(self.run_dir / name, offset)
-        self.step = self.saved_step = state["step"]
-        self.best = state.get("best")
-        self.load_reference(state.get("reference"), path)
-        if self.best and self.world.main:  # a kill between the checkpoint and best.json: the checkpoint's record wins
-            ckpt.write_best(self.run_dir, self.best)
-            ckpt.prune(self.run_dir, self.cfg.train.keep_last)
-        if state.get("torch_threads", torch.get_num_threads()) != torch.get_num_threads():
-            log.warning(
-                "%s was written with %d torch threads, this process uses %d: CPU results may differ in the "
-                "last bits (set OMP_NUM_THREADS=%d for an exact resume)",
-                path,
-                state["torch_threads"],
-                torch.get_num_threads(),
-                state["torch_threads"],
-            )
-        ckpt.set_rng_state(state["rank_rng"][self.world.rank] if "rank_rng" in state else state["rng"])
-
-    def load_reference(self, saved: dict[str, Any] | None, path: Path) -> None:
-        """Restore the reset reference of a checkpoint (reference_checkpoint); nothing before the first reset."""
-        if saved is None or saved.get("weights") is None or self.reference is None:
-            return
-        try:
-            restored = restore_reference(self.reference, self.policy, self.reference_dtype, saved["weights"])
-        except ValueError as e:
-            raise GrpolabError(f"{path}: {e}") from None
-        self.reference = self.updater.reference = restored
-        self.ref_resets, self.ref_reset_step = saved["resets"], saved["last_reset_step"]
-
-    def resume(self) -> Path | None:
-        """Continue from the newest complete checkpoint, or from step 0 (logs emptied) when there is none."""
-        ckpt.remove_partial(self.run_dir)
-        path = ckpt.latest_checkpoint(self.run_dir)
-        if path is None:
-            for name in LOGS if self.world.main else ():
-                truncate_log(self.run_dir / name, 0)
-            return None
-        self.load(path)
-        return path
-
-
-def _size(path: Path) -> int:
-    return os.path.getsize(path) if path.is_file() else 0
