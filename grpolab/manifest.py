@@ -87,7 +87,7 @@ def git_state() -> dict[str, Any]:
 
 def versions() -> dict[str, str | None]:
     out: dict[str, str | None] = {"python": sys.version.split()[0]}
-    for pkg in ("grpolab", "torch", "transformers", "math-verify", "peft"):
+    for pkg in ("grpolab", "torch", "transformers", "math-verify", "peft", "reasoning-gym"):
         try:
             out[pkg] = metadata.version(pkg)
         except metadata.PackageNotFoundError:
@@ -168,9 +168,12 @@ def _semantic(m: dict[str, Any]) -> dict[str, Any]:
 
 
 def _differences(a: dict[str, Any], b: dict[str, Any], speed: bool) -> list[tuple[str, Any, Any]]:
+    """A library version one manifest does not record at all (written before grpolab recorded that library) is not
+    a difference; one recorded as None (not installed) against a version is."""
     fa, fb = _semantic(a), _semantic(b)
     keys = sorted(k for k in (set(fa) | set(fb)) - IGNORED_CONFIG_KEYS if k.startswith(SPEED_PREFIX) == speed)
-    return [(k, fa.get(k), fb.get(k)) for k in keys if fa.get(k) != fb.get(k)]
+    unrecorded = {k for k in keys if k.startswith("versions.") and (k not in fa or k not in fb)}
+    return [(k, fa.get(k), fb.get(k)) for k in keys if fa.get(k) != fb.get(k) and k not in unrecorded]
 
 
 def diff_manifests(a: dict[str, Any], b: dict[str, Any]) -> list[tuple[str, Any, Any]]:

@@ -260,6 +260,16 @@ def test_versions_difference(base):
     assert diff_manifests(base, other) == [("versions.torch", base["versions"]["torch"], "0.0.1")]
 
 
+def test_a_library_an_older_manifest_did_not_record_is_not_a_difference(base):
+    """A run written before grpolab recorded reasoning-gym's version resumes and compares as before; a library
+    recorded as not installed (None) against an installed version still differs."""
+    older, uninstalled = copy.deepcopy(base), copy.deepcopy(base)
+    del older["versions"]["reasoning-gym"]
+    uninstalled["versions"]["reasoning-gym"] = None
+    assert diff_manifests(older, base) == [] and diff_manifests(base, older) == []
+    assert diff_manifests(uninstalled, base) == [("versions.reasoning-gym", None, base["versions"]["reasoning-gym"])]
+
+
 def test_missing_section_and_field_show_as_none(base):
     other = copy.deepcopy(base)
     del other["objective"]

@@ -5,7 +5,13 @@ import pytest
 
 from grpolab.errors import ConfigError
 from grpolab.rewards import REWARD_FUNCTIONS, RewardResult, RewardSpec, score_completion
-from grpolab.rewards.math import correctness_reward, extract_answer, format_reward, normalize_answer
+from grpolab.rewards.math import (
+    correctness_reward,
+    extract_answer,
+    format_reward,
+    normalize_answer,
+    task_correctness_reward,
+)
 
 
 @pytest.mark.parametrize(
@@ -137,7 +143,7 @@ def test_pathological_exact_values():
 
 
 def test_registry_entries():
-    assert REWARD_FUNCTIONS["correct"].fn is correctness_reward
+    assert REWARD_FUNCTIONS["correct"].fn is task_correctness_reward and REWARD_FUNCTIONS["correct"].takes_problem
     assert REWARD_FUNCTIONS["format"].fn is format_reward
     for spec in REWARD_FUNCTIONS.values():  # code rewards: the sandbox enforces its own limits, no thread time limit
         assert isinstance(spec, RewardSpec) and spec.description

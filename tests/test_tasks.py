@@ -258,6 +258,7 @@ def test_jsonl_task_missing_field(tmp_path):
 
 def test_registry_and_make_task():
     import grpolab.agents  # noqa: F401 -- registers the agent, openenv and verifiers tasks
+
     assert sorted(TASKS) == [
         *["agent", "arithmetic", "gsm8k", "hf", "humaneval", "jsonl", "math500", "mbpp", "openenv", "pyfunc"],
         "verifiers",
@@ -268,6 +269,7 @@ def test_registry_and_make_task():
 
 def test_make_task_unknown_name():
     import grpolab.agents  # noqa: F401 -- registers the agent, openenv and verifiers tasks
+
     with pytest.raises(ConfigError) as info:
         make_task("foo")
     assert (

@@ -97,7 +97,9 @@ def train(
     seed_list = _parse_seeds(seeds)
     base = load_config(config, set_)
     writable_dir(base.run.output_dir, "run.output_dir")
-    name = base.run.name or f"{base.task.name}-{base.algorithm.preset}-{time.strftime('%Y%m%d-%H%M%S')}"
+    name = (
+        base.run.name or f"{base.task.name.replace(':', '-')}-{base.algorithm.preset}-{time.strftime('%Y%m%d-%H%M%S')}"
+    )
     run_dirs = []
     for seed in seed_list:
         trainer, _ = start_run(

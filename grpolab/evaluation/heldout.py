@@ -42,8 +42,8 @@ from .scoring import (
     extract_final,
     gsm8k_flexible,
     gsm8k_strict,
+    held_out_correct,
     held_out_job,
-    is_correct,
     maj_at_k,
     mean_at_k,
     pass_at_k,
@@ -104,7 +104,7 @@ def pass_ks(k: int) -> list[int]:
 
 def score_item(problem: Problem, greedy: Completion, samples: list[Completion], task: str) -> dict[str, Any]:
     """One evaluation record: the greedy completion and its checks, the samples, and per-item ``scores``."""
-    correct = bool(is_correct(greedy.text, problem.answer))
+    correct = held_out_correct(greedy.text, problem)
     item: dict[str, Any] = {
         "uid": problem.uid,
         "slice": problem.slice,
@@ -122,7 +122,7 @@ def score_item(problem: Problem, greedy: Completion, samples: list[Completion], 
         item["scores"]["flexible"] = float(gsm8k_flexible(greedy.text, problem.answer))
     if samples:
         answers = [extract_final(s.text) for s in samples]
-        ok = [bool(is_correct(s.text, problem.answer)) for s in samples]
+        ok = [held_out_correct(s.text, problem) for s in samples]
         k, c = len(samples), sum(ok)
         item["samples"] = [
             {"completion": s.text, "answer": a, "correct": o, "length": s.length, "truncated": s.truncated}

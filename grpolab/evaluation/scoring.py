@@ -123,6 +123,22 @@ def is_correct(completion: str, gold: str) -> bool:
     return is_equivalent_answers(extract_final(completion), gold)
 
 
+def held_out_correct(completion: str, problem: Problem) -> bool:
+    """The held-out check of one completion: ``is_correct`` (math-verify equivalence), or, for a problem whose task
+    has no answer type math-verify can compare (``problem.data["heldout_check"] == "exact"``: reasoning-gym's
+    non-numeric answers), the whitespace-normalised string equality of its answer with the gold one.
+
+    >>> held_out_correct(r"\\boxed{0.5}", Problem(uid="p", question="?", answer=r"\\frac{1}{2}"))
+    True
+    """
+    data = problem.data
+    if hasattr(data, "get") and data.get("heldout_check") == "exact":
+        from ..tasks.reasoning_gym import exact_heldout_correct
+
+        return exact_heldout_correct(extract_final(completion), problem.answer)
+    return is_correct(completion, problem.answer)
+
+
 def _to_number(s: str | None) -> float | None:
     if s is None:
         return None

@@ -8,6 +8,10 @@ from __future__ import annotations
 
 import re
 
+from grpolab.tasks import answer_checker
+from grpolab.tasks.base import Problem
+from grpolab.tasks.code import is_code_problem
+
 # One pass over the text: ``\boxed{`` opens a box, a bare ``{`` opens a plain group, ``}`` closes.
 _BRACE_TOKEN = re.compile(r"\\boxed\{|[{}]")
 # ASCII digits only, so e.g. Arabic-Indic digits are not numbers here. Thousands groups must be
@@ -112,3 +116,21 @@ def format_reward(completion: str, gold: str | None = None) -> float:
     (1.0, 0.0)
     """
     return 1.0 if "\\boxed{" in completion else 0.0
+
+
+def task_correctness_reward(completion: str, problem: Problem) -> float:
+    r"""The ``correct`` reward: where the problem's task scores its own answers (grpolab.tasks.answer_checker, e.g.
+    reasoning-gym's score_answer, which may give partial credit) that checker on ``extract_answer(completion)``;
+    else ``correctness_reward`` against the gold string. A code problem is an error (weight pass_fraction or all_pass).
+
+    >>> task_correctness_reward(r"\boxed{4}", Problem(uid="p", question="2+2?", answer="4"))
+    1.0
+    """
+    if is_code_problem(problem):
+        raise TypeError(
+            f"compares a final answer, but {problem.uid} is a code problem; weight pass_fraction or all_pass instead"
+        )
+    checker = answer_checker(problem)
+    if checker is None:
+        return correctness_reward(completion, problem.answer)
+    return float(checker(extract_answer(completion), problem))

@@ -7,11 +7,16 @@ The reward model, the LLM judge and a user's functions are not entries here: ``R
 from __future__ import annotations
 
 from grpolab.rewards.code import code_reward_specs
-from grpolab.rewards.math import correctness_reward, format_reward
+from grpolab.rewards.math import format_reward, task_correctness_reward
 from grpolab.rewards.spec import RewardSpec, env_reward
 
 REWARD_FUNCTIONS: dict[str, RewardSpec] = {
-    "correct": RewardSpec(correctness_reward, "1.0 if the last boxed answer (or last number) equals the gold answer"),
+    "correct": RewardSpec(
+        task_correctness_reward,
+        "the task's own checker on the extracted answer where it has one (reasoning-gym: its score_answer), else 1.0 "
+        "if the last boxed answer (or last number) equals the gold answer",
+        takes_problem=True,
+    ),
     "format": RewardSpec(format_reward, "1.0 if the completion contains \\boxed{"),
     "env": RewardSpec(
         env_reward, "an agent environment's reward() at the end of the episode (grpolab.agents)", takes_problem=True

@@ -1,13 +1,17 @@
 """Task sources: a registry of task factories, and the prompt rendering shared by all tasks.
 
 make_task(name, **kwargs) builds a task from config; an unknown name or option raises
-ConfigError naming it and listing the accepted ones. Packages above this one register their tasks with
-register_task (grpolab.agents: the ``agent`` task), so this package never imports them.
+ConfigError naming it and listing the accepted ones. A name ``FAMILY:MEMBER`` is a member of a task family
+(TASK_FAMILIES: ``reasoning_gym:<generator>``), whose factory checks its own options. Packages above this one
+register their tasks with register_task (grpolab.agents: the ``agent`` task), so this package never imports them.
+A task whose answers its own library scores names that checker in ``Problem.data["kind"]`` (ANSWER_CHECKERS,
+``answer_checker``): the ``correct`` reward asks it, never the held-out metric.
 
 Modules: base (Problem, Task, prompt rendering), prompting (chat-template token ids), code (code problems and
 their entry points), one module per data set (arithmetic, gsm8k, math500, humaneval, mbpp, pyfunc with its
-pyfunc_templates, jsonl, hf).
-May import: errors, sandbox (the names a program may bind). Imported by nearly everything.
+pyfunc_templates, jsonl, hf), reasoning_gym (reasoning-gym's procedural generators as a task family).
+May import: errors, sandbox (the names a program may bind); reasoning_gym (the optional library). Imported by
+nearly everything.
 """
 
 from __future__ import annotations
@@ -26,6 +30,9 @@ from grpolab.tasks.jsonl import JsonlTask
 from grpolab.tasks.math500 import Math500Task
 from grpolab.tasks.mbpp import MBPPTask
 from grpolab.tasks.pyfunc import PyFuncTask
+from grpolab.tasks.reasoning_gym import KIND as REASONING_GYM_KIND
+from grpolab.tasks.reasoning_gym import ReasoningGymTask, reasoning_gym_task
+from grpolab.tasks.reasoning_gym import score_answer as reasoning_gym_score
 
 TASKS: dict[str, Callable[..., Task]] = {
     "arithmetic": ArithmeticTask,
@@ -37,6 +44,16 @@ TASKS: dict[str, Callable[..., Task]] = {
     "mbpp": MBPPTask,
     "pyfunc": PyFuncTask,
 }  # and "agent" (multi-turn episodes of an environment), registered by grpolab.agents when it is imported
+# Task families: "FAMILY:MEMBER" builds factory(MEMBER, **options); the factory checks its own options.
+TASK_FAMILIES: dict[str, Callable[..., Task]] = {"reasoning_gym": reasoning_gym_task}
+# A task's own answer checker, by Problem.data["kind"]: checker(extracted answer or None, problem) -> reward.
+ANSWER_CHECKERS: dict[str, Callable[[str | None, Problem], float]] = {REASONING_GYM_KIND: reasoning_gym_score}
+
+
+def answer_checker(problem: Problem) -> Callable[[str | None, Problem], float] | None:
+    """The checker of the task that made `problem` (ANSWER_CHECKERS), or None: compare with the gold string."""
+    data = problem.data
+    return ANSWER_CHECKERS.get(data.get("kind")) if hasattr(data, "get") else None
 
 
 def register_task(name: str, factory: Callable[..., Task]) -> None:
@@ -59,10 +76,16 @@ def make_task(name: str, **kwargs: Any) -> Task:
     >>> make_task("arithmetic", digits=2).name
     'arithmetic'
     """
+    family, sep, member = name.partition(":")
+    if sep and family in TASK_FAMILIES:
+        if not member:
+            raise ConfigError(f"task.name: {name!r} names no member of the task family {family!r} ({family}:NAME)")
+        return TASK_FAMILIES[family](member, **kwargs)
     if name not in TASKS:
         raise ConfigError(
             f"task.name: unknown task {name!r}; expected one of {', '.join(sorted(TASKS))}"
             + (" (the agent task registers when grpolab.agents is imported)" if name == "agent" else "")
+            + (f" (a member of the task family: {name}:NAME)" if name in TASK_FAMILIES else "")
         )
     factory = TASKS[name]
     accepted, required = _options(factory)
@@ -82,6 +105,7 @@ def render_prompt(problem: Problem) -> str:
 
 
 __all__ = [
+    "ANSWER_CHECKERS",
     "CODE_INSTRUCTION",
     "TASKS",
     "ArithmeticTask",
@@ -94,7 +118,10 @@ __all__ = [
     "PROMPT_INSTRUCTION",
     "PyFuncTask",
     "Problem",
+    "ReasoningGymTask",
+    "TASK_FAMILIES",
     "Task",
+    "answer_checker",
     "code_problem",
     "is_code_problem",
     "make_task",
