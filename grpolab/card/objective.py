@@ -130,6 +130,7 @@ def objective_card(cfg: Config, precision: dict[str, Any] | None = None) -> dict
             "mu": cfg.train.mu,
             "minibatches": cfg.train.minibatches,
             "group_size": cfg.rollout.group_size,
+            "rollout_engine": cfg.rollout.engine,
             "stop_rule": stop_rule(cfg),
             "zero_variance_groups": "A = 0 exactly (max - min <= 1e-9)",
             "lora": (

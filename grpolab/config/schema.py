@@ -82,6 +82,14 @@ class RewardConfig:
 
 @dataclass(frozen=True)
 class RolloutConfig:
+    # where rollouts and the in-training held-out eval are generated: grpolab = in this process (rollout.decoder);
+    # vllm = vLLM's offline engine in a process and venv of its own (`make install-vllm`; grpolab/rollout/vllm_engine.py)
+    engine: Literal["grpolab", "vllm"] = "grpolab"
+    vllm_python: str = (
+        ""  # the vLLM venv's python ("" = .venv-vllm/bin/python of the checkout, or $GRPOLAB_VLLM_PYTHON)
+    )
+    vllm_start_timeout_s: float = 900.0  # engine start (model load) bound
+    vllm_call_timeout_s: float = 1800.0  # one generate / weight load bound
     # grpolab's decode loop (rollout/decode.py); hf: HF generate (the removed choices: REMOVED_CHOICES)
     decoder: Literal["grpolab", "hf"] = "grpolab"
     group_size: int = 8  # G completions per prompt

@@ -5,7 +5,11 @@
   in ``cache``, finished rows leaving, sampling); ``prepack``: the linear weights prepacked once per
   decode call on a CPU (oneDNN);
 - ``stop``: text stop rules (e.g. end the answer at the end of its first code block) and the resolution of
-  ``rollout.stop_rule: auto`` from what the run's reward reads.
+  ``rollout.stop_rule: auto`` from what the run's reward reads;
+- ``vllm_engine``: vLLM as the engine (docs/vllm.md), the trainer-side half: the results contract, stop rules and
+  weight syncs, over ``EngineProcess`` (a worker process with bounded waits; engine-neutral, room for SGLang);
+  ``vllm_worker``: the worker itself, run in vLLM's own virtualenv (``make install-vllm``) -- it imports only vllm,
+  torch, safetensors and the standard library, never grpolab.
 
 May import: algo, models. Imported by: rewards (stop rules, the code blocks they read), agents, evaluation,
 training, baselines.

@@ -2,6 +2,7 @@
 
 - ``trainer``: the loop, top to bottom (sample a batch, score, advantages, policy update, log, checkpoint, eval);
   ``checkpointing``: its checkpoints (what one holds, save, exact restore, the best by held-out accuracy);
+- ``engine``: the run's rollout engine (rollout.engine: grpolab's decode loop, or vLLM in a worker process);
 - ``batch``: collecting a batch of groups (dynamic sampling, reward scoring, advantages); ``agent_batch``: the same
   for multi-turn agent episodes; ``prompt_sampler``: the order prompts are drawn in (and its schedules);
 - ``update``: the policy update (micro-batches, the loss of grpolab.algo, gradient steps); ``forward``: the logprob

@@ -36,17 +36,17 @@ from ..models.load import DTYPES, load_causal_lm, load_tokenizer, make_reference
 from ..models.lora import apply_lora, trainable_parameters
 from ..rewards import RewardSet
 from ..rewards.health import RewardFailureStreak
-from ..rollout.hf import HFEngine
 from ..tasks import make_task
 from ..tasks.base import Problem
 from . import precision
 from .agent_batch import collector_class
 from .attention import NAME as ATTENTION_FP32
 from .attention import use_training_attention
-from .batch import Batch
+from .batch import Batch, BatchCollector
 from .checkpointing import LOGS, TrainerCheckpoints
 from .distill import check_distill_config, distill_advantages, distill_metrics, distill_sums, load_teacher
 from .distributed import World, all_reduce_sum, gather_objects, init_world, resolve_device
+from .engine import make_engine, sync_metrics
 from .faults import InterruptGuard, NonFiniteTracker, TrainingInterrupted
 from .metrics import JsonlSink, completion_table, peak_rss_mb
 from .process_settings import ProcessSettings
@@ -198,14 +198,14 @@ class Trainer(TrainerCheckpoints):
         t = cfg.train
         self.sharded = t.strategy == Strategy.FSDP2  # the sampler and reference copies are made before sharding
         self.tell("preparing the sampler's copy of the model")
-        self.engine = HFEngine(
+        self.engine = make_engine(
+            cfg,
             self.policy,
             self.tokenizer,
-            DTYPES[self.sampling_dtype],
-            cfg.rollout.decoder,
+            self.sampling_dtype,
             self.sharded,
-            cfg.speed.cpu_fast_paths,
-            cfg.speed.preallocate_kv_cache,
+            self.train_problems + self.eval_problems,
+            collector_class(self.train_problems) is not BatchCollector,
         )
         fp32_inside = (
             cfg.speed.attention_fp32 and self.update_precision == "bf16"
@@ -259,8 +259,11 @@ class Trainer(TrainerCheckpoints):
             self.progress(message)
 
     def close(self) -> None:
-        """Put back the process-wide settings this trainer applied (idempotent; ``fit`` does it when it ends)."""
+        """Put back the process-wide settings this trainer applied (idempotent; ``fit`` does it when it ends) and stop
+        the rollout engine's worker process, when it has one (rollout.engine: vllm)."""
         self.settings.restore()
+        if hasattr(self, "engine") and hasattr(self.engine, "close"):
+            self.engine.close()
 
     def __enter__(self) -> "Trainer":
         return self
@@ -389,6 +392,7 @@ class Trainer(TrainerCheckpoints):
             "throughput/tokens_per_s": tokens.item() / (t2 - t0),
             "memory/peak_rss_mb": peak_rss_mb(),
             **self.reference_metrics(),
+            **sync_metrics(self.engine),
         }
         return metrics, self.samples(batch)
 
