@@ -14,7 +14,7 @@ CAPABILITY_N ?= 100
 # the release bundle's serving check answers this many held-out problems (docs/release.md; about 2 min at 64)
 RELEASE_N ?= 64
 
-.PHONY: install install-gguf install-vllm demo code-demo test test-slow test-peers bench clean
+.PHONY: install install-gguf install-vllm test-vllm demo code-demo test test-slow test-peers bench clean
 
 install: $(STAMP)
 
@@ -91,6 +91,10 @@ VLLM_STAMP := $(VLLM_VENV)/.vllm-installed
 VLLM_PY := $(VLLM_VENV)/bin/python
 
 install-vllm: $(VLLM_STAMP)
+
+# The engine's tests with its environment installed (`make test` skips them, with the reason, where it is absent).
+test-vllm: $(STAMP) $(VLLM_STAMP)
+	$(PY) -m pytest tests/test_vllm_engine.py
 
 $(VLLM_STAMP): Makefile
 	test -x $(VLLM_PY) || $(VLLM_PYTHON) -m venv $(VLLM_VENV)
