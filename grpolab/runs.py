@@ -194,7 +194,7 @@ def build_manifest(
         "command": " ".join(["grpolab", *sys.argv[1:]]),
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "config": to_dict(cfg),
-        "objective": objective_card(cfg, precision),
+        "objective": {**objective_card(cfg, precision), **environment_entry(data_summary)},
         **({"precision": precision} if precision else {}),
         "hashes": {
             "model_weights": hashes["weights"],
@@ -221,6 +221,13 @@ def build_manifest(
         "world_size": world_size,
         "machine": mf.machine(),
     }
+
+
+def environment_entry(data_summary: dict[str, Any] | None) -> dict[str, Any]:
+    """The objective card's ``environment``: the identity and version of a task from another library (reasoning-gym,
+    verifiers, OpenEnv: the task's ``source`` with its ``library``), {} for grpolab's own tasks."""
+    source = (data_summary or {}).get("source") or {}
+    return {"environment": source} if "library" in source else {}
 
 
 def teacher_manifest(cfg: Config) -> dict[str, Any]:

@@ -181,3 +181,13 @@ def test_two_training_steps_against_the_server_the_run_starts_then_none_is_left(
     assert any(r["agent/turns_mean"] > 1 for r in rows) and any(r["reward/std"] > 0 for r in rows)
     manifest = json.loads((trainer.run_dir / "manifest.json").read_text())
     assert manifest["data"]["source"]["library"] == "openenv-core"
+
+    import grpolab  # `grpolab eval BASE RUN` on the server's held-out seeds: one greedy episode each, server restarted
+
+    report = grpolab.evaluate_models(
+        [tiny_model_dir, str(trainer.run_dir)], task="openenv", options=options, limit=2, verbose=False
+    )
+    rows = report.data["models"]
+    assert report.data["n"] == 2 and all(len(r["items"]) == 2 for r in rows)
+    assert rows[1]["held_out"]["checked"] and rows[1]["held_out"]["overlap"] == 0
+    O.stop_servers()

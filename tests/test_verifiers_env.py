@@ -185,6 +185,22 @@ def test_two_training_steps_on_a_single_turn_environment_with_its_rubric(tiny_mo
     manifest = json.loads((trainer.run_dir / "manifest.json").read_text())
     assert manifest["data"]["source"]["library"] == "verifiers"
     assert manifest["data"]["source"]["env_id"] == "vf_newlines"
+    assert manifest["objective"]["environment"] == manifest["data"]["source"], "identity and version on the card"
+    assert_eval_runs_unchanged(trainer.run_dir, tiny_model_dir, task)
+
+
+def assert_eval_runs_unchanged(run_dir: Path, base: str, task: dict) -> None:
+    """`grpolab eval BASE RUN` on the environment's held-out split, through the API's own code: both models scored
+    on the same problems, the run's training set checked disjoint from them."""
+    import grpolab
+
+    report = grpolab.evaluate_models(
+        [base, str(run_dir)], task=task["name"], options=task["options"], limit=2, max_new_tokens=6, verbose=False
+    )
+    rows = report.data["models"]
+    assert report.data["n"] == 2 and len(rows) == 2 and all(len(r["items"]) == 2 for r in rows)
+    assert [it["uid"] for it in rows[0]["items"]] == [it["uid"] for it in rows[1]["items"]]
+    assert rows[1]["held_out"]["checked"] and rows[1]["held_out"]["overlap"] == 0, rows[1]["held_out"]
 
 
 def test_two_training_steps_on_a_multi_turn_environment(tiny_model_dir, tmp_path, monkeypatch):
@@ -213,3 +229,4 @@ def test_two_training_steps_on_a_multi_turn_environment(tiny_model_dir, tmp_path
     assert any(r["agent/turns_mean"] > 1 for r in rows)  # the environment's second turn was played
     assert any(r["reward/std"] > 0 for r in rows)
     assert json.loads((trainer.run_dir / "manifest.json").read_text())["data"]["source"]["multi_turn"] is True
+    assert_eval_runs_unchanged(trainer.run_dir, tiny_model_dir, {"name": "verifiers", "options": options})
