@@ -27,7 +27,7 @@ from grpolab.rollout.vllm_engine import EngineDied, EngineProcess, EngineUnavail
 HAS_VLLM = default_vllm_python().is_file()
 needs_vllm = pytest.mark.skipif(not HAS_VLLM, reason="vLLM's environment is absent: `make install-vllm` creates it")
 
-# Measured on this test's model (fp32, 2-vCPU AMD EPYC, AVX2), 32 completions x 32 tokens x 5 seeds at T = 0.8:
+# Measured on this test's model (fp32, 2-vCPU AMD EPYC with AVX-512 and AVX512-BF16), 32 completions x 32 tokens x 5 seeds at T = 0.8:
 # vLLM's sampled-token logprobs differ from a float64 teacher-forced forward of the same weights by at most 1.8e-4,
 # and torch's own fp32 forward by at most 1.2e-4 (logits up to |23|: fp32 rounding of the log-normaliser, in
 # another reduction order). 1e-3 is 5x the worst seen, and 100x below the smallest per-token difference between
