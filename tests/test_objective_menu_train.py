@@ -46,3 +46,8 @@ def test_each_option_trains_three_steps(tiny_model_dir, tmp_path, name):
         assert any(r["optim/grad_norm"] > 0 for r in metrics)
     if name in ("clip_cov", "kl_cov"):
         assert any(r["policy/cov_selected_frac"] > 0 for r in metrics)
+    else:  # a metric that is 0 by construction is not logged
+        assert all("policy/cov_selected_frac" not in r for r in metrics)
+    assert all(
+        ("sampler/offpolicy_masked_seq_frac" in r) == bool(OPTIONS[name].get("offpolicy_mask_delta")) for r in metrics
+    )

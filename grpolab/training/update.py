@@ -208,6 +208,11 @@ class PolicyUpdater:
                 sums["optimizer_steps"] += 1
         out = self._summarise(sums, mismatch, self.world)
         out["optim/skipped_steps"] = float(self.skipped_steps)
+        a = self.cfg.algorithm
+        if a.surrogate not in ("clip_cov", "kl_cov"):  # no covariance selection: a metric that is 0 by construction
+            out.pop("policy/cov_selected_frac")
+        if not a.offpolicy_mask_delta:  # off-policy sequence masking off
+            out.pop("sampler/offpolicy_masked_seq_frac")
         return out
 
     def minibatch(self, batch: UpdateBatch, mb: torch.Tensor, sums: dict[str, float], mismatch: dict | None) -> bool:
