@@ -257,7 +257,7 @@ def trainer_manifest(trainer: "Trainer") -> dict[str, Any]:
         trainer.precision,
     )
     version = getattr(trainer.engine, "version", None)  # vLLM's, from its own venv (rollout.engine: vllm)
-    if version:
+    if version and trainer.cfg.rollout.engine == "vllm":
         built["versions"] = {**built["versions"], "vllm": version}
     return json.loads(json.dumps(built))
 

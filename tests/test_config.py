@@ -340,6 +340,8 @@ BAD_VALUES = {
     "run.report_to": "tensorboard",
     "run.table_every_steps": -1,
     "run.table_groups": 0,
+    "rollout.max_staleness": -1,
+    "rollout.worker_threads": -1,
 }
 # A second violating value where the range has two ends or an open end worth checking.
 MORE_BAD_VALUES = [

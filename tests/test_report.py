@@ -396,19 +396,20 @@ def test_demo_configuration_shows_na_checks_and_ships_on_the_rest(tmp_path):
         "clip_blowup",
         "bonus_vs_correctness",
         "reward_follows_length",
+        "staleness",
         "serving_consistency",
         "rollback_ready",
-    }  # N/A until `grpolab release` ran
+    }  # N/A until `grpolab release` ran; staleness: synchronous rollouts
     assert [c.status for c in rep["checks"]][-len(na) :] == ["N/A"] * len(na)  # listed last
     label, why = rep["verdict"]
     assert label == "ship" and "N/A in this configuration" in why, why
     page = (run / "report.html").read_text()
     assert '<span class="badge NA">N/A</span>' in page and ".NA{" in page
-    assert "never counts as a pass" in page and "17 checks:" in page and "6 N/A" in page
+    assert "never counts as a pass" in page and "18 checks:" in page and "7 N/A" in page
     kl = next(c for c in rep["checks"] if c.name == "kl_blowup")
     assert "algorithm.beta = 0" in kl.reason and "train.mu = 1" in kl.reason
     md = (run / "report.md").read_text()
-    assert "| N/A | kl_blowup |" in md and "| N/A | clip_blowup |" in md and "6 N/A" in md
+    assert "| N/A | kl_blowup |" in md and "| N/A | clip_blowup |" in md and "7 N/A" in md
     assert "PASS kl_blowup" not in md and "| PASS | kl_blowup" not in md
 
 

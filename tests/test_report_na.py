@@ -41,9 +41,11 @@ def history(**series: list[float] | float) -> list[dict]:
     return rows
 
 
-def config(beta=0.0, mu=1, minibatches=1, weights=None, **algorithm) -> dict:
-    """A resolved config as in manifest.json; the demo's values by default (no KL, one pass, correctness only)."""
+def config(beta=0.0, mu=1, minibatches=1, weights=None, max_staleness=0, **algorithm) -> dict:
+    """A resolved config as in manifest.json; the demo's values by default (no KL, one pass, correctness only,
+    synchronous rollouts)."""
     return {
+        "rollout": {"max_staleness": max_staleness},
         "algorithm": {
             "beta": beta,
             "kl_placement": "loss",
@@ -58,7 +60,7 @@ def config(beta=0.0, mu=1, minibatches=1, weights=None, **algorithm) -> dict:
 
 
 DEMO = config()
-FULL = config(beta=0.04, mu=2, minibatches=2, weights={"correct": 1.0, "format": 0.1})
+FULL = config(beta=0.04, mu=2, minibatches=2, weights={"correct": 1.0, "format": 0.1}, max_staleness=1)
 
 
 def ci(mean: float, half: float, n: int = 100) -> dict:
@@ -235,6 +237,7 @@ def test_training_checks_take_the_config_and_mark_the_demo():
         "clip_blowup",
         "bonus_vs_correctness",
         "reward_follows_length",
+        "staleness",
     }
     assert {c.status for c in by_name.values()} == {C.PASS, NA}
     full = C.training_checks(demo_history(), FULL, {"diff": ci(0.2, 0.05)}, T)
@@ -281,7 +284,7 @@ def test_order_puts_na_last():
     checks = C.training_checks(demo_history(), DEMO, {"diff": ci(0.2, 0.05)}, T)
     checks.append(check_improvement({"diff": ci(-0.1, 0.05)}, T))
     statuses = [c.status for c in order_checks(checks)]
-    assert statuses[0] == C.FAIL and statuses[-4:] == [NA] * 4 and NA not in statuses[:-4]
+    assert statuses[0] == C.FAIL and statuses[-5:] == [NA] * 5 and NA not in statuses[:-5]
 
 
 # ---------------------------------------------------------------- a PASS says what held
@@ -343,6 +346,7 @@ HEALTHY = history(
         "policy__clip_frac_high": 0.02,
         "sampler__logp_diff_mean": 0.03,
         "sampler__logp_diff_max": 0.6,
+        "async__staleness": 0.0,  # FULL's max_staleness 1, never reached
     }
 )
 
@@ -402,7 +406,7 @@ def test_no_check_reads_a_kept_metric():
     ]
     for c in C.training_checks(
         kept_only,
-        config(weights={"correct": 1.0, "format": 0.1}, dynamic_sampling=True, mu=2),
+        config(weights={"correct": 1.0, "format": 0.1}, dynamic_sampling=True, mu=2, max_staleness=1),
         {"diff": ci(0.1, 0.05)},
         T,
     ):

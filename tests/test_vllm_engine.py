@@ -21,8 +21,9 @@ import torch
 from grpolab.algo.logprobs import token_logprobs
 from grpolab.errors import GrpolabError
 from grpolab.rollout.base import SamplingParams
+from grpolab.rollout.engine_process import EngineDied, EngineProcess, EngineUnavailable
 from grpolab.rollout.hf import HFEngine
-from grpolab.rollout.vllm_engine import EngineDied, EngineProcess, EngineUnavailable, VLLMEngine, default_vllm_python
+from grpolab.rollout.vllm_engine import VLLMEngine, default_vllm_python
 
 HAS_VLLM = default_vllm_python().is_file()
 needs_vllm = pytest.mark.skipif(not HAS_VLLM, reason="vLLM's environment is absent: `make install-vllm` creates it")
@@ -299,6 +300,22 @@ def test_process_answers_and_reports_worker_errors(tmp_path):
     assert p.proc.poll() is not None
 
 
+def test_requests_in_flight_are_answered_in_the_order_sent(tmp_path):
+    """send / receive (rollout.max_staleness keeps generations in flight): three requests out, three replies back in
+    order; a failing one in the middle raises when its reply is taken, and the next still arrives."""
+    p = stand_in(tmp_path, "pass")
+    try:
+        p.send("echo", value=1)
+        p.send("fail")
+        p.send("echo", value=3)
+        assert p.receive("echo", 10)["value"] == 1
+        with pytest.raises(GrpolabError, match="failed in 'fail'"):
+            p.receive("fail", 10)
+        assert p.receive("echo", 10)["value"] == 3
+    finally:
+        p.close()
+
+
 def test_process_death_names_the_worker_and_its_log(tmp_path):
     p = stand_in(tmp_path, "print('about to die', flush=True); sys.exit(3)")
     with pytest.raises(EngineDied, match=r"(?s)exited with code 3 during 'generate'.*about to die"):
@@ -316,7 +333,7 @@ def test_process_silence_is_bounded(tmp_path):
 
 def test_missing_environment_names_the_make_target(tmp_path):
     with pytest.raises(EngineUnavailable, match="make install-vllm"):
-        EngineProcess(tmp_path / "no-such-python", tmp_path / "w.py", tmp_path, "vLLM")
+        EngineProcess(tmp_path / "no-such-python", tmp_path / "w.py", tmp_path, "vLLM", None, VLLMEngine.install_hint)
 
 
 def test_stop_rule_cuts_after_the_fact(tok):
@@ -373,6 +390,46 @@ def test_a_training_run_on_the_vllm_engine(tok, tmp_path):
     recorded = json.loads((trainer.run_dir / "manifest.json").read_text())
     assert recorded["config"]["rollout"]["engine"] == "vllm" and recorded["versions"]["vllm"] == trainer.engine.version
     assert recorded["objective"]["choices"]["rollout_engine"] == "vllm"
+
+
+@needs_vllm
+def test_an_asynchronous_run_on_the_vllm_engine(tok, tmp_path):
+    """rollout.max_staleness 1 on vLLM: step s trains on a batch vLLM sampled before update s - 1 was synced (the
+    weight load queued behind the generation in flight), so from step 2 on the sampler's logprobs are one update
+    old -- far above the engine-vs-trainer mismatch of a synchronous step -- and step 1's are not."""
+    import json
+
+    import earnable
+
+    from grpolab.config import from_dict
+    from grpolab.runs import start_run
+
+    model_dir = tmp_path / "tiny32"
+    tiny_llama(tok, seed=0).save_pretrained(model_dir)
+    tok.save_pretrained(model_dir)
+    rollout = {**earnable.rollout_config(group_size=4), "engine": "vllm", "dtype": "float32", "max_staleness": 1}
+    cfg = {
+        "model": {"name": str(model_dir)},
+        "task": {"name": "arithmetic", "options": {"num_train": 16, "num_test": 4}},
+        "reward": earnable.reward_config(),
+        "rollout": rollout,
+        "algorithm": {"beta": 0.0, "is_mode": "token_truncate", "entropy_coef": 0.1},  # moves this model's weights
+        "train": {"steps": 3, "prompts_per_step": 2, "micro_batch_size": 8, "lr": 1e-2, "precision": "fp32"},
+        "eval": {"every_steps": 0},
+        "run": {"output_dir": str(tmp_path), "name": "vllm-async"},
+    }
+    trainer, _ = start_run(from_dict(cfg))
+    try:
+        trainer.fit()
+    finally:
+        trainer.close()
+    rows = [json.loads(line) for line in (trainer.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["async/staleness"] for r in rows] == [0.0, 1.0, 1.0]
+    assert [r["async/policy_version"] for r in rows] == [0.0, 0.0, 1.0]
+    assert rows[0]["sampler/logp_diff_max"] < LOGP_ATOL
+    assert all(r["sampler/logp_diff_max"] > 10 * LOGP_ATOL for r in rows[1:]), [
+        r["sampler/logp_diff_max"] for r in rows
+    ]
 
 
 def test_an_agent_task_is_refused_on_the_vllm_engine(tiny_model_dir, tmp_path):

@@ -131,6 +131,18 @@ def objective_card(cfg: Config, precision: dict[str, Any] | None = None) -> dict
             "minibatches": cfg.train.minibatches,
             "group_size": cfg.rollout.group_size,
             "rollout_engine": cfg.rollout.engine,
+            "staleness": (
+                {
+                    "max_staleness": cfg.rollout.max_staleness,
+                    "schedule": f"fixed lag: the batch of step s is sampled with the weights after update "
+                    f"max(0, s - {cfg.rollout.max_staleness}) while the trainer updates",
+                    "in_flight_generations": "finish on the weights they started with (no partial rollouts)",
+                    "behaviour_policy": "the sampler's log-probabilities; corrected by is_mode / is_reject / "
+                    "offpolicy_mask_delta",
+                }
+                if cfg.rollout.max_staleness
+                else "synchronous: each batch is sampled with the current weights"
+            ),
             "stop_rule": stop_rule(cfg),
             "zero_variance_groups": "A = 0 exactly (max - min <= 1e-9)",
             "lora": (

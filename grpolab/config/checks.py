@@ -23,6 +23,8 @@ _RANGES: list[tuple[str, Any, str]] = [
     ("rollout.top_p", lambda v: 0 < v <= 1, "a number in (0, 1]"),
     ("rollout.top_k", lambda v: v >= 0, "an integer >= 0"),
     ("rollout.max_new_tokens", lambda v: v >= 1, "an integer >= 1"),
+    ("rollout.max_staleness", lambda v: v >= 0, "an integer >= 0 (0 = synchronous)"),
+    ("rollout.worker_threads", lambda v: v >= 0, "an integer >= 0 (0 = torch's default)"),
     ("algorithm.adv_eps", lambda v: v >= 0, "a number >= 0"),
     ("algorithm.eps_low", lambda v: 0 <= v < 1, "a number in [0, 1)"),
     ("algorithm.eps_high", lambda v: v >= 0, "a number >= 0"),
@@ -150,8 +152,32 @@ def validate(cfg: Config) -> None:
         raise ConfigError(
             f"algorithm.clip_cov_lb: expected < algorithm.clip_cov_ub ({a.clip_cov_ub}), got {a.clip_cov_lb}"
         )
+    validate_staleness(cfg)
     rollouts = cfg.train.prompts_per_step * cfg.rollout.group_size
     if rollouts % cfg.train.minibatches:
         raise ConfigError(
             f"train.minibatches: expected a divisor of prompts_per_step * group_size = {rollouts}, got {cfg.train.minibatches}"
+        )
+
+
+def validate_staleness(cfg: Config) -> None:
+    """rollout.max_staleness > 0 (grpolab.training.pipeline): what the asynchronous pipeline needs."""
+    r, a = cfg.rollout, cfg.algorithm
+    if r.max_staleness == 0:
+        return
+    if r.engine == "grpolab":
+        raise ConfigError(
+            "rollout.engine: expected grpolab_process or vllm with rollout.max_staleness > 0 (the next steps' "
+            "rollouts are generated in a process of their own while this one updates), got grpolab"
+        )
+    if a.dynamic_sampling:
+        raise ConfigError(
+            "algorithm.dynamic_sampling: expected false with rollout.max_staleness > 0 (a step's refill rounds are "
+            "decided on its scores, while the later steps' rounds are already being generated), got true"
+        )
+    if a.is_mode == "none" and a.is_reject == "none" and a.offpolicy_mask_delta == 0:
+        raise ConfigError(
+            "algorithm.is_mode: expected a correction with rollout.max_staleness > 0 (samples come from a policy up "
+            "to max_staleness updates old; token_truncate is TRL's vLLM default, token_mask / sequence_mask IcePop's "
+            "and TRL's masked IS; or set algorithm.is_reject / offpolicy_mask_delta), got none"
         )

@@ -83,13 +83,19 @@ class RewardConfig:
 @dataclass(frozen=True)
 class RolloutConfig:
     # where rollouts and the in-training held-out eval are generated: grpolab = in this process (rollout.decoder);
-    # vllm = vLLM's offline engine in a process and venv of its own (`make install-vllm`; grpolab/rollout/vllm_engine.py)
-    engine: Literal["grpolab", "vllm"] = "grpolab"
+    # vllm = vLLM's offline engine in a process and venv of its own (`make install-vllm`; grpolab/rollout/vllm_engine.py);
+    # grpolab_process = grpolab's decode loop in a worker process of its own (grpolab/rollout/grpolab_worker.py)
+    engine: Literal["grpolab", "grpolab_process", "vllm"] = "grpolab"
+    # k >= 1: the batch of step s is sampled with the weights after update s - k (a fixed lag; the first k steps'
+    # with the initial ones) while the trainer updates: an engine in its own process (grpolab_process or vllm) keeps
+    # the next k steps' generations in flight (grpolab/training/pipeline.py; docs/async.md). 0 = synchronous
+    max_staleness: int = 0
+    worker_threads: int = 0  # grpolab_process: the worker's torch threads (0 = torch's default)
     vllm_python: str = (
         ""  # the vLLM venv's python ("" = .venv-vllm/bin/python of the checkout, or $GRPOLAB_VLLM_PYTHON)
     )
-    vllm_start_timeout_s: float = 900.0  # engine start (model load) bound
-    vllm_call_timeout_s: float = 1800.0  # one generate / weight load bound
+    vllm_start_timeout_s: float = 900.0  # engine start (model load) bound (vllm and grpolab_process)
+    vllm_call_timeout_s: float = 1800.0  # one generate / weight load bound (vllm and grpolab_process)
     # grpolab's decode loop (rollout/decode.py); hf: HF generate (the removed choices: REMOVED_CHOICES)
     decoder: Literal["grpolab", "hf"] = "grpolab"
     group_size: int = 8  # G completions per prompt

@@ -117,6 +117,9 @@ class Thresholds:
     kl_old_warn: float = _t(0.05, "max policy/approx_kl_old (drift within one update): WARN above")
     clip_warn: float = _t(0.2, "max clip_frac_low + clip_frac_high: WARN above")
     logp_diff_warn: float = _t(0.1, "late sampler/logp_diff_mean (nats/token): WARN above")
+    staleness_bound_warn: float = _t(
+        0.5, "share of the samples drawn rollout.max_staleness updates old (the bound): WARN above"
+    )
     improvement_min: float = _t(0.0, "held-out gain established when its 95% interval's low end exceeds this")
     capability_tolerance: float = _t(
         0.0,

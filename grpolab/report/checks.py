@@ -70,6 +70,7 @@ __all__ = [
     "check_reward_length_corr",
     "check_reward_vs_heldout",
     "check_sampler_mismatch",
+    "check_staleness",
     "check_truncation_drift",
     "early_late",
     "paired",
@@ -327,6 +328,37 @@ def check_sampler_mismatch(rows: Sequence[dict[str, Any]], t: Thresholds) -> Che
     )
 
 
+def check_staleness(rows: Sequence[dict[str, Any]], config: dict[str, Any] | None, t: Thresholds) -> CheckResult:
+    """Staleness (rollout.max_staleness = k > 0; grpolab.training.pipeline): how old the trained samples were.
+
+    Rule: the share of steps (each trains on one batch of equal size, so of samples) whose async/staleness equals
+    k: WARN above `staleness_bound_warn` (0.5), PASS otherwise. The fixed-lag schedule puts every step after the
+    first k at the bound whenever the run is longer than 2k steps, so a WARN says "read the off-policy evidence",
+    which the detail gives: the late mean of sampler/kl_k3 (behaviour vs current, per token) and the late share of
+    tokens the correction truncated, masked or rejected. A synchronous run (k = 0, or no config): N/A.
+    """
+    name, group = "staleness", "dynamics"
+    k = setting(config, "rollout.max_staleness")
+    if not k:
+        return not_applicable(name, group, "synchronous rollouts (rollout.max_staleness 0): every sample is on-policy")
+    ages = values(rows, "async/staleness")
+    if not ages:
+        return not_measured(name, group, "no async/staleness")
+    at_bound = sum(a >= k for a in ages) / len(ages)
+    numbers: dict[str, Any] = {"max_staleness": k, "at_bound_frac": r4(at_bound), "max": max(ages)}
+    detail = [f"{at_bound:.0%} of the samples were {k} update(s) old (the bound), mean {sum(ages) / len(ages):.2f}"]
+    kl = values(rows, "sampler/kl_k3")
+    if kl:
+        numbers["late_kl_k3"] = r4(early_late(kl, t.window_frac)[1])
+        detail.append(f"late behaviour-vs-current k3 KL {numbers['late_kl_k3']:.4f} nats/token")
+    cut = [sum(r.get(f"sampler/token_{x}_frac", 0.0) for x in ("truncated", "masked", "rejected")) for r in rows]
+    if any(cut):
+        numbers["late_corrected_frac"] = r4(early_late(cut, t.window_frac)[1])
+        detail.append(f"late share of tokens truncated, masked or rejected {numbers['late_corrected_frac']:.3f}")
+    status, bound = _over(at_bound, t.staleness_bound_warn)
+    return CheckResult(name, group, status, "; ".join(detail) + f" (share at the bound {bound})", numbers)
+
+
 def training_checks(
     rows: Sequence[dict[str, Any]], config: dict[str, Any] | None, heldout: dict[str, Any] | None, t: Thresholds
 ) -> list[CheckResult]:
@@ -343,4 +375,5 @@ def training_checks(
         check_kl_blowup(rows, config, t),
         check_clip_blowup(rows, config, t),
         check_sampler_mismatch(rows, t),
+        check_staleness(rows, config, t),
     ]

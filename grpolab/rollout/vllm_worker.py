@@ -12,9 +12,11 @@ Requests (``op`` names the command; every reply is ``{"ok": True, ...}`` or ``{"
 - ``start``: build ``LLM(model=dir, dtype, enforce_eager, skip_tokenizer_init=True, logprobs_mode=
   "processed_logprobs", generation_config="vllm", ...)`` -- token ids in, token ids out (grpolab's tokenizer
   decodes); no sampling default from the model's generation config. Reply: vLLM's version and start seconds.
+  (Fields other workers read, such as ``stop_rule`` and ``threads``, are ignored here.)
 - ``generate``: one request per prompt (``TokensPrompt``), ``n`` = group size, the prompt's seed, stop token ids;
   ``logprobs=0`` returns the sampled token's log-probability under the distribution sampled from (the processed
-  one: logits / T after top-k / top-p). Reply: per prompt, the n completions' token ids, logprobs, finish reasons.
+  one: logits / T after top-k / top-p). Reply: per prompt, the n completions' token ids, logprobs, finish reasons;
+  with ``untruncated`` also each token's log softmax(logits) (a scoring pass in the same request, on the same weights).
 - ``score``: teacher-forced log-probabilities of given sequences (``prompt_logprobs=0``, one generated token):
   log softmax(logits)(token) of every token after the first -- what a trainer's forward computes at T = 1.
 - ``load_weights``: the trainer's weights from a safetensors file (written to shared memory), loaded in place with
@@ -59,7 +61,7 @@ def start(state: dict, req: dict) -> dict:
     )
     kwargs.update(req.get("engine_kwargs") or {})
     state["llm"] = vllm.LLM(**kwargs)
-    return {"vllm_version": vllm.__version__, "start_s": time.perf_counter() - began}
+    return {"version": vllm.__version__, "start_s": time.perf_counter() - began}
 
 
 def _sampling_params(req: dict, seed: int | None):
@@ -108,6 +110,12 @@ def generate(state: dict, req: dict) -> dict:
                 for c in rows
             ]
         )
+    if req.get("untruncated"):  # in this request, so on the weights that sampled (a later load may be queued)
+        seqs = [list(p) + c["token_ids"] for p, group in zip(req["prompts"], groups) for c in group]
+        scored = iter(score(state, {"sequences": seqs})["logprobs"])
+        for group in groups:
+            for c in group:
+                c["logprobs_untruncated"] = next(scored)[-len(c["token_ids"]) :] if c["token_ids"] else []
     return {"groups": groups}
 
 

@@ -197,7 +197,34 @@ class BatchCollector:
         owned = owned_groups(p, self.world)
         seeds = [group_seed(self.cfg.train.seed, step, index * p + j) for j in owned]
         rollout, local = self.sample_and_score([problems[j] for j in owned], seeds, t0)
-        g = self.cfg.rollout.group_size
+        return self.gathered_round(problems, owned, rollout, local)
+
+    def submit_round(self, step: int) -> tuple[list[Problem], list[int], object]:
+        """Round 0 of step `step` sent to the engine without waiting (rollout.max_staleness: grpolab.training.pipeline):
+        its problems, the groups this rank owns, and the engine's pending generation (same seeds as generate_round)."""
+        p = self.cfg.train.prompts_per_step
+        problems = self.sampler.take(p)
+        owned = owned_groups(p, self.world)
+        seeds = [group_seed(self.cfg.train.seed, step, j) for j in owned]
+        pending = self.engine.submit([self.prompt_ids(problems[j]) for j in owned], self.params, seeds)
+        return problems, owned, pending
+
+    def collect_rollout(self, problems: list[Problem], owned: list[int], rollout: Rollout) -> Batch:
+        """The batch of a step whose rollout was generated ahead (grpolab.training.pipeline): scored, gathered and
+        joined as collect does without dynamic sampling."""
+        self.timing = {"rollout": 0.0, "reward": 0.0}
+        t1 = time.perf_counter()
+        local = score_rollout(rollout, [problems[j] for j in owned], self.rewards, self.cfg)
+        self.timing["reward"] += time.perf_counter() - t1
+        rounds = [self.gathered_round(problems, owned, rollout, local)]
+        batch = self.join(rounds, [(0, gi) for gi in range(self.cfg.train.prompts_per_step)])
+        batch.metrics.update(self.sampler.stats())
+        return batch
+
+    def gathered_round(self, problems: list[Problem], owned: list[int], rollout: Rollout, local: Scores) -> Round:
+        """A round from this rank's rollout and scores: every rank's scores, lengths and truncation flags gathered;
+        the prompt schedule told how each group did."""
+        p, g = len(problems), self.cfg.rollout.group_size
         by_group = {
             j: res[i * g : (i + 1) * g]
             for groups, res in gather_objects((owned, local.results), self.world)

@@ -99,6 +99,7 @@ class TrainerCheckpoints:
             "rank_rng": gather_objects(ckpt.rng_state(), self.world),
             "best": self.best,
             **self.reference_checkpoint(),
+            **({"pipeline": self.pipeline.state_dict()} if self.pipeline is not None else {}),
         }
 
     def reference_checkpoint(self) -> dict[str, Any]:
@@ -161,6 +162,10 @@ class TrainerCheckpoints:
             load_weights(self.policy, path, self.cfg.model.dtype)  # the full model, or the LoRA adapter
             self.optimizer.load_state_dict(state["optimizer"])
         self.engine.sync_weights(self.policy)
+        if self.pipeline is not None:  # rollout.max_staleness > 0: the steps generated ahead (training/pipeline.py)
+            if "pipeline" not in state:
+                raise GrpolabError(f"{path} holds no rollout queue: it was written with rollout.max_staleness = 0")
+            self.pipeline.load_state_dict(state["pipeline"], self.train_problems, str(path))
         self.scheduler.load_state_dict(state["scheduler"])
         self.sampler.load_state_dict(state["sampler"])
         self.updater.skipped_steps = state.get("faults", {}).get("skipped_steps", 0)

@@ -1,7 +1,8 @@
-"""The rollout engine of a run (rollout.engine): grpolab's own decode loop in this process (grpolab.rollout.hf), or
-vLLM's offline engine in a worker process of its own venv (grpolab.rollout.vllm_engine; docs/vllm.md). Both keep a
-sampler's copy of the weights that the trainer syncs after every update, and both sample the in-training held-out
-eval. Agent episodes run turn by turn on the policy's own KV cache, so they need grpolab's engine."""
+"""The rollout engine of a run (rollout.engine): grpolab's own decode loop in this process (grpolab.rollout.hf), the
+same loop in a worker process (grpolab_process: grpolab.rollout.grpolab_worker), or vLLM's offline engine in a worker
+process of its own venv (grpolab.rollout.vllm_engine; docs/vllm.md). Each keeps a sampler's copy of the weights that
+the trainer syncs after every update, and each samples the in-training held-out eval. Agent episodes run turn by turn
+on the policy's own KV cache, so they need the in-process engine."""
 
 from __future__ import annotations
 
@@ -37,14 +38,29 @@ def make_engine(
     if agent:
         raise ConfigError(
             "rollout.engine: expected grpolab for an agent task (its episodes continue each turn on the sampler's own "
-            "KV cache, which a vLLM worker does not expose), got vllm"
+            f"KV cache, which a worker process does not expose), got {r.engine}"
+        )
+    dtype = torch.bfloat16 if sampling_dtype == "bfloat16" else torch.float32
+    if r.engine == "grpolab_process":
+        from ..rollout.worker_engine import GrpolabProcessEngine
+
+        return GrpolabProcessEngine(
+            policy,
+            tokenizer,
+            dtype,
+            threads=r.worker_threads,
+            speed={"cpu_fast_paths": speed.cpu_fast_paths, "preallocate_kv_cache": speed.preallocate_kv_cache},
+            max_model_len=longest_sequence(cfg, tokenizer, problems),
+            seed=cfg.train.seed,
+            start_timeout=r.vllm_start_timeout_s,
+            call_timeout=r.vllm_call_timeout_s,
         )
     from ..rollout.vllm_engine import VLLMEngine
 
     return VLLMEngine(
         policy,
         tokenizer,
-        torch.bfloat16 if sampling_dtype == "bfloat16" else torch.float32,
+        dtype,
         python=r.vllm_python or None,
         max_model_len=longest_sequence(cfg, tokenizer, problems),
         seed=cfg.train.seed,
@@ -54,7 +70,8 @@ def make_engine(
 
 
 def sync_metrics(engine: Any) -> dict[str, float]:
-    """time/weight_sync_s and sync/bytes of the last weight sync into a worker process (rollout.engine: vllm); {} for
-    grpolab's engine, whose copy is made in place."""
+    """time/weight_sync_s and sync/bytes of the last weight sync a worker process answered (rollout.engine: vllm or
+    grpolab_process; with rollout.max_staleness > 0 the newest load answered so far); {} for the in-process engine,
+    whose copy is made in place."""
     last = getattr(engine, "last_sync", None)
     return {"time/weight_sync_s": last["total_s"], "sync/bytes": last["bytes"]} if last else {}

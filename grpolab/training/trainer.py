@@ -29,7 +29,7 @@ import torch
 from ..agents.openenv_env import stop_servers
 from ..algo.kl import KLPlacement, token_kl
 from ..config import Config
-from ..errors import DataError, GrpolabError
+from ..errors import ConfigError, DataError, GrpolabError
 from ..evaluation.heldout import EvalResult, greedy_eval
 from ..models import checkpoint as ckpt
 from ..models.load import DTYPES, load_causal_lm, load_tokenizer, make_reference, resolve_model_path
@@ -49,6 +49,7 @@ from .distributed import World, all_reduce_sum, gather_objects, init_world, reso
 from .engine import make_engine, sync_metrics
 from .faults import InterruptGuard, NonFiniteTracker, TrainingInterrupted
 from .metrics import JsonlSink, completion_table, peak_rss_mb
+from .pipeline import RolloutPipeline
 from .process_settings import ProcessSettings
 from .prompt_sampler import PromptSampler
 from .reference import (
@@ -242,6 +243,8 @@ class Trainer(TrainerCheckpoints):
         self.collector = collector_class(self.train_problems)(
             cfg, self.engine, self.tokenizer, self.sampler, self.rewards, self.world
         )  # episodes for agent tasks
+        self.pipeline = self.make_pipeline()  # rollout.max_staleness > 0: the next steps' rollouts in flight
+        self.batch_version = 0  # the policy version (updates applied) that sampled the batch being trained
         self.step = 0
         self.saved_step: int | None = None  # step of the newest checkpoint this trainer wrote or loaded
         self.saved_at = time.monotonic()  # when it was written (for train.save_every_minutes)
@@ -252,6 +255,18 @@ class Trainer(TrainerCheckpoints):
         self.table: tuple[list[str], list[list[Any]]] | None = None  # the last step's completions table, when due
         self.trackers = Trackers(self.run_dir, {}, {})  # opened by fit (rank 0)
         self.told_first_step = False  # the first step this trainer takes is announced phase by phase
+
+    def make_pipeline(self) -> RolloutPipeline | None:
+        """rollout.max_staleness > 0: the queue of steps submitted ahead (grpolab.training.pipeline); one process."""
+        k = self.cfg.rollout.max_staleness
+        if not k:
+            return None
+        if self.world.size > 1:
+            raise ConfigError(
+                f"rollout.max_staleness: expected 0 with more than one process (this run has {self.world.size}): "
+                "the asynchronous pipeline is built and tested for one"
+            )
+        return RolloutPipeline(self.collector, self.engine, k, self.cfg.train.steps)
 
     def tell(self, message: str) -> None:
         """``progress(message)`` on rank 0 (before a phase that can take over ~20 s)."""
@@ -312,7 +327,12 @@ class Trainer(TrainerCheckpoints):
                 f"step {self.step + 1}/{c.train.steps}: sampling {c.train.prompts_per_step} prompts x "
                 f"{c.rollout.group_size} completions"
             )
-        return self.collector.collect(self.step)
+        if self.pipeline is None:
+            self.batch_version = self.step
+            return self.collector.collect(self.step)
+        self.pipeline.fill(self.step, self.step)  # the engine holds the weights after update `step`
+        batch, self.batch_version = self.pipeline.take(self.step, self.step)
+        return batch
 
     def train_step(self) -> tuple[dict[str, float], list[dict[str, Any]]]:
         """One whole step (collect + update) without logging or checkpointing."""
@@ -366,7 +386,10 @@ class Trainer(TrainerCheckpoints):
         self.step += 1
         align_schedule(self.scheduler, self.step * t.mu * t.minibatches)
         self.reset_reference_if_due()
-        self.engine.sync_weights(self.policy)
+        if self.pipeline is None:
+            self.engine.sync_weights(self.policy)
+        else:  # queued behind the generations in flight, which finish on the weights they started with
+            self.engine.sync_weights(self.policy, wait=False)
         t2 = time.perf_counter()
         if scores.invalid.any():
             first = next(e for e in scores.errors if e is not None)
@@ -453,6 +476,7 @@ class Trainer(TrainerCheckpoints):
                 **{f"reward/{k}": v[i].item() for k, v in batch.scores.components.items()},
                 **({"reason": batch.scores.results[i].reason} if batch.scores.results[i].reason else {}),
                 **({"error": batch.scores.results[i].error} if batch.scores.results[i].error else {}),
+                **({"policy_version": self.batch_version} if self.pipeline is not None else {}),
             }
             for i in rows
         ]
@@ -494,6 +518,10 @@ class Trainer(TrainerCheckpoints):
                     try:
                         batch = self.collect()
                     except KeyboardInterrupt:  # nothing trained yet: roll the step back and keep the last one
+                        if self.pipeline is not None:  # later steps were drawn too: the last checkpoint stands
+                            raise TrainingInterrupted(
+                                self.run_dir, ckpt.latest_checkpoint(self.run_dir), written=False
+                            ) from None
                         self.sampler.load_state_dict(before["sampler"])
                         ckpt.set_rng_state(before["rng"])
                         raise self.interrupted() from None

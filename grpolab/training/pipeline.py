@@ -1,0 +1,139 @@
+"""Asynchronous rollouts with a staleness bound (``rollout.max_staleness: k``; docs/async.md).
+
+The schedule is a fixed lag: the batch of step s (0-based) is sampled with the weights after update max(0, s - k).
+At the top of step s the trainer submits step s + k's generation to the engine's worker process (steps 0..k at
+the first step, all with the initial weights) and takes step s's, generated while it updated; after the update it
+queues the new weights behind the generations already in flight (WorkerEngine.sync_weights(wait=False)). The
+worker answers in order, so every generation samples from exactly the weights queued before it: a sample is at most
+k updates old (exactly k once s >= k), and which weights drew it never depends on timing. In-flight generations
+finish on the weights they started with (no partial rollouts).
+
+Every step's batch carries its policy version (the number of updates behind the weights that drew it); the update
+treats the sampler's log-probabilities as the behaviour policy (the run's is_mode / is_reject /
+offpolicy_mask_delta correct for it; config.checks refuses none). Metrics per step: ``async/staleness`` (updates
+between the batch's weights and the trained ones), ``async/policy_version``, ``async/wait_s`` (how long the trainer
+waited for the batch: 0 when generation kept ahead), ``async/queued`` (steps submitted and not yet trained).
+
+Exact resume: a checkpoint holds the queued steps' rollouts (waited for first: ``state_dict``) with their problems
+and versions, and the prompt cursor that drew them; a resumed run trains on them and submits the later steps as an
+uninterrupted run does, so its samples and weights are the same bytes.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, fields
+from typing import Any
+
+from ..errors import GrpolabError
+from ..rollout.base import Rollout
+from ..tasks.base import Problem
+from .batch import Batch, BatchCollector
+
+
+@dataclass
+class Queued:
+    """A step whose generation was submitted: its problems, the groups this rank owns, the policy version that
+    samples it, and the engine's pending generation (or, once collected, its rollout)."""
+
+    step: int
+    problems: list[Problem]
+    owned: list[int]
+    version: int
+    pending: Any = None
+    rollout: Rollout | None = None
+
+
+def rollout_state(rollout: Rollout) -> dict[str, Any]:
+    """A Rollout as plain values (tensors, lists, None) for a checkpoint."""
+    return {f.name: getattr(rollout, f.name) for f in fields(rollout)}
+
+
+class RolloutPipeline:
+    """The queue of submitted steps (module docstring). ``fill`` submits, ``take`` returns a step's batch."""
+
+    def __init__(self, collector: BatchCollector, engine: Any, max_staleness: int, steps: int):
+        if not hasattr(engine, "submit"):
+            raise GrpolabError(
+                "rollout.max_staleness > 0 needs an engine in its own process (rollout.engine: grpolab_process or vllm)"
+            )
+        self.collector, self.engine, self.k, self.steps = collector, engine, max_staleness, steps
+        self.queue: dict[int, Queued] = {}
+        self.next_step = 0  # the first step not yet submitted
+
+    def fill(self, step: int, version: int) -> None:
+        """Submit every step up to step + k (and below train.steps) not submitted yet, to be sampled with the
+        engine's newest weights, which are `version` updates old."""
+        while self.next_step <= min(step + self.k, self.steps - 1):
+            problems, owned, pending = self.collector.submit_round(self.next_step)
+            self.queue[self.next_step] = Queued(self.next_step, problems, owned, version, pending)
+            self.next_step += 1
+
+    def take(self, step: int, version: int) -> tuple[Batch, int]:
+        """Step `step`'s batch (scored, advantages computed) and the policy version that sampled it; `version`: the
+        trainer's (the updates applied so far)."""
+        if step not in self.queue:
+            raise GrpolabError(f"step {step}: its rollout was never submitted (queued: {sorted(self.queue)})")
+        queued = self.queue.pop(step)
+        t0 = time.perf_counter()
+        rollout = queued.rollout if queued.rollout is not None else self.engine.finish(queued.pending)
+        waited = time.perf_counter() - t0
+        batch = self.collector.collect_rollout(queued.problems, queued.owned, rollout)
+        self.collector.timing["rollout"] = waited
+        staleness = version - queued.version
+        if not 0 <= staleness <= self.k:
+            raise GrpolabError(
+                f"step {step}: its batch was sampled {staleness} updates ago, outside [0, {self.k}] "
+                "(rollout.max_staleness)"
+            )
+        batch.metrics.update(
+            {
+                "async/staleness": float(staleness),
+                "async/policy_version": float(queued.version),
+                "async/wait_s": waited,
+                "async/queued": float(len(self.queue)),
+            }
+        )
+        return batch, queued.version
+
+    def state_dict(self) -> dict[str, Any]:
+        """The queue for a checkpoint: every submitted step's rollout (waiting for those still in flight)."""
+        self.engine.wait_all()
+        for queued in self.queue.values():
+            if queued.rollout is None:
+                queued.rollout = self.engine.finish(queued.pending)
+                queued.pending = None
+        return {
+            "max_staleness": self.k,
+            "next_step": self.next_step,
+            "queue": [
+                {
+                    "step": q.step,
+                    "uids": [p.uid for p in q.problems],
+                    "owned": q.owned,
+                    "version": q.version,
+                    "rollout": rollout_state(q.rollout),
+                }
+                for q in self.queue.values()
+            ],
+        }
+
+    def load_state_dict(self, state: dict[str, Any], problems: list[Problem], where: str) -> None:
+        """Restore a checkpoint's queue; `problems`: the run's training problems (found by uid); `where`: the
+        checkpoint, for errors."""
+        if state.get("max_staleness") != self.k:
+            raise GrpolabError(
+                f"{where}: its rollout queue was written with rollout.max_staleness = {state.get('max_staleness')}, "
+                f"this run has {self.k}; resume with the same value"
+            )
+        by_uid = {p.uid: p for p in problems}
+        missing = [u for q in state["queue"] for u in q["uids"] if u not in by_uid]
+        if missing:
+            raise GrpolabError(f"{where}: its queued rollouts answer problems this run does not have ({missing[0]})")
+        self.queue = {
+            q["step"]: Queued(
+                q["step"], [by_uid[u] for u in q["uids"]], list(q["owned"]), q["version"], None, Rollout(**q["rollout"])
+            )
+            for q in state["queue"]
+        }
+        self.next_step = state["next_step"]
