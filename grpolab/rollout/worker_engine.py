@@ -25,7 +25,7 @@ import tempfile
 import time
 import weakref
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -101,13 +101,14 @@ class PendingRollout:
 
 @dataclass
 class _InFlight:
+    """A request sent and not yet answered: its op, the generation it carries, or the weight file it loads."""
+
     op: str
     pending: PendingRollout | None = None
     path: Path | None = None
     began: float = 0.0
     written: float = 0.0
     bytes: float = 0.0
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 class WorkerEngine:

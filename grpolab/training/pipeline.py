@@ -25,10 +25,12 @@ import time
 from dataclasses import dataclass, fields
 from typing import Any
 
-from ..errors import GrpolabError
+from ..config import Config
+from ..errors import ConfigError, GrpolabError
 from ..rollout.base import Rollout
 from ..tasks.base import Problem
 from .batch import Batch, BatchCollector
+from .distributed import World
 
 
 @dataclass
@@ -137,3 +139,16 @@ class RolloutPipeline:
             for q in state["queue"]
         }
         self.next_step = state["next_step"]
+
+
+def make_pipeline(cfg: Config, collector: BatchCollector, engine: Any, world: World) -> RolloutPipeline | None:
+    """The run's pipeline when rollout.max_staleness > 0 (one process only), else None (the synchronous loop)."""
+    k = cfg.rollout.max_staleness
+    if not k:
+        return None
+    if world.size > 1:
+        raise ConfigError(
+            f"rollout.max_staleness: expected 0 with more than one process (this run has {world.size}): the "
+            "asynchronous pipeline is built and tested for one"
+        )
+    return RolloutPipeline(collector, engine, k, cfg.train.steps)

@@ -29,7 +29,7 @@ import torch
 from ..agents.openenv_env import stop_servers
 from ..algo.kl import KLPlacement, token_kl
 from ..config import Config
-from ..errors import ConfigError, DataError, GrpolabError
+from ..errors import DataError, GrpolabError
 from ..evaluation.heldout import EvalResult, greedy_eval
 from ..models import checkpoint as ckpt
 from ..models.load import DTYPES, load_causal_lm, load_tokenizer, make_reference, resolve_model_path
@@ -49,7 +49,7 @@ from .distributed import World, all_reduce_sum, gather_objects, init_world, reso
 from .engine import make_engine, sync_metrics
 from .faults import InterruptGuard, NonFiniteTracker, TrainingInterrupted
 from .metrics import JsonlSink, completion_table, peak_rss_mb
-from .pipeline import RolloutPipeline
+from .pipeline import make_pipeline
 from .process_settings import ProcessSettings
 from .prompt_sampler import PromptSampler
 from .reference import (
@@ -243,7 +243,7 @@ class Trainer(TrainerCheckpoints):
         self.collector = collector_class(self.train_problems)(
             cfg, self.engine, self.tokenizer, self.sampler, self.rewards, self.world
         )  # episodes for agent tasks
-        self.pipeline = self.make_pipeline()  # rollout.max_staleness > 0: the next steps' rollouts in flight
+        self.pipeline = make_pipeline(cfg, self.collector, self.engine, self.world)  # max_staleness > 0, else None
         self.batch_version = 0  # the policy version (updates applied) that sampled the batch being trained
         self.step = 0
         self.saved_step: int | None = None  # step of the newest checkpoint this trainer wrote or loaded
@@ -255,18 +255,6 @@ class Trainer(TrainerCheckpoints):
         self.table: tuple[list[str], list[list[Any]]] | None = None  # the last step's completions table, when due
         self.trackers = Trackers(self.run_dir, {}, {})  # opened by fit (rank 0)
         self.told_first_step = False  # the first step this trainer takes is announced phase by phase
-
-    def make_pipeline(self) -> RolloutPipeline | None:
-        """rollout.max_staleness > 0: the queue of steps submitted ahead (grpolab.training.pipeline); one process."""
-        k = self.cfg.rollout.max_staleness
-        if not k:
-            return None
-        if self.world.size > 1:
-            raise ConfigError(
-                f"rollout.max_staleness: expected 0 with more than one process (this run has {self.world.size}): "
-                "the asynchronous pipeline is built and tested for one"
-            )
-        return RolloutPipeline(self.collector, self.engine, k, self.cfg.train.steps)
 
     def tell(self, message: str) -> None:
         """``progress(message)`` on rank 0 (before a phase that can take over ~20 s)."""
