@@ -47,9 +47,10 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 def trainer_logprobs(policy, prompt: list[int], completion: list[int], temperature: float) -> torch.Tensor:
     """log softmax(logits / T)(o_t) of an fp32 teacher-forced forward over prompt + completion (one row, no pads)."""
+    device = next(policy.parameters()).device
     with torch.no_grad():
-        logits = policy(torch.tensor([prompt + completion])).logits[0, len(prompt) - 1 : -1]
-    return token_logprobs(logits, torch.tensor(completion), temperature).double()
+        logits = policy(torch.tensor([prompt + completion], device=device)).logits[0, len(prompt) - 1 : -1]
+    return token_logprobs(logits, torch.tensor(completion, device=device), temperature).double().cpu()
 
 
 def mismatch(policy, prompts: list[list[int]], rollout, g: int, temperature: float) -> dict[str, float]:
@@ -57,7 +58,7 @@ def mismatch(policy, prompts: list[list[int]], rollout, g: int, temperature: flo
     for i in range(len(rollout)):
         n = int(rollout.completion_mask[i].sum())
         comp = rollout.completion_ids[i, :n].tolist()
-        sampler = rollout.sampler_logprobs[i, :n].double()
+        sampler = rollout.sampler_logprobs[i, :n].double().cpu()
         diffs.append(trainer_logprobs(policy, prompts[i // g], comp, temperature) - sampler)
     d = torch.cat(diffs)
     w = d.exp()
@@ -94,10 +95,11 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--temperature", type=float, default=0.8)
     parser.add_argument("--json-out", default=None)
+    parser.add_argument("--device", default="cpu", help="the trainer's policy and grpolab's decoder (cuda on a GPU)")
     args = parser.parse_args()
 
     path = resolve_model_path(args.model)
-    tok, policy = load_tokenizer(path), load_causal_lm(path, "float32").eval()
+    tok, policy = load_tokenizer(path), load_causal_lm(path, "float32").eval().to(args.device)
     problems = make_task("arithmetic", **QUICKSTART_TASK).problems("train")
     params = SamplingParams(
         group_size=args.group_size, max_new_tokens=args.max_new_tokens, temperature=args.temperature
