@@ -174,6 +174,21 @@ def test_a_crash_then_resume_gives_the_uninterrupted_runs_bytes(k, k1_run, tiny_
     assert_same_bytes(whole, run)
 
 
+def test_scalerl_with_eight_steps_of_asynchrony_filters_zero_variance_groups(tiny_model_dir, tmp_path):
+    """ScaleRL's preset (CISPO, prompt-level mean, batch std, zero-variance groups dropped without refilling) with a
+    PipelineRL-style lag: each step trains on its own first round's groups with signal, sampled on weights up to
+    max_staleness updates old."""
+    raw = tiny(tiny_model_dir, tmp_path, "scalerl", 8, steps=3)
+    raw["algorithm"] = {"preset": "scalerl", "is_mode": "token_truncate"}
+    metrics = rows(train(raw) / "metrics.jsonl")
+    assert [m["async/staleness"] for m in metrics] == [0.0, 1.0, 2.0], "k = 8 > steps: every batch from version 0"
+    assert [m["async/policy_version"] for m in metrics] == [0.0, 0.0, 0.0]
+    for m in metrics:
+        assert m["dynamic/extra_rounds"] == 0.0
+        kept_share = m["dynamic/kept_groups"] / raw["train"]["prompts_per_step"]
+        assert kept_share == pytest.approx(1 - m["groups/frac_zero_std"]), "exactly the groups with signal are kept"
+
+
 def test_a_dead_or_silent_worker_is_a_clear_error_within_its_bound(tiny_model_dir, tmp_path):
     for how, expected in ((signal.SIGKILL, r"exited with code"), (signal.SIGSTOP, r"gave no answer .* within 3 s")):
         raw = tiny(tiny_model_dir, tmp_path, f"fault-{how.name}", 1)
@@ -205,8 +220,9 @@ def test_the_settings_the_pipeline_cannot_honour_are_refused(tiny_model_dir, tmp
 
     with pytest.raises(ConfigError, match=r"rollout.engine: expected grpolab_process or vllm .* got grpolab"):
         config(rollout__engine="grpolab")
-    with pytest.raises(ConfigError, match=r"algorithm.dynamic_sampling: expected false"):
-        config(algorithm__dynamic_sampling=True)
+    with pytest.raises(ConfigError, match=r"algorithm.max_extra_rounds: expected 0 with dynamic sampling"):
+        config(algorithm__dynamic_sampling=True, algorithm__max_extra_rounds=2)
+    assert config(algorithm__dynamic_sampling=True).algorithm.max_extra_rounds == 0  # filtering, no refill: kept
     with pytest.raises(ConfigError, match=r"algorithm.is_mode: expected a correction"):
         config(algorithm__is_mode="none")
     with pytest.raises(ConfigError, match=r"rollout.max_staleness: expected an integer >= 0"):

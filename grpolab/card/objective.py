@@ -194,7 +194,8 @@ def _menu_choices(cfg: Config) -> dict[str, Any]:
 
 
 SCALERL_NOT_REPRODUCED = (
-    "PipelineRL-8 (asynchronous generation with in-flight weight updates), the FP32 LM head, no-positive-resampling "
+    "PipelineRL-8's in-flight weight updates (rollout.max_staleness: 8 gives its 8 steps of asynchrony with a fixed "
+    "lag, never changing weights mid-generation), the FP32 LM head, no-positive-resampling "
     "(train.prompt_schedule pass_rate is the nearest), forced length interruptions"
 )
 

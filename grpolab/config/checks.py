@@ -170,10 +170,11 @@ def validate_staleness(cfg: Config) -> None:
             "rollout.engine: expected grpolab_process or vllm with rollout.max_staleness > 0 (the next steps' "
             "rollouts are generated in a process of their own while this one updates), got grpolab"
         )
-    if a.dynamic_sampling:
+    if a.dynamic_sampling and a.max_extra_rounds > 0:
         raise ConfigError(
-            "algorithm.dynamic_sampling: expected false with rollout.max_staleness > 0 (a step's refill rounds are "
-            "decided on its scores, while the later steps' rounds are already being generated), got true"
+            "algorithm.max_extra_rounds: expected 0 with dynamic sampling and rollout.max_staleness > 0 (a step's "
+            "refill rounds are decided on its scores, while the later steps' rounds are already being generated; "
+            f"0 keeps the groups with signal without refilling, as ScaleRL does), got {a.max_extra_rounds}"
         )
     if a.is_mode == "none" and a.is_reject == "none" and a.offpolicy_mask_delta == 0:
         raise ConfigError(

@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 
@@ -211,15 +212,13 @@ class BatchCollector:
 
     def collect_rollout(self, problems: list[Problem], owned: list[int], rollout: Rollout) -> Batch:
         """The batch of a step whose rollout was generated ahead (grpolab.training.pipeline): scored, gathered and
-        joined as collect does without dynamic sampling."""
+        made a batch as collect does, without refill rounds (dynamic sampling keeps the first round's groups with
+        signal: max_extra_rounds is 0 there)."""
         self.timing = {"rollout": 0.0, "reward": 0.0}
         t1 = time.perf_counter()
         local = score_rollout(rollout, [problems[j] for j in owned], self.rewards, self.cfg)
         self.timing["reward"] += time.perf_counter() - t1
-        rounds = [self.gathered_round(problems, owned, rollout, local)]
-        batch = self.join(rounds, [(0, gi) for gi in range(self.cfg.train.prompts_per_step)])
-        batch.metrics.update(self.sampler.stats())
-        return batch
+        return self.batch_of(self.gathered_round(problems, owned, rollout, local), None)
 
     def gathered_round(self, problems: list[Problem], owned: list[int], rollout: Rollout, local: Scores) -> Round:
         """A round from this rank's rollout and scores: every rank's scores, lengths and truncation flags gathered;
@@ -259,11 +258,16 @@ class BatchCollector:
         with new prompts for up to max_extra_rounds extra rounds; train on at most prompts_per_step kept groups.
         When the budget is spent with nothing kept, the first round is trained on as it is (no signal, logged)."""
         self.timing = {"rollout": 0.0, "reward": 0.0}
+        return self.batch_of(self.generate_round(step, 0), lambda index: self.generate_round(step, index))
+
+    def batch_of(self, first: Round, refill: Callable[[int], Round] | None) -> Batch:
+        """The step's batch from its first round and, with dynamic sampling, the refill rounds `refill(index)`
+        (None: no refill, the kept groups of the first round only)."""
         a, want = self.cfg.algorithm, self.cfg.train.prompts_per_step
-        rounds = [self.generate_round(step, 0)]
-        kept = [(0, gi) for gi, ok in enumerate(rounds[0].signal) if ok] if a.dynamic_sampling else []
-        while a.dynamic_sampling and len(kept) < want and len(rounds) <= a.max_extra_rounds:
-            rounds.append(self.generate_round(step, len(rounds)))
+        rounds = [first]
+        kept = [(0, gi) for gi, ok in enumerate(first.signal) if ok] if a.dynamic_sampling else []
+        while refill and a.dynamic_sampling and len(kept) < want and len(rounds) <= a.max_extra_rounds:
+            rounds.append(refill(len(rounds)))
             kept += [(len(rounds) - 1, gi) for gi, ok in enumerate(rounds[-1].signal) if ok]
         everything = [(r, gi) for r in range(len(rounds)) for gi in range(want)]
         sampled = self.join(rounds, everything)
