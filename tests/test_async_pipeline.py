@@ -253,3 +253,35 @@ def test_the_release_report_shows_staleness_and_warns_when_most_samples_were_at_
     assert check_staleness(fresh + [{"async/staleness": 2}] * 3, two, t).status == WARN  # 4 of 7 at the bound
     assert check_staleness(history, {"rollout": {"max_staleness": 0}}, t).status == NA
     assert check_staleness(history, None, t).status == NA
+
+
+def test_the_worker_scores_with_the_weights_synced_to_it(tiny_model_dir):
+    """grpolab's worker process (rollout.engine: grpolab_process): its teacher-forced logprobs equal the policy's
+    here (fp32, one thread each), before and after an update synced to it; an update not yet synced is not seen."""
+    from grpolab.algo.logprobs import token_logprobs
+    from grpolab.models.load import load_causal_lm, load_tokenizer
+    from grpolab.rollout.worker_engine import GrpolabProcessEngine
+
+    tok, policy = load_tokenizer(tiny_model_dir), load_causal_lm(tiny_model_dir, "float32").eval()
+    seq = tok.encode("What is 2 + 3? The answer is 5.")
+
+    def here() -> torch.Tensor:
+        with torch.no_grad():
+            logits = policy(torch.tensor([seq])).logits[:, :-1].float()
+        return token_logprobs(logits, torch.tensor([seq[1:]]), 1.0)[0]
+
+    engine = GrpolabProcessEngine(policy, tok, torch.float32, threads=1)
+    try:
+        before = here()
+        assert torch.allclose(engine.score([seq])[0], before, atol=1e-5)
+        with torch.no_grad():
+            for p in policy.parameters():
+                p.add_(0.05 * torch.randn_like(p))
+        after = here()
+        assert (after - before).abs().max() > 1e-2, "the update moved the logprobs"
+        assert torch.allclose(engine.score([seq])[0], before, atol=1e-5), "not synced: the old weights"
+        engine.sync_weights(policy)
+        assert torch.allclose(engine.score([seq])[0], after, atol=1e-5)
+        assert engine.last_sync["bytes"] > 0 and engine.in_flight == 0
+    finally:
+        engine.close()

@@ -16,18 +16,15 @@ own copy of the weights. A trainer keeps generations in flight on it while it up
 
 from __future__ import annotations
 
-import argparse
-import socket
 import sys
 import time
-import traceback
-from multiprocessing.connection import Connection
 
 
 def start(state: dict, req: dict) -> dict:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    import grpolab
     from grpolab.rollout.hf import HFEngine
 
     began = time.perf_counter()
@@ -40,8 +37,6 @@ def start(state: dict, req: dict) -> dict:
     speed = req.get("speed") or {}
     state["engine"] = HFEngine(model, tokenizer, dtype, "grpolab", False, **speed)
     state["model"] = model
-    import grpolab
-
     return {"version": grpolab.__version__, "start_s": time.perf_counter() - began}
 
 
@@ -103,40 +98,7 @@ def load_weights(state: dict, req: dict) -> dict:
 COMMANDS = {"start": start, "generate": generate, "score": score, "load_weights": load_weights}
 
 
-def serve(conn: Connection) -> None:
-    """Answer requests until ``stop`` or until the trainer's end of the socket closes (the trainer died)."""
-    state: dict = {}
-    while True:
-        try:
-            req = conn.recv()
-        except EOFError:
-            return
-        op = req.get("op")
-        if op == "stop":
-            conn.send({"ok": True})
-            return
-        try:
-            if op not in COMMANDS:
-                raise ValueError(f"unknown op {op!r}; expected one of {sorted(COMMANDS)} or 'stop'")
-            if op != "start" and "engine" not in state:
-                raise RuntimeError(f"op {op!r} before 'start'")
-            reply = {"ok": True, **COMMANDS[op](state, req)}
-        except Exception:  # noqa: BLE001 -- any failure goes back to the trainer, which raises it
-            reply = {"ok": False, "error": traceback.format_exc()}
-        conn.send(reply)
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--fd", type=int, required=True, help="this end of the socket pair the trainer made")
-    args = parser.parse_args(argv)
-    conn = Connection(socket.socket(fileno=args.fd).detach())
-    try:
-        serve(conn)
-    finally:
-        conn.close()
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    from grpolab.rollout.vllm_worker import main  # the same request loop (stdlib only; vllm is imported lazily there)
+
+    sys.exit(main(None, COMMANDS, __doc__))

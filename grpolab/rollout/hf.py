@@ -203,17 +203,22 @@ class HFEngine:
         return self._rollout(ids, mask, g, comp, cmask, sampled, full if cut else None, truncated)
 
     def _rollout(self, ids, mask, g, comp, cmask, logp, logp_untruncated, truncated) -> Rollout:
-        texts = self.tokenizer.batch_decode(
-            comp * cmask + self.tokenizer.pad_token_id * (1 - cmask), skip_special_tokens=True
-        )
-        return Rollout(
-            prompt_ids=ids.repeat_interleave(g, dim=0),
-            prompt_mask=mask.repeat_interleave(g, dim=0),
-            completion_ids=comp,
-            completion_mask=cmask,
-            sampler_logprobs=logp,
-            truncated=truncated,
-            group=torch.arange(len(ids), device=ids.device).repeat_interleave(g),
-            texts=texts,
-            sampler_logprobs_untruncated=logp_untruncated,
-        )
+        return group_rollout(self.tokenizer, ids, mask, g, comp, cmask, logp, logp_untruncated, truncated)
+
+
+def group_rollout(tokenizer, ids, mask, g, comp, cmask, logp, logp_untruncated, truncated) -> Rollout:
+    """The Rollout of G completions per prompt: prompts (left-padded ids / mask, one row per prompt) repeated G times,
+    group-major; the completions' texts decoded with the pads (after each row's mask) left out."""
+    pad = tokenizer.pad_token_id
+    texts = tokenizer.batch_decode(comp * cmask + pad * (1 - cmask), skip_special_tokens=True)
+    return Rollout(
+        prompt_ids=ids.repeat_interleave(g, dim=0),
+        prompt_mask=mask.repeat_interleave(g, dim=0),
+        completion_ids=comp,
+        completion_mask=cmask,
+        sampler_logprobs=logp,
+        truncated=truncated,
+        group=torch.arange(len(ids), device=ids.device).repeat_interleave(g),
+        texts=texts,
+        sampler_logprobs_untruncated=logp_untruncated,
+    )

@@ -115,7 +115,8 @@ def generate(state: dict, req: dict) -> dict:
         scored = iter(score(state, {"sequences": seqs})["logprobs"])
         for group in groups:
             for c in group:
-                c["logprobs_untruncated"] = next(scored)[-len(c["token_ids"]) :] if c["token_ids"] else []
+                row = next(scored)  # one per completion, an empty one's too (then [] is kept)
+                c["logprobs_untruncated"] = row[len(row) - len(c["token_ids"]) :]
     return {"groups": groups}
 
 
@@ -147,8 +148,11 @@ def load_weights(state: dict, req: dict) -> dict:
 COMMANDS = {"start": start, "generate": generate, "score": score, "load_weights": load_weights}
 
 
-def serve(conn: Connection) -> None:
-    """Answer requests until ``stop`` or until the trainer's end of the socket closes (the trainer died)."""
+def serve(conn: Connection, commands: dict | None = None) -> None:
+    """Answer requests with `commands` (default: this worker's) until ``stop`` or until the trainer's end of the
+    socket closes (the trainer died). Every op but ``start`` needs a started worker (a state ``start`` filled).
+    grpolab.rollout.grpolab_worker serves its own commands with this loop."""
+    commands = COMMANDS if commands is None else commands
     state: dict = {}
     while True:
         try:
@@ -160,24 +164,24 @@ def serve(conn: Connection) -> None:
             conn.send({"ok": True})
             return
         try:
-            if op not in COMMANDS:
-                raise ValueError(f"unknown op {op!r}; expected one of {sorted(COMMANDS)} or 'stop'")
-            if op != "start" and "llm" not in state:
+            if op not in commands:
+                raise ValueError(f"unknown op {op!r}; expected one of {sorted(commands)} or 'stop'")
+            if op != "start" and not state:
                 raise RuntimeError(f"op {op!r} before 'start'")
-            reply = {"ok": True, **COMMANDS[op](state, req)}
+            reply = {"ok": True, **commands[op](state, req)}
         except Exception:  # noqa: BLE001 -- any failure goes back to the trainer, which raises it
             reply = {"ok": False, "error": traceback.format_exc()}
         conn.send(reply)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None, commands: dict | None = None, description: str = __doc__) -> int:
+    """``--fd N``: serve `commands` (default: this worker's) on that end of the trainer's socket pair."""
+    parser = argparse.ArgumentParser(description=description.splitlines()[0])
     parser.add_argument("--fd", type=int, required=True, help="this end of the socket pair the trainer made")
     args = parser.parse_args(argv)
-    sock = socket.socket(fileno=args.fd)
-    conn = Connection(sock.detach())
+    conn = Connection(socket.socket(fileno=args.fd).detach())
     try:
-        serve(conn)
+        serve(conn, commands)
     finally:
         conn.close()
     return 0

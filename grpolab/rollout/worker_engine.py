@@ -37,7 +37,7 @@ from ..errors import GrpolabError
 from ..models.lora import MergedWeights, is_lora
 from .base import Rollout, SamplingParams
 from .engine_process import EngineDied, EngineProcess, EngineUnavailable, cause_line, shared_memory_dir
-from .hf import eos_ids, left_pad
+from .hf import eos_ids, group_rollout, left_pad
 from .stop import stop_rule
 
 DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
@@ -326,18 +326,7 @@ class WorkerEngine:
         if pending.want_logp and pending.truncating:
             untruncated = self._untruncated(kept, comp.shape, rows)
         ids, mask = left_pad(prompts, self.pad_id)
-        texts = self.tokenizer.batch_decode(comp * cmask + self.pad_id * (1 - cmask), skip_special_tokens=True)
-        return Rollout(
-            prompt_ids=ids.repeat_interleave(g, dim=0),
-            prompt_mask=mask.repeat_interleave(g, dim=0),
-            completion_ids=comp,
-            completion_mask=cmask,
-            sampler_logprobs=logp,
-            truncated=truncated,
-            group=torch.arange(len(prompts)).repeat_interleave(g),
-            texts=texts,
-            sampler_logprobs_untruncated=untruncated,
-        )
+        return group_rollout(self.tokenizer, ids, mask, g, comp, cmask, logp, untruncated, truncated)
 
     def _untruncated(self, kept: list[list[int]], shape, rows: list[dict]) -> torch.Tensor:
         """log softmax(logits / T)(o_t) of the kept completion tokens, as the worker returned them
