@@ -5,7 +5,7 @@
     python benchmarks/ppo_vs_grpo.py --beta 0.04 --json-out ppo_vs_grpo.json
 
 The second seed's argument for GRPO is that it drops PPO's value model and so saves memory and compute. Both sides
-here are grpolab's one code path (grpolab.training.trainer.Trainer and grpolab.baselines.ppo.PPOTrainer, its subclass): the same
+here are grpolab's one code path (grpolab.training.trainer.Trainer and grpolab.baselines.ppo.GAEStep, its advantage step): the same
 model (bundled SmolLM2-135M-Instruct unless --model), the same task (the quickstart's: two-term +/- with operands up
 to 20), the same prompts in the same order (the prompt sampler is seeded by train.seed), G, max_new_tokens,
 prompts per step, micro-batch size, precision, learning rate, beta and the same AdamW; they differ only in what PPO
@@ -17,10 +17,10 @@ Each side runs in its own worker process (peak RSS is per side); rounds alternat
 worker runs --warmup steps (not counted) and --steps measured steps. Phases are measured by wrapping methods of the
 live objects (nothing in grpolab is edited):
 
-  generation     HFEngine.generate                 reward        batch.score_rollout
+  generation     GrpolabEngine.generate                 reward        batch.score_rollout
   old logprobs   PolicyUpdater.logprobs_no_grad(policy)   reference  ... (reference model; beta > 0 only)
   values         Critic.values (PPO)               critic update  Critic.update (PPO)
-  policy update  PolicyUpdater.update minus its own no-grad passes         weight sync   HFEngine.sync_weights
+  policy update  PolicyUpdater.update minus its own no-grad passes         weight sync   GrpolabEngine.sync_weights
   other          step wall time minus all of the above (advantages / GAE, metrics, logging)
 
 Printed: median seconds per phase and per step for each side, the ratio PPO / GRPO, and peak RSS of each.
@@ -123,16 +123,17 @@ def wrap_update(updater, times: dict[str, float]) -> None:
 def worker(args) -> dict[str, Any]:
     import torch
 
+    import grpolab.baselines.ppo  # noqa: F401 -- registers algorithm.estimator gae
     import grpolab.training.batch as B
-    from grpolab.baselines.ppo import trainer_class
     from grpolab.config import from_dict
+    from grpolab.training.trainer import Trainer
 
     torch.set_num_threads(args.threads) if args.threads else None
     out = tempfile.mkdtemp(prefix=f"ppo-vs-grpo-{args.worker}-")
     cfg = from_dict(config(args, args.worker, out))
     (Path(out) / args.worker).mkdir()
     t0 = time.perf_counter()
-    trainer = trainer_class(cfg)(cfg, Path(out) / args.worker)
+    trainer = Trainer(cfg, Path(out) / args.worker)
     setup_s, setup_rss = time.perf_counter() - t0, peak_rss_mb()
     trainer.save = lambda: None  # no checkpoint writes in a timing run
     times: dict[str, float] = defaultdict(float)
@@ -148,8 +149,8 @@ def worker(args) -> dict[str, Any]:
     )
     wrap_update(trainer.updater, times)
     if hasattr(trainer, "critic"):
-        wrap(trainer.critic, "values", "values", times)
-        wrap(trainer.critic, "update", "critic_update", times)
+        wrap(trainer.estimator.critic, "values", "values", times)
+        wrap(trainer.estimator.critic, "update", "critic_update", times)
     steps, last = [], [time.perf_counter()]
 
     def on_step(step: int, metrics: dict[str, float]) -> None:
@@ -170,7 +171,7 @@ def worker(args) -> dict[str, Any]:
         "rss_after_setup_mb": setup_rss,
         "peak_rss_mb": peak_rss_mb(),
         "parameters_m": sum(p.numel() for p in policy.parameters()) / 1e6,
-        "critic_parameters_m": sum(p.numel() for p in trainer.critic.model.parameters()) / 1e6
+        "critic_parameters_m": sum(p.numel() for p in trainer.estimator.critic.model.parameters()) / 1e6
         if hasattr(trainer, "critic")
         else 0.0,
         "torch_threads": torch.get_num_threads(),

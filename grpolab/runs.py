@@ -31,11 +31,12 @@ import sys
 import time
 import weakref
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 import torch
 
 from . import manifest as mf
+from .baselines import ppo  # noqa: F401 -- registers algorithm.estimator gae (PPO's critic) with the trainer
 from .card import objective_card
 from .config import Config, from_dict, parse_override, set_path, to_dict
 from .errors import GrpolabError
@@ -46,9 +47,7 @@ from .rewards.user import source_hashes
 from .tasks.base import Problem
 from .training import reproducibility
 from .training.distributed import barrier, gather_objects, init_world, resolve_device
-
-if TYPE_CHECKING:
-    from .training.trainer import Trainer
+from .training.trainer import Trainer
 
 
 def plan_run_dir(cfg: Config) -> Path:
@@ -256,7 +255,7 @@ def trainer_manifest(trainer: "Trainer") -> dict[str, Any]:
         trainer.rewards.callable_hashes(),
         trainer.precision,
     )
-    version = getattr(trainer.engine, "version", None)  # vLLM's, from its own venv (rollout.engine: vllm)
+    version = trainer.engine.version  # vLLM's, from its own venv (rollout.engine: vllm)
     if version and trainer.cfg.rollout.engine == "vllm":
         built["versions"] = {**built["versions"], "vllm": version}
     return json.loads(json.dumps(built))
@@ -273,11 +272,9 @@ def start_run(
     several ranks, rank 0 names, locks and writes the directory (its name, with a timestamp, is the one every rank
     uses). ``rewards`` and ``problems``: Python callables and in-memory problems (grpolab.api, Trainer);
     ``progress``: the trainer's progress lines (grpolab.training.trainer)."""
-    from .baselines.ppo import trainer_class  # the GRPO Trainer, or PPO's for algorithm.estimator = gae
-
     world = init_world(resolve_device(cfg.train.device))
     run_dir = gather_objects(plan_run_dir(cfg) if world.main else None, world)[0]
-    trainer = trainer_class(cfg)(cfg, run_dir, world, rewards=rewards, problems=problems, **_progress(progress))
+    trainer = Trainer(cfg, run_dir, world, rewards=rewards, problems=problems, **_progress(progress))
     manifest = trainer_manifest(trainer)
     try:
         trainer.run_lock = on_main(world, lambda: claim_new_run_dir(run_dir))
@@ -356,14 +353,12 @@ def resume_run(
     the newest complete checkpoint (step 0 when there is none) and record the resume. Returns (trainer, checkpoint
     resumed from). A run started with Python rewards or in-memory problems (grpolab.api) is resumed with the same
     ``rewards`` / ``problems``."""
-    from .baselines.ppo import trainer_class  # the GRPO Trainer, or PPO's for algorithm.estimator = gae
-
     run_dir = Path(run_dir)
     cfg, recorded = resume_config(run_dir, overrides)
     world = init_world(resolve_device(cfg.train.device))
     lock = on_main(world, lambda: lock_run_dir(run_dir))
     corrupt = on_main(world, lambda: intact_checkpoints(run_dir, from_intact)) or []
-    trainer = trainer_class(cfg)(
+    trainer = Trainer(
         cfg,
         run_dir,
         world,

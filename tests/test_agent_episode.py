@@ -18,7 +18,7 @@ from grpolab.config import from_dict
 from grpolab.models.load import load_causal_lm, load_tokenizer
 from grpolab.rollout.base import SamplingParams
 from grpolab.rollout.decode import Decoded
-from grpolab.rollout.hf import eos_ids
+from grpolab.rollout.grpolab_engine import eos_ids
 from grpolab.tasks.base import Problem
 from grpolab.training.forward import completion_logprobs
 from grpolab.training.update import PolicyUpdater, UpdateBatch

@@ -16,7 +16,7 @@ from grpolab.agents.expert import end_of_turn_id, expert_episode
 from grpolab.agents.lookup import chain, directory, make_problems, open_box, split_of
 from grpolab.agents.tools import ToolError
 from grpolab.models.load import load_causal_lm, load_tokenizer
-from grpolab.rollout.hf import eos_ids
+from grpolab.rollout.grpolab_engine import eos_ids
 
 
 def test_a_box_holds_what_the_hash_of_its_label_says():

@@ -14,7 +14,7 @@ from grpolab.agents.env import AgentTask
 from grpolab.agents.episode import EpisodeRunner
 from grpolab.baselines.agent_sft import AgentSFTSettings, encode_episode, expert_data, masked_loss, run_agent_sft
 from grpolab.models.load import load_causal_lm, load_tokenizer
-from grpolab.rollout.hf import eos_ids
+from grpolab.rollout.grpolab_engine import eos_ids
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 OPTIONS = {

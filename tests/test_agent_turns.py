@@ -15,7 +15,7 @@ from grpolab.agents.env import AgentEnv, EpisodeLimits
 from grpolab.agents.episode import EpisodeRunner
 from grpolab.models.load import load_causal_lm, load_tokenizer
 from grpolab.rollout.base import SamplingParams
-from grpolab.rollout.hf import eos_ids
+from grpolab.rollout.grpolab_engine import eos_ids
 from grpolab.tasks.base import Problem
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 from grpolab.config import from_dict
 from grpolab.errors import ConfigError, GrpolabError
 from grpolab.models import checkpoint as ckpt
-from grpolab.rollout.engine_process import EngineDied
+from grpolab.rollout.workers.process import EngineDied
 from grpolab.runs import resume_run, start_run
 from grpolab.training.pipeline import RolloutPipeline
 
@@ -192,7 +192,7 @@ def test_scalerl_with_eight_steps_of_asynchrony_filters_zero_variance_groups(tin
 def test_a_dead_or_silent_worker_is_a_clear_error_within_its_bound(tiny_model_dir, tmp_path):
     for how, expected in ((signal.SIGKILL, r"exited with code"), (signal.SIGSTOP, r"gave no answer .* within 3 s")):
         raw = tiny(tiny_model_dir, tmp_path, f"fault-{how.name}", 1)
-        raw["rollout"]["vllm_call_timeout_s"] = 3.0
+        raw["rollout"]["worker_call_timeout_s"] = 3.0
         trainer, _ = start_run(from_dict(raw))
 
         def stop_worker(step, metrics, pid=trainer.engine.pid, how=how):
@@ -237,7 +237,9 @@ def test_a_checkpoint_of_another_staleness_is_refused_on_resume(k1_run, tmp_path
 
 
 def test_the_release_report_shows_staleness_and_warns_when_most_samples_were_at_the_bound(k1_run):
-    from grpolab.report.checks import NA, PASS, WARN, Thresholds, check_staleness, training_checks
+    from grpolab.gate.base import NA, PASS, WARN
+    from grpolab.gate.thresholds import Thresholds
+    from grpolab.gate.training import check_staleness, training_checks
 
     t = Thresholds()
     raw, run, _ = k1_run

@@ -119,7 +119,7 @@ def test_with_reward_weight_the_advantage_is_the_reward_term_alone_when_the_teac
     batch = trainer.collect()
     group = batch.advantages.clone()
     assert group.abs().sum() > 0, "the earnable reward gives the groups a signal"
-    trainer.distill(batch, None)
+    trainer.estimator.prepare(trainer.advantage_context(batch))
     mask = trainer.updater.loss_mask(batch.rollout, ~batch.scores.invalid).bool()
     expected = torch.where(mask, 0.5 * group[:, None], torch.zeros(()))
     assert batch.advantages.shape == mask.shape and torch.equal(batch.advantages, expected.float())
@@ -187,7 +187,7 @@ def exact_reverse_kl(trainer, sequences: list[tuple[torch.Tensor, int]]) -> floa
     with torch.no_grad():
         for ids, n in sequences:
             s = torch.log_softmax(trainer.policy(input_ids=ids).logits[0, -n - 1 : -1].double(), -1)
-            t = torch.log_softmax(trainer.teacher(input_ids=ids).logits[0, -n - 1 : -1].double(), -1)
+            t = torch.log_softmax(trainer.estimator.teacher(input_ids=ids).logits[0, -n - 1 : -1].double(), -1)
             total += float((s.exp() * (s - t)).sum())
             positions += n
     return total / positions

@@ -397,20 +397,21 @@ def test_kl_in_reward_subtracts_beta_times_summed_token_kl(tiny_model_dir, tmp_p
     _perturb(t.policy)  # the policy moves away from the frozen reference, so the KL is not zero
     script([[[1, 0], [0, 0]]])
     seen = {}
-    kl_in_reward = t.kl_in_reward
+    prepare = t.estimator.prepare
 
-    def spy(batch):
+    def spy(ctx):
+        batch = ctx.batch
         ro = batch.rollout
         seen["before"] = batch.scores.rewards.clone()
         # the expectation, computed before the update from the trainer's own logprob function
         seen["old"] = _logprobs_row_by_row(t.policy, ro, t.cfg.rollout.temperature)
         seen["ref"] = _logprobs_row_by_row(t.reference, ro, t.cfg.rollout.temperature)
-        seen["out"] = kl_in_reward(batch)
+        seen["out"] = prepare(ctx)
         seen["after"] = batch.scores.rewards.clone()
         seen["advantages"] = batch.advantages.clone()
         return seen["out"]
 
-    t.kl_in_reward = spy
+    t.estimator.prepare = spy
     metrics, _, batch = step_with_batch(t)
     m = batch.rollout.completion_mask
     log_rho = (seen["ref"] - seen["old"]).double()
@@ -443,7 +444,7 @@ def test_kl_in_loss_leaves_rewards_alone(tiny_model_dir, tmp_path, script):
     script([[[1, 0], [0, 0]]])
     batch = t.collect()
     before = batch.scores.rewards.clone()
-    assert t.kl_in_reward(batch) == (None, None)
+    assert t.estimator.prepare(t.advantage_context(batch)) == (None, None)
     assert torch.equal(batch.scores.rewards, before)
 
 

@@ -266,8 +266,11 @@ def test_k1_is_grpo_population_std_on_pass_indicators(eps):
 
 
 def _collector(**algorithm) -> BatchCollector:
+    from grpolab.training.estimators import estimator_spec
+
     cfg = from_dict({"algorithm": algorithm, "rollout": {"group_size": 4}})
-    return SimpleNamespace(cfg=cfg)  # BatchCollector.advantages reads only self.cfg
+    # BatchCollector.advantages reads only self.cfg and the estimator's group rule (the registry's)
+    return SimpleNamespace(cfg=cfg, group=estimator_spec(cfg).group(cfg.algorithm))
 
 
 def test_batch_collector_dispatches_pass_at_k():

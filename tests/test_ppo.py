@@ -13,14 +13,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from grpolab.baselines.ppo import PPOTrainer, trainer_class
+from grpolab.baselines.ppo import GAEStep
 from grpolab.baselines.sft_bon import budget_of
 from grpolab.card import formula, objective_card
 from grpolab.config import from_dict
 from grpolab.evaluation.overlap import find_manifest
 from grpolab.models import checkpoint as ckpt
 from grpolab.runs import resume_run, start_run
-from grpolab.training.trainer import Trainer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 VOLATILE = ("time/", "throughput/", "memory/")
@@ -49,9 +48,11 @@ def ppo_config(model_dir: str, out: Path, name: str, **train) -> dict:
     }
 
 
-def test_the_estimator_picks_the_trainer():
-    assert trainer_class(from_dict({"algorithm": {"estimator": "gae"}})) is PPOTrainer
-    assert trainer_class(from_dict({})) is Trainer
+def test_the_estimator_registry_holds_ppo_and_refuses_an_unknown_one():
+    from grpolab.training.estimators import ESTIMATORS, estimator_spec
+
+    assert ESTIMATORS["gae"].build is GAEStep
+    assert estimator_spec(from_dict({})) is ESTIMATORS["group"]
 
 
 def test_the_card_names_the_peer_settings():
@@ -126,7 +127,7 @@ def test_the_ppo_formula_is_the_loss_that_is_optimised(algorithm, loss, loss_tex
 
 def test_ppo_earns_the_reward_and_a_flipped_sign_unlearns_it(tiny_model_dir, tmp_path, monkeypatch):
     trainer, _ = start_run(from_dict(ppo_config(tiny_model_dir, tmp_path, "up")))
-    assert isinstance(trainer, PPOTrainer)
+    assert isinstance(trainer.estimator, GAEStep)
     before = earnable.fresh_reward(trainer)
     metrics = trainer.fit()
     after = earnable.fresh_reward(trainer)
@@ -172,15 +173,17 @@ def test_resume_restores_the_value_model_and_its_optimizer(tiny_model_dir, tmp_p
     state = ckpt.load_state(ckpt.latest_checkpoint(tmp_path / "part"))
     assert set(state["critic"]) == {"weights", "optimizer"} and state["critic"]["optimizer"]["state"]
     resumed, path = resume_run(tmp_path / "part", [], allow_changes=False)
-    assert isinstance(resumed, PPOTrainer) and path.name == "step-2"
-    restored = resumed.critic.model.state_dict()
+    assert isinstance(resumed.estimator, GAEStep) and path.name == "step-2"
+    restored = resumed.estimator.critic.model.state_dict()
     assert restored.keys() == state["critic"]["weights"].keys()
     assert all(torch.equal(restored[k], v) for k, v in state["critic"]["weights"].items())
-    assert not all(torch.equal(restored[k], v) for k, v in part.critic.model.state_dict().items())  # step 3's differ
+    assert not all(
+        torch.equal(restored[k], v) for k, v in part.estimator.critic.model.state_dict().items()
+    )  # step 3's differ
     resumed.fit()
     assert _rows(tmp_path / "whole" / "metrics.jsonl") == _rows(tmp_path / "part" / "metrics.jsonl")
     wa = load_file(ckpt.latest_checkpoint(tmp_path / "whole") / "model.safetensors")
     wb = load_file(ckpt.latest_checkpoint(tmp_path / "part") / "model.safetensors")
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
-    ca, cb = whole.critic.model.state_dict(), resumed.critic.model.state_dict()
+    ca, cb = whole.estimator.critic.model.state_dict(), resumed.estimator.critic.model.state_dict()
     assert all(torch.equal(ca[k], cb[k]) for k in ca)

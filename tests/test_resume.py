@@ -249,11 +249,11 @@ def test_resume_refuses_a_changed_run_unless_allowed(tiny_model_dir, tmp_path, m
 def test_ctrl_c_during_rollout_checkpoints_the_last_step_and_resumes_exactly(reference, tmp_path, monkeypatch, capsys):
     """Ctrl-C while step 3 samples: the step is rolled back, step 2 is checkpointed, exit 130; the resumed run
     equals an uninterrupted one (the rollback restored the RNG states and the prompt cursor)."""
-    from grpolab.rollout.hf import HFEngine
+    from grpolab.rollout.grpolab_engine import GrpolabEngine
 
     cfg, whole = reference
     cfg = {**cfg, "train": {**cfg["train"], "save_every": 0}, "run": {"output_dir": str(tmp_path), "name": "ctrl-c"}}
-    real, calls = HFEngine.generate, {"n": 0}
+    real, calls = GrpolabEngine.generate, {"n": 0}
 
     def generate(self, prompts, params, *args, **kwargs):
         out = real(self, prompts, params, *args, **kwargs)  # draws from the RNG before the interrupt arrives
@@ -262,13 +262,13 @@ def test_ctrl_c_during_rollout_checkpoints_the_last_step_and_resumes_exactly(ref
             raise KeyboardInterrupt
         return out
 
-    monkeypatch.setattr(HFEngine, "generate", generate)
+    monkeypatch.setattr(GrpolabEngine, "generate", generate)
     assert run_main(monkeypatch, "train", write_config(tmp_path / "ctrl-c.yaml", cfg)) == 130
     err = capsys.readouterr().err
     run = tmp_path / "ctrl-c"
     # step 2 is checkpointed: here by its held-out eval, the best so far (the interrupt finds it written already)
     assert f"the newest complete one is {run / 'checkpoints' / 'step-2'}" in err and "--resume" in err
-    monkeypatch.setattr(HFEngine, "generate", real)
+    monkeypatch.setattr(GrpolabEngine, "generate", real)
     assert run_main(monkeypatch, "train", "--resume", run) == 0
     assert_same_run(whole, run)
 

@@ -13,7 +13,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from grpolab.config import from_dict
 from grpolab.errors import ConfigError
 from grpolab.rollout.decode import SamplingLoop, decode_groups, sample_loop
-from grpolab.rollout.hf import HFEngine, left_pad
+from grpolab.rollout.grpolab_engine import GrpolabEngine, left_pad
 
 VOCAB = 300
 PROMPTS = [[5, 17, 42, 9, 11, 3], [7, 8], [9, 10, 11]]  # three widths: left padding of 0, 4 and 3 positions
@@ -65,9 +65,9 @@ def test_the_engine_refuses_a_removed_decoder_naming_the_removal(model):
         match="expected one of 'grpolab', 'hf', got 'static_compiled' "
         r"\('static_compiled' was removed: .*docs/performance.md",
     ):
-        HFEngine(model, None, torch.float32, decoder="static_compiled")
+        GrpolabEngine(model, None, torch.float32, decoder="static_compiled")
     with pytest.raises(ValueError, match="got 'fast'$"):
-        HFEngine(model, None, torch.float32, decoder="fast")
+        GrpolabEngine(model, None, torch.float32, decoder="fast")
 
 
 def prefilled(model, group_size: int):

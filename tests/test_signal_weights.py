@@ -12,6 +12,7 @@ import torch
 from grpolab.config import from_dict
 from grpolab.rewards import RewardResult
 from grpolab.training.batch import BatchCollector, Scores, signal_values
+from grpolab.training.group_rules import GroupRelative
 
 RM = [0.3, -1.2, 2.0, 0.1, 0.5, 0.5, 0.5, 0.5]  # group 0: the reward model's scores vary; group 1: they do not
 CORRECT = [0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 1.0, 0.0]  # group 0 all wrong, group 1 mixed
@@ -27,7 +28,7 @@ def collector(weights: dict[str, float]) -> BatchCollector:
     cfg = from_dict(
         {"model": {"name": "unused"}, "rollout": {"group_size": 4, "dtype": "float32"}, "train": {"precision": "fp32"}}
     )
-    return BatchCollector(cfg, None, None, None, SimpleNamespace(weights=weights))
+    return BatchCollector(cfg, None, None, None, SimpleNamespace(weights=weights), GroupRelative.of(cfg.algorithm))
 
 
 def test_a_zero_weighted_verifier_does_not_decide_which_groups_train():

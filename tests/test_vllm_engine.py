@@ -21,8 +21,8 @@ import torch
 from grpolab.algo.logprobs import token_logprobs
 from grpolab.errors import GrpolabError
 from grpolab.rollout.base import SamplingParams
-from grpolab.rollout.engine_process import EngineDied, EngineProcess, EngineUnavailable
-from grpolab.rollout.hf import HFEngine
+from grpolab.rollout.workers.process import EngineDied, EngineProcess, EngineUnavailable
+from grpolab.rollout.grpolab_engine import GrpolabEngine
 from grpolab.rollout.vllm_engine import VLLMEngine, default_vllm_python
 
 HAS_VLLM = default_vllm_python().is_file()
@@ -112,7 +112,7 @@ def rows(rollout) -> list[list[int]]:
 @needs_vllm
 def test_greedy_tokens_equal_grpolab_decoder(engine, policy, tok, prompts):
     params = SamplingParams(greedy=True, max_new_tokens=12)
-    ours = HFEngine(policy, tok, torch.float32).generate(prompts, params)
+    ours = GrpolabEngine(policy, tok, torch.float32).generate(prompts, params)
     theirs = engine.generate(prompts, params)
     assert rows(theirs) == rows(ours)
     assert theirs.truncated.tolist() == ours.truncated.tolist()
@@ -216,7 +216,7 @@ def test_sync_weights_reaches_the_engine(engine, policy, tok, prompts):
             p.numel() * 4 for _, p in other.named_parameters(remove_duplicate=False)
         )
         assert rows(engine.generate(prompts, params)) == rows(
-            HFEngine(other, tok, torch.float32).generate(prompts, params)
+            GrpolabEngine(other, tok, torch.float32).generate(prompts, params)
         )
     finally:
         engine.sync_weights(policy)

@@ -37,7 +37,7 @@ from ..models.load import eval_mode
 from ..rewards import call_with_time_limit
 from ..rollout.base import Rollout, SamplingParams
 from ..rollout.decode import decode_groups
-from ..rollout.hf import left_pad
+from ..rollout.grpolab_engine import left_pad
 from ..tasks.base import Problem
 from .env import EpisodeLimits, load_env
 from .tools import WORKER, ToolError, ToolFailure, parse_tool_call, register_tool, tool_instructions

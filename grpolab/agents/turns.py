@@ -33,7 +33,7 @@ from transformers.cache_utils import DynamicCache, DynamicLayer
 
 from ..rollout.cache import PreallocatedLayer, cache_kwarg, preallocate
 from ..rollout.decode import Decoded, SamplingLoop, sample_loop
-from ..rollout.hf import left_pad
+from ..rollout.grpolab_engine import left_pad
 
 
 @dataclass

@@ -91,7 +91,7 @@ def run_agent_sft(
     ``log`` gets a progress line per stage and every 10 steps."""
     from ..manifest import data_hash, problem_hashes, versions, write_json_atomic
     from ..models.load import load_causal_lm, load_tokenizer, resolve_model_path
-    from ..rollout.hf import eos_ids
+    from ..rollout.grpolab_engine import eos_ids
     from ..training.metrics import peak_rss_mb
     from ..training.precision import resolve_update
 

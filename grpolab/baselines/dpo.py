@@ -226,7 +226,7 @@ def run_dpo(cfg, s: DPOSettings, out_dir: Path) -> dict[str, Any]:
     from ..manifest import data_hash, problem_hashes, versions, write_json_atomic
     from ..models.load import DTYPES, load_causal_lm, load_tokenizer, resolve_model_path
     from ..rewards import RewardSet
-    from ..rollout.hf import HFEngine
+    from ..rollout.grpolab_engine import GrpolabEngine
     from ..tasks import make_task
     from ..training.batch import BatchCollector
     from ..training.metrics import peak_rss_mb
@@ -247,7 +247,7 @@ def run_dpo(cfg, s: DPOSettings, out_dir: Path) -> dict[str, Any]:
     resolution = resolve_update(cfg.train.precision, model, cfg.train.micro_batch_size, cfg.rollout.max_new_tokens)
     precision = resolution["update"]
     rewards = RewardSet(cfg.reward.weights, cfg.reward.functions, cfg.reward.time_limit_s, cfg.reward.sandbox)
-    engine = HFEngine(model, tokenizer, DTYPES["float32"] if cfg.rollout.dtype == "auto" else DTYPES[cfg.rollout.dtype])
+    engine = GrpolabEngine(model, tokenizer, DTYPES["float32"] if cfg.rollout.dtype == "auto" else DTYPES[cfg.rollout.dtype])
     collector = BatchCollector(cfg, engine, tokenizer, PromptSampler(train, cfg.train.seed), rewards)
     rollout, problems, pairs, stats = sample_pairs(cfg, collector, s)
     held_out_guard(problems, held_out)

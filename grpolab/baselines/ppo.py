@@ -1,5 +1,5 @@
-"""PPO with a learned critic (algorithm.estimator = gae) on GRPO's code path: the same rollouts, rewards, reference,
-policy update (grpolab.training.update, with per-token advantages), checkpoints and resume.
+"""PPO with a learned critic (algorithm.estimator = gae) on GRPO's code path: the same trainer, rollouts, rewards,
+reference, policy update (grpolab.training.update, with per-token advantages), checkpoints and resume.
 
 One step (docs/design.md section 2, with the advantage step replaced):
 
@@ -10,18 +10,17 @@ One step (docs/design.md section 2, with the advantage step replaced):
       -> critic update: mu x minibatches steps of the clipped value loss      (grpolab.baselines.critic)
       -> policy update: the clipped surrogate with A_t per token              (grpolab.training.update)
 
-``PPOTrainer`` is a ``Trainer`` whose ``kl_in_reward`` hook computes all of this: everything else -- logging,
-evaluation, checkpoints, Ctrl-C, exact resume -- is the Trainer's, and the checkpoint's trainer state carries the
-value model and its optimizer. ``trainer_class(cfg)`` picks the class, so `grpolab train` with
-``--set algorithm.estimator=gae``, `grpolab train --resume` and `grpolab baseline ppo` all run this one path.
-With kl_placement = loss (and beta > 0) the KL stays in the loss instead, as verl's use_kl_loss does.
+``GAEStep`` is the advantage step of the estimator ``gae``, registered here in the trainer's estimator registry
+(grpolab.training.estimators; grpolab.runs imports this module, so `grpolab train` with
+``--set algorithm.estimator=gae``, `grpolab train --resume` and `grpolab baseline ppo` all run it). Everything
+else -- logging, evaluation, checkpoints, Ctrl-C, exact resume -- is the Trainer's, and the checkpoint's trainer
+state carries the value model and its optimizer (``state_dict``). With kl_placement = loss (and beta > 0) the KL
+stays in the loss instead, as verl's use_kl_loss does.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -30,67 +29,76 @@ from ..algo.gae import gae, masked_moments, token_rewards, whiten
 from ..algo.kl import KLPlacement, token_kl
 from ..config import Config
 from ..errors import ConfigError
-from ..models import checkpoint as ckpt
-from ..training.batch import Batch
 from ..training.distributed import all_reduce_sum
-from ..training.trainer import Trainer
+from ..training.estimators import (
+    AdvantageContext,
+    EstimatorModels,
+    EstimatorSpec,
+    OldLogprobs,
+    register_estimator,
+    reward_kl_penalty,
+)
+from ..training.group_rules import GroupRelative
 from ..training.update import minibatch_groups
 from .critic import Critic
 
 
-def trainer_class(cfg: Config) -> type[Trainer]:
-    """The trainer of a config: PPOTrainer for algorithm.estimator = gae, else the GRPO Trainer."""
-    return PPOTrainer if cfg.algorithm.estimator == "gae" else Trainer
+def check_ppo_config(cfg: Config) -> None:
+    """What PPO cannot run with, refused before anything loads."""
+    if cfg.train.strategy == "fsdp2":
+        raise ConfigError("algorithm.estimator: gae (PPO) runs with train.strategy ddp; fsdp2 shards only the policy")
 
 
-class PPOTrainer(Trainer):
-    def __init__(self, cfg: Config, run_dir: Path, *args: Any, **kwargs: Any):
-        if cfg.train.strategy == "fsdp2":
-            raise ConfigError(
-                "algorithm.estimator: gae (PPO) runs with train.strategy ddp; fsdp2 shards only the policy"
-            )
-        super().__init__(cfg, run_dir, *args, **kwargs)
-        try:
-            self.critic = Critic(
-                self.cfg, self.policy, self.model_path, self.device, self.world, precision=self.update_precision
-            )
-        except BaseException:
-            self.close()  # put the process-wide settings back, as a failed Trainer build does
-            raise
+def critic_minibatches(cfg: Config, positions: list[int], num_groups: int, step: int) -> list[list[torch.Tensor]]:
+    """This rank's rows of every minibatch of every pass, in the policy update's order (``positions``: each local
+    group's index among the batch's global groups)."""
+    t, g = cfg.train, cfg.rollout.group_size
+    where = {pos: i for i, pos in enumerate(positions)}
+    return [
+        [
+            torch.tensor([where[p] * g + k for p in chunk if p in where for k in range(g)], dtype=torch.long)
+            for chunk in minibatch_groups(num_groups, t.minibatches, t.seed, step, it)
+        ]
+        for it in range(t.mu)
+    ]
 
-    def kl_in_reward(self, batch: Batch) -> tuple[torch.Tensor | None, torch.Tensor]:
-        """The PPO advantage step (module docstring): replaces batch.advantages by per-token GAE advantages, trains
-        the critic, and returns the (ref, old) logprobs it computed for the policy update."""
-        a, rollout, t0 = self.cfg.algorithm, batch.rollout, time.perf_counter()
-        ref = self.updater.logprobs_no_grad(self.reference, rollout, "fp32") if self.reference is not None else None
-        old = self.updater.logprobs_no_grad(self.policy, rollout, self.update_precision)
+
+class GAEStep:
+    """The PPO advantage step (module docstring): replaces batch.advantages by per-token GAE advantages, trains the
+    critic, and returns the (ref, old) logprobs it computed for the policy update."""
+
+    def __init__(self, models: EstimatorModels):
+        self.cfg = models.cfg
+        self.critic = Critic(
+            models.cfg, models.policy, models.model_path, models.device, models.world, precision=models.precision
+        )
+
+    def prepare(self, ctx: AdvantageContext) -> OldLogprobs:
+        a, batch, t0 = self.cfg.algorithm, ctx.batch, time.perf_counter()
+        rollout = batch.rollout
+        ref = ctx.updater.logprobs_no_grad(ctx.reference, rollout, "fp32") if ctx.reference is not None else None
+        old = ctx.old_logprobs()
         values = self.critic.values(rollout)
         t1 = time.perf_counter()
-        mask = self.updater.loss_mask(rollout, ~batch.scores.invalid)
+        mask = ctx.loss_mask()
         in_reward = ref is not None and a.kl_placement == KLPlacement.REWARD
         kl = token_kl(old, ref, a.kl_estimator) if in_reward else None
         rewards = torch.nan_to_num(batch.scores.rewards, nan=0.0).to(mask.device)  # invalid rows are masked out anyway
         est = gae(token_rewards(rewards, kl, mask, a.beta), values, mask, a.gamma, a.lam)
         adv = (
-            whiten(est.advantages, mask, all_reduce_sum(masked_moments(est.advantages, mask), self.world))
+            whiten(est.advantages, mask, all_reduce_sum(masked_moments(est.advantages, mask), ctx.world))
             if a.whiten
             else est.advantages
         )
-        metrics = self.critic.update(rollout, values, est.returns, mask, self.critic_minibatches(batch))
+        minibatches = critic_minibatches(self.cfg, batch.positions, batch.num_groups, ctx.step)
+        metrics = self.critic.update(rollout, values, est.returns, mask, minibatches)
         t2 = time.perf_counter()
         if kl is not None:
-            penalty = all_reduce_sum(
-                torch.tensor(
-                    [a.beta * (kl.double() * mask).sum().item(), float(len(rollout))],
-                    dtype=torch.float64,
-                    device=mask.device,
-                ),
-                self.world,
-            )
-            metrics["reward/kl_penalty/mean"] = (penalty[0] / penalty[1].clamp(min=1)).item()
+            kl_sum = (kl.double() * mask).sum().item()
+            metrics["reward/kl_penalty/mean"] = reward_kl_penalty(kl_sum, len(rollout), a.beta, ctx.world, mask.device)
         m = mask.double()
         sums = all_reduce_sum(
-            torch.stack([(est.advantages * m).sum(), (est.returns * m).sum(), m.sum()]).double(), self.world
+            torch.stack([(est.advantages * m).sum(), (est.returns * m).sum(), m.sum()]).double(), ctx.world
         )  # over every rank's tokens
         metrics.update(
             {
@@ -104,29 +112,12 @@ class PPOTrainer(Trainer):
         batch.advantages = adv
         return ref, old
 
-    def critic_minibatches(self, batch: Batch) -> list[list[torch.Tensor]]:
-        """This rank's rows of every minibatch of every pass, in the policy update's order."""
-        t, g = self.cfg.train, self.cfg.rollout.group_size
-        where = {pos: i for i, pos in enumerate(batch.positions)}
-        return [
-            [
-                torch.tensor([where[p] * g + k for p in chunk if p in where for k in range(g)], dtype=torch.long)
-                for chunk in minibatch_groups(batch.num_groups, t.minibatches, t.seed, self.step, it)
-            ]
-            for it in range(t.mu)
-        ]
-
-    def samples(self, batch: Batch) -> list[dict[str, Any]]:
-        """The Trainer's samples, with each completion's mean per-token advantage as its advantage."""
-        adv = batch.advantages
-        if adv.dim() == 2:
-            m = batch.rollout.completion_mask.to(adv.dtype)
-            adv = (adv * m).sum(-1) / m.sum(-1).clamp(min=1)
-        return super().samples(dataclasses.replace(batch, advantages=adv))
-
     def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "critic": self.critic.state_dict()}
+        """The value model and its optimizer, under the checkpoint's ``critic`` key."""
+        return {"critic": self.critic.state_dict()}
 
-    def load(self, path: Path) -> None:
-        super().load(path)
-        self.critic.load_state_dict(ckpt.load_state(path)["critic"])
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.critic.load_state_dict(state["critic"])
+
+
+register_estimator("gae", EstimatorSpec(GroupRelative.of, GAEStep, check_ppo_config))

@@ -410,7 +410,7 @@ def run_sft(
     from ..evaluation.heldout import load_eval_problems
     from ..manifest import data_hash, problem_hashes, versions, write_json_atomic
     from ..models.load import load_causal_lm, load_tokenizer, resolve_model_path
-    from ..rollout.hf import HFEngine
+    from ..rollout.grpolab_engine import GrpolabEngine
     from ..training.metrics import peak_rss_mb
     from ..training.precision import resolve_update
 
@@ -427,7 +427,7 @@ def run_sft(
         sol = gold_solutions(task, options, split)
         examples = [(p, gold_target(p, sol.get(p.uid))) for p in problems]
     else:
-        examples = rft_examples(HFEngine(model, tokenizer, torch.float32), tokenizer, problems, s)
+        examples = rft_examples(GrpolabEngine(model, tokenizer, torch.float32), tokenizer, problems, s)
     encoded = [encode(tokenizer, p, t) for p, t in examples]
     resolution = resolve_update(s.precision, model, s.batch_size, s.max_new_tokens)
     s = replace(s, precision=resolution["update"])

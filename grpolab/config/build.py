@@ -19,7 +19,7 @@ import yaml
 from ..errors import ConfigError
 from ..presets import PRESETS
 from .checks import validate
-from .schema import SPEED_FIELDS_MOVED, AlgorithmConfig, Config
+from .schema import FIELDS_RENAMED, SPEED_FIELDS_MOVED, AlgorithmConfig, Config
 
 log = logging.getLogger("grpolab.config")
 
@@ -204,6 +204,12 @@ def move_speed_fields(raw: dict, warn: bool = True) -> dict:
         speed[name] = old.pop(name)
         if warn:
             log.warning("%s.%s moved to speed.%s; read as that (set speed.%s instead)", section, name, name, name)
+    for (section, old_name), name in FIELDS_RENAMED.items():  # a field renamed in place: read under its name now
+        part = out.get(section)
+        if isinstance(part, dict) and old_name in part:
+            if name in part:
+                raise ConfigError(f"{section}.{old_name} and {section}.{name} are both set; it was renamed {name}")
+            part[name] = part.pop(old_name)
     return out
 
 

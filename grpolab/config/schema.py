@@ -84,7 +84,7 @@ class RewardConfig:
 class RolloutConfig:
     # where rollouts and the in-training held-out eval are generated: grpolab = in this process (rollout.decoder);
     # vllm = vLLM's offline engine in a process and venv of its own (`make install-vllm`; grpolab/rollout/vllm_engine.py);
-    # grpolab_process = grpolab's decode loop in a worker process of its own (grpolab/rollout/grpolab_worker.py)
+    # grpolab_process = grpolab's decode loop in a worker process of its own (grpolab/rollout/workers/)
     engine: Literal["grpolab", "grpolab_process", "vllm"] = "grpolab"
     # k >= 1: the batch of step s is sampled with the weights after update s - k (a fixed lag; the first k steps'
     # with the initial ones) while the trainer updates: an engine in its own process (grpolab_process or vllm) keeps
@@ -94,8 +94,10 @@ class RolloutConfig:
     vllm_python: str = (
         ""  # the vLLM venv's python ("" = .venv-vllm/bin/python of the checkout, or $GRPOLAB_VLLM_PYTHON)
     )
-    vllm_start_timeout_s: float = 900.0  # engine start (model load) bound (vllm and grpolab_process)
-    vllm_call_timeout_s: float = 1800.0  # one generate / weight load bound (vllm and grpolab_process)
+    # bounds in seconds on a worker engine's start (model load) and on each later reply (vllm and grpolab_process);
+    # read from their earlier names vllm_start_timeout_s / vllm_call_timeout_s too (FIELDS_RENAMED)
+    worker_start_timeout_s: float = 900.0
+    worker_call_timeout_s: float = 1800.0
     # grpolab's decode loop (rollout/decode.py); hf: HF generate (the removed choices: REMOVED_CHOICES)
     decoder: Literal["grpolab", "hf"] = "grpolab"
     group_size: int = 8  # G completions per prompt
@@ -236,6 +238,11 @@ class SpeedConfig:
 
 # Where each speed switch lived before it moved to `speed:`; a config or recorded manifest that still sets one
 # there is read as the new field, with a warning (move_speed_fields).
+FIELDS_RENAMED = {  # (section, earlier name) -> the field's name now: configs and manifests of earlier runs still load
+    ("rollout", "vllm_start_timeout_s"): "worker_start_timeout_s",
+    ("rollout", "vllm_call_timeout_s"): "worker_call_timeout_s",
+}
+
 SPEED_FIELDS_MOVED = {
     "cpu_fast_paths": "rollout",
     "preallocate_kv_cache": "rollout",

@@ -1,9 +1,11 @@
-"""The Rollout record and the RolloutEngine interface (hf today; vLLM or a remote engine later)."""
+"""The Rollout record and the engines' two interfaces: ``RolloutEngine`` (synchronous: every engine) and
+``QueuedEngine`` (an engine in a worker process that also keeps requests in flight: rollout.max_staleness).
+grpolab.rollout.engines builds the engine of a run and says which engines are queued."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -86,6 +88,15 @@ class Rollout:
 
 
 class RolloutEngine(Protocol):
+    """What the trainer, the held-out eval and the agent episodes call on every engine (grpolab.rollout.engines)."""
+
+    last_sync: dict[str, float]
+    """The newest weight load a worker answered: {"total_s": seconds, "bytes": bytes written}; {} for the in-process
+    engine, whose copy is made in place."""
+    version: str
+    """The version of the library the engine runs, as its worker reported it (vLLM's from its own venv); '' in this
+    process."""
+
     def generate(self, prompts: list[list[int]], params: SamplingParams, seeds: list[int] | None = None) -> Rollout:
         """Sample params.group_size completions for each tokenised prompt; seeds (one per prompt) give each group
         its own sampling stream."""
@@ -93,6 +104,32 @@ class RolloutEngine(Protocol):
 
     def sync_weights(self, policy: torch.nn.Module) -> None:
         """Make the sampler's weights equal to the policy's (cast to the sampler's dtype)."""
+        ...
+
+    def close(self) -> None:
+        """Give back what the engine holds outside this process (its worker); idempotent."""
+        ...
+
+
+class QueuedEngine(RolloutEngine, Protocol):
+    """An engine whose requests are answered in the order sent, and may stay in flight (grpolab.rollout.worker_engine;
+    the asynchronous pipeline grpolab.training.pipeline builds on it)."""
+
+    def submit(self, prompts: list[list[int]], params: SamplingParams, seeds: list[int] | None = None) -> Any:
+        """Send a generation (as ``generate``) and return at once a handle that ``finish`` collects."""
+        ...
+
+    def finish(self, pending: Any) -> Rollout:
+        """The rollout of a submitted generation (waiting for it and for every request sent before it)."""
+        ...
+
+    def wait_all(self) -> None:
+        """Wait for every request in flight."""
+        ...
+
+    def sync_weights(self, policy: torch.nn.Module, wait: bool = True) -> None:
+        """The policy's weights into the engine, behind the requests in flight; wait=False returns once they are
+        sent (generations submitted later sample from them)."""
         ...
 
 

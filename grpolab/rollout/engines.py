@@ -1,77 +1,119 @@
-"""The rollout engine of a run (rollout.engine): grpolab's own decode loop in this process (grpolab.rollout.hf), the
-same loop in a worker process (grpolab_process: grpolab.rollout.grpolab_worker), or vLLM's offline engine in a worker
-process of its own venv (grpolab.rollout.vllm_engine; docs/vllm.md). Each keeps a sampler's copy of the weights that
-the trainer syncs after every update, and each samples the in-training held-out eval. Agent episodes run turn by turn
-on the policy's own KV cache, so they need the in-process engine."""
+"""The rollout engine of a run, one registry keyed by ``rollout.engine`` (docs/vllm.md, docs/async.md):
+
+- ``grpolab``: grpolab's own engine in this process (grpolab.rollout.grpolab_engine; rollout.decoder picks its
+  decode loop or transformers' generate);
+- ``grpolab_process``: the same decode loop in a worker process (grpolab.rollout.worker_engine.GrpolabProcessEngine);
+- ``vllm``: vLLM's offline engine in a worker process of its own venv (grpolab.rollout.vllm_engine).
+
+Each keeps a sampler's copy of the weights that the trainer syncs after every update, and each samples the
+in-training held-out eval. The two in worker processes are QueuedEngines (rollout/base.py): they keep the next steps'
+generations in flight for rollout.max_staleness. Agent episodes run turn by turn on the policy's own KV cache, so
+they need the in-process engine.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
 from ..config import Config
 from ..errors import ConfigError
 from ..models.load import DTYPES
-from ..rollout.hf import HFEngine
 from ..tasks.base import Problem
 from ..tasks.prompting import prompt_ids
+from .base import RolloutEngine
+from .grpolab_engine import GrpolabEngine
+from .vllm_engine import VLLMEngine
+from .worker_engine import GrpolabProcessEngine
+
+
+@dataclass(frozen=True)
+class EngineRequest:
+    """What an engine is built from: the run's config, the policy and its tokenizer, the sampler dtype (rollout.dtype
+    resolved: "float32" or "bfloat16"), whether the policy is about to be sharded (train.strategy fsdp2: the sampler
+    keeps its own copy) and every train and held-out problem (a worker engine's length bound)."""
+
+    cfg: Config
+    policy: torch.nn.Module
+    tokenizer: object
+    sampling_dtype: str
+    sharded: bool
+    problems: list[Problem]
 
 
 def longest_sequence(cfg: Config, tokenizer, problems: list[Problem]) -> int:
-    """What vLLM's max_model_len must hold: the run's longest rendered prompt plus the larger of
+    """What a worker engine's max_model_len must hold: the run's longest rendered prompt plus the larger of
     rollout.max_new_tokens and eval.max_new_tokens, plus 1 (scoring a whole sequence asks the engine for one more
-    token after it: VLLMEngine.score, the untruncated logprobs under top-k / top-p)."""
+    token after it: WorkerEngine.score, the untruncated logprobs under top-k / top-p)."""
     longest_prompt = max((len(prompt_ids(tokenizer, p)) for p in problems), default=0)
     return longest_prompt + max(cfg.rollout.max_new_tokens, cfg.eval.max_new_tokens) + 1
 
 
-def make_engine(
-    cfg: Config, policy, tokenizer, sampling_dtype: str, sharded: bool, problems: list[Problem], agent: bool
-) -> Any:
-    """The run's RolloutEngine (module docstring); ``problems``: every train and held-out problem (vLLM's length
-    bound); ``agent``: the run plays multi-turn episodes (refused with vLLM)."""
-    r, speed = cfg.rollout, cfg.speed
-    if r.engine == "grpolab":
-        dtype = DTYPES[sampling_dtype]
-        return HFEngine(policy, tokenizer, dtype, r.decoder, sharded, speed.cpu_fast_paths, speed.preallocate_kv_cache)
-    if agent:
-        raise ConfigError(
-            "rollout.engine: expected grpolab for an agent task (its episodes continue each turn on the sampler's own "
-            f"KV cache, which a worker process does not expose), got {r.engine}"
-        )
-    dtype = torch.bfloat16 if sampling_dtype == "bfloat16" else torch.float32
-    if r.engine == "grpolab_process":
-        from ..rollout.worker_engine import GrpolabProcessEngine
+def _worker_dtype(sampling_dtype: str) -> torch.dtype:
+    return torch.bfloat16 if sampling_dtype == "bfloat16" else torch.float32
 
-        return GrpolabProcessEngine(
-            policy,
-            tokenizer,
-            dtype,
-            threads=r.worker_threads,
-            speed={"cpu_fast_paths": speed.cpu_fast_paths, "preallocate_kv_cache": speed.preallocate_kv_cache},
-            max_model_len=longest_sequence(cfg, tokenizer, problems),
-            seed=cfg.train.seed,
-            start_timeout=r.vllm_start_timeout_s,
-            call_timeout=r.vllm_call_timeout_s,
-        )
-    from ..rollout.vllm_engine import VLLMEngine
 
-    return VLLMEngine(
-        policy,
-        tokenizer,
-        dtype,
-        python=r.vllm_python or None,
-        max_model_len=longest_sequence(cfg, tokenizer, problems),
-        seed=cfg.train.seed,
-        start_timeout=r.vllm_start_timeout_s,
-        call_timeout=r.vllm_call_timeout_s,
+def grpolab_engine(req: EngineRequest) -> GrpolabEngine:
+    r, speed = req.cfg.rollout, req.cfg.speed
+    dtype = DTYPES[req.sampling_dtype]
+    return GrpolabEngine(
+        req.policy, req.tokenizer, dtype, r.decoder, req.sharded, speed.cpu_fast_paths, speed.preallocate_kv_cache
     )
 
 
-def sync_metrics(engine: Any) -> dict[str, float]:
-    """time/weight_sync_s and sync/bytes of the last weight sync a worker process answered (rollout.engine: vllm or
-    grpolab_process; with rollout.max_staleness > 0 the newest load answered so far); {} for the in-process engine,
-    whose copy is made in place."""
-    last = getattr(engine, "last_sync", None)
-    return {"time/weight_sync_s": last["total_s"], "sync/bytes": last["bytes"]} if last else {}
+def grpolab_process_engine(req: EngineRequest) -> GrpolabProcessEngine:
+    cfg, r, speed = req.cfg, req.cfg.rollout, req.cfg.speed
+    return GrpolabProcessEngine(
+        req.policy,
+        req.tokenizer,
+        _worker_dtype(req.sampling_dtype),
+        threads=r.worker_threads,
+        speed={"cpu_fast_paths": speed.cpu_fast_paths, "preallocate_kv_cache": speed.preallocate_kv_cache},
+        max_model_len=longest_sequence(cfg, req.tokenizer, req.problems),
+        seed=cfg.train.seed,
+        start_timeout=r.worker_start_timeout_s,
+        call_timeout=r.worker_call_timeout_s,
+    )
+
+
+def vllm_engine(req: EngineRequest) -> VLLMEngine:
+    cfg, r = req.cfg, req.cfg.rollout
+    return VLLMEngine(
+        req.policy,
+        req.tokenizer,
+        _worker_dtype(req.sampling_dtype),
+        python=r.vllm_python or None,
+        max_model_len=longest_sequence(cfg, req.tokenizer, req.problems),
+        seed=cfg.train.seed,
+        start_timeout=r.worker_start_timeout_s,
+        call_timeout=r.worker_call_timeout_s,
+    )
+
+
+ENGINES: dict[str, Callable[[EngineRequest], RolloutEngine]] = {
+    "grpolab": grpolab_engine,
+    "grpolab_process": grpolab_process_engine,
+    "vllm": vllm_engine,
+}
+"""rollout.engine -> its builder (config.RolloutConfig.engine lists the same names)."""
+
+QUEUED_ENGINES = frozenset({"grpolab_process", "vllm"})
+"""The engines that are QueuedEngines: in a worker process, requests kept in flight (rollout.max_staleness > 0)."""
+
+IN_PROCESS_ENGINES = frozenset({"grpolab"})
+"""The engines whose sampler is a model in this process (agent episodes continue on its KV cache)."""
+
+
+def make_engine(req: EngineRequest, agent: bool) -> RolloutEngine:
+    """The run's engine (module docstring); ``agent``: the run plays multi-turn episodes (in-process engines only)."""
+    name = req.cfg.rollout.engine
+    if agent and name not in IN_PROCESS_ENGINES:
+        raise ConfigError(
+            "rollout.engine: expected grpolab for an agent task (its episodes continue each turn on the sampler's own "
+            f"KV cache, which a worker process does not expose), got {name}"
+        )
+    if name not in ENGINES:
+        raise ConfigError(f"rollout.engine: expected one of {', '.join(ENGINES)}, got {name!r}")
+    return ENGINES[name](req)

@@ -1,5 +1,6 @@
-"""The rollout engine for Hugging Face models (CPU default): grpolab's decode loop (rollout/decode.py, the
-default) or transformers' `generate` (`rollout.decoder: hf`).
+"""grpolab's in-process rollout engine (``rollout.engine: grpolab``, the default) on a transformers model: grpolab's
+own decode loop (rollout/decode.py, ``rollout.decoder: grpolab``) or transformers' `generate` (``rollout.decoder:
+hf``, the plain path the loop is tested against).
 
 When the sampler dtype differs from the policy's (bf16 sampling of an fp32 policy) the engine keeps its own
 weight copy and `sync_weights` copies the policy into it, parameter by parameter name, after each update -- the
@@ -50,9 +51,11 @@ def completion_mask(completion_ids: torch.Tensor, stop_ids: list[int]) -> tuple[
     return mask, ~is_stop.any(dim=1)
 
 
-class HFEngine:
-    """decoder "grpolab": our decode loop (rollout/decode.py: prefill once per group, finished rows leave the
-    batch, inverse-CDF sampling); "hf": `model.generate`, the plain path it is tested against."""
+class GrpolabEngine:
+    """A RolloutEngine in this process. decoder "grpolab": our decode loop (rollout/decode.py: prefill once per group,
+    finished rows leave the batch, inverse-CDF sampling); "hf": transformers' `model.generate`."""
+
+    version = ""  # no library of its own: this process's grpolab and transformers (the manifest's versions)
 
     def __init__(
         self,
@@ -83,6 +86,10 @@ class HFEngine:
         self.model = frozen_copy(policy, dtype) if self.own_copy else policy
         self.stop_ids = eos_ids(policy, tokenizer)
         self._text_stops: dict[str, TextStop | None] = {}
+        self.last_sync: dict[str, float] = {}  # never filled: the copy is made in place, nothing is written
+
+    def close(self) -> None:
+        """Nothing to give back: the engine lives in this process (RolloutEngine.close)."""
 
     def text_stop(self, name: str) -> TextStop | None:
         """The decode loop's form of stop rule `name` (rollout/stop.py): its trigger tokens are found once per

@@ -17,7 +17,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from .base import SamplingParams
 from .worker_engine import WorkerEngine
 
-WORKER_SCRIPT = Path(__file__).with_name("vllm_worker.py")
+WORKER_SCRIPT = Path(__file__).parent / "workers" / "vllm_worker.py"
 VLLM_PYTHON_ENV = "GRPOLAB_VLLM_PYTHON"
 """Environment variable: the Python of the environment vLLM is installed in (default: .venv-vllm of the checkout)."""
 

@@ -1,7 +1,7 @@
 """A rollout engine in a worker process: the trainer-side half (docs/vllm.md, docs/async.md).
 
 ``WorkerEngine`` is a RolloutEngine (rollout/base.py) whose sampling happens in another process (an
-``EngineProcess``: grpolab.rollout.engine_process). This half owns everything that needs grpolab: the results
+``EngineProcess``: grpolab.rollout.workers.process). This half owns everything that needs grpolab: the results
 contract (completion ids right-padded, the mask 1 through the stop token, the truncation flags, the sampled tokens'
 logprobs, texts decoded with grpolab's tokenizer), stop rules (rollout/stop.py, applied to the returned tokens: a
 prefix is sampled alike whatever follows it, so cutting after the fact is exact), and the weights (the policy's,
@@ -14,7 +14,7 @@ generation submitted before a sync samples from the old weights and one submitte
 what rollout.max_staleness's pipeline (grpolab.training.pipeline) builds on. ``generate`` is submit + finish.
 
 Two workers answer these requests: vLLM's (grpolab.rollout.vllm_engine, in vLLM's own venv) and grpolab's own
-decode loop in a process of its own (``GrpolabProcessEngine``, grpolab.rollout.grpolab_worker).
+decode loop in a process of its own (``GrpolabProcessEngine``, grpolab.rollout.workers.grpolab_worker).
 """
 
 from __future__ import annotations
@@ -36,12 +36,12 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from ..errors import GrpolabError
 from ..models.lora import MergedWeights, is_lora
 from .base import Rollout, SamplingParams
-from .engine_process import EngineDied, EngineProcess, EngineUnavailable, cause_line, shared_memory_dir
-from .hf import eos_ids, group_rollout, left_pad
+from .grpolab_engine import eos_ids, group_rollout, left_pad
 from .stop import stop_rule
+from .workers.process import EngineDied, EngineProcess, EngineUnavailable, cause_line, shared_memory_dir
 
 DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
-GRPOLAB_WORKER_SCRIPT = Path(__file__).with_name("grpolab_worker.py")
+GRPOLAB_WORKER_SCRIPT = Path(__file__).parent / "workers" / "grpolab_worker.py"
 
 
 def policy_tensors(policy: torch.nn.Module, dtype: torch.dtype) -> dict[str, torch.Tensor]:
@@ -363,8 +363,8 @@ class WorkerEngine:
 
 
 class GrpolabProcessEngine(WorkerEngine):
-    """grpolab's own decode loop (rollout.decoder grpolab: HFEngine) in a worker process of this Python
-    (``rollout.engine: grpolab_process``; grpolab.rollout.grpolab_worker): the same samples as the in-process engine
+    """grpolab's own decode loop (rollout.decoder grpolab: GrpolabEngine) in a worker process of this Python
+    (``rollout.engine: grpolab_process``; grpolab.rollout.workers.grpolab_worker): the same samples as the in-process engine
     for the same weights, seeds and thread count, generated while the trainer does something else. threads: the
     worker's torch threads (0: torch's default)."""
 

@@ -23,7 +23,7 @@ from typing import Callable
 
 import torch
 
-from ..algo.advantages import Advantages, compute_advantages, pass_at_k_advantages, zero_signal_groups
+from ..algo.advantages import Advantages
 from ..config import Config
 from ..rewards import CORRECTNESS_REWARDS, RewardResult, RewardSet, result_metrics, stop_rule
 from ..rewards.overlong import soft_overlong_penalty
@@ -31,6 +31,7 @@ from ..rollout.base import Rollout, RolloutEngine, SamplingParams, concat_rollou
 from ..tasks.base import Problem
 from ..tasks.prompting import prompt_ids
 from .distributed import World, gather_objects, gather_rows, group_seed, owned_groups
+from .group_rules import GroupRule
 from .metrics import completion_metrics, group_metrics, reward_metrics
 from .prompt_sampler import PromptSampler
 
@@ -131,7 +132,9 @@ def signal_values(scores: Scores, weights: dict[str, float]) -> torch.Tensor:
 
 class BatchCollector:
     """Draws problems from the prompt sampler, generates this rank's groups, scores them, gathers what every rank
-    scored, and (with dynamic sampling) refills -- every decision taken on gathered data, identically on all ranks."""
+    scored, and (with dynamic sampling) refills -- every decision taken on gathered data, identically on all ranks.
+    ``group``: the run's advantage estimator's rule for sequence-level advantages and group signal
+    (grpolab.training.group_rules)."""
 
     def __init__(
         self,
@@ -140,10 +143,11 @@ class BatchCollector:
         tokenizer,
         sampler: PromptSampler,
         rewards: RewardSet,
+        group: GroupRule,
         world: World = World(),
     ):
         self.cfg, self.engine, self.tokenizer, self.sampler, self.rewards = cfg, engine, tokenizer, sampler, rewards
-        self.world = world
+        self.group, self.world = group, world
         r = cfg.rollout
         self.params = SamplingParams(
             group_size=r.group_size,
@@ -162,21 +166,9 @@ class BatchCollector:
         return self._prompt_cache[problem.uid]
 
     def advantages(self, values: torch.Tensor, invalid: torch.Tensor) -> Advantages:
-        """The batch's advantages, [P, G]: pass@k (algorithm.estimator = pass_at_k: pass_k, pass_threshold, adv_eps;
-        baseline and scaling do not apply) or the group-relative family (baseline, scaling, std_kind, adv_eps)."""
-        a, g = self.cfg.algorithm, self.cfg.rollout.group_size
-        if a.estimator == "pass_at_k":
-            return pass_at_k_advantages(
-                values.view(-1, g), ~invalid.view(-1, g), k=a.pass_k, threshold=a.pass_threshold, eps=a.adv_eps
-            )
-        return compute_advantages(
-            values.view(-1, g),
-            ~invalid.view(-1, g),
-            baseline=a.baseline,
-            scaling=a.scaling,
-            eps=a.adv_eps,
-            std_kind=a.std_kind,
-        )
+        """The batch's advantages, [P, G], from its rewards and invalid flags [P * G] (the estimator's group rule)."""
+        g = self.cfg.rollout.group_size
+        return self.group.advantages(values.view(-1, g), invalid.view(-1, g))
 
     def gather(self, local: torch.Tensor, owned: list[int], num_groups: int) -> torch.Tensor:
         return gather_rows(local, owned, num_groups, self.cfg.rollout.group_size, self.world)
@@ -200,15 +192,15 @@ class BatchCollector:
         rollout, local = self.sample_and_score([problems[j] for j in owned], seeds, t0)
         return self.gathered_round(problems, owned, rollout, local)
 
-    def submit_round(self, step: int) -> tuple[list[Problem], list[int], object]:
-        """Round 0 of step `step` sent to the engine without waiting (rollout.max_staleness: grpolab.training.pipeline):
-        its problems, the groups this rank owns, and the engine's pending generation (same seeds as generate_round)."""
+    def draw_round(self, step: int) -> tuple[list[Problem], list[int], list[list[int]], list[int]]:
+        """Round 0 of step `step` drawn for an engine that samples it ahead (rollout.max_staleness:
+        grpolab.training.pipeline submits it): its problems, the groups this rank owns, and their prompts and seeds
+        (the same as generate_round's)."""
         p = self.cfg.train.prompts_per_step
         problems = self.sampler.take(p)
         owned = owned_groups(p, self.world)
         seeds = [group_seed(self.cfg.train.seed, step, j) for j in owned]
-        pending = self.engine.submit([self.prompt_ids(problems[j]) for j in owned], self.params, seeds)
-        return problems, owned, pending
+        return problems, owned, [self.prompt_ids(problems[j]) for j in owned], seeds
 
     def collect_rollout(self, problems: list[Problem], owned: list[int], rollout: Rollout) -> Batch:
         """The batch of a step whose rollout was generated ahead (grpolab.training.pipeline): scored, gathered and
@@ -242,16 +234,13 @@ class BatchCollector:
         return rnd
 
     def group_signal(self, scores: Scores) -> tuple[list[bool], list[float]]:
-        """Per group: whether it carries signal -- its correctness (signal_values) varies among the valid rows, or
-        with algorithm.estimator = pass_at_k its pass@k advantages are not all zero -- and its mean correctness."""
+        """Per group: whether it carries signal (the estimator's group rule: its correctness, signal_values, varies
+        among the valid rows, or its pass@k advantages are not all zero) and its mean correctness."""
         g = self.cfg.rollout.group_size
         values, invalid = signal_values(scores, self.rewards.weights).view(-1, g), scores.invalid.view(-1, g)
         valid = ~invalid & torch.isfinite(values)
-        values = torch.where(valid, values, 0.0)
-        means = (values.sum(-1) / valid.sum(-1).clamp(min=1)).tolist()
-        if self.cfg.algorithm.estimator == "pass_at_k":
-            return (~self.advantages(scores.rewards, scores.invalid).zero_std).tolist(), means
-        return (~zero_signal_groups(values, valid)).tolist(), means
+        means = (torch.where(valid, values, 0.0).sum(-1) / valid.sum(-1).clamp(min=1)).tolist()
+        return self.group.signal(scores.rewards.view(-1, g), values, invalid).tolist(), means
 
     def collect(self, step: int = 0) -> Batch:
         """Generate and score prompts_per_step groups. With dynamic sampling, keep the groups with signal and refill

@@ -100,6 +100,7 @@ class TrainerCheckpoints:
             "best": self.best,
             **self.reference_checkpoint(),
             **({"pipeline": self.pipeline.state_dict()} if self.pipeline is not None else {}),
+            **self.estimator.state_dict(),  # PPO's critic (grpolab.training.estimators)
         }
 
     def reference_checkpoint(self) -> dict[str, Any]:
@@ -186,6 +187,7 @@ class TrainerCheckpoints:
                 torch.get_num_threads(),
                 state["torch_threads"],
             )
+        self.estimator.load_state_dict(state)
         ckpt.set_rng_state(state["rank_rng"][self.world.rank] if "rank_rng" in state else state["rng"])
 
     def load_reference(self, saved: dict[str, Any] | None, path: Path) -> None:

@@ -3,7 +3,7 @@
 The schedule is a fixed lag: the batch of step s (0-based) is sampled with the weights after update max(0, s - k).
 At the top of step s the trainer submits step s + k's generation to the engine's worker process (steps 0..k at
 the first step, all with the initial weights) and takes step s's, generated while it updated; after the update it
-queues the new weights behind the generations already in flight (WorkerEngine.sync_weights(wait=False)). The
+queues the new weights behind the generations already in flight (QueuedEngine.sync_weights(wait=False)). The
 worker answers in order, so every generation samples from exactly the weights queued before it: a sample is at most
 k updates old (exactly k once s >= k), and which weights drew it never depends on timing. In-flight generations
 finish on the weights they started with (no partial rollouts).
@@ -27,7 +27,8 @@ from typing import Any
 
 from ..config import Config
 from ..errors import ConfigError, GrpolabError
-from ..rollout.base import Rollout
+from ..rollout.base import QueuedEngine, Rollout
+from ..rollout.engines import QUEUED_ENGINES
 from ..tasks.base import Problem
 from .batch import Batch, BatchCollector
 from .distributed import World
@@ -54,11 +55,7 @@ def rollout_state(rollout: Rollout) -> dict[str, Any]:
 class RolloutPipeline:
     """The queue of submitted steps (module docstring). ``fill`` submits, ``take`` returns a step's batch."""
 
-    def __init__(self, collector: BatchCollector, engine: Any, max_staleness: int, steps: int):
-        if not hasattr(engine, "submit"):
-            raise GrpolabError(
-                "rollout.max_staleness > 0 needs an engine in its own process (rollout.engine: grpolab_process or vllm)"
-            )
+    def __init__(self, collector: BatchCollector, engine: QueuedEngine, max_staleness: int, steps: int):
         self.collector, self.engine, self.k, self.steps = collector, engine, max_staleness, steps
         self.queue: dict[int, Queued] = {}
         self.next_step = 0  # the first step not yet submitted
@@ -67,7 +64,8 @@ class RolloutPipeline:
         """Submit every step up to step + k (and below train.steps) not submitted yet, to be sampled with the
         engine's newest weights, which are `version` updates old."""
         while self.next_step <= min(step + self.k, self.steps - 1):
-            problems, owned, pending = self.collector.submit_round(self.next_step)
+            problems, owned, prompts, seeds = self.collector.draw_round(self.next_step)
+            pending = self.engine.submit(prompts, self.collector.params, seeds)
             self.queue[self.next_step] = Queued(self.next_step, problems, owned, version, pending)
             self.next_step += 1
 
@@ -141,14 +139,18 @@ class RolloutPipeline:
         self.next_step = state["next_step"]
 
 
-def make_pipeline(cfg: Config, collector: BatchCollector, engine: Any, world: World) -> RolloutPipeline | None:
-    """The run's pipeline when rollout.max_staleness > 0 (one process only), else None (the synchronous loop)."""
-    k = cfg.rollout.max_staleness
-    if not k:
-        return None
+def make_pipeline(cfg: Config, collector: BatchCollector, engine: QueuedEngine, world: World) -> RolloutPipeline:
+    """The run's pipeline (rollout.max_staleness > 0, one process, a QueuedEngine: rollout.engine grpolab_process or
+    vllm; ConfigError naming the field otherwise)."""
+    r = cfg.rollout
+    if r.engine not in QUEUED_ENGINES:
+        raise ConfigError(
+            f"rollout.engine: expected one of {sorted(QUEUED_ENGINES)} with rollout.max_staleness > 0 (an engine in "
+            f"its own process keeps the next steps' generations in flight), got {r.engine}"
+        )
     if world.size > 1:
         raise ConfigError(
             f"rollout.max_staleness: expected 0 with more than one process (this run has {world.size}): the "
             "asynchronous pipeline is built and tested for one"
         )
-    return RolloutPipeline(collector, engine, k, cfg.train.steps)
+    return RolloutPipeline(collector, engine, r.max_staleness, cfg.train.steps)

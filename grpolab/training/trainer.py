@@ -27,7 +27,6 @@ from typing import Any, Callable
 import torch
 
 from ..agents.openenv_env import stop_servers
-from ..algo.kl import KLPlacement, token_kl
 from ..config import Config
 from ..errors import DataError, GrpolabError
 from ..evaluation.heldout import EvalResult, greedy_eval
@@ -36,6 +35,7 @@ from ..models.load import DTYPES, load_causal_lm, load_tokenizer, make_reference
 from ..models.lora import apply_lora, trainable_parameters
 from ..rewards import RewardSet
 from ..rewards.health import RewardFailureStreak
+from ..rollout.engines import EngineRequest, make_engine
 from ..tasks import make_task
 from ..tasks.base import Problem
 from . import precision
@@ -44,9 +44,8 @@ from .attention import NAME as ATTENTION_FP32
 from .attention import use_training_attention
 from .batch import Batch, BatchCollector
 from .checkpointing import LOGS, TrainerCheckpoints
-from .distill import check_distill_config, distill_advantages, distill_metrics, distill_sums, load_teacher
 from .distributed import World, all_reduce_sum, gather_objects, init_world, resolve_device
-from .engine import make_engine, sync_metrics
+from .estimators import AdvantageContext, EstimatorModels, estimator_spec
 from .faults import InterruptGuard, NonFiniteTracker, TrainingInterrupted
 from .metrics import JsonlSink, completion_table, peak_rss_mb
 from .pipeline import make_pipeline
@@ -90,6 +89,17 @@ def load_problems(cfg: Config) -> tuple[list[Problem], list[Problem], dict[str, 
     if not train:
         raise DataError(f"{source}: no training problems")
     return train, held_out, summary
+
+
+def r_k(cfg: Config) -> int:
+    """rollout.max_staleness: how many steps ahead the engine samples (0: synchronous)."""
+    return cfg.rollout.max_staleness
+
+
+def sync_metrics(last_sync: dict[str, float]) -> dict[str, float]:
+    """time/weight_sync_s and sync/bytes of the newest weight load a worker engine answered (RolloutEngine.last_sync);
+    {} for the in-process engine, whose copy is made in place."""
+    return {"time/weight_sync_s": last_sync["total_s"], "sync/bytes": last_sync["bytes"]} if last_sync else {}
 
 
 def sample_rows(num_rows: int, n: int, group_size: int) -> list[int]:
@@ -164,8 +174,8 @@ class Trainer(TrainerCheckpoints):
         """The rest of __init__ (after the process settings): data, rewards, models, sampler, optimizer."""
         self.world = world or init_world(self.device)
         check_reset_config(cfg)  # before anything loads
-        if cfg.algorithm.estimator == "distill":
-            check_distill_config(cfg)
+        spec = estimator_spec(cfg)  # algorithm.estimator's registered step (grpolab.training.estimators)
+        spec.check(cfg)
         ckpt.seed_everything(cfg.train.seed)
         self.rewards = RewardSet(
             cfg.reward.weights,
@@ -199,30 +209,17 @@ class Trainer(TrainerCheckpoints):
         t = cfg.train
         self.sharded = t.strategy == Strategy.FSDP2  # the sampler and reference copies are made before sharding
         self.tell("preparing the sampler's copy of the model")
-        self.engine = make_engine(
-            cfg,
-            self.policy,
-            self.tokenizer,
-            self.sampling_dtype,
-            self.sharded,
-            self.train_problems + self.eval_problems,
-            collector_class(self.train_problems) is not BatchCollector,
-        )
-        fp32_inside = (
-            cfg.speed.attention_fp32 and self.update_precision == "bf16"
-        )  # training/attention.py; after the copies
+        problems = self.train_problems + self.eval_problems
+        request = EngineRequest(cfg, self.policy, self.tokenizer, self.sampling_dtype, self.sharded, problems)
+        self.engine = make_engine(request, collector_class(self.train_problems) is not BatchCollector)
+        # training/attention.py; after the copies
+        fp32_inside = cfg.speed.attention_fp32 and self.update_precision == "bf16"
         if (
             self.device.type == "cpu"
             and (fp32_inside or t.deterministic)
             and use_training_attention(self.policy, fp32_inside) == ATTENTION_FP32
         ):
             self.precision["attention"] = "float32 inside bf16 autocast (sdpa_fp32)"
-        self.teacher = None  # algorithm.estimator = distill: the frozen teacher (grpolab.training.distill)
-        if cfg.algorithm.estimator == "distill":
-            self.tell(f"loading the teacher {cfg.distill.teacher} (on-policy distillation)")
-            self.teacher = load_teacher(cfg, self.tokenizer, self.model_path, self.device)
-            if self.policy.config._attn_implementation != self.teacher.config._attn_implementation:
-                use_training_attention(self.teacher, fp32_inside)  # the student's attention: the same kernels
         if self.sharded:
             check_shardable(cfg, self.world, self.policy)
             shard(self.policy)
@@ -240,10 +237,11 @@ class Trainer(TrainerCheckpoints):
         self.sampler = PromptSampler(
             self.train_problems, t.seed, t.prompt_schedule, t.prompt_floor
         )  # same on every rank
-        self.collector = collector_class(self.train_problems)(
-            cfg, self.engine, self.tokenizer, self.sampler, self.rewards, self.world
-        )  # episodes for agent tasks
-        self.pipeline = make_pipeline(cfg, self.collector, self.engine, self.world)  # max_staleness > 0, else None
+        self.collector = collector_class(self.train_problems)(  # episodes for agent tasks
+            cfg, self.engine, self.tokenizer, self.sampler, self.rewards, spec.group(cfg.algorithm), self.world
+        )
+        # rollout.max_staleness > 0: the asynchronous pipeline (a QueuedEngine), else the synchronous loop
+        self.pipeline = make_pipeline(cfg, self.collector, self.engine, self.world) if r_k(cfg) else None
         self.batch_version = 0  # the policy version (updates applied) that sampled the batch being trained
         self.step = 0
         self.saved_step: int | None = None  # step of the newest checkpoint this trainer wrote or loaded
@@ -255,6 +253,19 @@ class Trainer(TrainerCheckpoints):
         self.table: tuple[list[str], list[list[Any]]] | None = None  # the last step's completions table, when due
         self.trackers = Trackers(self.run_dir, {}, {})  # opened by fit (rank 0)
         self.told_first_step = False  # the first step this trainer takes is announced phase by phase
+        if cfg.algorithm.estimator == "distill":
+            self.tell(f"loading the teacher {cfg.distill.teacher} (on-policy distillation)")
+        models = EstimatorModels(
+            cfg,
+            self.policy,
+            self.tokenizer,
+            self.model_path,
+            self.device,
+            self.world,
+            self.update_precision,
+            fp32_inside,
+        )
+        self.estimator = spec.build(models)  # the advantage step; PPO's critic, distillation's teacher
 
     def tell(self, message: str) -> None:
         """``progress(message)`` on rank 0 (before a phase that can take over ~20 s)."""
@@ -265,7 +276,7 @@ class Trainer(TrainerCheckpoints):
         """Put back the process-wide settings this trainer applied (idempotent; ``fit`` does it when it ends) and stop
         the rollout engine's worker process, when it has one (rollout.engine: vllm)."""
         self.settings.restore()
-        if hasattr(self, "engine") and hasattr(self.engine, "close"):
+        if "engine" in vars(self):  # built (a failed build may stop before it)
             self.engine.close()
 
     def __enter__(self) -> "Trainer":
@@ -327,25 +338,18 @@ class Trainer(TrainerCheckpoints):
         t0 = time.perf_counter()
         return self.update_step(self.collect(), t0)
 
-    def kl_in_reward(self, batch: Batch) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """With KL placed in the reward: R_i <- R_i - beta * sum_t kl(pi_old || pi_ref), advantages recomputed;
-        returns the (ref, old) logprobs it computed so the update does not compute them again."""
-        a = self.cfg.algorithm
-        if not (a.beta > 0 and a.kl_placement == KLPlacement.REWARD):
-            return None, None
-        ref = self.updater.logprobs_no_grad(self.reference, batch.rollout, "fp32")
-        old = self.updater.logprobs_no_grad(self.policy, batch.rollout, self.update_precision)
-        kl_seq = (token_kl(old, ref, a.kl_estimator).double() * batch.rollout.trained_mask()).sum(-1)  # float64: no
-        # rounding that depends on how wide the rollout tensor is (it differs with the number of ranks)
-        batch.scores.rewards = batch.scores.rewards - a.beta * kl_seq.to(batch.scores.rewards.device)
-        penalty = all_reduce_sum(
-            torch.tensor([a.beta * kl_seq.sum().item(), float(len(kl_seq))], dtype=torch.float64), self.world
+    def advantage_context(self, batch: Batch) -> AdvantageContext:
+        """What this step's advantage step reads (grpolab.training.estimators): never the trainer itself."""
+        return AdvantageContext(
+            batch,
+            self.updater,
+            self.policy,
+            self.reference,
+            self.update_precision,
+            self.world,
+            self.step,
+            self.collector.global_advantages,
         )
-        batch.metrics["reward/kl_penalty/mean"] = (
-            penalty[0] / penalty[1].clamp(min=1)
-        ).item()  # reward/mean: task reward
-        batch.advantages = self.collector.global_advantages(batch)
-        return ref, old
 
     def update_step(self, batch: Batch, t0: float) -> tuple[dict[str, float], list[dict[str, Any]]]:
         """Update the policy on a collected batch and return (metrics, samples) of the completed step."""
@@ -356,10 +360,8 @@ class Trainer(TrainerCheckpoints):
         if not self.told_first_step:
             self.tell(f"step {self.step + 1}/{t.steps}: updating the policy")
             self.told_first_step = True
-        with training_attention(t.deterministic, self.device):  # PPO's critic update runs in kl_in_reward
-            ref, old = self.kl_in_reward(batch)
-            if self.teacher is not None:
-                old = self.distill(batch, old)
+        with training_attention(t.deterministic, self.device):  # PPO's critic update runs in the advantage step
+            ref, old = self.estimator.prepare(self.advantage_context(batch))
             update_metrics = self.updater.update(
                 rollout,
                 batch.advantages,
@@ -403,24 +405,9 @@ class Trainer(TrainerCheckpoints):
             "throughput/tokens_per_s": tokens.item() / (t2 - t0),
             "memory/peak_rss_mb": peak_rss_mb(),
             **self.reference_metrics(),
-            **sync_metrics(self.engine),
+            **sync_metrics(self.engine.last_sync),
         }
         return metrics, self.samples(batch)
-
-    def distill(self, batch: Batch, old: torch.Tensor | None) -> torch.Tensor:
-        """On-policy distillation's advantage step (grpolab.training.distill): the teacher scores the sampled tokens,
-        batch.advantages <- per-token log pi_T - log pi_old (+ distill.reward_weight x the group advantages); returns
-        pi_old's logprobs for the update, which uses the same ones."""
-        t0, rollout = time.perf_counter(), batch.rollout
-        if old is None:
-            old = self.updater.logprobs_no_grad(self.policy, rollout, self.update_precision)
-        teacher = self.updater.logprobs_no_grad(self.teacher, rollout, self.update_precision)  # pi_old's numerics
-        mask = self.updater.loss_mask(rollout, ~batch.scores.invalid)
-        group = batch.advantages.to(old.device)
-        batch.advantages = distill_advantages(teacher, old, mask, group, self.cfg.distill.reward_weight)
-        sums = all_reduce_sum(distill_sums(teacher, old, mask).cpu(), self.world)
-        batch.metrics.update({**distill_metrics(sums), "time/teacher_s": time.perf_counter() - t0})
-        return old
 
     def reset_reference_if_due(self) -> None:
         """After the update of every algorithm.ref_reset_every-th step: pi_ref <- pi_theta (and, with

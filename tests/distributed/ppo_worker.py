@@ -1,6 +1,6 @@
 """A PPO worker for tests/test_ppo_distributed.py: `python ppo_worker.py SPEC.json` as one process, or under
 `torchrun --nproc-per-node 2`. SPEC: {"config": a run config, "out": the run directory}. It trains with the
-trainer of the config (grpolab.baselines.ppo.trainer_class); rank 0 writes the run directory, metrics.jsonl included."""
+Trainer (algorithm.estimator gae: grpolab.baselines.ppo's step); rank 0 writes the run directory, metrics.jsonl included."""
 
 from __future__ import annotations
 
@@ -10,9 +10,10 @@ from pathlib import Path
 
 import torch
 
-from grpolab.baselines.ppo import trainer_class
+import grpolab.baselines.ppo  # noqa: F401 -- registers algorithm.estimator gae
 from grpolab.config import from_dict
 from grpolab.training.distributed import init_world
+from grpolab.training.trainer import Trainer
 
 
 def main() -> None:
@@ -21,7 +22,7 @@ def main() -> None:
     world = init_world(torch.device("cpu"))
     cfg, out = from_dict(spec["config"]), Path(spec["out"])
     out.mkdir(parents=True, exist_ok=True)
-    trainer_class(cfg)(cfg, out, world).fit()
+    Trainer(cfg, out, world).fit()
 
 
 if __name__ == "__main__":

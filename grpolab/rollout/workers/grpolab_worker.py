@@ -1,8 +1,8 @@
 """grpolab's own decode loop as a worker process (``rollout.engine: grpolab_process``; docs/async.md).
 
 Started by ``grpolab.rollout.worker_engine.GrpolabProcessEngine`` as ``<this Python> grpolab_worker.py --fd N``, it
-answers the requests vLLM's worker answers (grpolab.rollout.vllm_worker documents them: start, generate, score,
-load_weights, stop), one at a time, in order, with grpolab's HFEngine (rollout/hf.py, the ``grpolab`` decoder) on its
+answers the requests vLLM's worker answers (grpolab.rollout.workers.vllm_worker documents them: start, generate, score,
+load_weights, stop), one at a time, in order, with grpolab's GrpolabEngine (rollout/grpolab_engine.py, the ``grpolab`` decoder) on its
 own copy of the weights. A trainer keeps generations in flight on it while it updates (rollout.max_staleness).
 
 - ``start``: load the model directory the trainer wrote (config, weights in the sampler dtype, tokenizer); set the
@@ -25,7 +25,7 @@ def start(state: dict, req: dict) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     import grpolab
-    from grpolab.rollout.hf import HFEngine
+    from grpolab.rollout.grpolab_engine import GrpolabEngine
 
     began = time.perf_counter()
     if req.get("threads"):
@@ -35,7 +35,7 @@ def start(state: dict, req: dict) -> dict:
     model.requires_grad_(False)
     tokenizer = AutoTokenizer.from_pretrained(req["model_dir"])
     speed = req.get("speed") or {}
-    state["engine"] = HFEngine(model, tokenizer, dtype, "grpolab", False, **speed)
+    state["engine"] = GrpolabEngine(model, tokenizer, dtype, "grpolab", False, **speed)
     state["model"] = model
     return {"version": grpolab.__version__, "start_s": time.perf_counter() - began}
 
@@ -99,6 +99,8 @@ COMMANDS = {"start": start, "generate": generate, "score": score, "load_weights"
 
 
 if __name__ == "__main__":
-    from grpolab.rollout.vllm_worker import main  # the same request loop (stdlib only; vllm is imported lazily there)
+    from grpolab.rollout.workers.vllm_worker import (
+        main,  # the same request loop (stdlib only; vllm is imported lazily there)
+    )
 
     sys.exit(main(None, COMMANDS, __doc__))

@@ -5,7 +5,7 @@
 and waits for its reply; ``send`` and ``receive`` split the two, so that a trainer can keep requests in flight
 (rollout.max_staleness: the next steps' rollouts are generated while it updates) and collect their replies in order.
 Every wait is bounded; the worker's death or silence is an error naming it with the tail of its log. The workers
-answering these requests: grpolab.rollout.vllm_worker (vLLM) and grpolab.rollout.grpolab_worker (grpolab's own
+answering these requests: grpolab.rollout.workers.vllm_worker (vLLM) and grpolab.rollout.workers.grpolab_worker (grpolab's own
 decode loop); another engine's (SGLang) plugs in the same way.
 """
 
@@ -21,7 +21,7 @@ import weakref
 from multiprocessing.connection import Connection
 from pathlib import Path
 
-from ..errors import GrpolabError
+from ...errors import GrpolabError
 
 LOG_TAIL_LINES = 20
 

@@ -151,7 +151,7 @@ COMMANDS = {"start": start, "generate": generate, "score": score, "load_weights"
 def serve(conn: Connection, commands: dict | None = None) -> None:
     """Answer requests with `commands` (default: this worker's) until ``stop`` or until the trainer's end of the
     socket closes (the trainer died). Every op but ``start`` needs a started worker (a state ``start`` filled).
-    grpolab.rollout.grpolab_worker serves its own commands with this loop."""
+    grpolab.rollout.workers.grpolab_worker serves its own commands with this loop."""
     commands = COMMANDS if commands is None else commands
     state: dict = {}
     while True:
