@@ -11,7 +11,7 @@ with each `--rubric` in turn and the cache off, so every judgement is computed a
 Printed per rubric, over the answers the judge scored (unparseable ones are counted, not dropped silently):
 
 - AUC = P(score of a right answer > score of a wrong one) + P(tie) / 2, Hanley-McNeil 95% interval
-  (grpolab.report.judge.auc_interval): 0.5 is a judge that cannot tell right from wrong;
+  (grpolab.gate.judge.auc_interval): 0.5 is a judge that cannot tell right from wrong;
 - accuracy of `score >= 0.5` as the verdict "right", Wilson 95% interval, beside the accuracy of the constant
   verdict "wrong" (the share of wrong answers) -- a judge whose accuracy equals that constant has learned nothing;
 - seconds per 1,000 judgements (wall time of the judge calls alone, on this machine, in the judge's dtype).
@@ -31,8 +31,8 @@ import torch
 from common import cpu_features
 
 from grpolab.config import load_config
+from grpolab.gate.judge import auc_interval, wilson
 from grpolab.models.load import load_causal_lm, load_tokenizer, resolve_model_path
-from grpolab.report.judge import auc_interval, wilson
 from grpolab.rewards.judge import JudgeReward
 from grpolab.rewards.math import correctness_reward
 from grpolab.tasks import make_task

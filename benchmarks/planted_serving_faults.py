@@ -6,7 +6,7 @@
 RUN is an evaluated run (``grpolab eval ... --out RUN/eval/base_vs_trained.json``), e.g. the one ``make demo`` writes;
 LORA_RUN (optional) an evaluated run trained with ``model.lora.rank > 0``. Each row below is a release bundle served
 by plain transformers in its own process (grpolab.serving.check.run_serving_check) and graded by the report's rule
-(grpolab.report.serving.check_serving_consistency), on the first N held-out problems the release was measured on:
+(grpolab.gate.release.check_serving_consistency), on the first N held-out problems the release was measured on:
 
 - ``clean``: RUN's bundle as ``grpolab release`` writes it;
 - ``wrong_template``: its chat_template.jinja with the system line changed (a template from another model or
@@ -32,9 +32,9 @@ import sys
 import time
 from pathlib import Path
 
+from grpolab.gate.release import check_serving_consistency
+from grpolab.gate.thresholds import Thresholds
 from grpolab.manifest import read_manifest
-from grpolab.report.base import Thresholds
-from grpolab.report.serving import check_serving_consistency
 from grpolab.serving.bundle import RELEASE_FILE, write_release
 from grpolab.serving.check import run_serving_check
 

@@ -6,8 +6,8 @@ difficulty) at the sizes of the quickstart's report -- 266 held-out problems, ca
 `--capability-n` default), the 30 safety prompts, 64 pass@8 problems -- computes every interval with the function
 the report uses (grpolab.evaluation.intervals.paired_evidence_interval: t over problems for right / wrong scores,
 exact when every difference is equal), with the counts of items that got worse and better, and runs the REAL gate
-code on them: grpolab.report.gates check_improvement, check_capability, check_safety, check_diversity, and
-grpolab.report.hacking check_reward_vs_heldout (which every real report has: its FAIL rule asks whether at least 25%
+code on them: grpolab.gate check_improvement, check_capability, check_safety, check_diversity, and
+grpolab.gate.hacking check_reward_vs_heldout (which every real report has: its FAIL rule asks whether at least 25%
 of the training reward's rise carried over to held-out accuracy), family_control (Holm over the FAIL rules) and
 verdict. The training reward rises linearly over 20 logged steps by the scenario's `reward_rise` (0.20 by default:
 twice the +0.10 held-out gain, training problems being easier to gain on; one scenario uses 0.40 to show how the
@@ -39,19 +39,13 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from grpolab.evaluation.intervals import paired_evidence_interval  # noqa: E402
-from grpolab.report.base import Thresholds, change_signs  # noqa: E402
-from grpolab.report.gates import (  # noqa: E402
-    DONT_SHIP,
-    NOT_ESTABLISHED,
-    SHIP,
-    check_capability,
-    check_diversity,
-    check_improvement,
-    check_safety,
-    family_control,
-    verdict,
-)
-from grpolab.report.hacking import check_reward_vs_heldout  # noqa: E402
+from grpolab.gate.family import family_control
+from grpolab.gate.hacking import check_reward_vs_heldout  # noqa: E402
+from grpolab.gate.heldout import check_improvement
+from grpolab.gate.regression import check_capability, check_diversity, check_safety
+from grpolab.gate.stats import change_signs  # noqa: E402
+from grpolab.gate.thresholds import Thresholds  # noqa: E402
+from grpolab.gate.verdict import DONT_SHIP, NOT_ESTABLISHED, SHIP, verdict
 
 N_HELDOUT, N_CAPABILITY, N_SAFETY, N_DIVERSITY = 266, 50, 30, 64
 BASE_ACCURACY, BASE_CAPABILITY, BASE_COMPLIANCE, BASE_PASS8 = 0.31, 0.30, 0.20, 0.60

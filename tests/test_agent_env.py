@@ -197,8 +197,8 @@ def _rows(success, turns, errors, bypass=None):
 
 
 def test_report_agent_checks_flag_runaway_episodes_and_tool_bypass_and_are_na_elsewhere():
-    from grpolab.report.agent import agent_checks
-    from grpolab.report.base import Thresholds
+    from grpolab.gate.agent import agent_checks
+    from grpolab.gate.thresholds import Thresholds
 
     agent, t = {"task": {"name": "agent"}}, Thresholds()
     calm = _rows([0.1] * 5 + [0.5] * 5, [1.5] * 10, [0.1] * 10, [0.0] * 10)

@@ -3,8 +3,10 @@ metric rows), N/A for runs without a code reward, and their figures."""
 
 from __future__ import annotations
 
-from grpolab.report.base import NA, PASS, WARN, Thresholds
-from grpolab.report.code import check_code_failures, check_code_test_gap, code_checks, code_figures, reason_shares
+from grpolab.gate.base import NA, PASS, WARN
+from grpolab.gate.code import check_code_failures, check_code_test_gap, code_checks, reason_shares
+from grpolab.gate.thresholds import Thresholds
+from grpolab.report.plots import code_figures
 
 T = Thresholds()
 

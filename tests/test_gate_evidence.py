@@ -17,32 +17,17 @@ from typer.testing import CliRunner
 
 from grpolab.cli import app
 from grpolab.errors import GrpolabError
+from grpolab.gate.base import FAIL, NA, PASS, WARN, CheckResult
+from grpolab.gate.family import family_control, holm_rejections
+from grpolab.gate.heldout import check_improvement
+from grpolab.gate.judge import check_judge_injection, newcombe_diff
+from grpolab.gate.regression import check_capability, check_safety
+from grpolab.gate.stats import drop_can_be_established, harm_p_value, sign_test_p
+from grpolab.gate.thresholds import Thresholds
+from grpolab.gate.training import training_checks
+from grpolab.gate.verdict import DONT_SHIP, NOT_ESTABLISHED, SHIP, verdict
 from grpolab.report import ReportOptions, build_report
-from grpolab.report.base import (
-    FAIL,
-    NA,
-    PASS,
-    WARN,
-    CheckResult,
-    Thresholds,
-    drop_can_be_established,
-    harm_p_value,
-    sign_test_p,
-)
-from grpolab.report.checks import training_checks
 from grpolab.report.evidence import periodic_heldout
-from grpolab.report.gates import (
-    DONT_SHIP,
-    NOT_ESTABLISHED,
-    SHIP,
-    check_capability,
-    check_improvement,
-    check_safety,
-    family_control,
-    holm_rejections,
-    verdict,
-)
-from grpolab.report.judge import check_judge_injection, newcombe_diff
 from grpolab.report.progress import Heartbeat
 from grpolab.report.safety import summarize
 
@@ -164,7 +149,7 @@ def test_safety_refuses_lists_of_another_length_and_zero_prompts_is_too_little()
 
 def test_holm_and_the_exact_sign_test_by_hand():
     from grpolab.errors import ConfigError
-    from grpolab.report.base import parse_thresholds
+    from grpolab.gate.thresholds import parse_thresholds
 
     with pytest.raises(ConfigError, match="family_alpha=2.0: expected a level in"):
         parse_thresholds(["family_alpha=2"])

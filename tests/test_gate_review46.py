@@ -14,19 +14,16 @@ import pytest
 from test_report import make_run
 
 from grpolab.evaluation.intervals import equal_changes_interval, paired_evidence_interval
+from grpolab.gate.base import FAIL, NA, PASS, WARN, CheckResult
+from grpolab.gate.family import family_control
+from grpolab.gate.hacking import check_reward_vs_heldout
+from grpolab.gate.heldout import check_improvement
+from grpolab.gate.regression import check_capability, check_safety
+from grpolab.gate.stats import change_signs, harm_p_value
+from grpolab.gate.thresholds import Thresholds
+from grpolab.gate.verdict import NOT_ESTABLISHED, SHIP, verdict
 from grpolab.report import ReportOptions, build_report
-from grpolab.report.base import FAIL, NA, PASS, WARN, CheckResult, Thresholds, change_signs, harm_p_value
 from grpolab.report.evidence import periodic_heldout
-from grpolab.report.gates import (
-    NOT_ESTABLISHED,
-    SHIP,
-    check_capability,
-    check_improvement,
-    check_safety,
-    family_control,
-    verdict,
-)
-from grpolab.report.hacking import check_reward_vs_heldout
 from grpolab.report.safety import summarize
 
 T = Thresholds()

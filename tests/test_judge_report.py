@@ -8,14 +8,15 @@ import random
 import pytest
 from test_judge import Server, judge, ok
 
-from grpolab.report.base import NA, PASS, WARN, Thresholds
-from grpolab.report.judge import (
+from grpolab.gate.base import NA, PASS, WARN
+from grpolab.gate.judge import (
     auc_interval,
     check_judge_injection,
     check_judge_length,
     check_judge_vs_verifier,
     judge_checks,
 )
+from grpolab.gate.thresholds import Thresholds
 from grpolab.rewards.judge import JudgeReward
 from grpolab.rewards.math import correctness_reward
 from grpolab.tasks.base import Problem

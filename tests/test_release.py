@@ -1,4 +1,4 @@
-"""The release bundle and its serving / rollback checks (grpolab.serving, grpolab.report.serving) on a tiny model:
+"""The release bundle and its serving / rollback checks (grpolab.serving, grpolab.gate.release) on a tiny model:
 a clean bundle serves what was evaluated; planted faults -- a LoRA exported without its merge, the wrong chat
 template, the end-of-turn id dropped from generation_config.json, a bf16 bundle of an fp32 model, a rollback target
 whose weights changed -- are caught, each by the measurement that names it."""
@@ -16,11 +16,14 @@ import torch
 
 from grpolab.errors import GrpolabError
 from grpolab.evaluation.heldout import run_eval
+from grpolab.gate.base import FAIL, NA, PASS
+from grpolab.gate.release import check_rollback_ready, check_serving_consistency
+from grpolab.gate.thresholds import Thresholds
 from grpolab.manifest import hash_model_dir, problem_hashes, sha256_bytes, write_json_atomic
-from grpolab.report.base import FAIL, NA, PASS, Thresholds
-from grpolab.report.serving import check_rollback_ready, check_serving_consistency, load_release_evidence
+from grpolab.report.evidence import load_release_evidence
 from grpolab.serving.bundle import read_release, write_release
-from grpolab.serving.check import SERVE_SCRIPT, run_rollback_check, run_serving_check, serve_with_transformers
+from grpolab.serving.check import SERVE_SCRIPT, run_serving_check, serve_with_transformers
+from grpolab.serving.rollback import run_rollback_check
 from grpolab.tasks import make_task
 
 T = Thresholds()

@@ -517,7 +517,7 @@ def test_capability_on_the_training_generator_with_other_options(tmp_path, monke
 
 
 def test_safety_probe_generates_with_a_tiny_model(tiny_model_dir):
-    """The real generation path (resolve -> load -> HFEngine greedy, chat template) on a random tiny model."""
+    """The real generation path (resolve -> load -> GrpolabEngine greedy, chat template) on a random tiny model."""
     from grpolab.report.safety import generate_greedy
 
     texts = generate_greedy(tiny_model_dir, [p["prompt"] for p in load_prompts()[:2]], 4, "float32")

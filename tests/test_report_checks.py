@@ -7,37 +7,22 @@ import json
 import pytest
 
 from grpolab.errors import ConfigError
-from grpolab.report.checks import (
-    FAIL,
-    NA,
-    PASS,
-    WARN,
-    Thresholds,
+from grpolab.gate.base import FAIL, NA, PASS, WARN, early_late
+from grpolab.gate.hacking import check_format_vs_correct, check_reward_length_corr, check_reward_vs_heldout
+from grpolab.gate.heldout import check_improvement
+from grpolab.gate.regression import check_capability, check_safety
+from grpolab.gate.thresholds import Thresholds, parse_thresholds
+from grpolab.gate.training import (
     check_clip_blowup,
     check_entropy_collapse,
-    check_format_vs_correct,
     check_kl_blowup,
     check_learning_signal,
     check_length_drift,
-    check_reward_length_corr,
-    check_reward_vs_heldout,
     check_sampler_mismatch,
     check_truncation_drift,
-    early_late,
-    parse_thresholds,
     training_checks,
 )
-from grpolab.report.gates import (
-    DONT_SHIP,
-    NOT_ESTABLISHED,
-    SHIP,
-    check_capability,
-    check_improvement,
-    check_reproducibility,
-    check_safety,
-    order_checks,
-    verdict,
-)
+from grpolab.gate.verdict import DONT_SHIP, NOT_ESTABLISHED, SHIP, check_reproducibility, order_checks, verdict
 from grpolab.report.safety import PROMPTS_FILE, is_refusal, load_prompts, run_safety, summarize
 
 T = Thresholds()
@@ -75,7 +60,7 @@ def ci(mean: float, half: float, n: int = 100) -> dict:
 
 def test_early_late_windows_and_nulls_are_skipped():
     rows = history(x=[None] * 5 + ramp(0, 1, 25))
-    from grpolab.report.checks import values
+    from grpolab.gate.base import values
 
     vals = values(rows, "x")
     assert len(vals) == 25

@@ -9,9 +9,11 @@ from pathlib import Path
 import pytest
 
 from grpolab.errors import GrpolabError
+from grpolab.gate.base import FAIL, NA, PASS, WARN
+from grpolab.gate.regression import check_diversity
+from grpolab.gate.thresholds import Thresholds
+from grpolab.gate.verdict import DONT_SHIP, SHIP, all_checks, verdict
 from grpolab.models.checkpoint import latest_checkpoint
-from grpolab.report.base import FAIL, NA, PASS, WARN, Thresholds
-from grpolab.report.build import all_checks
 from grpolab.report.diversity import (
     CACHE_NAME,
     DiversitySettings,
@@ -19,7 +21,6 @@ from grpolab.report.diversity import (
     problem_pass_at_k,
     run_diversity,
 )
-from grpolab.report.gates import DONT_SHIP, SHIP, check_diversity, verdict
 from grpolab.report.safety import summarize
 
 T = Thresholds()

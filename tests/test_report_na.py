@@ -10,21 +10,24 @@ import re
 
 import pytest
 
-from grpolab.report import checks as C
-from grpolab.report.gates import (
-    DONT_SHIP,
-    NOT_ESTABLISHED,
-    SHIP,
-    check_capability,
-    check_improvement,
-    check_safety,
-    order_checks,
-    verdict,
+from grpolab.gate.base import FAIL, PASS, WARN, CheckResult
+from grpolab.gate.hacking import check_format_vs_correct, check_reward_length_corr, check_reward_vs_heldout
+from grpolab.gate.heldout import check_improvement
+from grpolab.gate.regression import check_capability, check_safety
+from grpolab.gate.thresholds import Thresholds
+from grpolab.gate.training import (
+    check_clip_blowup,
+    check_entropy_collapse,
+    check_kl_blowup,
+    check_learning_signal,
+    check_truncation_drift,
+    training_checks,
 )
+from grpolab.gate.verdict import DONT_SHIP, NOT_ESTABLISHED, SHIP, order_checks, verdict
 from grpolab.report.safety import summarize
 
 NA = "N/A"  # spelled out: the tests must fail (not error at import) on code that has no such status
-T = C.Thresholds()
+T = Thresholds()
 N = 30
 
 
@@ -94,7 +97,7 @@ def demo_history() -> list[dict]:
 
 
 def test_kl_blowup_is_na_in_the_demo_configuration():
-    r = C.check_kl_blowup(demo_history(), DEMO, T)
+    r = check_kl_blowup(demo_history(), DEMO, T)
     assert r.status == NA and r.measured
     assert "beta" in r.reason and "reference" in r.reason and "mu" in r.reason and "minibatches" in r.reason
 
@@ -102,28 +105,26 @@ def test_kl_blowup_is_na_in_the_demo_configuration():
 def test_kl_blowup_grades_only_the_applicable_part():
     # no reference model (beta 0): a policy/kl series is ignored, the drift to the old policy is graded
     rows = history(policy__kl=5.0, policy__approx_kl_old=0.001)
-    r = C.check_kl_blowup(rows, config(beta=0.0, mu=2), T)
-    assert r.status == C.PASS and "reference" in r.reason and NA in r.reason and "beta" in r.reason
+    r = check_kl_blowup(rows, config(beta=0.0, mu=2), T)
+    assert r.status == PASS and "reference" in r.reason and NA in r.reason and "beta" in r.reason
     assert "max_kl" not in r.numbers and r.numbers["max_approx_kl_old"] == 0.001
-    drift = C.check_kl_blowup(history(policy__kl=0.0, policy__approx_kl_old=0.7), config(beta=0.0, mu=2), T)
-    assert drift.status == C.WARN and drift.numbers["max_approx_kl_old"] == 0.7
+    drift = check_kl_blowup(history(policy__kl=0.0, policy__approx_kl_old=0.7), config(beta=0.0, mu=2), T)
+    assert drift.status == WARN and drift.numbers["max_approx_kl_old"] == 0.7
     # one pass, one minibatch: the old-policy part is N/A, the reference part is graded
     spike = history(policy__kl=[0.01] * (N - 1) + [2.5], policy__approx_kl_old=0.9)
-    r = C.check_kl_blowup(spike, config(beta=0.04, mu=1, minibatches=1), T)
-    assert r.status == C.WARN and "old policy" in r.reason and NA in r.reason and "max_approx_kl_old" not in r.numbers
-    calm = C.check_kl_blowup(history(policy__kl=0.01, policy__approx_kl_old=0.9), config(beta=0.04), T)
-    assert calm.status == C.PASS  # the 0.9 drift cannot happen with mu = minibatches = 1 and is not graded
+    r = check_kl_blowup(spike, config(beta=0.04, mu=1, minibatches=1), T)
+    assert r.status == WARN and "old policy" in r.reason and NA in r.reason and "max_approx_kl_old" not in r.numbers
+    calm = check_kl_blowup(history(policy__kl=0.01, policy__approx_kl_old=0.9), config(beta=0.04), T)
+    assert calm.status == PASS  # the 0.9 drift cannot happen with mu = minibatches = 1 and is not graded
     # both parts apply: the worse counts
-    assert C.check_kl_blowup(history(policy__kl=0.01, policy__approx_kl_old=0.9), FULL, T).status == C.WARN
+    assert check_kl_blowup(history(policy__kl=0.01, policy__approx_kl_old=0.9), FULL, T).status == WARN
     # mu = 1 but two minibatches: the second optimizer step sees a moved policy, so drift applies
-    assert (
-        C.check_kl_blowup(history(policy__approx_kl_old=0.9), config(beta=0.0, mu=1, minibatches=2), T).status == C.WARN
-    )
+    assert check_kl_blowup(history(policy__approx_kl_old=0.9), config(beta=0.0, mu=1, minibatches=2), T).status == WARN
 
 
 def test_kl_blowup_applicable_part_without_its_metric_is_not_measured():
-    r = C.check_kl_blowup(history(policy__approx_kl_old=0.001), config(beta=0.04, mu=2), T)
-    assert r.status == C.WARN and not r.measured and "policy/kl" in r.reason
+    r = check_kl_blowup(history(policy__approx_kl_old=0.001), config(beta=0.04, mu=2), T)
+    assert r.status == WARN and not r.measured and "policy/kl" in r.reason
 
 
 # ---------------------------------------------------------------- N/A: clip_blowup
@@ -131,14 +132,14 @@ def test_kl_blowup_applicable_part_without_its_metric_is_not_measured():
 
 @pytest.mark.parametrize("surrogate", ["ppo_clip", "dual_clip", "gspo"])
 def test_clip_blowup_is_na_with_one_pass_and_one_minibatch(surrogate):
-    r = C.check_clip_blowup(demo_history(), config(surrogate=surrogate), T)
+    r = check_clip_blowup(demo_history(), config(surrogate=surrogate), T)
     assert r.status == NA and "mu" in r.reason and "minibatches" in r.reason and "ratio" in r.reason
 
 
 def test_clip_blowup_applies_with_several_optimizer_steps():
     rows = history(policy__clip_frac_low=ramp(0, 0.3), policy__clip_frac_high=ramp(0, 0.4))
-    assert C.check_clip_blowup(rows, config(mu=2), T).status == C.WARN
-    assert C.check_clip_blowup(rows, config(mu=1, minibatches=4), T).status == C.WARN
+    assert check_clip_blowup(rows, config(mu=2), T).status == WARN
+    assert check_clip_blowup(rows, config(mu=1, minibatches=4), T).status == WARN
 
 
 # ---------------------------------------------------------------- N/A: reward hacking checks
@@ -147,9 +148,9 @@ def test_clip_blowup_applies_with_several_optimizer_steps():
 def test_bonus_vs_correctness_is_na_without_a_rewarded_bonus():
     rows = history(reward__correct__mean=0.3, reward__format__mean=ramp(0.0, 1.0))
     for weights in ({"correct": 1.0, "format": 0.0}, {"correct": 1.0}, {"correct": 1.0, "format": -0.5}):
-        r = C.check_format_vs_correct(rows, weights, T)
+        r = check_format_vs_correct(rows, weights, T)
         assert r.status == NA and "bonus" in r.reason, weights
-    assert C.check_format_vs_correct(rows, {"correct": 1.0, "format": 0.1}, T).status == C.WARN
+    assert check_format_vs_correct(rows, {"correct": 1.0, "format": 0.1}, T).status == WARN
 
 
 def test_code_runs_judge_bonuses_and_length_against_the_code_correctness_component():
@@ -162,17 +163,17 @@ def test_code_runs_judge_bonuses_and_length_against_the_code_correctness_compone
         reward__pass_fraction__mean=ramp(0.2, 0.5),
         reward__format__mean=ramp(0.0, 1.0),
     )
-    assert C.check_format_vs_correct(rows, {"pass_fraction": 1.0}, T).status == NA
-    assert C.check_reward_length_corr(rows, code_only, T).status == NA
+    assert check_format_vs_correct(rows, {"pass_fraction": 1.0}, T).status == NA
+    assert check_reward_length_corr(rows, code_only, T).status == NA
     flat = [{**r, "reward/pass_fraction/mean": 0.3} for r in rows]  # the bonus grew, passing did not
-    farmed = C.check_format_vs_correct(flat, {"pass_fraction": 1.0, "format": 0.2}, T)
-    assert farmed.status == C.WARN and farmed.numbers["correct_early"] == 0.3 and "farming" in farmed.reason
-    both = C.check_format_vs_correct(flat, {"all_pass": 1.0, "pass_fraction": 0.5}, T)
+    farmed = check_format_vs_correct(flat, {"pass_fraction": 1.0, "format": 0.2}, T)
+    assert farmed.status == WARN and farmed.numbers["correct_early"] == 0.3 and "farming" in farmed.reason
+    both = check_format_vs_correct(flat, {"all_pass": 1.0, "pass_fraction": 0.5}, T)
     assert (
         both.status == NA and not both.measured and "reward/all_pass/mean" in both.reason
     )  # all_pass not logged: too little evidence
-    length = C.check_reward_length_corr(rows, config(weights={"pass_fraction": 1.0, "format": 0.2}), T)
-    assert length.status == C.PASS and length.numbers["corr_reward_correct"] == 1.0
+    length = check_reward_length_corr(rows, config(weights={"pass_fraction": 1.0, "format": 0.2}), T)
+    assert length.status == PASS and length.numbers["corr_reward_correct"] == 1.0
 
 
 def test_agent_runs_judge_against_the_environments_reward():
@@ -180,22 +181,22 @@ def test_agent_runs_judge_against_the_environments_reward():
     the bonus and length checks are N/A -- not WARN 'too few steps with reward/correct/mean', which left the agent
     quickstart's verdict 'not established'."""
     rows = history(reward__mean=ramp(0.1, 0.2), completion__len_mean=ramp(35, 19), reward__env__mean=ramp(0.1, 0.2))
-    bonus = C.check_format_vs_correct(rows, {"env": 1.0}, T)
+    bonus = check_format_vs_correct(rows, {"env": 1.0}, T)
     assert bonus.status == NA and "nothing besides correctness" in bonus.reason
-    length = C.check_reward_length_corr(rows, config(weights={"env": 1.0}), T)
+    length = check_reward_length_corr(rows, config(weights={"env": 1.0}), T)
     assert length.status == NA and "'env'" in length.reason
 
 
 def test_reward_vs_heldout_is_na_when_the_reward_did_not_rise():
-    flat = C.check_reward_vs_heldout(history(reward__mean=0.3), {"diff": ci(-0.1, 0.02)}, T)
+    flat = check_reward_vs_heldout(history(reward__mean=0.3), {"diff": ci(-0.1, 0.02)}, T)
     assert flat.status == NA and "did not rise" in flat.reason and "0.300->0.300" in flat.reason
     assert flat.numbers["reward_early"] == 0.3 and flat.numbers["reward_late"] == 0.3
-    fell = C.check_reward_vs_heldout(history(reward__mean=ramp(0.6, 0.2)), None, T)
+    fell = check_reward_vs_heldout(history(reward__mean=ramp(0.6, 0.2)), None, T)
     assert fell.status == NA and fell.measured  # nothing to compare, so held-out evidence is not "missing" here
 
 
 def test_reward_follows_length_is_na_when_the_reward_is_correctness():
-    r = C.check_reward_length_corr(demo_history(), DEMO, T)
+    r = check_reward_length_corr(demo_history(), DEMO, T)
     assert r.status == NA and "correct" in r.reason
     # any other term in the reward makes the check applicable again
     for cfg in (
@@ -203,35 +204,35 @@ def test_reward_follows_length_is_na_when_the_reward_is_correctness():
         config(overlong_buffer=16),
         config(beta=0.04, kl_placement="reward"),
     ):
-        assert C.check_reward_length_corr(demo_history(), cfg, T).status == C.PASS, cfg
+        assert check_reward_length_corr(demo_history(), cfg, T).status == PASS, cfg
     # with KL in the loss (not in the reward) the logged reward is still correctness
-    assert C.check_reward_length_corr(demo_history(), config(beta=0.04, kl_placement="loss"), T).status == NA
+    assert check_reward_length_corr(demo_history(), config(beta=0.04, kl_placement="loss"), T).status == NA
     # KL in the reward but logged apart (reward/kl_penalty/mean): reward/mean is still correctness
     apart = [{**r, "reward/kl_penalty/mean": 0.01} for r in demo_history()]
-    assert C.check_reward_length_corr(apart, config(beta=0.04, kl_placement="reward"), T).status == NA
+    assert check_reward_length_corr(apart, config(beta=0.04, kl_placement="reward"), T).status == NA
 
 
 def test_missing_config_fields_are_unknown_never_na():
     """An old manifest without a field: nothing is declared N/A on a guess."""
     rows = demo_history()
     for cfg in ({}, {"algorithm": {}, "train": {}}, {"algorithm": {"beta": 0.0}, "train": {"mu": 1}}):
-        assert C.check_clip_blowup(rows, cfg, T).status == C.PASS, cfg
-        assert C.check_reward_length_corr(rows, cfg, T).status == C.PASS, cfg
-    kl = C.check_kl_blowup(rows, {"train": {"mu": 1, "minibatches": 1}}, T)  # beta unknown: the reference part counts
-    assert kl.status == C.PASS and "max_kl" in kl.numbers
+        assert check_clip_blowup(rows, cfg, T).status == PASS, cfg
+        assert check_reward_length_corr(rows, cfg, T).status == PASS, cfg
+    kl = check_kl_blowup(rows, {"train": {"mu": 1, "minibatches": 1}}, T)  # beta unknown: the reference part counts
+    assert kl.status == PASS and "max_kl" in kl.numbers
     # reward weights unknown: every logged component besides correctness is judged as if it were rewarded
     hacked = history(reward__correct__mean=0.3, reward__format__mean=ramp(0.0, 1.0))
-    assert C.check_format_vs_correct(hacked, None, T).status == C.WARN
-    assert C.check_format_vs_correct(history(reward__correct__mean=0.3), None, T).status == NA
+    assert check_format_vs_correct(hacked, None, T).status == WARN
+    assert check_format_vs_correct(history(reward__correct__mean=0.3), None, T).status == NA
     # the trainer's penalties (overlong, KL in the reward) are logged as components but are not bonuses
     penalties = history(
         reward__correct__mean=0.3, reward__overlong__mean=ramp(-1.0, 0.0), reward__kl_penalty__mean=ramp(0.0, 0.5)
     )
-    assert C.check_format_vs_correct(penalties, None, T).status == NA
+    assert check_format_vs_correct(penalties, None, T).status == NA
 
 
 def test_training_checks_take_the_config_and_mark_the_demo():
-    by_name = {c.name: c for c in C.training_checks(demo_history(), DEMO, {"diff": ci(0.2, 0.05)}, T)}
+    by_name = {c.name: c for c in training_checks(demo_history(), DEMO, {"diff": ci(0.2, 0.05)}, T)}
     assert {n for n, c in by_name.items() if c.status == NA} == {
         "kl_blowup",
         "clip_blowup",
@@ -239,8 +240,8 @@ def test_training_checks_take_the_config_and_mark_the_demo():
         "reward_follows_length",
         "staleness",
     }
-    assert {c.status for c in by_name.values()} == {C.PASS, NA}
-    full = C.training_checks(demo_history(), FULL, {"diff": ci(0.2, 0.05)}, T)
+    assert {c.status for c in by_name.values()} == {PASS, NA}
+    full = training_checks(demo_history(), FULL, {"diff": ci(0.2, 0.05)}, T)
     assert [c.name for c in full if c.status == NA] == []
 
 
@@ -262,18 +263,18 @@ def passing_gates() -> list:
 
 
 def test_demo_verdict_is_computed_from_the_applicable_checks():
-    checks = C.training_checks(demo_history(), DEMO, {"diff": ci(0.2, 0.05)}, T) + passing_gates()
+    checks = training_checks(demo_history(), DEMO, {"diff": ci(0.2, 0.05)}, T) + passing_gates()
     label, why = verdict(checks)
     assert label == SHIP and "kl_blowup" not in why.split("N/A")[0]
     # an N/A check that cannot fail here is neither a pass nor "not measured": it is ignored
-    ghost = C.CheckResult("kl_blowup", "dynamics", NA, "cannot fail here")
+    ghost = CheckResult("kl_blowup", "dynamics", NA, "cannot fail here")
     assert verdict(passing_gates() + [ghost])[0] == SHIP
     # an N/A for too little evidence (measured False) is no pass either, and keeps the verdict from ship
-    thin = C.CheckResult("kl_blowup", "dynamics", NA, "too little evidence (n = 2 < 3 steps)", measured=False)
+    thin = CheckResult("kl_blowup", "dynamics", NA, "too little evidence (n = 2 < 3 steps)", measured=False)
     assert verdict(passing_gates() + [thin]) == (NOT_ESTABLISHED, "not measured or too little evidence: kl_blowup")
     # a collapsed entropy is a WARN with its numbers: it does not block a model that is better held out
-    collapsed = C.check_entropy_collapse(history(policy__entropy=ramp(1.0, 0.01)), T)
-    assert collapsed.status == C.WARN and verdict(checks + [collapsed])[0] == SHIP
+    collapsed = check_entropy_collapse(history(policy__entropy=ramp(1.0, 0.01)), T)
+    assert collapsed.status == WARN and verdict(checks + [collapsed])[0] == SHIP
     # the remaining checks still decide: held-out evidence of harm
     failing = check_improvement({"diff": ci(-0.1, 0.05)}, T)
     assert verdict(checks + [failing])[0] == DONT_SHIP
@@ -281,10 +282,10 @@ def test_demo_verdict_is_computed_from_the_applicable_checks():
 
 
 def test_order_puts_na_last():
-    checks = C.training_checks(demo_history(), DEMO, {"diff": ci(0.2, 0.05)}, T)
+    checks = training_checks(demo_history(), DEMO, {"diff": ci(0.2, 0.05)}, T)
     checks.append(check_improvement({"diff": ci(-0.1, 0.05)}, T))
     statuses = [c.status for c in order_checks(checks)]
-    assert statuses[0] == C.FAIL and statuses[-5:] == [NA] * 5 and NA not in statuses[:-5]
+    assert statuses[0] == FAIL and statuses[-5:] == [NA] * 5 and NA not in statuses[:-5]
 
 
 # ---------------------------------------------------------------- a PASS says what held
@@ -300,32 +301,32 @@ def test_reward_follows_length_pass_names_the_condition_that_held():
     noise = [((i * 7) % 11) / 10 for i in range(N)]
     reward = [0.02 * x + n for x, n in zip(length, noise)]
     correct = [0.3 + 0.05 * ((i * 5) % 7) for i in range(N)]
-    r = C.check_reward_length_corr(corr_history(length, reward, correct), FULL, T)
+    r = check_reward_length_corr(corr_history(length, reward, correct), FULL, T)
     a, b = r.numbers["corr_reward_length"], r.numbers["corr_reward_correct"]
     assert a < T.length_corr_min and b < a  # the situation of the report that said otherwise
-    assert r.status == C.PASS and "not strongly tied to length" in r.reason and "< 0.5" in r.reason
+    assert r.status == PASS and "not strongly tied to length" in r.reason and "< 0.5" in r.reason
     assert "at least as much" not in r.reason and "follows correctness" not in r.reason
     # strongly tied to length but correctness at least as much
-    both = C.check_reward_length_corr(corr_history(ramp(30, 60), ramp(0.1, 0.7), ramp(0.1, 0.7)), FULL, T)
-    assert both.status == C.PASS and "follows correctness" in both.reason and "at least as much" in both.reason
+    both = check_reward_length_corr(corr_history(ramp(30, 60), ramp(0.1, 0.7), ramp(0.1, 0.7)), FULL, T)
+    assert both.status == PASS and "follows correctness" in both.reason and "at least as much" in both.reason
     # strongly tied to length, correctness less but within the margin
     correct = [c + (0.1 if i % 2 else -0.1) for i, c in enumerate(ramp(0.1, 0.7))]
-    near = C.check_reward_length_corr(corr_history(ramp(30, 60), ramp(0.1, 0.7), correct), FULL, T)
+    near = check_reward_length_corr(corr_history(ramp(30, 60), ramp(0.1, 0.7), correct), FULL, T)
     a, b = near.numbers["corr_reward_length"], near.numbers["corr_reward_correct"]
     assert a >= T.length_corr_min and 0 < a - b < T.length_corr_margin
-    assert near.status == C.PASS and "within" in near.reason and "at least as much" not in near.reason
+    assert near.status == PASS and "within" in near.reason and "at least as much" not in near.reason
 
 
 def test_bonus_pass_says_whether_correctness_rose_with_the_bonus():
     weights = {"correct": 1.0, "format": 0.1}
-    with_correct = C.check_format_vs_correct(
+    with_correct = check_format_vs_correct(
         history(reward__correct__mean=ramp(0.2, 0.7), reward__format__mean=ramp(0.0, 1.0)), weights, T
     )
-    assert with_correct.status == C.PASS and "format" in with_correct.reason and "rose too" in with_correct.reason
-    quiet = C.check_format_vs_correct(history(reward__correct__mean=0.3, reward__format__mean=0.5), weights, T)
-    assert quiet.status == C.PASS and "no rewarded bonus grew" in quiet.reason
+    assert with_correct.status == PASS and "format" in with_correct.reason and "rose too" in with_correct.reason
+    quiet = check_format_vs_correct(history(reward__correct__mean=0.3, reward__format__mean=0.5), weights, T)
+    assert quiet.status == PASS and "no rewarded bonus grew" in quiet.reason
     # a rewarded bonus with too few values: not a silent pass
-    sparse = C.check_format_vs_correct(
+    sparse = check_format_vs_correct(
         history(reward__correct__mean=0.3, reward__format__mean=[0.5] + [None] * (N - 1)), weights, T
     )
     assert sparse.status == NA and not sparse.measured and sparse.reason.startswith("too little evidence")
@@ -353,8 +354,8 @@ HEALTHY = history(
 
 def test_every_training_pass_reason_states_its_threshold():
     """A PASS reason quotes the bound it stayed within, e.g. 'late share 0.32 < 0.5'."""
-    for c in C.training_checks(HEALTHY, FULL, {"diff": ci(0.2, 0.05)}, T):
-        assert c.status == C.PASS, (c.name, c.reason)
+    for c in training_checks(HEALTHY, FULL, {"diff": ci(0.2, 0.05)}, T):
+        assert c.status == PASS, (c.name, c.reason)
         assert re.search(r"(<|<=|>=|>|≤|≥)\s*x?[+-]?\d", c.reason), (c.name, c.reason)
 
 
@@ -362,7 +363,7 @@ def test_safety_pass_with_a_tolerated_increase_does_not_claim_no_increase():
     safety = thirty_prompts(1, 2)
     loose = T.replace({"safety_increase": 0.15})
     r = check_safety(safety, loose)
-    assert r.status == C.PASS and "does not comply more often" not in r.reason and "tolerated" in r.reason
+    assert r.status == PASS and "does not comply more often" not in r.reason and "tolerated" in r.reason
 
 
 # ---------------------------------------------------------------- sampled vs kept batch (dynamic sampling)
@@ -392,11 +393,11 @@ def dynamic_history() -> list[dict]:
 def test_checks_read_the_sampled_batch_not_the_kept_one():
     cfg = config(weights={"correct": 1.0, "format": 0.1}, dynamic_sampling=True)
     rows = dynamic_history()
-    trunc = C.check_truncation_drift(rows, T)
-    assert trunc.status == C.WARN and trunc.numbers["late"] > 0.6
-    assert C.check_format_vs_correct(rows, cfg["reward"]["weights"], T).status == C.WARN
-    assert C.check_learning_signal(rows, T).status == C.WARN
-    assert C.check_reward_vs_heldout(rows, {"diff": ci(-0.05, 0.03)}, T).status == C.FAIL
+    trunc = check_truncation_drift(rows, T)
+    assert trunc.status == WARN and trunc.numbers["late"] > 0.6
+    assert check_format_vs_correct(rows, cfg["reward"]["weights"], T).status == WARN
+    assert check_learning_signal(rows, T).status == WARN
+    assert check_reward_vs_heldout(rows, {"diff": ci(-0.05, 0.03)}, T).status == FAIL
 
 
 def test_no_check_reads_a_kept_metric():
@@ -404,10 +405,10 @@ def test_no_check_reads_a_kept_metric():
     kept_only = [
         {"step": r["step"], **{k: v for k, v in r.items() if k.startswith("kept/")}} for r in dynamic_history()
     ]
-    for c in C.training_checks(
+    for c in training_checks(
         kept_only,
         config(weights={"correct": 1.0, "format": 0.1}, dynamic_sampling=True, mu=2, max_staleness=1),
         {"diff": ci(0.1, 0.05)},
         T,
     ):
-        assert c.status in (C.WARN, NA) and not c.measured, (c.name, c.status, c.reason)  # not measured / too little
+        assert c.status in (WARN, NA) and not c.measured, (c.name, c.status, c.reason)  # not measured / too little

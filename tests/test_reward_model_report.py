@@ -13,9 +13,10 @@ import pytest
 import torch
 
 from grpolab.config import from_dict
+from grpolab.gate.base import FAIL, NA, PASS, WARN
+from grpolab.gate.reward_model import check_rm_vs_heldout, check_rm_vs_verifier, rise_interval
+from grpolab.gate.thresholds import Thresholds
 from grpolab.report import ReportOptions, build_report
-from grpolab.report.base import FAIL, NA, PASS, WARN, Thresholds
-from grpolab.report.reward_model import check_rm_vs_heldout, check_rm_vs_verifier, rise_interval
 from grpolab.rewards.math import correctness_reward
 from grpolab.runs import build_manifest
 from grpolab.tasks import make_task, render_prompt

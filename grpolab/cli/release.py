@@ -4,7 +4,7 @@ evaluation (serving_consistency), and its rollback target checked (rollback_read
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Callable, Optional
 
 import typer
 
@@ -66,18 +66,9 @@ def release(
     its recorded score. Results: RUN_DIR/release/serving.json and rollback.json, read by `grpolab report`.
     With --stack gguf (or both) the bundle is also converted to a GGUF file (beside it: gguf/BUNDLE.TYPE.gguf) and served by
     llama.cpp: RUN_DIR/release/serving_gguf.json, graded in serving_consistency."""
-    from ..errors import GrpolabError
-    from ..report.base import parse_thresholds
-    from ..report.serving import check_rollback_ready, check_serving_consistency, load_release_evidence
     from ..serving.bundle import RELEASE_FILE, read_release, write_release
-    from ..serving.check import STACKS, run_rollback_check, run_serving_checks
-    from ..serving.gguf import GGUF_TYPES
 
-    if stack not in ("transformers", "gguf", "both"):
-        raise GrpolabError(f"--stack: expected transformers, gguf or both, got {stack!r}")
-    if gguf_type not in GGUF_TYPES:
-        raise GrpolabError(f"--gguf-type: expected one of {', '.join(GGUF_TYPES)}, got {gguf_type!r}")
-    check_release_options(source, out, dtype, n, rollback_n, serve_threads)
+    check_release_options(source, out, dtype, n, rollback_n, serve_threads, stack, gguf_type)
     log = lambda s: console.print(s, highlight=False, soft_wrap=True)  # noqa: E731
     if (source / RELEASE_FILE).is_file():
         bundle = source
@@ -87,11 +78,34 @@ def release(
     run_dir = Path(read_release(bundle)["source_run"])
     if skip_checks:
         return
-    t = parse_thresholds(threshold or [])
-    run_serving_checks(
-        bundle, STACKS if stack == "both" else (stack,), n, threads=serve_threads, log=log, gguf_type=gguf_type
-    )  # grpolab's own evaluation runs once for both stacks
-    evidence = load_release_evidence(run_dir)  # graded as the report grades it: every stack whose result is there
+    stacks = ("transformers", "gguf") if stack == "both" else (stack,)
+    check_bundle(bundle, run_dir, stacks, n, serve_threads, gguf_type, rollback_to, rollback_n, threshold or [], log)
+
+
+def check_bundle(
+    bundle: Path,
+    run_dir: Path,
+    stacks: tuple[str, ...],
+    n: int,
+    serve_threads: int,
+    gguf_type: str,
+    rollback_to: Optional[Path],
+    rollback_n: int,
+    threshold: list[str],
+    log: Callable[[str], None],
+) -> None:
+    """Serve the bundle on each stack and grade it (serving_consistency) as the report grades it, every stack whose
+    result is there; serve the rollback target and grade it (rollback_ready); print both."""
+    from ..gate.release import check_rollback_ready, check_serving_consistency
+    from ..gate.thresholds import parse_thresholds
+    from ..report.evidence import load_release_evidence
+    from ..serving.check import run_serving_checks
+    from ..serving.rollback import run_rollback_check
+
+    t = parse_thresholds(threshold)
+    # grpolab's own evaluation runs once for both stacks
+    run_serving_checks(bundle, stacks, n, threads=serve_threads, log=log, gguf_type=gguf_type)
+    evidence = load_release_evidence(run_dir)
     serving = check_serving_consistency(evidence["serving"], t, evidence["serving_gguf"])
     rollback = check_rollback_ready(
         run_rollback_check(run_dir, str(rollback_to) if rollback_to else None, rollback_n, log=log), t
@@ -101,13 +115,25 @@ def release(
 
 
 def check_release_options(
-    source: Path, out: Optional[Path], dtype: Optional[str], n: int, rollback_n: int, serve_threads: int
+    source: Path,
+    out: Optional[Path],
+    dtype: Optional[str],
+    n: int,
+    rollback_n: int,
+    serve_threads: int,
+    stack: str = "transformers",
+    gguf_type: str = "f32",
 ) -> None:
-    """The numbers and dtype in range, and the places the bundle and the check results go writable, before any
-    model is loaded (a read-only run directory is one error, not a traceback after the bundle was built)."""
-    from ..errors import ConfigError, writable_dir
+    """The stack, numbers and dtype in range, and the places the bundle and the check results go writable, before
+    any model is loaded (a read-only run directory is one error, not a traceback after the bundle was built)."""
+    from ..errors import ConfigError, GrpolabError, writable_dir
     from ..evaluation.eval_checks import check_dtype
+    from ..serving.gguf import GGUF_TYPES
 
+    if stack not in ("transformers", "gguf", "both"):
+        raise GrpolabError(f"--stack: expected transformers, gguf or both, got {stack!r}")
+    if gguf_type not in GGUF_TYPES:
+        raise GrpolabError(f"--gguf-type: expected one of {', '.join(GGUF_TYPES)}, got {gguf_type!r}")
     if dtype is not None:
         check_dtype(dtype)
     for option, value, low, meaning in (

@@ -58,8 +58,8 @@ def report(
     report.md. Several run directories (seeds of one recipe): every interval over runs and problems, one verdict."""
     from ..config import parse_option
     from ..evaluation.eval_checks import check_dtype
+    from ..gate.thresholds import parse_thresholds
     from ..report import ReportOptions, build_report
-    from ..report.checks import parse_thresholds
     from ..report.diversity import DiversitySettings
 
     check_dtype(dtype)

@@ -7,7 +7,7 @@ cannot support an interval -- "no values" (n = 0), "one problem" (n = 1), "all e
 spread, so any interval collapses to a point). For the release report, paired 0/1 differences that are all equal are
 not degenerate: they get an exact interval (paired_evidence_interval, equal_changes_interval). evidence_reason names
 why an interval backs no claim; the release report applies the same rules through its own checks
-(grpolab.report.gates: N/A below the Thresholds.min_* numbers of problems, a held-out comparison marked degenerate
+(grpolab.gate: N/A below the Thresholds.min_* numbers of problems, a held-out comparison marked degenerate
 or zero-width N/A "not established", a zero-width regression interval WARN, never PASS).
 
 The interval of one model's metric, or of a paired difference, over problems (score_interval,

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from .base import SEVERITY, CheckResult, Thresholds, early_late, grade, not_applicable, r4, too_few, values
+from .base import SEVERITY, CheckResult, early_late, grade, not_applicable, r4, too_few, values
+from .thresholds import Thresholds
 
 GROUP = "agent"
 TURNS_RATIO_WARN = 1.5  # late / early turns per episode

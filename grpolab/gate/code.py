@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from .base import PASS, WARN, CheckResult, Thresholds, early_late, not_applicable, r4, reward_weights, too_few, values
+from .base import PASS, WARN, CheckResult, early_late, not_applicable, r4, reward_weights, too_few, values
+from .thresholds import Thresholds
 
 REASONS = ("syntax", "error", "wrong_answer", "timeout", "limit", "exit")
 GROUP = "code"
@@ -153,28 +154,3 @@ def code_checks(rows: Sequence[dict[str, Any]], config: dict[str, Any] | None, t
     if not any(weights.get(name) for name in CODE_REWARDS):
         return []
     return [check_code_failures(rows, t), check_code_test_gap(rows, t)]
-
-
-def code_figures(rows: Sequence[dict[str, Any]]) -> list[tuple[str, str]]:
-    """(title, base64 PNG) of the reason shares and the shown / hidden pass rates, where the rows have them."""
-    from .plots import Curve, plot_curve
-
-    specs = [
-        Curve(
-            "Code: share of completions by first failing reason",
-            "share of completions",
-            tuple((f"reward/code/{r}_frac", r.replace("_", " ")) for r in (*REASONS, "pass")),
-        ),
-        Curve(
-            "Code: pass rate on shown vs hidden tests",
-            "share of tests passed",
-            (("reward/code/shown_pass", "tests shown in the prompt"), ("reward/code/hidden_pass", "hidden tests")),
-        ),
-    ]
-    out = []
-    for spec in specs:
-        if any(values(rows, key) for key, _ in spec.keys):
-            png = plot_curve(rows, spec)
-            if png:
-                out.append((spec.title, png))
-    return out

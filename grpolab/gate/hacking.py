@@ -5,7 +5,7 @@ With dynamic sampling the kept training batch is logged again under ``kept/``; t
 because dropping the zero-variance groups (all right or all wrong, often all truncated) selects away the
 very completions that show a farmed bonus, a reward tied to length, or answers cut off.
 
-Conventions (early / late windows, N/A, thresholds) are those of :mod:`grpolab.report.checks`.
+Conventions (early / late windows, N/A, thresholds) are those of :mod:`grpolab.gate.training`.
 """
 
 from __future__ import annotations
@@ -18,12 +18,8 @@ from .base import (
     PASS,
     WARN,
     CheckResult,
-    Thresholds,
-    comparison_n,
     correctness_component,
     early_late,
-    finite_interval,
-    harm_p_value,
     not_applicable,
     paired,
     pearson,
@@ -34,6 +30,8 @@ from .base import (
     too_little_evidence,
     values,
 )
+from .stats import comparison_n, finite_interval, harm_p_value
+from .thresholds import Thresholds
 
 GROUP = "reward hacking"
 PENALTIES = ("overlong", "kl_penalty")  # logged by the trainer as reward/<c>/mean but penalties, never bonuses
@@ -206,6 +204,41 @@ def check_reward_length_corr(
     )
 
 
+def grade_reward_transfer(
+    r0: float, r1: float, d: dict[str, Any], numbers: dict[str, Any], t: Thresholds
+) -> CheckResult:
+    """reward_vs_heldout once the reward rose from r0 to r1: FAIL, PASS or WARN on the held-out interval `d`."""
+    name = "reward_vs_heldout"
+    numbers.update(
+        {"heldout_diff": r4(d["mean"]), "heldout_ci_low": r4(d["ci_low"]), "heldout_ci_high": r4(d["ci_high"])}
+    )
+    span = f"held-out {d['mean']:+.3f} [{d['ci_low']:+.3f}, {d['ci_high']:+.3f}]"
+    rise = f"training reward rose {r0:.3f}->{r1:.3f}"
+    floor = t.heldout_transfer * (r1 - r0)
+    tests = {"reward transfer": {"p": harm_p_value(d, floor), "fails": d["ci_high"] <= floor}}
+    if d["ci_high"] <= floor:  # the FAIL rule first: a gain above 0 can still rule out the transfer floor
+        return CheckResult(
+            name,
+            GROUP,
+            FAIL,
+            f"{rise} but held-out accuracy did not keep up ({span}, high end <= "
+            f"{t.heldout_transfer:g} x the rise = {floor:.3f})",
+            numbers,
+            fail_tests=tests,
+        )
+    if d["ci_low"] > 0:
+        return CheckResult(
+            name,
+            GROUP,
+            PASS,
+            f"{rise} and so did held-out accuracy ({span}, low end > 0, high end > "
+            f"{t.heldout_transfer:g} x the rise = {floor:.3f})",
+            numbers,
+            fail_tests=tests,
+        )
+    return CheckResult(name, GROUP, WARN, f"{rise}; held-out gain not established ({span})", numbers, fail_tests=tests)
+
+
 def check_reward_vs_heldout(
     rows: Sequence[dict[str, Any]], heldout: dict[str, Any] | None, t: Thresholds
 ) -> CheckResult:
@@ -219,8 +252,8 @@ def check_reward_vs_heldout(
     the held-out gain itself is judged by heldout_improvement). No held-out evidence: WARN "not measured". Fewer
     than `min_heldout_problems` held-out problems, or a difference that is not a number: N/A, not measured. The
     FAIL is a one-sided test of "at least that share carried over" (fail test "reward transfer", p =
-    base.harm_p_value(d, heldout_transfer x rise)), subject to the family-wise correction
-    (gates.family_control). `heldout["diff"]` is {"mean", "ci_low", "ci_high"}; when the held-out comparison
+    stats.harm_p_value(d, heldout_transfer x rise)), subject to the family-wise correction
+    (family.family_control). `heldout["diff"]` is {"mean", "ci_low", "ci_high"}; when the held-out comparison
     starts at a training step (`heldout["from_step"]`, periodic evals), the reward trend is measured from that
     step.
     """
@@ -259,31 +292,4 @@ def check_reward_vs_heldout(
     n = comparison_n(heldout)
     if n is None or n < t.min_heldout_problems:
         return too_little_evidence(name, GROUP, "held-out problems", n, t.min_heldout_problems, numbers)
-    numbers.update(
-        {"heldout_diff": r4(d["mean"]), "heldout_ci_low": r4(d["ci_low"]), "heldout_ci_high": r4(d["ci_high"])}
-    )
-    span = f"held-out {d['mean']:+.3f} [{d['ci_low']:+.3f}, {d['ci_high']:+.3f}]"
-    rise = f"training reward rose {r0:.3f}->{r1:.3f}"
-    floor = t.heldout_transfer * (r1 - r0)
-    tests = {"reward transfer": {"p": harm_p_value(d, floor), "fails": d["ci_high"] <= floor}}
-    if d["ci_high"] <= floor:  # the FAIL rule first: a gain above 0 can still rule out the transfer floor
-        return CheckResult(
-            name,
-            GROUP,
-            FAIL,
-            f"{rise} but held-out accuracy did not keep up ({span}, high end <= "
-            f"{t.heldout_transfer:g} x the rise = {floor:.3f})",
-            numbers,
-            fail_tests=tests,
-        )
-    if d["ci_low"] > 0:
-        return CheckResult(
-            name,
-            GROUP,
-            PASS,
-            f"{rise} and so did held-out accuracy ({span}, low end > 0, high end > "
-            f"{t.heldout_transfer:g} x the rise = {floor:.3f})",
-            numbers,
-            fail_tests=tests,
-        )
-    return CheckResult(name, GROUP, WARN, f"{rise}; held-out gain not established ({span})", numbers, fail_tests=tests)
+    return grade_reward_transfer(r0, r1, d, numbers, t)

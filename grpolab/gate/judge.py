@@ -21,20 +21,10 @@ import math
 import re
 from typing import Any, Sequence
 
-from .base import (
-    NA,
-    PASS,
-    WARN,
-    Z95,
-    CheckResult,
-    Thresholds,
-    not_applicable,
-    pearson,
-    r4,
-    reward_weights,
-    too_little_evidence,
-)
+from .base import NA, PASS, WARN, CheckResult, not_applicable, pearson, r4, reward_weights, too_little_evidence
 from .reward_model import sample_correct
+from .stats import Z95
+from .thresholds import Thresholds
 
 GROUP = "reward hacking"
 NO_JUDGE = "the reward has no LLM judge (reward.weights has no positive `judge`): nothing can flatter one"

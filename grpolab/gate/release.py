@@ -8,13 +8,12 @@ this module does not import it). Not run: N/A with the reason, never PASS.
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
-from .base import FAIL, PASS, WARN, CheckResult, Thresholds, not_applicable
+from .base import FAIL, PASS, WARN, CheckResult, not_applicable
+from .stats import span
+from .thresholds import Thresholds
 
-SERVING_FILE, SERVING_GGUF_FILE, ROLLBACK_FILE = "serving.json", "serving_gguf.json", "rollback.json"
 NOT_RUN = "not run: `grpolab release RUN_DIR` writes the release bundle and runs the serving and rollback checks"
 GGUF_NOT_RUN = (
     "GGUF via llama.cpp: N/A, not run (`grpolab release RUN_DIR --stack gguf`, needs llama-cpp-python: "
@@ -22,23 +21,6 @@ GGUF_NOT_RUN = (
 )
 TRANSFORMERS_NOT_RUN = "transformers: N/A, not run (`grpolab release RUN_DIR`)"
 ORDER = {PASS: 0, WARN: 1, FAIL: 2}
-
-
-def load_release_evidence(run_dir: Path) -> dict[str, Any]:
-    """{"serving": serving.json, "serving_gguf": serving_gguf.json, "rollback": rollback.json} of RUN/release/,
-    None for each file missing."""
-    out: dict[str, Any] = {}
-    for key, name in (("serving", SERVING_FILE), ("serving_gguf", SERVING_GGUF_FILE), ("rollback", ROLLBACK_FILE)):
-        path = Path(run_dir) / "release" / name
-        try:
-            out[key] = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            out[key] = None
-    return out
-
-
-def _span(d: dict[str, float]) -> str:
-    return f"{d['mean']:+.3f} [{d['ci_low']:+.3f}, {d['ci_high']:+.3f}]"
 
 
 def _stop_id_problems(stops: dict[str, Any]) -> list[str]:
@@ -126,14 +108,14 @@ def grade_serving(s: dict[str, Any], t: Thresholds) -> tuple[str, str, dict[str,
     }
     shown = (
         f"{s['identical_share']:.0%} of {s['n']} completions identical, mean |dlogp| {lp['mean']:.2g}/token, "
-        f"accuracy {m['evaluated']:.3f} -> {m['served']:.3f} ({_span(d)})"
+        f"accuracy {m['evaluated']:.3f} -> {m['served']:.3f} ({span(d)})"
     )
     extra = serving_extra_end_ids(s)
     if extra:
         shown += f"; llama.cpp also ends on ids {extra} (its own end-of-generation rule), which the run did not stop on"
     problems = serving_identity_problems(s)
     if d["ci_high"] < 0:
-        problems.append(f"served accuracy is lower, established: {_span(d)}")
+        problems.append(f"served accuracy is lower, established: {span(d)}")
     if problems:
         return FAIL, "; ".join(problems) + f" -- {shown}", numbers
     if 1 - s["identical_share"] > t.serving_divergence_warn:
@@ -229,7 +211,7 @@ def check_rollback_ready(r: dict[str, Any] | None, t: Thresholds) -> CheckResult
             }
         )
         if not d["ci_low"] <= 0 <= d["ci_high"]:
-            problems.append(f"it does not reproduce its recorded score on {r['n']} problems: {_span(d)}")
+            problems.append(f"it does not reproduce its recorded score on {r['n']} problems: {span(d)}")
     what = f"{r['kind']} {r['target']} (weights sha256 {(w['now'] or 'unknown')[:12]})"
     if problems:
         return CheckResult(name, group, FAIL, f"rollback target {what}: " + "; ".join(problems), numbers)
@@ -238,7 +220,7 @@ def check_rollback_ready(r: dict[str, Any] | None, t: Thresholds) -> CheckResult
         group,
         PASS,
         f"rollback target {what} loads and reproduces its recorded score on {r['n']} "
-        f"problems ({r['recorded_accuracy_on_sample']:.3f} -> {r['served_accuracy']:.3f}, {_span(r['diff'])}); "
+        f"problems ({r['recorded_accuracy_on_sample']:.3f} -> {r['served_accuracy']:.3f}, {span(r['diff'])}); "
         f"serve it instead with: {r['command']}",
         numbers,
     )

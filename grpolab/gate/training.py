@@ -12,13 +12,12 @@ manifest is unknown, and nothing is declared N/A on a guess.
 
 The checks read the unprefixed metric names. With dynamic sampling those describe the sampled batch (every
 group generated in the step); the kept training batch, logged under ``kept/``, is never read
-(:mod:`grpolab.report.hacking` says why).
+(:mod:`grpolab.gate.hacking` says why).
 
 "Early" and "late" are the means of the first and the last ``window_frac`` of a metric's finite values
 (at least one value each). A check that needs a trend WARNs "too few steps" below ``min_points`` values.
 Thresholds live in :class:`Thresholds`; each check's docstring states its rule and default thresholds.
-The reward-hacking checks live in :mod:`grpolab.report.hacking`, the shared pieces in :mod:`grpolab.report.base`;
-both are re-exported here.
+The reward-hacking checks live in :mod:`grpolab.gate.hacking`, the shared pieces in :mod:`grpolab.gate.base`.
 """
 
 from __future__ import annotations
@@ -27,22 +26,16 @@ import math
 from typing import Any, Sequence
 
 from .base import (
-    FAIL,
-    NA,
     PASS,
     SEVERITY,
-    STATUSES,
     WARN,
     CheckResult,
-    Thresholds,
     early_late,
     grade,
     no_reference_model,
     not_applicable,
     not_measured,
     paired,
-    parse_thresholds,
-    pearson,
     r4,
     reward_weights,
     setting,
@@ -51,35 +44,7 @@ from .base import (
     values,
 )
 from .hacking import check_format_vs_correct, check_reward_length_corr, check_reward_vs_heldout
-
-__all__ = [
-    "FAIL",
-    "NA",
-    "PASS",
-    "SEVERITY",
-    "STATUSES",
-    "WARN",
-    "CheckResult",
-    "Thresholds",
-    "check_clip_blowup",
-    "check_entropy_collapse",
-    "check_format_vs_correct",
-    "check_kl_blowup",
-    "check_learning_signal",
-    "check_length_drift",
-    "check_reward_length_corr",
-    "check_reward_vs_heldout",
-    "check_sampler_mismatch",
-    "check_staleness",
-    "check_truncation_drift",
-    "early_late",
-    "paired",
-    "parse_thresholds",
-    "pearson",
-    "setting",
-    "training_checks",
-    "values",
-]
+from .thresholds import Thresholds
 
 ONE_STEP = (
     "train.mu = 1 and train.minibatches = 1: the only optimizer step of each batch uses the policy that "

@@ -9,12 +9,11 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from ..errors import GrpolabError
+from ..gate.family import family_statement
+from ..gate.thresholds import Thresholds
+from ..gate.verdict import all_checks, verdict
 from ..manifest import write_json_atomic
 from ..models.checkpoint import best_checkpoint, latest_checkpoint
-from .agent import agent_checks
-from .base import SEVERITY
-from .checks import CheckResult, Thresholds, training_checks
-from .code import code_checks, code_figures
 from .diversity import DiversitySettings, run_diversity
 from .evidence import (
     RunEvidence,
@@ -25,22 +24,11 @@ from .evidence import (
     changed_answers,
     heldout_comparison,
     load_evals,
+    load_release_evidence,
     load_run,
 )
-from .gates import (
-    check_capability,
-    check_diversity,
-    check_improvement,
-    check_reproducibility,
-    check_safety,
-    family_control,
-    family_statement,
-    order_checks,
-    verdict,
-)
-from .judge import judge_checks
-from .reward_model import defer_reward_vs_heldout, reward_model_checks, rm_evidence
-from .serving import load_release_evidence, release_checks
+from .plots import code_figures
+from .reward_model import rm_evidence
 
 
 @dataclass
@@ -245,34 +233,9 @@ def run_evidence(ev: RunEvidence, opts: ReportOptions, log: Callable[[str], None
         "safety_note": safety_note,
         "diversity": diversity,
         "diversity_note": diversity_note,
+        # RUN/release/*.json of `grpolab release` (graded by gate/release.py)
         "release": load_release_evidence(ev.run_dir),
-    }  # RUN/release/*.json of `grpolab release` (report/serving.py)
-
-
-def all_checks(
-    metrics: list[dict[str, Any]],
-    samples: list[dict[str, Any]],
-    config: dict[str, Any],
-    manifests: list[dict[str, Any]],
-    e: dict[str, Any],
-    t: Thresholds,
-) -> list[CheckResult]:
-    """Every check, on one run's evidence or a set's (`e`: run_evidence's keys; `manifests`: each run's)."""
-    heldout = e["heldout"]
-    checks = training_checks(metrics, config, heldout, t) + code_checks(metrics, config, t)
-    checks = defer_reward_vs_heldout(checks, config)  # unchanged without a learned reward (report/reward_model.py)
-    checks += reward_model_checks(metrics, samples, config, heldout, t)  # none without a learned reward
-    checks += judge_checks(samples, config, t)  # none without an LLM judge (report/judge.py)
-    checks += agent_checks(metrics, config, t)  # none for runs that are not agent runs (report/agent.py)
-    checks += [
-        check_improvement(heldout, t),
-        check_capability(e["capability"], t),
-        check_diversity(e["diversity"], e["diversity_note"], t),
-        check_safety(e["safety"], t, e.get("safety_note", "")),
-        max((check_reproducibility(m) for m in manifests), key=lambda c: SEVERITY[c.status]),
-    ]
-    checks += release_checks(e.get("release"), t)  # N/A until `grpolab release` ran (a set of runs: N/A)
-    return order_checks(family_control(checks, t.family_alpha))  # Holm over every FAIL rule (report/gates.py)
+    }
 
 
 def build_report(
@@ -380,8 +343,9 @@ def write_report(
     opts: ReportOptions,
 ) -> dict[str, Any]:
     """Add the verdict, figures and samples to `report`, write OUT/report.html and OUT/report.md."""
+    from .markdown import render_markdown
     from .plots import training_figures
-    from .render import render_html, render_markdown
+    from .render import render_html
 
     best, worst = best_worst(samples)
     report.update(

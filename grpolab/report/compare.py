@@ -34,6 +34,7 @@ def _entries_from_json(file: Path) -> list[dict[str, Any]]:
     out = []
     for i, row in enumerate(data["models"]):
         found = find_manifest(row["model"], row.get("path"))
+        # the base it was evaluated beside
         out.append(
             {
                 **row,
@@ -50,7 +51,7 @@ def _entries_from_json(file: Path) -> list[dict[str, Any]]:
                 "last": i == len(data["models"]) - 1,
                 "reference_row": data["models"][0] if i else None,
             }
-        )  # the base it was evaluated beside
+        )
     return out
 
 
@@ -58,7 +59,7 @@ def _entries_from_run(run: Path) -> list[dict[str, Any]]:
     from ..manifest import read_manifest
 
     files = sorted((run / "eval").glob("*.json")) if (run / "eval").is_dir() else []
-    from ..report.safety import CACHE_NAME as SAFETY_CACHE
+    from .safety import CACHE_NAME as SAFETY_CACHE
 
     files = [f for f in files if f.name != SAFETY_CACHE]  # the report's cache of the safety probe holds no eval rows
     if files:
@@ -155,7 +156,7 @@ def seed_summary(group: list[dict[str, Any]]) -> dict[str, Any]:
 def set_members(src: Path) -> list[dict[str, Any]]:
     """The rows a source contributes to a named set: a run directory's own rows (path inside it), an eval JSON's last
     row (the trained model, as in grpolab report)."""
-    from ..report.evidence import path_inside
+    from .evidence import path_inside
 
     if src.is_dir() and (src / "manifest.json").is_file():
         rows = [

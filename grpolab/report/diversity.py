@@ -67,10 +67,10 @@ def diversity_comparison(data: dict[str, Any], trained_row: int, k: int, source:
     95% intervals (evaluation.intervals.score_interval: t for 0/1 values, the studentised bootstrap for graded pass@k
     with samples > k), the paired difference (paired_score_interval; and that of pass@1), and the per-problem values by uid
     (``by_uid``: uid -> (base, trained), for the interval of a set of runs). The difference carries
-    ``signs``, the problems whose pass@k fell and rose (base.change_signs), for the exact test of its FAIL rule --
+    ``signs``, the problems whose pass@k fell and rose (stats.change_signs), for the exact test of its FAIL rule --
     only when every pass@k is 0 or 1 (samples = k): on graded pass@k the sign test would test the median change, not
-    the mean, so the FAIL rule's p then comes from the interval (base.harm_p_value)."""
-    from .base import change_signs
+    the mean, so the FAIL rule's p then comes from the interval (stats.harm_p_value)."""
+    from ..gate.stats import change_signs
 
     base, trained = pass_at_k_by_uid(data["models"][0], k), pass_at_k_by_uid(data["models"][trained_row], k)
     uids = [u for u in base if u in trained]

@@ -21,6 +21,7 @@ from ..manifest import read_manifest
 from ..training.metrics import read_jsonl
 
 PRIMARY_EVAL = "base_vs_trained.json"
+SERVING_FILE, SERVING_GGUF_FILE, ROLLBACK_FILE = "serving.json", "serving_gguf.json", "rollback.json"
 
 
 @dataclass
@@ -101,7 +102,7 @@ def unpaired_diff(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     (0.2, 0.059, 0.341)
 
     An older eval file without an interval (no ``ci_low`` / ``ci_high``) gives NaN bounds, which every check reads
-    as N/A "not established" (gates.not_a_number), never a KeyError.
+    as N/A "not established" (gate.heldout.not_a_number), never a KeyError.
 
     >>> math.isnan(unpaired_diff({"accuracy": .5}, {"accuracy": .7})["ci_low"])
     True
@@ -122,7 +123,7 @@ def paired_diff(
     that got worse and better: the exact test of a FAIL rule); None if no uid is shared."""
     from ..evaluation.heldout import in_slice
     from ..evaluation.intervals import paired_evidence_interval
-    from .base import change_signs
+    from ..gate.stats import change_signs
 
     a = {it["uid"]: it for it in a_items if slice_ is None or in_slice(it, slice_)}
     b = {it["uid"]: it for it in b_items if slice_ is None or in_slice(it, slice_)}
@@ -456,3 +457,16 @@ def best_worst(samples: list[dict[str, Any]], k: int = 3) -> tuple[list[dict[str
     ranked = sorted(pool, key=lambda s: (s["reward"], -len(s.get("completion", ""))))
     best = ranked[::-1][:k]
     return best, [s for s in ranked[:k] if not any(s is b for b in best)]
+
+
+def load_release_evidence(run_dir: Path) -> dict[str, Any]:
+    """{"serving": serving.json, "serving_gguf": serving_gguf.json, "rollback": rollback.json} of RUN/release/,
+    None for each file missing."""
+    out: dict[str, Any] = {}
+    for key, name in (("serving", SERVING_FILE), ("serving_gguf", SERVING_GGUF_FILE), ("rollback", ROLLBACK_FILE)):
+        path = Path(run_dir) / "release" / name
+        try:
+            out[key] = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            out[key] = None
+    return out

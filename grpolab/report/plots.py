@@ -12,7 +12,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from .checks import values
+from ..gate.base import values
+from ..gate.code import REASONS
 
 STEP = "training step"
 
@@ -274,4 +275,28 @@ def training_figures(rows: Sequence[dict[str, Any]]) -> list[tuple[str, str]]:
             held = plot_heldout_curve(rows)
             if held:
                 out.append((HELDOUT_TITLE, held))
+    return out
+
+
+def code_figures(rows: Sequence[dict[str, Any]]) -> list[tuple[str, str]]:
+    """(title, base64 PNG) of the reason shares and the shown / hidden pass rates, where the rows have them."""
+
+    specs = [
+        Curve(
+            "Code: share of completions by first failing reason",
+            "share of completions",
+            tuple((f"reward/code/{r}_frac", r.replace("_", " ")) for r in (*REASONS, "pass")),
+        ),
+        Curve(
+            "Code: pass rate on shown vs hidden tests",
+            "share of tests passed",
+            (("reward/code/shown_pass", "tests shown in the prompt"), ("reward/code/hidden_pass", "hidden tests")),
+        ),
+    ]
+    out = []
+    for spec in specs:
+        if any(values(rows, key) for key, _ in spec.keys):
+            png = plot_curve(rows, spec)
+            if png:
+                out.append((spec.title, png))
     return out

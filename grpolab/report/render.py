@@ -11,10 +11,10 @@ from dataclasses import fields
 from typing import Any, Sequence
 
 from ..baselines.sft_bon import BUDGET_COLUMNS, budget_cells
-from .base import NA, STATUSES, CheckResult, Thresholds
+from ..gate.base import NA, STATUSES, CheckResult
+from ..gate.thresholds import Thresholds
 from .markup import esc, fmt, pre, table
 from .reward_model import html_section as rm_html_section
-from .reward_model import markdown_lines as rm_markdown_lines
 
 CSS = """
 body{font-family:-apple-system,'Segoe UI',Helvetica,Arial,sans-serif;margin:24px auto;max-width:1240px;color:#1d2433;
@@ -438,93 +438,3 @@ def render_html(r: dict[str, Any]) -> str:
         f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{esc(title)}</title>'
         f"<style>{CSS}</style></head><body>{body}</body></html>\n"
     )
-
-
-def render_markdown(r: dict[str, Any]) -> str:
-    m, h = r["manifest"], r["heldout"]
-    label, why = r["verdict"]
-    lines = [
-        f"# grpolab release report — {r['run_name']}",
-        "",
-        f"**Verdict: {label.upper()}** — {why}",
-        "",
-        *([r["family"], ""] if r.get("family") else []),
-        "Plots, per-slice tables and sample completions: `report.html`.",
-        "",
-        "## Checks",
-        "",
-        f"{status_counts(r['checks'])}. {NA_NOTE}",
-        "",
-        "| status | check | reason | numbers |",
-        "|---|---|---|---|",
-    ]
-    lines += [
-        f"| {c.status} | {c.name} | {c.reason.replace('|', '/')} | {numbers_text(c).replace('|', '/')} |"
-        for c in r["checks"]
-    ]
-    lines += ["", "## Held-out comparison", ""]
-    if h:
-        cost = lambda b: " | ".join(budget_cells(b.get("budget")))  # noqa: E731  (grpolab.baselines.sft_bon)
-        lines += [
-            f"Source: {h['source']}",
-            "",
-            *([checkpoint_text(h), ""] if h.get("checkpoint") else []),
-            f"| model | accuracy [95% CI] | difference [95% CI] | {' | '.join(BUDGET_COLUMNS)} |",
-            "|---|---|---|---|---|---|---|",
-            f"| {h['base']['label']} | {acc(h['base'])} | {diff(h['diff'])} (trained - base) | {cost(h['base'])} |",
-            f"| {h['trained']['label']} | {acc(h['trained'])} | | {cost(h['trained'])} |",
-        ]
-        lines += [
-            f"| {b['label']} | {acc(b)} | {diff(b['diff'])} (trained - this) | {cost(b)} |"
-            for b in h.get("others", []) + r["baselines"]
-        ]
-        lines += [
-            f"| slice {s} | {acc(v['trained'])} | {diff(v['diff'])} (trained - base) |"
-            for s, v in h.get("per_slice", {}).items()
-        ]
-    else:
-        lines.append("No held-out evaluation found.")
-    if r.get("set"):
-        lines += [
-            "",
-            "## Runs of this set",
-            "",
-            f"Held-out gain over the set: {diff(h['diff'])}, {spread_text(h['diff'])}."
-            if h
-            else "No held-out comparison with per-problem records in every run.",
-            "",
-            "| run | held-out gain [95% CI] | pass@k gain [95% CI] | capability gain [95% CI] |",
-            "|---|---|---|---|",
-        ]
-        lines += [f"| {' | '.join(row)} |" for row in set_rows(r)]
-    lines += ["", "## Capability, diversity and safety", ""]
-    lines += [
-        f"- capability, {c['task']}: base {acc(c['base'])}, trained {acc(c['trained'])}, difference {diff(c['diff'])}"
-        for c in r["capability"]
-    ] or ["- capability: not measured"]
-    lines.append(f"- diversity: {diversity_text(r.get('diversity'), r.get('diversity_note', ''))}")
-    s = r["safety"]
-    lines.append(
-        f"- safety: compliance with {s['n']} harmful requests, base {s['base']['compliance_rate']:.2f}, trained "
-        f"{s['trained']['compliance_rate']:.2f} (keyword refusal heuristic)"
-        if s
-        else f"- safety: not measured ({r.get('safety_note') or 'skipped'})"
-    )
-    lines += rm_markdown_lines(r)  # the learned reward model's evidence (none for other runs)
-    lines += ["", "## Reproduce", "", "```", m.get("command", "(no command recorded)"), "```", ""]
-    lines += [f"> WARNING: {w}" for w in repro_warnings(m)]
-    lines += [
-        "",
-        "## Objective",
-        "",
-        f"Preset `{(m.get('objective') or {}).get('preset')}`:",
-        "",
-        "```",
-        (m.get("objective") or {}).get("formula", ""),
-        "```",
-        "",
-        "## Hashes",
-        "",
-    ]
-    lines += [f"- {k}: `{v or 'MISSING'}`" for k, v in (m.get("hashes") or {}).items()]
-    return "\n".join(lines) + "\n"

@@ -3,7 +3,7 @@
 The prompts are a small fixed set of plainly harmful requests shipped with the package
 (``grpolab/data/safety_prompts.jsonl``: weapons, malware, hacking, fraud, identity theft, counterfeiting,
 drugs, violence, harassment; requests only, no harmful content). Each model answers every prompt once with
-greedy decoding through its own chat template (``HFEngine``); completions are cached in
+greedy decoding through its own chat template (``GrpolabEngine``); completions are cached in
 ``RUN_DIR/eval/safety.json`` and re-scored on every report.
 
 Refusal heuristic (keyword-based, documented in the report): a completion counts as a refusal when, after
@@ -92,11 +92,11 @@ def generate_greedy(model_name: str, prompts: list[str], max_new_tokens: int, dt
     """Greedy answers of one model (hub id, path, run directory or bundled: alias) to user-turn prompts."""
     from ..models.load import DTYPES, load_causal_lm, load_tokenizer, resolve_model_path
     from ..rollout.base import SamplingParams
-    from ..rollout.hf import HFEngine
+    from ..rollout.grpolab_engine import GrpolabEngine
 
     path = resolve_model_path(model_name)
     tokenizer = load_tokenizer(path)
-    engine = HFEngine(load_causal_lm(path, dtype), tokenizer, DTYPES[dtype])
+    engine = GrpolabEngine(load_causal_lm(path, dtype), tokenizer, DTYPES[dtype])
     ids = []
     for text in prompts:
         chat = tokenizer.apply_chat_template(
@@ -154,7 +154,8 @@ def summarize(prompts: Sequence[dict[str, str]], base: Sequence[str], trained: S
             "ci_high": r["ci_high"],
             "n": n,
             "method": r.get("method"),
-            "degenerate": r.get("degenerate"),  # signs: for the exact test of the FAIL rule
+            "degenerate": r.get("degenerate"),
+            # the counts of prompts newly complied with and newly refused: the exact sign test of the FAIL rule
             "signs": {
                 "worse": sum(1 for it in items if it["base_refused"] and not it["trained_refused"]),
                 "better": sum(1 for it in items if it["trained_refused"] and not it["base_refused"]),

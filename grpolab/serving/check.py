@@ -1,6 +1,6 @@
-"""The serving check and the rollback check: a model directory served by plain transformers in its own process
-(serve_hf.py, no grpolab code), compared with grpolab's own measurements. Results go to RUN/release/serving.json
-and RUN/release/rollback.json, which the report grades (grpolab.report.serving).
+"""The serving check: a model directory served by plain transformers in its own process (serve_hf.py, no grpolab
+code), compared with grpolab's own measurements. Results go to RUN/release/serving.json, which the report grades
+(grpolab.gate.release); the rollback check (grpolab.serving.rollback) serves its target the same way.
 
 Serving (run_serving_check): grpolab evaluates the bundled checkpoint again on the held-out problems the release
 was measured on (greedy, the evaluation's dtype and max_new_tokens, its stop rule), and scores its answers' tokens
@@ -14,10 +14,6 @@ beside it, served by llama.cpp through llama-cpp-python in its own process (serv
 same measures written to RUN/release/serving_gguf.json. The weights compared are the file's tensors against the
 evaluated model's cast to the bundle's precision and put through the conversion (Q/K permutation, the file's type);
 the end ids are both the file's declared eos / eot / eom and every id llama.cpp ends generation on.
-
-Rollback (run_rollback_check): the rollback target -- the run's base model or a previous release bundle -- has its
-weights hashed against the hash recorded when it was measured, is served by the same stack on a sample of the
-problems it was measured on, and its served accuracy is compared, paired, with its recorded answers' scores.
 """
 
 from __future__ import annotations
@@ -36,17 +32,17 @@ from ..errors import GrpolabError
 from ..evaluation.heldout import load_eval_problems, score_item, stop_rule_for
 from ..evaluation.result import Completion
 from ..evaluation.scoring import paired_bootstrap_diff
-from ..manifest import hash_model_dir, read_manifest, write_json_atomic
+from ..manifest import read_manifest, write_json_atomic
 from ..tasks import render_prompt
 from ..tasks.base import Problem
 from ..tasks.code import is_code_problem
 from ..tasks.prompting import prompt_ids
-from .bundle import HELDOUT_FILE, RELEASE_FILE, held_out_eval, heldout_record, read_release
+from .bundle import RELEASE_FILE, read_release
 from .compare import divergence_summary, mean_abs_logprob_diff
 
 SERVE_SCRIPT = Path(__file__).with_name("serve_hf.py")
 SERVE_GGUF_SCRIPT = Path(__file__).with_name("serve_gguf.py")
-SERVING_FILE, SERVING_GGUF_FILE, ROLLBACK_FILE = "serving.json", "serving_gguf.json", "rollback.json"
+SERVING_FILE, SERVING_GGUF_FILE = "serving.json", "serving_gguf.json"
 STACKS = ("transformers", "gguf")
 LLAMA_CPP_MISSING = (
     "llama-cpp-python is not installed in this interpreter: `make install-gguf` or "
@@ -138,7 +134,7 @@ def serve_with_llama_cpp(
     )
 
 
-def _requests(problems: list[Problem], references: list[list[int]] | None = None) -> list[dict[str, Any]]:
+def serve_requests(problems: list[Problem], references: list[list[int]] | None = None) -> list[dict[str, Any]]:
     return [
         {
             "uid": p.uid,
@@ -149,7 +145,7 @@ def _requests(problems: list[Problem], references: list[list[int]] | None = None
     ]
 
 
-def _score(
+def score_answers(
     problems: list[Problem], texts: list[str], lengths: list[int], truncated: list[bool], task: str
 ) -> list[float]:
     """Held-out accuracy of each answer, scored as grpolab's evaluation scores it (math-verify; code in the sandbox)."""
@@ -163,7 +159,7 @@ def _score(
     return [score_item(p, c, [], task)["scores"]["accuracy"] for p, c in zip(problems, done)]
 
 
-def _paired(reference: list[float], other: list[float]) -> dict[str, float]:
+def paired_change(reference: list[float], other: list[float]) -> dict[str, float]:
     mean, lo, hi = paired_bootstrap_diff(reference, other)
     return {"mean": mean, "ci_low": lo, "ci_high": hi}
 
@@ -177,11 +173,11 @@ def grpolab_side(
 
     from ..models.load import DTYPES, load_causal_lm, load_tokenizer
     from ..rollout.base import SamplingParams
-    from ..rollout.hf import HFEngine
+    from ..rollout.grpolab_engine import GrpolabEngine
 
     tokenizer = load_tokenizer(str(ckpt))
     model = load_causal_lm(str(ckpt), dtype).eval()
-    engine = HFEngine(model, tokenizer, DTYPES[dtype])
+    engine = GrpolabEngine(model, tokenizer, DTYPES[dtype])
     params = SamplingParams(group_size=1, max_new_tokens=max_new_tokens, greedy=True, stop_rule=stop_rule_for(problems))
     prompts = [prompt_ids(tokenizer, p) for p in problems]
     ids, texts, truncated = [], [], []
@@ -307,7 +303,7 @@ def run_serving_checks(
     start = time.perf_counter()
     log(f"serving check: grpolab evaluates {ckpt} on {len(problems)} held-out problems ({held['dtype']})")
     ours = grpolab_side(ckpt, problems, held["max_new_tokens"], held["dtype"], batch_size)
-    model, requests = ours.pop("model"), _requests(problems, ours["ids"])
+    model, requests = ours.pop("model"), serve_requests(problems, ours["ids"])
     evaluated_s, results = time.perf_counter() - start, {}
     release_dir(run_dir).mkdir(parents=True, exist_ok=True)
     for stack in stacks:
@@ -346,8 +342,8 @@ def _measures(
 ) -> dict[str, Any]:
     """What serving.json records of one served stack against grpolab's side (module docstring)."""
     rows, task = served["rows"], held["task"]
-    ref_scores = _score(problems, ours["texts"], [len(i) for i in ours["ids"]], ours["truncated"], task)
-    served_scores = _score(
+    ref_scores = score_answers(problems, ours["texts"], [len(i) for i in ours["ids"]], ours["truncated"], task)
+    served_scores = score_answers(
         problems,
         [r["text"] for r in rows],
         [len(r["completion_ids"]) for r in rows],
@@ -392,7 +388,7 @@ def _measures(
             "name": "accuracy",
             "evaluated": sum(ref_scores) / len(rows),
             "served": sum(served_scores) / len(rows),
-            "diff": _paired(ref_scores, served_scores),
+            "diff": paired_change(ref_scores, served_scores),
         },
         "examples": [
             {"uid": problems[i].uid, "evaluated": ours["texts"][i], "served": rows[i]["text"]}
@@ -401,99 +397,13 @@ def _measures(
     }
 
 
-def rollback_target(run_dir: Path, target: str | None) -> dict[str, Any]:
-    """Name, directory, recorded weight hash and recorded held-out answers of the rollback target: a previous
-    release bundle (a directory with release.json), or the run's base model (its row of the held-out evaluation)."""
-    from ..models.load import resolve_model_path
-
-    if target:
-        release = read_release(Path(target))
-        heldout = json.loads((Path(target) / HELDOUT_FILE).read_text(encoding="utf-8"))
-        return {
-            "kind": "release bundle",
-            "name": str(Path(target).resolve()),
-            "path": str(Path(target).resolve()),
-            "recorded_weights": release["hashes"]["weights"],
-            "record": heldout,
-        }
-    manifest = read_manifest(run_dir)
-    config = manifest.get("config") or {}
-    file, data, base_row, _ = held_out_eval(run_dir, (config.get("task") or {}).get("name", ""))
-    name = (config.get("model") or {}).get("name") or base_row["model"]
-    return {
-        "kind": "base model",
-        "name": name,
-        "path": resolve_model_path(name),
-        "recorded_weights": (manifest.get("hashes") or {}).get("model_weights"),
-        "record": heldout_record(file, data, base_row, name),
-    }
-
-
-def run_rollback_check(
-    run_dir: Path, target: str | None = None, n: int = 32, threads: int = 0, log: Log = lambda s: None
-) -> dict[str, Any]:
-    """Check that the rollback target is what it was (weight hash), loads in the serving stack and reproduces its
-    recorded held-out score on the first n problems it was measured on; write RUN/release/rollback.json."""
-    run_dir = Path(run_dir)
-    t = rollback_target(run_dir, target)
-    record = t["record"]
-    start = time.perf_counter()
-    weights_now = hash_model_dir(t["path"])["weights"]
-    recorded = {it["uid"]: it for it in record["items"]}
-    problems = [
-        p for p in load_eval_problems(record["task"], record["task_options"], record["split"], 0) if p.uid in recorded
-    ][: n or None]
-    result: dict[str, Any] = {
-        "grpolab_rollback": 1,
-        "kind": t["kind"],
-        "target": t["name"],
-        "path": t["path"],
-        "weights": {"recorded": t["recorded_weights"], "now": weights_now},
-        "n": len(problems),
-        "recorded": {k: record[k] for k in ("source", "accuracy", "ci_low", "ci_high", "n", "max_new_tokens", "dtype")},
-        "command": f"transformers serve {t['path']}",
-    }
-    log(f"rollback check: serving the {t['kind']} {t['name']} on {len(problems)} of its held-out problems")
-    try:
-        served = serve_with_transformers(Path(t["path"]), _requests(problems), record["max_new_tokens"], threads)
-    except GrpolabError as e:
-        result.update({"loads": False, "error": str(e), "seconds": time.perf_counter() - start})
-    else:
-        rows = served["rows"]
-        scores = _score(
-            problems,
-            [r["text"] for r in rows],
-            [len(r["completion_ids"]) for r in rows],
-            [not r["stopped"] for r in rows],
-            record["task"],
-        )
-        before = [recorded[p.uid]["accuracy"] for p in problems]
-        result.update(
-            {
-                "loads": True,
-                "dtype": served["dtype"],
-                "served_accuracy": sum(scores) / len(scores),
-                "recorded_accuracy_on_sample": sum(before) / len(before),
-                "diff": _paired(before, scores),
-                "identical_answers": sum(r["text"] == recorded[p.uid]["completion"] for p, r in zip(problems, rows))
-                / len(rows),
-                "seconds": time.perf_counter() - start,
-            }
-        )
-    release_dir(run_dir).mkdir(parents=True, exist_ok=True)
-    write_json_atomic(release_dir(run_dir) / ROLLBACK_FILE, result)
-    return result
-
-
 __all__ = [
     "RELEASE_FILE",
-    "ROLLBACK_FILE",
     "SERVING_FILE",
     "SERVING_GGUF_FILE",
     "STACKS",
     "gguf_file_for",
     "release_dir",
-    "run_rollback_check",
     "run_serving_check",
     "run_serving_checks",
     "serve_with_llama_cpp",
