@@ -82,18 +82,18 @@ def train(raw: dict, counts: dict | None = None, on_step=None) -> Path:
 
 def count_queue(pipeline: RolloutPipeline, counts: dict) -> None:
     """Record every step the pipeline submits and every step it hands to the update."""
-    fill, take = pipeline.collector.submit_round, pipeline.take
+    draw, take = pipeline.collector.draw_round, pipeline.take
 
-    def submit_round(step):
+    def draw_round(step):
         counts.setdefault("submitted", []).append(step)
-        return fill(step)
+        return draw(step)
 
     def counted_take(step, version):
         batch, drawn = take(step, version)
         counts.setdefault("taken", []).append((step, drawn, len(batch.rollout)))
         return batch, drawn
 
-    pipeline.collector.submit_round, pipeline.take = submit_round, counted_take
+    pipeline.collector.draw_round, pipeline.take = draw_round, counted_take
 
 
 @pytest.fixture(scope="module")
@@ -174,14 +174,14 @@ def test_a_crash_then_resume_gives_the_uninterrupted_runs_bytes(k, k1_run, tiny_
     assert_same_bytes(whole, run)
 
 
-def test_scalerl_with_eight_steps_of_asynchrony_filters_zero_variance_groups(tiny_model_dir, tmp_path):
+def test_scalerl_with_the_largest_asynchrony_filters_zero_variance_groups(tiny_model_dir, tmp_path):
     """ScaleRL's preset (CISPO, prompt-level mean, batch std, zero-variance groups dropped without refilling) with a
     PipelineRL-style lag: each step trains on its own first round's groups with signal, sampled on weights up to
     max_staleness updates old."""
-    raw = tiny(tiny_model_dir, tmp_path, "scalerl", 8, steps=3)
+    raw = tiny(tiny_model_dir, tmp_path, "scalerl", 2, steps=3)
     raw["algorithm"] = {"preset": "scalerl", "is_mode": "token_truncate"}
     metrics = rows(train(raw) / "metrics.jsonl")
-    assert [m["async/staleness"] for m in metrics] == [0.0, 1.0, 2.0], "k = 8 > steps: every batch from version 0"
+    assert [m["async/staleness"] for m in metrics] == [0.0, 1.0, 2.0], "k = steps - 1: every batch from version 0"
     assert [m["async/policy_version"] for m in metrics] == [0.0, 0.0, 0.0]
     for m in metrics:
         assert m["dynamic/extra_rounds"] == 0.0
@@ -223,11 +223,16 @@ def test_the_settings_the_pipeline_cannot_honour_are_refused(tiny_model_dir, tmp
     with pytest.raises(ConfigError, match=r"algorithm.max_extra_rounds: expected 0 with dynamic sampling"):
         config(algorithm__dynamic_sampling=True, algorithm__max_extra_rounds=2)
     assert config(algorithm__dynamic_sampling=True).algorithm.max_extra_rounds == 0  # filtering, no refill: kept
-    with pytest.raises(ConfigError, match=r"algorithm.is_mode: expected a correction"):
+    with pytest.raises(ConfigError, match=r"algorithm.is_mode: expected an importance weight"):
         config(algorithm__is_mode="none")
+    with pytest.raises(ConfigError, match=r"algorithm.is_mode: expected an importance weight"):
+        config(algorithm__is_mode="none", algorithm__offpolicy_mask_delta=0.5)  # a mask drops, it does not weight
     with pytest.raises(ConfigError, match=r"rollout.max_staleness: expected an integer >= 0"):
         config(rollout__max_staleness=-1)
-    assert config(algorithm__is_mode="none", algorithm__offpolicy_mask_delta=0.5).rollout.max_staleness == 1
+    steps = config().train.steps
+    with pytest.raises(ConfigError, match=rf"rollout.max_staleness: expected < train.steps \({steps}\)"):
+        config(rollout__max_staleness=steps)
+    assert config(rollout__max_staleness=steps - 1).rollout.max_staleness == steps - 1
 
 
 def test_a_checkpoint_of_another_staleness_is_refused_on_resume(k1_run, tmp_path):

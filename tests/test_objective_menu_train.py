@@ -30,6 +30,8 @@ def test_each_option_trains_three_steps(tiny_model_dir, tmp_path, name):
     cfg = tiny_config(tiny_model_dir, str(tmp_path), **OPTIONS[name])
     cfg["reward"] = earnable.reward_config()
     cfg["train"].update(steps=3, lr=5e-3)
+    if name == "geometric_tis":
+        cfg["rollout"]["dtype"] = "bfloat16"
     cfg["eval"] = {"every_steps": 0}
     run(cfg, tmp_path / name)
     metrics = rows(tmp_path / name)
@@ -38,12 +40,11 @@ def test_each_option_trains_three_steps(tiny_model_dir, tmp_path, name):
         for key in ("loss/total", "optim/grad_norm", "sampler/kl_k3", "sampler/chi2", "sampler/seq_rejected_frac"):
             assert math.isfinite(r[key]), (key, r[key])
         assert r["optim/skipped_steps"] == 0
-    if name == "icepop":  # top_k = 2 truncates q far above pi_old: the mask drops what the engine sampled
-        assert all(r["sampler/token_masked_frac"] > 0 for r in metrics)
-    elif name == "geometric_tis":  # ... and the geometric mean leaves [0.999, 1.001]: sequences are rejected
-        assert all(r["sampler/seq_rejected_frac"] > 0 for r in metrics)
-    else:
-        assert any(r["optim/grad_norm"] > 0 for r in metrics)
+    assert any(r["optim/grad_norm"] > 0 for r in metrics)
+    if name == "icepop":  # top_k = 2 truncates the sampler, but q is its untruncated softmax: on-policy w = 1
+        assert all(r.get("sampler/token_masked_frac", 0.0) == 0 for r in metrics)
+    elif name == "geometric_tis":  # a bf16 sampler: the geometric mean leaves [0.999, 1.001], sequences are rejected
+        assert any(r["sampler/seq_rejected_frac"] > 0 for r in metrics)
     if name in ("clip_cov", "kl_cov"):
         assert any(r["policy/cov_selected_frac"] > 0 for r in metrics)
     else:  # a metric that is 0 by construction is not logged

@@ -483,12 +483,16 @@ IS_MASK = {f"{IS_FLAG}mode": "mask", f"{IS_FLAG}threshold": [0.8, 1.25]}
         ),
         ("token_mask", "0.8_1.25", (EXACT, {f"{IS_FLAG}level": "token", **IS_MASK})),
         ("sequence_truncate", 1.25, (NONE, {})),
-        ("sequence_mask", "0.8_1.25", (NEAREST, {f"{IS_FLAG}level": "seq", **IS_MASK})),
+        (  # masked above C only: verl's lower bound is below any weight it produces, TRL's clip_min None
+            "sequence_mask",
+            "1e-30_1.25",
+            (NEAREST, {f"{IS_FLAG}level": "seq", f"{IS_FLAG}mode": "mask", f"{IS_FLAG}threshold": [0.0, 1.25]}),
+        ),
     ],
 )
 def test_importance_sampling(mode, verl_threshold, openrlhf):
     eq = eq_of(is_mode=mode, is_c_min=0.8, is_c_max=1.25)
-    clip_min = None if mode.endswith("truncate") else 0.8
+    clip_min = 0.8 if mode == "token_mask" else None
     assert row(eq, "trl", "importance_sampling") == {
         "match": EXACT,
         "settings": {

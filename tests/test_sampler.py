@@ -4,7 +4,7 @@
   as Hugging Face's own warpers compute it) for both decoders, and the untruncated one is kept beside it;
 - the importance weight uses the sampled distribution, the mismatch metric the untruncated one;
 - `frozen_copy` leaves the global RNG alone and copies weights, tied weights and (non-persistent) buffers exactly;
-- `HFEngine.sync_weights` copies by name, whatever the registration order, and names a missing key;
+- `GrpolabEngine.sync_weights` copies by name, whatever the registration order, and names a missing key;
 - the decode loop does not import the training forward.
 """
 
@@ -29,7 +29,7 @@ from transformers.models.llama.modeling_llama import LlamaRMSNorm
 from grpolab.models.load import frozen_copy
 from grpolab.rollout.base import Rollout, SamplingParams, concat_rollouts
 from grpolab.rollout.decode import sample_tokens
-from grpolab.rollout.hf import HFEngine
+from grpolab.rollout.grpolab_engine import GrpolabEngine
 
 T, TOP_K, TOP_P = 0.7, 20, 0.87
 
@@ -114,7 +114,7 @@ def test_recorded_logprobs_are_those_of_the_hf_warped_distribution(tiny_lm, floa
     prompts = prompts_of(tok, ["What is 2 + 3?", "Hi there"])
     params = SamplingParams(group_size=3, temperature=T, top_k=TOP_K, top_p=TOP_P, max_new_tokens=6)
     torch.manual_seed(0)
-    r = HFEngine(model, tok, torch.float64, decoder=decoder).generate(prompts, params)
+    r = GrpolabEngine(model, tok, torch.float64, decoder=decoder).generate(prompts, params)
     warp = hf_warpers(T, TOP_K, TOP_P)
     checked = 0
     for i in range(len(r)):
@@ -134,14 +134,15 @@ def test_recorded_logprobs_are_those_of_the_hf_warped_distribution(tiny_lm, floa
 def test_without_truncation_one_logprob_tensor_is_recorded(tiny_lm, decoder):
     model, tok = tiny_lm
     params = SamplingParams(group_size=2, temperature=T, max_new_tokens=3)
-    r = HFEngine(model, tok, torch.float64, decoder=decoder).generate(prompts_of(tok, ["Hi"]), params)
+    r = GrpolabEngine(model, tok, torch.float64, decoder=decoder).generate(prompts_of(tok, ["Hi"]), params)
     assert r.sampler_logprobs_untruncated is None and r.untruncated_logprobs() is r.sampler_logprobs
     assert torch.isfinite(r.sampler_logprobs).all() and (r.sampler_logprobs[r.completion_mask.bool()] < 0).all()
 
 
-def test_importance_weight_uses_the_sampled_distribution_and_the_metric_the_untruncated(tiny_model_dir, one_thread):
+def test_importance_weight_uses_the_untruncated_sampler_distribution(tiny_model_dir, one_thread):
     """On-policy sampling with top-k/top-p: the trainer's pi_old equals the untruncated sampler logprob (mismatch
-    ~0), and the token_truncate weight is pi_old / q with q the truncated distribution actually sampled."""
+    ~0), so the token_truncate weight pi_old / q is 1 with q the untruncated softmax(logits / T); the truncated
+    distribution would shift every weight by the kept mass (far below 1 here: what the weight used to be)."""
     from grpolab.config import from_dict
     from grpolab.training.update import PolicyUpdater
 
@@ -163,7 +164,7 @@ def test_importance_weight_uses_the_sampled_distribution_and_the_metric_the_untr
     )
     params = SamplingParams(group_size=3, temperature=T, top_k=TOP_K, top_p=TOP_P, max_new_tokens=5)
     torch.manual_seed(1)
-    rollout = HFEngine(policy, tok, torch.float64).generate(prompts_of(tok, ["What is 2 + 3?", "Hi"]), params)
+    rollout = GrpolabEngine(policy, tok, torch.float64).generate(prompts_of(tok, ["What is 2 + 3?", "Hi"]), params)
     optimizer = torch.optim.SGD(policy.parameters(), lr=0.0)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: 1.0)
     updater = PolicyUpdater(cfg, policy, None, optimizer, scheduler)
@@ -172,8 +173,10 @@ def test_importance_weight_uses_the_sampled_distribution_and_the_metric_the_untr
     metrics = updater.update(
         rollout, torch.tensor([1.0, -1, 0.5, -0.5, 0.2, -0.2], dtype=torch.float64), torch.ones(6, dtype=torch.bool)
     )
-    expected_w = torch.exp(old - rollout.sampler_logprobs.double()).clamp(max=2.0)[m]
-    assert float(expected_w.max()) < 0.01  # truncated q is far above pi_old: the weight is far below 1
+    expected_w = torch.exp(old - rollout.untruncated_logprobs().double()).clamp(max=2.0)[m]
+    assert float((expected_w - 1).abs().max()) < 1e-4  # on-policy: w = 1 up to rounding
+    truncated_w = torch.exp(old - rollout.sampler_logprobs.double())[m]
+    assert float(truncated_w.max()) < 0.01  # the truncated q is far above pi_old: the kept mass would shift w
     assert metrics["sampler/is_weight_mean"] == pytest.approx(float(expected_w.mean()), rel=1e-4)
     assert metrics["sampler/is_weight_max"] == pytest.approx(float(expected_w.max()), rel=1e-4)
     assert metrics["sampler/logp_diff_max"] < 1e-4  # like with like: trainer vs untruncated sampler logprobs
@@ -256,9 +259,9 @@ def test_frozen_copy_leaves_the_global_rng_and_copies_exactly(one_thread, dtype)
 # ------------------------------------------------------------------------------------------ sync_weights
 
 
-def engine_for(policy) -> HFEngine:
+def engine_for(policy) -> GrpolabEngine:
     tok = SimpleNamespace(eos_token_id=2, pad_token_id=0)
-    engine = HFEngine(policy, tok, torch.float64)
+    engine = GrpolabEngine(policy, tok, torch.float64)
     assert engine.own_copy
     return engine
 

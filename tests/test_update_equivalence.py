@@ -7,7 +7,7 @@ The reference shares nothing with grpolab but the minibatch order, which it read
 policy's graph-building forward passes between two optimizer steps). It runs one unpadded forward per completion
 and writes every term out:
 
-    r_it = exp(logp_it - old_it)                                    (sequence ratio for GSPO)
+    r_it = exp(logp_it - old_it)     (GSPO: sg(sequence ratio) pi_theta(o_it) / sg(pi_theta(o_it)), GSPO-token)
     l_it = -min(r A_i, clip(r, 1 - eps_low, 1 + eps_high) A_i)       (dual clip: min(l_it, -c A_i) when A_i < 0)
     kl_it = exp(ref_it - logp_it) - (ref_it - logp_it) - 1          (k3)
     L = sum_it w_it m_it (v_it l_it + beta kl_it)                   (w: aggregation over the minibatch, v: IS weight)
@@ -130,7 +130,7 @@ def importance_weights(old: torch.Tensor, sampler: torch.Tensor, m: torch.Tensor
         "token_truncate": token.clamp(max=c_max),
         "token_mask": inside(token),
         "sequence_truncate": seq.clamp(max=c_max),
-        "sequence_mask": inside(seq),
+        "sequence_mask": torch.where(seq <= c_max, seq, torch.zeros_like(seq)),  # masked above C only
     }[mode] * m
 
 
@@ -153,8 +153,9 @@ def reference_update(policy, reference, rollout, minibatches, aggregation, is_mo
         m, a = mask[mb], adv[mb]
         logp = torch.stack([row_logprobs(policy, rollout, i) for i in mb])
         log_ratio = (logp - old[mb]) * m
-        if surrogate == "gspo":
-            log_ratio = (log_ratio.sum(1, keepdim=True) / m.sum(1, keepdim=True).clamp(min=1)).expand_as(logp)
+        if surrogate == "gspo":  # GSPO-token: the sequence ratio's value, each token's gradient through its own term
+            seq = (log_ratio.sum(1, keepdim=True) / m.sum(1, keepdim=True).clamp(min=1)).expand_as(logp)
+            log_ratio = seq.detach() + logp - logp.detach()
         r = torch.exp(log_ratio)
         token_loss = -torch.minimum(r * a, r.clamp(1 - eps_low, 1 + eps_high) * a)
         if surrogate == "dual_clip":

@@ -1,14 +1,19 @@
 """Sampler/trainer mismatch correction, separate from the PPO ratio.
 
-When the distribution the engine sampled from (log q = sampler logprobs: its logits / T after top-k / top-p
-truncation) differs from the trainer's policy at sampling time (log pi_old) -- numerically, or because of the
-truncation -- each token loss is weighted by a detached w = pi_old / q:
+When the behaviour policy (log q: the sampler's untruncated softmax(logits / T)) differs from the trainer's pi_old
+-- numerically (another engine, another dtype) or because it is older (asynchronous training) -- each token loss is
+weighted by a detached w = pi_old / q. With top_p < 1 or top_k > 0 the trainer passes q before truncation: the
+truncated q_trunc = q / Z on the kept set would shift every weight by the kept mass Z (token_mask's lower bound would
+then drop the high-entropy positions, where Z is small); the truncation itself is not corrected (tokens outside the
+kept set are never sampled; DeepSeek-V3.2's keep-sampling mask, which renormalises pi_old and pi_theta over the kept
+set, would need the kept sets from the sampler):
 
 * none:              w_it = 1
 * token_truncate:    w_it = min(exp(log pi_old - log q), C)                  (truncated IS, "TIS")
 * token_mask:        w_it = exp(.) if C_min <= exp(.) <= C_max else 0
 * sequence_truncate: w_i = min(exp(sum_t m_it (log pi_old - log q)), C)   broadcast to tokens
-* sequence_mask:     w_i = exp(sum_t .) if C_min <= . <= C_max else 0       broadcast to tokens
+* sequence_mask:     w_i = exp(sum_t .) if . <= C_max else 0                broadcast to tokens (masked IS above C
+  only, as published and as TRL's; a lower bound on a product of |o_i| ratios would drop long sequences)
 
 IcePop (Ring-1T) is token_mask with its bounds [0.5, 5] -- the same numbers, so it is not a mode of its own (verl calls
 token_mask IcePop too); the ``icepop`` preset sets it.
@@ -54,7 +59,8 @@ class ISReject(StrEnum):
 
 @dataclass(frozen=True)
 class ISParams:
-    """Bounds of the importance weight: truncated at c_max, or masked outside [c_min, c_max].
+    """Bounds of the importance weight: truncated at c_max, or masked outside [c_min, c_max] (token_mask) or above
+    c_max (sequence_mask).
     No defaults: the algorithm's defaults are defined once, by AlgorithmConfig (grpolab/config/schema.py)."""
 
     c_max: float
@@ -90,8 +96,9 @@ def is_sequence_truncate(log_ratio, mask, p: ISParams) -> torch.Tensor:
 
 
 def is_sequence_mask(log_ratio, mask, p: ISParams) -> torch.Tensor:
-    """w_i = exp(sum_t m_it log_ratio_it) inside [C_min, C_max], else 0."""
-    return _mask_outside(torch.exp(_seq_log_ratio(log_ratio, mask).clamp(max=50.0)), p)
+    """w_i = exp(sum_t m_it log_ratio_it) if it is <= C_max, else 0 (no lower bound: C_min is not used)."""
+    w = torch.exp(_seq_log_ratio(log_ratio, mask).clamp(max=50.0))
+    return torch.where(w <= p.c_max, w, torch.zeros_like(w))
 
 
 IS_CORRECTIONS: dict[ISMode, Callable[[torch.Tensor, torch.Tensor, ISParams], torch.Tensor]] = {
@@ -136,7 +143,7 @@ class Correction:
     weights: torch.Tensor
     log_ratio: torch.Tensor  # [B, T] log pi_old - log q on the loss mask, 0 elsewhere
     truncated: torch.Tensor  # [B, T] bool: the raw weight was above C_max (a *_truncate mode)
-    masked: torch.Tensor  # [B, T] bool: the raw weight was outside [C_min, C_max] (a *_mask mode)
+    masked: torch.Tensor  # [B, T] bool: a *_mask mode zeroed the raw weight (outside its bounds)
     rejected: torch.Tensor  # [B] bool: the sequence was rejected
 
 
@@ -158,8 +165,8 @@ def correction(
     seq_level = mode in (ISMode.SEQUENCE_TRUNCATE, ISMode.SEQUENCE_MASK)
     raw = torch.exp((_seq_log_ratio(log_ratio, m) if seq_level else log_ratio).clamp(max=50.0))
     truncated = sel & (raw > p.c_max) if mode in (ISMode.TOKEN_TRUNCATE, ISMode.SEQUENCE_TRUNCATE) else sel & False
-    outside = (raw < p.c_min) | (raw > p.c_max)
-    masked = sel & outside if mode in (ISMode.TOKEN_MASK, ISMode.SEQUENCE_MASK) else sel & False
+    outside = {ISMode.TOKEN_MASK: (raw < p.c_min) | (raw > p.c_max), ISMode.SEQUENCE_MASK: raw > p.c_max}
+    masked = sel & outside[mode] if mode in outside else sel & False
     if reject != ISReject.NONE and rp is None:
         raise ValueError(f"rejection {reject.value!r} needs its RejectParams (got None)")
     rejected = IS_REJECTIONS[reject](log_ratio, m, rp)

@@ -141,16 +141,33 @@ def gspo(
     p: ClipParams,
     extra: PolicyLossParams | None = None,
 ) -> SurrogateOut:
-    """log s_i = sum_t m_it (logp - old_logp) / sum_t m_it; l_it = -min(s_i A_i, clip(s_i, ...) A_i) for all t."""
+    """log s_i = sum_t m_it (logp - old_logp) / sum_t m_it; l_it = -min(s_it A_i, clip(s_it, ...) A_i), with the
+    token form s_it = sg(s_i) pi_theta(o_it) / sg(pi_theta(o_it)) (GSPO-token, verl's gspo): s_it = s_i in value,
+    and the gradient of token t flows through its own term only, so a token weight (an IS weight, a mask) of 0
+    removes that token's gradient. With weights equal over a sequence's tokens the gradient is GSPO's."""
     m = mask.to(logp.dtype)
     log_s = ((logp - old_logp) * m).sum(-1) / m.sum(-1).clamp(min=1.0)
-    return _clipped(log_s.unsqueeze(-1).expand_as(logp), per_token(adv, logp), p)
+    return _clipped(_own_gradient(log_s.unsqueeze(-1).detach(), logp, mask), per_token(adv, logp), p)
 
 
 def _needs(extra: PolicyLossParams | None, kind: str) -> PolicyLossParams:
     if extra is None:
         raise ValueError(f"surrogate {kind!r} needs its PolicyLossParams (got None)")
     return extra
+
+
+def _own_gradient(log_value: torch.Tensor, log_token: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """[B, T] log_value + log_token - sg(log_token) on unmasked tokens (log_value, without gradient, elsewhere): the
+    value of the detached sequence quantity `log_value` ([B, 1]) on every token, with each token's gradient that of
+    its own log_token.
+
+    >>> x = torch.tensor([[0.25, 0.75]], requires_grad=True)
+    >>> y = _own_gradient(torch.tensor([[0.5]]), x, torch.ones(1, 2))
+    >>> y.tolist(), torch.autograd.grad(y[0, 0], x)[0].tolist()
+    ([[0.5, 0.5]], [[1.0, 0.0]])
+    """
+    own = log_value + (log_token - log_token.detach())
+    return torch.where(mask.bool(), own, log_value.expand_as(own))
 
 
 def _token_log_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -172,16 +189,19 @@ def cispo(logp, old_logp, adv, mask, p: ClipParams, extra: PolicyLossParams | No
 
 def gmpo(logp, old_logp, adv, mask, p: ClipParams, extra: PolicyLossParams | None = None) -> SurrogateOut:
     """log r~_it = sgn(A_i) min(sgn(A_i) log r_it, sgn(A_i) clip(log r_it, -eps_low, eps_high));
-    s_i = exp(sum_t m_it log r~_it / sum_t m_it); l_it = -A_i s_i on every token of o_i. Per-token advantages enter
-    as their mean over the sequence's unmasked tokens."""
+    s_i = exp(sum_t m_it log r~_it / sum_t m_it); l_it = -A_i s_it on every token of o_i, in the token form
+    s_it = sg(s_i) exp(log r~_it - sg(log r~_it)) (= s_i in value; the gradient of token t flows through its own
+    term only, so a token weight of 0 removes its gradient; with weights equal over a sequence's tokens the
+    gradient is GMPO's). Per-token advantages enter as their mean over the sequence's unmasked tokens."""
     m = mask.to(logp.dtype)
     log_r = _token_log_ratio(logp, old_logp, mask)
     a_tok = per_token(adv, logp)
     a_seq = (a_tok * m).sum(-1) / m.sum(-1).clamp(min=1.0)
     sgn = torch.sign(a_seq).unsqueeze(-1)
     log_r_clipped = sgn * torch.minimum(sgn * log_r, sgn * torch.clamp(log_r, -p.eps_low, p.eps_high))
-    s = torch.exp((log_r_clipped * m).sum(-1) / m.sum(-1).clamp(min=1.0))
-    loss = (-a_seq * s).unsqueeze(-1).expand_as(logp)
+    log_s = ((log_r_clipped * m).sum(-1) / m.sum(-1).clamp(min=1.0)).unsqueeze(-1).detach()
+    s = torch.exp(log_s).squeeze(-1)
+    loss = -a_seq.unsqueeze(-1) * torch.exp(_own_gradient(log_s, log_r_clipped, mask))
     low = (sgn < 0) & (log_r < -p.eps_low)
     high = (sgn > 0) & (log_r > p.eps_high)
     return SurrogateOut(loss=loss, ratio=s.unsqueeze(-1).expand_as(logp), clipped_low=low, clipped_high=high)

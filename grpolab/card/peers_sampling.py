@@ -6,6 +6,8 @@ from __future__ import annotations
 from ..config import Config
 from .peers import EXACT, NEAREST, NONE, _row, _unless
 
+VERL_NO_LOWER = 1e-30  # a lower mask bound for verl that no weight reaches: exp(-20) ~ 2e-9 is its least
+
 
 def _importance(cfg: Config) -> dict[str, dict]:
     """The IS weighting's rows, with the geometric rejection folded in (verl: rollout_rs; the others: none)."""
@@ -53,13 +55,24 @@ def _is_weighting(cfg: Config) -> dict[str, dict]:
                 "vllm_importance_sampling_correction": True,
                 "vllm_importance_sampling_mode": mode,
                 "vllm_importance_sampling_clip_max": a.is_c_max,
-                "vllm_importance_sampling_clip_min": None if truncate else a.is_c_min,
+                "vllm_importance_sampling_clip_min": a.is_c_min if mode == "token_mask" else None,
             },
         )
     )
-    threshold = a.is_c_max if truncate else f"{a.is_c_min}_{a.is_c_max}"  # verl: C = truncate, "low_high" = mask
-    verl = _row(
-        EXACT,
+    # verl: C = truncate, "low_high" = mask; its mask needs a lower bound > 0, and VERL_NO_LOWER is below every weight
+    # verl can produce (its log-ratios are clamped at -20), so sequence_mask masks above C only there too
+    lower = a.is_c_min if mode == "token_mask" else VERL_NO_LOWER
+    threshold = a.is_c_max if truncate else f"{lower!r}_{a.is_c_max!r}"
+    verl_differences = (
+        [
+            "geo_mean weights each sequence loss by the geometric mean of its tokens' IS weights; grpolab weights each "
+            "token's gradient by its own weight"
+        ]
+        if a.surrogate == "gmpo"
+        else []
+    )
+    verl = _unless(
+        verl_differences,
         {
             "algorithm.rollout_correction.rollout_is": "token" if token else "sequence",
             "algorithm.rollout_correction.rollout_is_threshold": threshold,
@@ -76,7 +89,7 @@ def _is_weighting(cfg: Config) -> dict[str, dict]:
         settings = {
             f"{flag}level": "token" if token else "seq",
             f"{flag}mode": "clip" if truncate else "mask",
-            f"{flag}threshold": [0.0 if truncate else a.is_c_min, a.is_c_max],
+            f"{flag}threshold": [a.is_c_min if mode == "token_mask" else 0.0, a.is_c_max],
         }
         orl = _unless(
             [] if token else ["gates on the geometric mean exp(mean_t log w); kept tokens keep their token weights"],

@@ -176,9 +176,16 @@ def validate_staleness(cfg: Config) -> None:
             "refill rounds are decided on its scores, while the later steps' rounds are already being generated; "
             f"0 keeps the groups with signal without refilling, as ScaleRL does), got {a.max_extra_rounds}"
         )
-    if a.is_mode == "none" and a.is_reject == "none" and a.offpolicy_mask_delta == 0:
+    if a.is_mode == "none":
         raise ConfigError(
-            "algorithm.is_mode: expected a correction with rollout.max_staleness > 0 (samples come from a policy up "
-            "to max_staleness updates old; token_truncate is TRL's vLLM default, token_mask / sequence_mask IcePop's "
-            "and TRL's masked IS; or set algorithm.is_reject / offpolicy_mask_delta), got none"
+            "algorithm.is_mode: expected an importance weight with rollout.max_staleness > 0, got none: samples come "
+            "from a policy up to max_staleness updates old and pi_old is recomputed with the current weights, so only "
+            "the weight pi_old / q relates the update to the policy that sampled (the off-policy sequence mask and "
+            "the geometric rejection only drop sequences); token_truncate (TIS), token_mask (IcePop) or "
+            "sequence_mask (TRL's default)"
+        )
+    if r.max_staleness >= cfg.train.steps:
+        raise ConfigError(
+            f"rollout.max_staleness: expected < train.steps ({cfg.train.steps}) with asynchronous training, got "
+            f"{r.max_staleness}: every batch would be sampled with the initial weights"
         )

@@ -5,9 +5,11 @@ aggregation counts and loss sums are all-reduced, the gradients summed over the 
 and a non-finite loss on any rank skips the step on all of them.
 
 Aggregation weights are computed over each whole minibatch before it is split into micro-batches, so the
-gradient does not depend on micro_batch_size. Old logprobs (pi_old, the policy that sampled) are the
-detached current logprobs when mu = 1 and minibatches = 1 -- exact, since no update has happened yet --
-and otherwise come from one no-grad pass before the first update.
+gradient does not depend on micro_batch_size. Old logprobs (pi_old: the trainer's policy at the start of this
+update, whose ratio the clip bounds; the policy that sampled is the behaviour policy q, the same weights only when
+training is synchronous, and enters through the IS weight pi_old / q) are the detached current logprobs when mu = 1
+and minibatches = 1 -- exact, since no update has happened yet -- and otherwise come from one no-grad pass before the
+first update.
 """
 
 from __future__ import annotations
@@ -266,7 +268,9 @@ class PolicyUpdater:
         c = fo.cols
         m = batch.mask[rows][:, c]
         old = fo.logp.detach() if batch.old_logp is None else batch.old_logp[rows][:, c]
-        sampler = rollout.sampler_logprobs[rows][:, c]  # the distribution sampled (after top-k/top-p)
+        # the behaviour policy q_full: the sampler's untruncated softmax(logits / T), so that top_p < 1 / top_k > 0 do
+        # not shift the IS weight by the kept mass (grpolab.algo.importance); the sampler's own logprobs otherwise
+        sampler = rollout.untruncated_logprobs()[rows][:, c]
         a = cfg.algorithm
         corr = correction(sampler, old, m, a.is_mode, self.is_params, a.is_reject, self.reject_params)
         isw = corr.weights
@@ -302,7 +306,7 @@ class PolicyUpdater:
         ):
             sums[key] += value
         if mismatch is not None:
-            self.record_mismatch(mismatch, corr, old, rollout.untruncated_logprobs()[rows][:, c], m)
+            self.record_mismatch(mismatch, corr, old, sampler, m)
         return terms.total
 
     @staticmethod

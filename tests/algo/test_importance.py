@@ -27,8 +27,8 @@ HAND_EXPECTED = {
     "token_mask": [[0.0, 1.25, 0.0, 0], [0.0, 1.2, 0, 0], [0.0, 0.8, 0, 0], [0, 0, 0, 0]],
     # min(prod, 2): 1.2, 2, .24
     "sequence_truncate": [[1.2, 1.2, 1.2, 0], [2.0, 2.0, 0, 0], [0.24, 0.24, 0, 0], [0, 0, 0, 0]],
-    # prod if .5 <= prod <= 2 else 0: 1.2, 0 (3), 0 (.24)
-    "sequence_mask": [[1.2, 1.2, 1.2, 0], [0.0, 0.0, 0, 0], [0.0, 0.0, 0, 0], [0, 0, 0, 0]],
+    # prod if prod <= 2 else 0 (masked IS above C only, as published and TRL): 1.2, 0 (3), .24 (kept: no lower bound)
+    "sequence_mask": [[1.2, 1.2, 1.2, 0], [0.0, 0.0, 0, 0], [0.24, 0.24, 0, 0], [0, 0, 0, 0]],
 }
 
 
@@ -75,7 +75,7 @@ def naive_is(mode: str, old, sampler, mask, c_min, c_max):
             elif mode == "sequence_truncate":
                 w = min(seq_r, c_max)
             else:
-                w = seq_r if c_min <= seq_r <= c_max else 0.0
+                w = seq_r if seq_r <= c_max else 0.0
             out[i][t] = w
     return out
 
