@@ -34,7 +34,7 @@ from grpolab.agents.episode import EpisodeRunner
 from grpolab.agents.tools import CALCULATOR
 from grpolab.models.load import load_causal_lm, load_tokenizer, resolve_model_path
 from grpolab.rollout.base import SamplingParams
-from grpolab.rollout.hf import eos_ids
+from grpolab.rollout.grpolab_engine import eos_ids
 from grpolab.tasks.base import Problem
 
 OBSERVATION = (

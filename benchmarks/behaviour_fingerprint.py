@@ -28,21 +28,21 @@ VOLATILE = ("time/", "throughput/", "memory/", "async/wait", "sync/")
 
 COMMON = ["--set", "train.steps=3", "--set", "eval.every_steps=0", "--set", "train.save_every=3"]
 CASES = {
-    "quickstart_fp32": ["configs/quickstart.yaml", "--set", "train.precision=fp32", "--set", "rollout.dtype=fp32"],
-    "quickstart_bf16": ["configs/quickstart.yaml", "--set", "train.precision=bf16", "--set", "rollout.dtype=bf16"],
+    "quickstart_fp32": ["configs/quickstart.yaml", "--set", "train.precision=fp32", "--set", "rollout.dtype=float32"],
+    "quickstart_bf16": ["configs/quickstart.yaml", "--set", "train.precision=bf16", "--set", "rollout.dtype=bfloat16"],
     "agent_quickstart": [
         "configs/agent_quickstart.yaml",
         "--set",
         "train.precision=fp32",
         "--set",
-        "rollout.dtype=fp32",
+        "rollout.dtype=float32",
     ],
     "async_worker": [
         "configs/quickstart.yaml",
         "--set",
         "train.precision=fp32",
         "--set",
-        "rollout.dtype=fp32",
+        "rollout.dtype=float32",
         "--set",
         "rollout.engine=grpolab_process",
         "--set",

@@ -21,14 +21,14 @@ tokens per second (prompt + completion tokens / step time), peak RSS, a phase br
 must do against this machine's measured matrix rate (see benchmarks/common.py for the accounting).
 
 Phases are measured without editing either library: the workers wrap methods of the live objects.
-  generation   grpolab: HFEngine.generate           TRL: GRPOTrainer._generate (tokenise, generate, decode)
+  generation   grpolab: GrpolabEngine.generate           TRL: GRPOTrainer._generate (tokenise, generate, decode)
   reward       grpolab: batch.score_rollout         TRL: GRPOTrainer._calculate_rewards
   reference    PolicyUpdater.logprobs_no_grad(ref)  TRL: _get_per_token_logps_and_entropies(ref_model), no grad
   old logprobs PolicyUpdater.logprobs_no_grad(pol)  TRL: _get_per_token_logps_and_entropies(model), no grad
   policy fwd   grpolab: update() minus the rest     TRL: compute_loss
   policy bwd   torch.Tensor.backward (both)
   optimizer    torch.nn.utils.clip_grad_norm_ + Optimizer.step (global step hooks; both)
-  weight sync  grpolab: HFEngine.sync_weights (bf16 sampler copy)
+  weight sync  grpolab: GrpolabEngine.sync_weights (bf16 sampler copy)
   other        step wall time minus all of the above (advantages, logging, data loading, trainer overhead)
 """
 

@@ -7,7 +7,7 @@
 
 One rollout batch is the quickstart's (configs/quickstart.yaml): 4 arithmetic prompts rendered with the chat
 template, G = 8 completions each, up to 48 new tokens, temperature 0.8, no top-k / top-p. Each round samples it
-with vLLM (rollout/vllm_engine.py, its worker in vLLM's environment) and with grpolab's decoder (rollout/hf.py),
+with vLLM (rollout/vllm_engine.py, its worker in vLLM's environment) and with grpolab's decoder (rollout/grpolab_engine.py),
 the same per-group seeds for both (the two engines draw different tokens from the same seed: their random
 streams differ). For every sampled token the trainer's log-probability is a teacher-forced fp32 forward of the
 policy over prompt + completion, log softmax(logits / T)(o_t) (what the update computes), and per engine:
@@ -36,7 +36,7 @@ import torch
 from grpolab.algo.logprobs import token_logprobs
 from grpolab.models.load import load_causal_lm, load_tokenizer, resolve_model_path
 from grpolab.rollout.base import SamplingParams
-from grpolab.rollout.hf import HFEngine
+from grpolab.rollout.grpolab_engine import GrpolabEngine
 from grpolab.rollout.vllm_engine import VLLMEngine
 from grpolab.tasks import make_task
 from grpolab.tasks.prompting import prompt_ids
@@ -104,7 +104,7 @@ def main() -> None:
     params = SamplingParams(
         group_size=args.group_size, max_new_tokens=args.max_new_tokens, temperature=args.temperature
     )
-    ours = HFEngine(policy, tok, torch.float32)
+    ours = GrpolabEngine(policy, tok, torch.float32)
 
     vllm, start_s = timed(lambda: VLLMEngine(policy, tok, DTYPES[args.engine_dtype], max_model_len=1024))
     try:

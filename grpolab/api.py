@@ -41,9 +41,6 @@ from .evaluation.result import write_result
 
 if TYPE_CHECKING:
     from .config import Config
-    from .tasks.base import Problem
-
-IN_MEMORY_TASK = "python"
 
 
 # ------------------------------------------------------------------------------------------------ results
@@ -185,75 +182,6 @@ def _with_run_dir(cfg: "Config", run_dir: str | Path | None) -> "Config":
 # ------------------------------------------------------------------------------------------------ in-memory problems
 
 
-def _is_dataset(obj: Any) -> bool:
-    """A datasets.Dataset or DatasetDict (both have column_names), told apart from a list of problems."""
-    return hasattr(obj, "column_names")
-
-
-def _problem_list(where: str, items: Any) -> list["Problem"]:
-    from .errors import ConfigError
-    from .tasks.base import Problem
-
-    if isinstance(items, (str, bytes, Mapping)) or not isinstance(items, Sequence):
-        raise ConfigError(
-            f"{where}: expected a list of grpolab.Problem or a datasets.Dataset, got {type(items).__name__}"
-        )
-    for i, p in enumerate(items):
-        if not isinstance(p, Problem):
-            raise ConfigError(
-                f"{where}[{i}]: expected a grpolab.Problem(uid, question, answer), got {type(p).__name__}"
-            )
-    return list(items)
-
-
-def _dataset_task(dataset: Any, fields: Mapping[str, Any] | None):
-    from .tasks.hf import HFTask
-
-    return HFTask(dataset=dataset, **dict(fields or {}))
-
-
-def in_memory_problems(
-    cfg: "Config", problems: Any, eval_problems: Any = None, fields: Mapping[str, Any] | None = None
-) -> tuple[list["Problem"], list["Problem"], dict[str, Any]]:
-    """(train, held-out, data summary) of problems given in memory (module docstring); the held-out ones are cut to
-    eval.num_problems, and any that shares a question with a training problem is a DataError naming it."""
-    from .errors import ConfigError, DataError
-    from .evaluation.overlap import overlapping
-    from .manifest import problem_hashes
-
-    source: dict[str, Any] = {"kind": IN_MEMORY_TASK}
-    task = _dataset_task(problems, fields) if _is_dataset(problems) else None
-    train = task.problems("train") if task else _problem_list("problems", problems)
-    if not train:
-        raise ConfigError("problems: no training problems")
-    held_out: list[Problem] = []
-    if eval_problems is not None:
-        held_out = (
-            _dataset_task(eval_problems, fields).problems("train")
-            if _is_dataset(eval_problems)
-            else _problem_list("eval_problems", eval_problems)
-        )
-    elif task is not None and cfg.eval.every_steps:
-        held_out = task.problems("test")
-    if task is not None:
-        source.update(task.source, kind=IN_MEMORY_TASK)
-    if cfg.eval.every_steps and not held_out:
-        raise ConfigError(
-            "eval_problems: eval.every_steps > 0 needs held-out problems; pass eval_problems=[...] (or a "
-            "datasets.Dataset as problems, whose test split or held-out fraction is used), or set "
-            "eval.every_steps=0"
-        )
-    held_out = held_out[: cfg.eval.num_problems] if cfg.eval.every_steps else held_out
-    shared = overlapping(held_out, problem_hashes(train))
-    if shared:
-        raise DataError(
-            f"eval_problems: {len(shared)} of {len(held_out)} held-out problems share a question with a "
-            f"training problem (e.g. {shared[0].uid}: {shared[0].question[:80]!r}); hold them out"
-        )
-    summary = {"train_problems": len(train), "held_out_problems": len(held_out), "source": source}
-    return train, held_out, summary
-
-
 # ------------------------------------------------------------------------------------------------ entry points
 
 
@@ -287,6 +215,7 @@ def train(
     from .errors import ConfigError, writable_dir
     from .models.checkpoint import latest_checkpoint
     from .runs import start_run
+    from .training.builders import IN_MEMORY_TASK, in_memory_problems, is_dataset
     from .training.progress_lines import trainer_step_line
 
     rewards = dict(rewards or {})
@@ -305,7 +234,7 @@ def train(
         prepared = None
         if problems is not None:
             prepared = in_memory_problems(cfg, problems, eval_problems, fields)
-            options = dict(fields or {}) if _is_dataset(problems) else {}
+            options = dict(fields or {}) if is_dataset(problems) else {}
             cfg = dataclasses.replace(cfg, task=TaskConfig(name=IN_MEMORY_TASK, options=options))
         elif eval_problems is not None or fields:
             raise ConfigError(
@@ -344,6 +273,7 @@ def _resume(
     from .errors import ConfigError
     from .manifest import read_manifest
     from .runs import resume_config, resume_run
+    from .training.builders import IN_MEMORY_TASK, in_memory_problems
 
     if overrides is not None and not isinstance(overrides, Mapping):
         raise ConfigError(
@@ -480,8 +410,8 @@ def release_report(
 
     from .errors import writable_dir
     from .evaluation.eval_checks import check_dtype
+    from .gate.thresholds import Thresholds
     from .report import ReportOptions, build_report
-    from .report.base import Thresholds
     from .report.diversity import DiversitySettings
 
     check_dtype(dtype, prefix="")
@@ -516,7 +446,6 @@ __all__ = [
     "TrainResult",
     "compare",
     "evaluate_models",
-    "in_memory_problems",
     "load_config",
     "release_report",
     "train",

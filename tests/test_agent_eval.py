@@ -107,7 +107,9 @@ def test_a_whole_evaluation_reports_horizon_slices_and_failures(tiny_model_dir):
     task = AgentTask(
         "lookup", num_train=3, num_test=6, difficulty=1, max_turns=3, max_turn_tokens=6, max_total_tokens=120
     )
-    res = evaluate_episodes(GrpolabEngine(model, tok, torch.float32), tok, task.problems("test"), EvalSettings(batch_size=6))
+    res = evaluate_episodes(
+        GrpolabEngine(model, tok, torch.float32), tok, task.problems("test"), EvalSettings(batch_size=6)
+    )
     assert {"calls=1", "calls=2", "calls=3+", "hops=1", "hops=2", "hops=3"} <= set(res.per_slice)
     assert all(res.per_slice[s]["n"] == 2 for s in ("calls=1", "calls=2", "calls=3+"))
     # the random model never ends a turn by itself within 6 tokens: every episode fails on its first turn, a bound

@@ -188,12 +188,12 @@ def test_eval_of_a_code_task_end_to_end(tiny_model_dir, one_thread):
 
     from grpolab.evaluation.heldout import EvalSettings, evaluate_model
     from grpolab.models.load import load_causal_lm, load_tokenizer
-    from grpolab.rollout.hf import HFEngine
+    from grpolab.rollout.grpolab_engine import GrpolabEngine
 
     tok, model = load_tokenizer(tiny_model_dir), load_causal_lm(tiny_model_dir, "float32")
     problems = make_task("pyfunc").problems("test")[:3]
     result = evaluate_model(
-        HFEngine(model, tok, torch.float32),
+        GrpolabEngine(model, tok, torch.float32),
         tok,
         problems,
         EvalSettings(max_new_tokens=6, batch_size=8, samples=2, temperature=1.0, task="pyfunc"),

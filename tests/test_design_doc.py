@@ -1,4 +1,4 @@
-"""docs/design.md names only code that exists, and its layout describes every package (issue 48 item 4).
+"""docs/design.md names only code that exists, and its module map names every module of the package.
 
 The rules, applied to docs/design.md as text (the names are resolved on grpolab's source with
 ``ast``: no model, no torch, about a second for the whole module):
@@ -22,14 +22,15 @@ The rules, applied to docs/design.md as text (the names are resolved on grpolab'
    - its first part is a module importable outside grpolab (``os.unshare``, ``importlib.util``): not ours, skipped.
    Anything else (``Task.sample``, ``Trainer.update``) fails.
 3. A path resolves when the file or folder exists (``grpolab/`` is implied for grpolab's packages).
-4. The fenced tree of section 3 (the layout) names every package directory of grpolab as ``name/`` and every
-   top-level module as ``name.py``; every ``name/`` in it is a grpolab package or a top-level folder of the
-   repository, every ``name.py`` a module that exists.
-5. Every module of ``grpolab/algo/`` (the objective's math) is named as ``algo/<module>.py`` somewhere on the page.
-6. Every path inside a run directory the page mentions (``runs/<name>/checkpoints/final``) is one section 6's tree
+4. Section 3 (the module map) names every module of grpolab, in an inline code span: ``grpolab/x/y.py`` as
+   ``x/y.py``, ``grpolab/x/y.py``, ``x.y`` or ``grpolab.x.y``; a package's ``__init__.py`` by its package (``x/``,
+   ``grpolab/x/``, ``grpolab.x``); ``grpolab/__init__.py`` as ``grpolab/``. Every path that section names (a span
+   ending in ``.py`` or ``/``) exists. Modules are found by walking grpolab/, so a module added, moved or removed
+   without the map following fails here.
+5. Every path inside a run directory the page mentions (``runs/<name>/checkpoints/final``) is one section 6's tree
    lists (``step-N`` matches ``step-12``), and every file name in that tree is written by the code (it occurs as a
    string literal, or a constant's value, in grpolab's source).
-7. The page says each package's ``__init__`` says what lives there: every module of a package is named in its
+6. The page says each package's ``__init__`` says what lives there: every module of a package is named in its
    ``__init__`` docstring, as ``mod``, `mod`, mod.py, pkg.mod or mod.<attribute>, or as a plain word of a paragraph
    that starts with "Modules" (a plain word elsewhere in the prose does not count).
 """
@@ -308,29 +309,39 @@ def packages() -> list[str]:
     return sorted(p.parent.name for p in PKG.glob("*/__init__.py"))
 
 
-def top_modules() -> list[str]:
-    return sorted(p.name for p in PKG.glob("*.py") if p.name not in ("__init__.py", "__main__.py"))
+def modules() -> list[Path]:
+    """Every module of grpolab, found by walking the package (build outputs and caches left out)."""
+    return sorted(p for p in PKG.rglob("*.py") if "__pycache__" not in p.parts)
 
 
-def layout_tree(text: str) -> str:
-    blocks = fenced_blocks(section(text, 3))
-    tree = next((b for b in blocks if "grpolab/" in b), None)
-    assert tree, "docs/design.md section 3: no fenced tree starting at grpolab/"
-    return tree
+def spellings(module: Path) -> set[str]:
+    """Rule 4: the names that name `module` on the map (paths relative to grpolab/ or to the repository, dotted)."""
+    parts = module.relative_to(PKG).with_suffix("").parts
+    if parts[-1] == "__init__":
+        package = parts[:-1]
+        if not package:
+            return {"grpolab/", "grpolab/__init__.py"}
+        path = "/".join(package)
+        return {f"{path}/", f"grpolab/{path}/", f"{path}/__init__.py", f"grpolab/{path}/__init__.py"} | {
+            "grpolab." + ".".join(package)
+        }
+    path = "/".join(parts) + ".py"
+    dotted = ".".join(parts)
+    return {path, f"grpolab/{path}", f"grpolab.{dotted}"} | ({dotted} if len(parts) > 1 else set())
 
 
-def layout_problems(tree: str) -> list[str]:
-    """Rule 4 on one layout tree: what it leaves out and what it names that does not exist."""
-    folders = set(re.findall(r"(?<![\w/.-])([a-z_]+)/", tree))
-    modules = set(re.findall(r"(?<![\w/.-])([a-z_]+\.py)\b", tree))
-    problems = [f"package grpolab/{p}/ not described" for p in packages() if p not in folders]
-    problems += [f"module grpolab/{m} not described" for m in top_modules() if m not in modules]
-    problems += [
-        f"{f}/ is neither a grpolab package nor a folder of the repository"
-        for f in sorted(folders)
-        if f != "grpolab" and f not in packages() and f not in REPO_FOLDERS
-    ]
-    problems += [f"{m} exists nowhere under grpolab/" for m in sorted(modules) if not any(PKG.rglob(m))]
+def map_spans(text: str) -> set[str]:
+    """The inline code spans of a module map, a call's parentheses dropped."""
+    return {re.sub(r"\(.*\)$", "", span, flags=re.S) for span in inline_spans(text)}
+
+
+def module_map_problems(text: str, found: list[Path]) -> list[str]:
+    """Rule 4 on one module map: the modules of `found` it does not name, and the paths it names that do not
+    exist (spans ending in .py or /)."""
+    spans = map_spans(text)
+    problems = [f"{m.relative_to(ROOT)} is not on the map" for m in found if not spellings(m) & spans]
+    named_paths = sorted(s for s in spans if PATH.match(s) and (s.endswith(".py") or s.endswith("/")))
+    problems += [f"`{s}` is on the map but does not exist" for s in named_paths if not path_exists(s)]
     return problems
 
 
@@ -424,7 +435,16 @@ def test_the_rules_catch_what_they_are_for():
     )
     assert dotted_references(old) == ["Task.sample", "Trainer.update"]
     assert path_references(old) == ["algo/x.py"]
-    assert "package grpolab/serving/ not described" in layout_problems("grpolab/\n  algo/ cli/\n")
+    algo = [PKG / "algo" / "__init__.py", PKG / "algo" / "loss.py", PKG / "algo" / "kl.py", PKG / "runs.py"]
+    assert spellings(algo[1]) == {"algo/loss.py", "grpolab/algo/loss.py", "algo.loss", "grpolab.algo.loss"}
+    assert spellings(algo[3]) == {"runs.py", "grpolab/runs.py", "grpolab.runs"}
+    page = "- `algo/` the math: `algo/loss.py` (`algo.loss.objective`), `grpolab.algo.kl`; `runs.py`; `algo/gone.py`"
+    assert module_map_problems(page, algo) == ["`algo/gone.py` is on the map but does not exist"]
+    assert module_map_problems(page.replace("`grpolab.algo.kl`", "kl"), algo) == [
+        "grpolab/algo/kl.py is not on the map",
+        "`algo/gone.py` is on the map but does not exist",
+    ]
+    assert PKG / "rollout" / "decode.py" in modules() and PKG / "__init__.py" in modules()
     assert entry_pattern("checkpoints/step-N/").match("checkpoints/step-12")
     assert not entry_pattern("checkpoints/step-N/").match("checkpoints/final")
 
@@ -439,13 +459,13 @@ def test_every_path_the_design_names_exists(design):
     assert not missing, f"docs/design.md names paths that do not exist: {missing}"
 
 
-def test_the_layout_describes_every_package(design):
-    problems = layout_problems(layout_tree(design))
-    assert not problems, "docs/design.md section 3 (layout): " + "; ".join(problems)
+def test_the_module_map_names_every_module_and_only_modules_that_exist(design):
+    problems = module_map_problems(section(design, 3), modules())
+    assert not problems, "docs/design.md section 3 (the module map): " + "; ".join(problems)
 
 
 def unnamed_modules(package: Path) -> list[str]:
-    """Rule 7: the modules of `package` its __init__ docstring does not name."""
+    """Rule 6: the modules of `package` its __init__ docstring does not name."""
     doc = ast.get_docstring(module_tree(package / "__init__.py")) or ""
     listed = " ".join(re.findall(r"(?:^|\n)(Modules\b.*?)(?:\n\s*\n|\Z)", doc, re.S))
     missing = []
@@ -461,12 +481,6 @@ def test_every_package_docstring_names_its_modules():
     missing = {p: unnamed_modules(PKG / p) for p in packages()}
     missing = {f"grpolab/{p}/__init__.py": m for p, m in missing.items() if m}
     assert not missing, f"package docstrings that do not name their modules (docs/design.md section 3): {missing}"
-
-
-def test_every_module_of_the_objective_is_on_the_map(design):
-    named = set(re.findall(r"algo/(\w+\.py)", design))
-    missing = sorted(p.name for p in (PKG / "algo").glob("*.py") if p.name != "__init__.py" and p.name not in named)
-    assert not missing, f"docs/design.md does not name these modules of grpolab/algo/: {missing}"
 
 
 def test_run_directory_paths_are_the_ones_section_6_lists(design):

@@ -113,7 +113,7 @@ def test_a_held_out_problem_is_refused():
 def newline_reward_of(model_dir, cfg, n=16) -> float:
     from grpolab.models.load import load_causal_lm, load_tokenizer
     from grpolab.rollout.base import SamplingParams
-    from grpolab.rollout.hf import HFEngine
+    from grpolab.rollout.grpolab_engine import GrpolabEngine
     from grpolab.tasks.prompting import prompt_ids
 
     tok, lm = load_tokenizer(model_dir), load_causal_lm(model_dir)
@@ -121,7 +121,7 @@ def newline_reward_of(model_dir, cfg, n=16) -> float:
     params = SamplingParams(group_size=n, temperature=r.temperature, top_k=r.top_k, max_new_tokens=r.max_new_tokens)
     problems = make_task(cfg.task.name, **cfg.task.options).problems("train")[:4]
     torch.manual_seed(1234)
-    texts = HFEngine(lm, tok, torch.float32).generate([prompt_ids(tok, p) for p in problems], params).texts
+    texts = GrpolabEngine(lm, tok, torch.float32).generate([prompt_ids(tok, p) for p in problems], params).texts
     return sum(earnable.newline_share(t, None) for t in texts) / len(texts)
 
 

@@ -21,7 +21,7 @@ from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
 from grpolab.rollout.base import Rollout, SamplingParams
 from grpolab.rollout.decode import decode_groups, inverse_cdf, sample_tokens, truncate_logits
-from grpolab.rollout.hf import HFEngine, eos_ids
+from grpolab.rollout.grpolab_engine import GrpolabEngine, eos_ids
 from grpolab.training.forward import completion_logprobs
 from grpolab.training.packing import block_causal_mask, first_fit_decreasing, pack_completions
 
@@ -283,15 +283,15 @@ def test_greedy_decode_equals_hf_generate(tiny_lm, float64_rmsnorm):
     model, tok = tiny_lm
     prompts = prompts_of(tok, ["What is 2 + 3?", "Hi", "Add 17 and 25, please."])
     params = SamplingParams(group_size=1, max_new_tokens=12, greedy=True)
-    ours = HFEngine(model, tok, torch.float64, decoder="grpolab").generate(prompts, params)
-    ref = HFEngine(model, tok, torch.float64, decoder="hf").generate(prompts, params)
+    ours = GrpolabEngine(model, tok, torch.float64, decoder="grpolab").generate(prompts, params)
+    ref = GrpolabEngine(model, tok, torch.float64, decoder="hf").generate(prompts, params)
     assert torch.equal(ours.completion_ids * ours.completion_mask, ref.completion_ids * ref.completion_mask)
     assert torch.equal(ours.completion_mask, ref.completion_mask)
     assert torch.equal(ours.truncated, ref.truncated) and ours.texts == ref.texts
 
 
 def decode(model, tok, prompts, stop_ids, compact, seed=0, temperature=1.0, group_size=4, max_new_tokens=10):
-    from grpolab.rollout.hf import left_pad
+    from grpolab.rollout.grpolab_engine import left_pad
 
     ids, mask = left_pad(prompts, tok.pad_token_id)
     torch.manual_seed(seed)
@@ -317,7 +317,7 @@ def test_recorded_logprobs_equal_a_teacher_forced_forward(tiny_lm, float64_rmsno
     model, tok = tiny_lm
     prompts = prompts_of(tok, ["What is 2 + 3?", "Hi there"])
     d = decode(model, tok, prompts, list(range(0, len(tok), 9)), compact=True, temperature=0.8)
-    from grpolab.rollout.hf import left_pad
+    from grpolab.rollout.grpolab_engine import left_pad
 
     ids, mask = left_pad(prompts, tok.pad_token_id)
     rollout = Rollout(
@@ -341,7 +341,7 @@ def test_recorded_logprobs_equal_a_teacher_forced_forward(tiny_lm, float64_rmsno
 def test_prepacked_weights_sample_the_same_tokens():
     """prepack multiplies a decode step's rows by weights packed once (oneDNN): the same sums in another order, so
     the same tokens (greedy and sampled with the same stream) and logprobs equal to float32 rounding."""
-    from grpolab.rollout.hf import left_pad
+    from grpolab.rollout.grpolab_engine import left_pad
     from grpolab.rollout.prepack import prepack_available
 
     model = tiny_llama(vocab=300, seed=3).float().eval()
@@ -402,7 +402,7 @@ def test_kv_cache_grown_in_place_samples_the_same_tokens(monkeypatch):
     kept rows of the buffers are selected, as the concatenated cache's are)."""
     import grpolab.rollout.decode as decode
     from grpolab.rollout.cache import preallocate
-    from grpolab.rollout.hf import left_pad
+    from grpolab.rollout.grpolab_engine import left_pad
 
     swapped = []
     monkeypatch.setattr(decode, "preallocate", lambda cache, capacity: swapped.append(preallocate(cache, capacity)))
@@ -472,7 +472,7 @@ def test_preallocated_layer_holds_what_concatenation_holds():
 
 def test_group_samples_differ_and_the_engine_is_seeded(tiny_lm):
     model, tok = tiny_lm
-    engine = HFEngine(model, tok, torch.float64)
+    engine = GrpolabEngine(model, tok, torch.float64)
     prompts = prompts_of(tok, ["What is 2 + 3?"])
     params = SamplingParams(group_size=4, max_new_tokens=6)
     torch.manual_seed(5)
@@ -564,7 +564,7 @@ def test_bf16_packed_greedy_decode_follows_the_unpacked_models_argmax():
     """On a CPU that packs bf16 weights: each greedy token of the packed decode is the unpacked model's argmax at that
     position (teacher-forced), or within bf16 rounding of it -- a wrong product or a position slip is neither. The
     embedding (tied to the head) is scaled so the top logits stand well apart, above bf16 noise."""
-    from grpolab.rollout.hf import left_pad
+    from grpolab.rollout.grpolab_engine import left_pad
     from grpolab.rollout.prepack import prepack_available, prepacked_linears
 
     model = tiny_llama(vocab=300, seed=3).bfloat16().eval()

@@ -138,7 +138,7 @@ def test_a_hub_id_without_network_is_one_line(monkeypatch):
 def test_fingerprint_reaches_the_manifest(dict_dir, tmp_path):
     from grpolab.config import from_dict
     from grpolab.runs import build_manifest
-    from grpolab.training.trainer import load_problems
+    from grpolab.training.builders import load_problems
 
     cfg = from_dict({"task": {"name": "hf", "options": options(dict_dir)}, "eval": {"every_steps": 1}})
     train, held_out, summary = load_problems(cfg)

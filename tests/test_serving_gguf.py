@@ -17,8 +17,10 @@ import pytest
 import torch
 
 from grpolab.errors import GrpolabError
-from grpolab.report.base import FAIL, NA, PASS, WARN, Thresholds
-from grpolab.report.serving import check_serving_consistency, load_release_evidence
+from grpolab.gate.base import FAIL, NA, PASS, WARN
+from grpolab.gate.release import check_serving_consistency
+from grpolab.gate.thresholds import Thresholds
+from grpolab.report.evidence import load_release_evidence
 from grpolab.serving.check import (
     SERVE_GGUF_SCRIPT,
     SERVING_GGUF_FILE,

@@ -103,16 +103,16 @@ def test_the_decode_loop_ends_rows_where_the_rule_says_and_nothing_else_changes(
 def test_the_engine_finds_the_trigger_tokens_and_refuses_the_hf_decoder(tiny_model_dir):
     from grpolab.models.load import load_causal_lm, load_tokenizer
     from grpolab.rollout.base import SamplingParams
-    from grpolab.rollout.hf import HFEngine
+    from grpolab.rollout.grpolab_engine import GrpolabEngine
 
     tok = load_tokenizer(tiny_model_dir)
-    engine = HFEngine(load_causal_lm(tiny_model_dir, "float32"), tok, torch.float32)
+    engine = GrpolabEngine(load_causal_lm(tiny_model_dir, "float32"), tok, torch.float32)
     text_stop = engine.text_stop("code_block")
     fence = tok.encode("```", add_special_tokens=False)
     assert all(t in text_stop.triggers.tolist() for t in fence)
     assert tok.encode(" hello", add_special_tokens=False)[0] not in text_stop.triggers.tolist()
     assert engine.text_stop("none") is None
-    hf = HFEngine(engine.model, tok, torch.float32, decoder="hf")
+    hf = GrpolabEngine(engine.model, tok, torch.float32, decoder="hf")
     with pytest.raises(ValueError, match="stop_rule 'code_block' needs rollout.decoder: grpolab"):
         hf.generate([[1, 2]], SamplingParams(group_size=1, max_new_tokens=2, stop_rule="code_block"))
 

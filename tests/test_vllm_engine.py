@@ -21,9 +21,9 @@ import torch
 from grpolab.algo.logprobs import token_logprobs
 from grpolab.errors import GrpolabError
 from grpolab.rollout.base import SamplingParams
-from grpolab.rollout.workers.process import EngineDied, EngineProcess, EngineUnavailable
 from grpolab.rollout.grpolab_engine import GrpolabEngine
 from grpolab.rollout.vllm_engine import VLLMEngine, default_vllm_python
+from grpolab.rollout.workers.process import EngineDied, EngineProcess, EngineUnavailable
 
 HAS_VLLM = default_vllm_python().is_file()
 needs_vllm = pytest.mark.skipif(not HAS_VLLM, reason="vLLM's environment is absent: `make install-vllm` creates it")

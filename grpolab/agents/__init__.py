@@ -10,7 +10,7 @@
 - ``expert``: episodes played by an environment's scripted solver, rendered as sampled episodes are (warm starts);
 - ``verifiers_env``: verifiers environments (task ``verifiers``): loading, a single-turn taskset's rows as problems and
   its rubric as rewards (the optional verifiers library, imported when used); ``verifiers_episodes``: a multi-turn
-  verifiers Env played as agent episodes;
+  verifiers Env played as agent episodes; ``verifiers_task``: the ``verifiers`` task over both (registered there);
 - ``openenv_env``: OpenEnv servers (task ``openenv``): episodes through the library's client to a server the run starts
   on 127.0.0.1 or is pointed at (the optional openenv-core library, imported when used).
 The training-batch collector that runs episodes is grpolab.training.agent_batch; held-out episode success is
@@ -23,4 +23,4 @@ subclasses. docs/environments.md: the verifiers and OpenEnv adapters.
 May import: grpolab.errors, tasks, rewards, rollout, models. Imported by: training, evaluation, cli.
 """
 
-from . import calc, env, guess, lookup, openenv_env, verifiers_env  # noqa: F401 -- each registers itself
+from . import calc, env, guess, lookup, openenv_env, verifiers_task  # noqa: F401 -- each registers itself

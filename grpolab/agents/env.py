@@ -183,5 +183,8 @@ class AgentTask:
         data = {"kind": AGENT_KIND, "env": self.env_ref, "limits": dataclasses.asdict(self.limits)}
         return [dataclasses.replace(p, data={**p.data, **data}) for p in made]
 
+    def close(self) -> None:
+        """Let go of what the environment holds beyond its episodes (a server the task started); nothing here."""
+
 
 register_task("agent", AgentTask)

@@ -10,8 +10,8 @@ server says so, and its reward is the sum of the rewards the server returned (No
 - **The server the run starts** (``command``): bound to 127.0.0.1 on a free port (``{port}`` in the command; the
   command must bind 127.0.0.1 itself), started when the task's problems are first drawn, waited for by polling
   ``GET /health`` for at most ``startup_timeout_s`` (a server that exits first is an error quoting its log's tail),
-  stopped -- SIGTERM to its process group, SIGKILL after ``stop_timeout_s`` -- by ``stop_servers()`` and at
-  process exit; on Linux the kernel also sends it SIGTERM when the starting thread dies (PR_SET_PDEATHSIG).
+  stopped -- SIGTERM to its process group, SIGKILL after ``stop_timeout_s`` -- by the task's ``close()`` (the
+  trainer closes its task when ``fit`` ends) and at process exit; on Linux the kernel also sends it SIGTERM when the starting thread dies (PR_SET_PDEATHSIG).
 - **Bounded waits**: connecting and every message wait at most ``call_timeout_s`` (the episode's ``time_limit_s``
   bounds each reset / step call again). A server failure -- an HTTP or protocol error, a time-out, a server that
   died -- raises in reset / step, which makes that episode invalid with the reason (grpolab.agents.episode);
@@ -174,8 +174,16 @@ def ensure_server(command: str | list[str], startup_timeout_s: float, key: str) 
         return server
 
 
+def stop_server(key: str) -> None:
+    """Stop the server started under `key` (nothing when none runs)."""
+    with _LOCK:
+        server = _SERVERS.pop(key, None)
+        if server is not None:
+            server.stop()
+
+
 def stop_servers() -> None:
-    """Stop every server this process started (also run at exit)."""
+    """Stop every server this process started (run at exit: the backstop of the tasks' own ``close()``)."""
     with _LOCK:
         for server in _SERVERS.values():
             server.stop()
@@ -285,6 +293,11 @@ class OpenEnvTask(AgentTask):
     """The ``agent`` task over an OpenEnv server, with the server's identity as its ``source``."""
 
     source: dict[str, Any] = {}
+
+    def close(self) -> None:
+        """Stop the server this task's environment started (none when it was pointed at a running one's url)."""
+        if self.env_cls.command is not None:
+            stop_server(self.env_cls.server_key)
 
 
 def openenv_task(

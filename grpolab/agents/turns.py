@@ -122,6 +122,7 @@ def decode_turn(
         for b in stopped.nonzero().flatten().tolist():
             caches[int(rows[b])] = row_cache(cache, b, attn[b])
 
+    # one generator per episode
     loop = SamplingLoop(
         max_new_tokens,
         temperature,
@@ -133,5 +134,5 @@ def decode_turn(
         group_size=1,
         generators=generators,
         prepack=prepack,
-    )  # one generator per episode
+    )
     return sample_loop(model, out.logits[:, -1], cache, mask, loop, on_stop=keep_episode_caches), caches

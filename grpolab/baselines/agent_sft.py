@@ -79,6 +79,17 @@ def masked_loss(model, encoded: list[tuple[list[int], list[int]]], pad_id: int, 
     return total / max(tokens, 1)
 
 
+def expert_summary(solved: list[Any]) -> dict[str, float]:
+    """Means over the expert's solved episodes: turns, tool calls, trained tokens and episode tokens."""
+    n = len(solved)
+    return {
+        "turns_mean": sum(e.result.turns for e in solved) / n,
+        "tool_calls_mean": sum(e.result.tool_calls for e in solved) / n,
+        "trained_tokens_mean": sum(sum(e.loss_mask) for e in solved) / n,
+        "episode_tokens_mean": sum(len(e.tokens) for e in solved) / n,
+    }
+
+
 def run_agent_sft(
     model_name: str,
     options: dict[str, Any],
@@ -142,12 +153,7 @@ def run_agent_sft(
         "num_examples": n,
         "unsolved_by_expert": len(unsolved),
         "problems_with_examples": n,
-        "expert": {
-            "turns_mean": sum(e.result.turns for e in solved) / n,
-            "tool_calls_mean": sum(e.result.tool_calls for e in solved) / n,
-            "trained_tokens_mean": sum(sum(e.loss_mask) for e in solved) / n,
-            "episode_tokens_mean": sum(len(e.tokens) for e in solved) / n,
-        },
+        "expert": expert_summary(solved),
         "train_problem_hashes": problem_hashes(problems),
         "train_data_hash": data_hash(problems),
         "loss_before": before,

@@ -229,10 +229,11 @@ def run_dpo(cfg, s: DPOSettings, out_dir: Path) -> dict[str, Any]:
     from ..rollout.grpolab_engine import GrpolabEngine
     from ..tasks import make_task
     from ..training.batch import BatchCollector
+    from ..training.builders import load_problems
+    from ..training.estimators import estimator_spec
     from ..training.metrics import peak_rss_mb
     from ..training.precision import resolve_update
     from ..training.prompt_sampler import PromptSampler
-    from ..training.trainer import load_problems
     from .sft_bon import BASELINE_MANIFEST
 
     out_dir = Path(out_dir)
@@ -247,8 +248,11 @@ def run_dpo(cfg, s: DPOSettings, out_dir: Path) -> dict[str, Any]:
     resolution = resolve_update(cfg.train.precision, model, cfg.train.micro_batch_size, cfg.rollout.max_new_tokens)
     precision = resolution["update"]
     rewards = RewardSet(cfg.reward.weights, cfg.reward.functions, cfg.reward.time_limit_s, cfg.reward.sandbox)
-    engine = GrpolabEngine(model, tokenizer, DTYPES["float32"] if cfg.rollout.dtype == "auto" else DTYPES[cfg.rollout.dtype])
-    collector = BatchCollector(cfg, engine, tokenizer, PromptSampler(train, cfg.train.seed), rewards)
+    engine = GrpolabEngine(
+        model, tokenizer, DTYPES["float32"] if cfg.rollout.dtype == "auto" else DTYPES[cfg.rollout.dtype]
+    )
+    group = estimator_spec(cfg).group(cfg.algorithm)  # the pairs' sampling only reads the rewards
+    collector = BatchCollector(cfg, engine, tokenizer, PromptSampler(train, cfg.train.seed), rewards, group)
     rollout, problems, pairs, stats = sample_pairs(cfg, collector, s)
     held_out_guard(problems, held_out)
     sampled_s = time.perf_counter() - start

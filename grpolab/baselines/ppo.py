@@ -97,9 +97,10 @@ class GAEStep:
             kl_sum = (kl.double() * mask).sum().item()
             metrics["reward/kl_penalty/mean"] = reward_kl_penalty(kl_sum, len(rollout), a.beta, ctx.world, mask.device)
         m = mask.double()
+        # over every rank's tokens
         sums = all_reduce_sum(
             torch.stack([(est.advantages * m).sum(), (est.returns * m).sum(), m.sum()]).double(), ctx.world
-        )  # over every rank's tokens
+        )
         metrics.update(
             {
                 "ppo/adv_raw_mean": (sums[0] / sums[2].clamp(min=1)).item(),

@@ -127,42 +127,7 @@ def objective_card(cfg: Config, precision: dict[str, Any] | None = None) -> dict
             "overlong_penalty": a.overlong_penalty,
             "dynamic_sampling": a.dynamic_sampling,
             "max_extra_rounds": a.max_extra_rounds,
-            "mu": cfg.train.mu,
-            "minibatches": cfg.train.minibatches,
-            "group_size": cfg.rollout.group_size,
-            "rollout_engine": cfg.rollout.engine,
-            "staleness": (
-                {
-                    "max_staleness": cfg.rollout.max_staleness,
-                    "schedule": f"fixed lag: the batch of step s is sampled with the weights after update "
-                    f"max(0, s - {cfg.rollout.max_staleness}) while the trainer updates",
-                    "in_flight_generations": "finish on the weights they started with (no partial rollouts)",
-                    "behaviour_policy": "the sampler's log-probabilities; corrected by is_mode / is_reject / "
-                    "offpolicy_mask_delta",
-                }
-                if cfg.rollout.max_staleness
-                else "synchronous: each batch is sampled with the current weights"
-            ),
-            "stop_rule": stop_rule(cfg),
-            "zero_variance_groups": "A = 0 exactly (max - min <= 1e-9)",
-            "lora": (
-                {
-                    "rank": cfg.model.lora.rank,
-                    "alpha": cfg.model.lora.alpha,
-                    "dropout": cfg.model.lora.dropout,
-                    "target_modules": cfg.model.lora.target_modules,
-                }
-                if cfg.model.lora.rank
-                else "off"
-            ),
-            "strategy": cfg.train.strategy,
-            "prompt_schedule": (
-                "shuffle: each prompt once per epoch"
-                if cfg.train.prompt_schedule == "shuffle"
-                else f"pass_rate: a prompt whose last group was solved G/G or 0/G is skipped except with "
-                f"probability {cfg.train.prompt_floor}, and taken after {math.ceil(1 / cfg.train.prompt_floor)} "
-                f"skips in a row"
-            ),
+            **_run_choices(cfg),
             "precision": card_entry(precision or unresolved(cfg.train.precision, cfg.rollout.dtype)),
             **ppo_card.choices(cfg),
         },
@@ -170,6 +135,49 @@ def objective_card(cfg: Config, precision: dict[str, Any] | None = None) -> dict
         **code_extraction(cfg),
         **reward_model_card(cfg),  # the learned reward's model: hashes, template, normalisation (rewards/model.py)
         **judge_card(cfg),  # the LLM judge: identity, rubric sha256, parse rule (rewards/judge.py)
+    }
+
+
+def _run_choices(cfg: Config) -> dict[str, Any]:
+    """The choices of the run around the objective: batch shape, engine, staleness, stop rule, LoRA, strategy, prompt
+    order."""
+    return {
+        "mu": cfg.train.mu,
+        "minibatches": cfg.train.minibatches,
+        "group_size": cfg.rollout.group_size,
+        "rollout_engine": cfg.rollout.engine,
+        "staleness": (
+            {
+                "max_staleness": cfg.rollout.max_staleness,
+                "schedule": f"fixed lag: the batch of step s is sampled with the weights after update "
+                f"max(0, s - {cfg.rollout.max_staleness}) while the trainer updates",
+                "in_flight_generations": "finish on the weights they started with (no partial rollouts)",
+                "behaviour_policy": "the sampler's log-probabilities; corrected by is_mode / is_reject / "
+                "offpolicy_mask_delta",
+            }
+            if cfg.rollout.max_staleness
+            else "synchronous: each batch is sampled with the current weights"
+        ),
+        "stop_rule": stop_rule(cfg),
+        "zero_variance_groups": "A = 0 exactly (max - min <= 1e-9)",
+        "lora": (
+            {
+                "rank": cfg.model.lora.rank,
+                "alpha": cfg.model.lora.alpha,
+                "dropout": cfg.model.lora.dropout,
+                "target_modules": cfg.model.lora.target_modules,
+            }
+            if cfg.model.lora.rank
+            else "off"
+        ),
+        "strategy": cfg.train.strategy,
+        "prompt_schedule": (
+            "shuffle: each prompt once per epoch"
+            if cfg.train.prompt_schedule == "shuffle"
+            else f"pass_rate: a prompt whose last group was solved G/G or 0/G is skipped except with "
+            f"probability {cfg.train.prompt_floor}, and taken after {math.ceil(1 / cfg.train.prompt_floor)} "
+            f"skips in a row"
+        ),
     }
 
 

@@ -260,7 +260,7 @@ def best_of_n(
     from ..evaluation.overlap import check_held_out
     from ..models.load import DTYPES, load_causal_lm, load_tokenizer, resolve_model_path
     from ..rewards import RewardSet
-    from ..rollout.hf import HFEngine
+    from ..rollout.grpolab_engine import GrpolabEngine
     from .score import run_reward
 
     check_eval_settings(n=n, limit=limit, max_new_tokens=max_new_tokens, batch_size=batch_size, temperature=temperature)
@@ -279,7 +279,7 @@ def best_of_n(
     held_out = check_held_out(model, path, problems)
     tok, lm = load_tokenizer(path), load_causal_lm(path, dtype)
     res = best_of_n_eval(
-        HFEngine(lm, tok, DTYPES[dtype]), tok, problems, n, rewards, temperature, max_new_tokens, batch_size, seed
+        GrpolabEngine(lm, tok, DTYPES[dtype]), tok, problems, n, rewards, temperature, max_new_tokens, batch_size, seed
     )
     decoding = {
         "greedy": False,

@@ -71,9 +71,8 @@ class JudgeConfig:
 @dataclass(frozen=True)
 class RewardConfig:
     weights: dict = field(default_factory=lambda: {"correct": 1.0, "format": 0.1})
-    functions: dict = field(
-        default_factory=dict
-    )  # your own: {name: "path/file.py:fn" | "pkg.mod:fn"} (rewards/user.py)
+    # your own: {name: "path/file.py:fn" | "pkg.mod:fn"} (rewards/user.py)
+    functions: dict = field(default_factory=dict)
     time_limit_s: float = 5.0  # per call of each of your functions (the built-ins have their own)
     sandbox: dict = field(default_factory=dict)  # limits of the code rewards' sandbox (grpolab/sandbox/limits.py)
     model: RewardModelConfig = RewardModelConfig()  # the learned reward `model` (weights: {model: 1.0})

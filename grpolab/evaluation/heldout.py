@@ -352,7 +352,7 @@ def run_eval(
     done, total)`` is told after every batch, ``what`` naming the model.
     """
     from ..models.load import DTYPES, load_causal_lm, load_tokenizer, resolve_model_path
-    from ..rollout.hf import HFEngine
+    from ..rollout.grpolab_engine import GrpolabEngine
     from .overlap import check_held_out
 
     problems = load_eval_problems(task, options, split, limit)
@@ -368,7 +368,7 @@ def run_eval(
         tokenizer = load_tokenizer(path)
         model = load_causal_lm(path, dtype)
         told = (lambda what, done, total, name=name: progress(f"{name} {what}", done, total)) if progress else None
-        result = evaluate_model(HFEngine(model, tokenizer, DTYPES[dtype]), tokenizer, problems, settings, told)
+        result = evaluate_model(GrpolabEngine(model, tokenizer, DTYPES[dtype]), tokenizer, problems, settings, told)
         rows.append(model_row(name, path, result, held_out, "sampled" if samples else "greedy"))
         del model
     add_paired(rows)

@@ -233,12 +233,12 @@ def sample_with(model_name: str, s: RMSettings, device: torch.device) -> Callabl
     from ..evaluation.heldout import generate_all
     from ..models.load import load_causal_lm, load_tokenizer, resolve_model_path
     from ..rollout.base import SamplingParams
-    from ..rollout.hf import HFEngine
+    from ..rollout.grpolab_engine import GrpolabEngine
 
     def generate(problems: list) -> list[list[str]]:
         path = resolve_model_path(model_name)
         tokenizer, model = load_tokenizer(path), load_causal_lm(path).to(device).eval()
-        engine = HFEngine(model, tokenizer, torch.float32)
+        engine = GrpolabEngine(model, tokenizer, torch.float32)
         params = SamplingParams(
             group_size=s.samples_per_problem, temperature=s.temperature, max_new_tokens=s.max_new_tokens, logprobs=False
         )

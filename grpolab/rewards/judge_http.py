@@ -142,9 +142,8 @@ class Endpoint:
                     f"{why}; the wait before retrying ({wait:g} s) would pass the time limit of {time_limit_s:g} s"
                 )
             time.sleep(wait)
-        raise JudgeCallError(
-            f"no attempt made ({retries} retries allowed)"
-        )  # only with retries < 0, which config forbids
+        # only with retries < 0, which config forbids
+        raise JudgeCallError(f"no attempt made ({retries} retries allowed)")
 
 
 def endpoint_from(options: Mapping[str, Any]) -> Endpoint:

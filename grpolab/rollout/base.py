@@ -31,13 +31,13 @@ class Rollout:
                                        that ended the completion included (it is trained on)
     sampler_logprobs:                  [N, Lc] float32 log q(o_t) of the sampled token under the distribution
                                        the sampler drew from: softmax of its logits / temperature after top-k /
-                                       top-p truncation (the behaviour policy of the importance weights)
+                                       top-p truncation
     truncated:                         [N] bool, True when the completion hit max_new_tokens without EOS
     group:                             [N] long, index of the prompt each row answers
     texts:                             decoded completions (special tokens removed)
     sampler_logprobs_untruncated:      [N, Lc] float32 log softmax(logits / T)(o_t), before truncation: what the
-                                       trainer computes, so the sampler/trainer mismatch metric compares like
-                                       with like; None when nothing was truncated (then it equals
+                                       trainer computes, so the importance weights (grpolab.algo.importance) and
+                                       the mismatch metrics compare like with like; None when nothing was truncated (then it equals
                                        sampler_logprobs: read it through `untruncated_logprobs()`)
     loss_mask:                         [N, Lc] long, 1 on the tokens the loss trains on: the model's own tokens of
                                        a multi-turn episode (grpolab.agents), 0 on environment / tool tokens it

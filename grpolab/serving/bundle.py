@@ -8,7 +8,7 @@
 
 The checkpoint bundled is the one the run's held-out evaluation measured (its row in RUN/eval/*.json), so what is
 served is what was measured. generation_config.json carries every id the run's decoder stopped on (the model's
-generation_config eos ids and the tokenizer's eos: grpolab.rollout.hf.eos_ids) and the run's sampling settings --
+generation_config eos ids and the tokenizer's eos: grpolab.rollout.grpolab_engine.eos_ids) and the run's sampling settings --
 temperature, top_p, top_k (0 written as 0: transformers' default of 50 is *not* what the run sampled with) -- and
 the evaluation's max_new_tokens. A run whose answers also end on a text rule (rollout.stop_rule: code_block) says so
 in release.json: no generation_config field can carry it.
@@ -123,7 +123,7 @@ def generation_settings(
 
 
 def _stop_ids(bundle: Path, tokenizer) -> list[int]:
-    """The ids the run's decoder stopped on (grpolab.rollout.hf.eos_ids) from the exported model's own
+    """The ids the run's decoder stopped on (grpolab.rollout.grpolab_engine.eos_ids) from the exported model's own
     generation_config (the checkpoint's, or a LoRA base's) and the tokenizer."""
     from transformers import GenerationConfig
 

@@ -197,7 +197,7 @@ class ReasoningGymTask:
 
     @property
     def source(self) -> dict[str, Any]:
-        """The manifest's ``data.source`` (grpolab.training.trainer.load_problems): ``describe()``."""
+        """The manifest's ``data.source`` (grpolab.training.builders.load_problems): ``describe()``."""
         return self.describe()
 
     def describe(self) -> dict[str, Any]:

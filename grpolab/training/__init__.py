@@ -1,9 +1,10 @@
 """The GRPO training loop and everything only it uses (docs/design.md §3).
 
 - ``trainer``: the loop, top to bottom (sample a batch, score, advantages, policy update, log, checkpoint, eval);
+  ``builders``: the parts it is assembled from (problems, rewards, policy, reference, optimizer), one concern each;
   ``checkpointing``: its checkpoints (what one holds, save, exact restore, the best by held-out accuracy);
-- ``engine``: the run's rollout engine (rollout.engine: grpolab's decode loop here or in a worker process, or vLLM in
-  a worker process); ``pipeline``: asynchronous rollouts with a staleness bound (rollout.max_staleness);
+- ``estimators``: the advantage estimator registry (algorithm.estimator); ``group_rules``: advantages and signal at
+  collection; ``pipeline``: asynchronous rollouts with a staleness bound (rollout.max_staleness);
 - ``batch``: collecting a batch of groups (dynamic sampling, reward scoring, advantages); ``agent_batch``: the same
   for multi-turn agent episodes; ``prompt_sampler``: the order prompts are drawn in (and its schedules);
 - ``update``: the policy update (micro-batches, the loss of grpolab.algo, gradient steps); ``forward``: the logprob

@@ -4,10 +4,13 @@ each token's advantage is the negative per-token reverse KL, sampled at the stud
 
     A_it = log pi_T(o_it | q, o_i,<t) - log pi_old(o_it | q, o_i,<t)   (+ reward_weight * A_i)
 
-with pi_old the student that sampled (the update's pi_old), A_i the group advantage of the task reward
+with pi_old the student at the start of the update (the update's pi_old: the student that sampled when training is
+synchronous, a newer one with rollout.max_staleness > 0), A_i the group advantage of the task reward
 (grpolab.training.batch) and A_it = 0 outside the trained tokens. The update is the configured surrogate with these
-per-token advantages (grpolab.training.update): its policy gradient is the gradient of -E_{o ~ pi}[sum_t A_it],
-i.e. it lowers the reverse KL(pi || pi_T) one sampled token at a time (Agarwal et al., "On-Policy Distillation of
+per-token advantages (grpolab.training.update). Its policy gradient, -sum_t A_it grad log pi(o_it), is the
+discount-0 approximation of the reverse KL's gradient: each token's own term log pi_T - log pi, without the sum of
+the later tokens' terms that the exact gradient of KL(pi || pi_T) over the sequence carries. It lowers the reverse
+KL one sampled token at a time (Agarwal et al., "On-Policy Distillation of
 Language Models" (GKD), 2024; Thinking Machines, "On-Policy Distillation", 2025). Both log-probabilities are taken
 at rollout.temperature, as pi_old is everywhere in the loop, and with the same precision (train.precision's autocast
 and attention kernels), so a teacher equal to the student gives A = 0 exactly.

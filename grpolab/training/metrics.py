@@ -207,3 +207,50 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
         except json.JSONDecodeError:
             continue
     return rows
+
+
+def sample_rows(num_rows: int, n: int, group_size: int) -> list[int]:
+    """n of num_rows group-major rows, spread over the groups: the first completion of every group, then the second
+    of every group, ...
+
+    >>> sample_rows(12, 5, 4)
+    [0, 4, 8, 1, 5]
+    """
+    groups = num_rows // group_size
+    return [g * group_size + k for k in range(group_size) for g in range(groups)][:n]
+
+
+class NullSink:
+    """What ranks other than 0 log to (rank 0 writes the run directory)."""
+
+    def log(self, step: int, metrics: dict[str, Any]) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def sample_records(batch: Any, step: int, n: int, group_size: int, policy_version: int | None) -> list[dict[str, Any]]:
+    """samples.jsonl rows: n completions of the trained batch, spread over its groups (sample_rows); a per-token
+    advantage (distillation) as each completion's mean over its tokens; ``policy_version`` with asynchronous
+    rollouts (None: synchronous, not recorded)."""
+    r = batch.rollout
+    advantages = batch.advantages
+    if advantages.dim() == 2:
+        m = r.completion_mask.to(advantages.dtype)
+        advantages = (advantages * m).sum(-1) / m.sum(-1).clamp(min=1)
+    return [
+        {
+            "step": step,
+            "uid": batch.problems[r.group[i]].uid,
+            "gold": batch.problems[r.group[i]].answer,
+            "completion": r.texts[i],
+            "reward": batch.scores.rewards[i].item(),
+            "advantage": advantages[i].item(),
+            **{f"reward/{k}": v[i].item() for k, v in batch.scores.components.items()},
+            **({"reason": batch.scores.results[i].reason} if batch.scores.results[i].reason else {}),
+            **({"error": batch.scores.results[i].error} if batch.scores.results[i].error else {}),
+            **({"policy_version": policy_version} if policy_version is not None else {}),
+        }
+        for i in sample_rows(len(r), n, group_size)
+    ]

@@ -381,9 +381,8 @@ RANK_INVARIANCE = {
 def card_entry(resolution: dict[str, Any]) -> dict[str, str]:
     """What the objective card shows of a resolution: the choices, their source, and whether samples are the same
     whatever the number of processes (RANK_INVARIANCE)."""
-    attention = (
-        {"attention": resolution["attention"]} if "attention" in resolution else {}
-    )  # grpolab/training/attention.py
+    # grpolab/training/attention.py
+    attention = {"attention": resolution["attention"]} if "attention" in resolution else {}
     ranks = (
         {"rank_invariant_samples": RANK_INVARIANCE[resolution["sampling"]]}
         if resolution["sampling"] in RANK_INVARIANCE

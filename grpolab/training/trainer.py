@@ -26,28 +26,24 @@ from typing import Any, Callable
 
 import torch
 
-from ..agents.openenv_env import stop_servers
 from ..config import Config
-from ..errors import DataError, GrpolabError
+from ..errors import GrpolabError
 from ..evaluation.heldout import EvalResult, greedy_eval
 from ..models import checkpoint as ckpt
-from ..models.load import DTYPES, load_causal_lm, load_tokenizer, make_reference, resolve_model_path
-from ..models.lora import apply_lora, trainable_parameters
-from ..rewards import RewardSet
+from ..models.load import DTYPES, resolve_model_path
 from ..rewards.health import RewardFailureStreak
 from ..rollout.engines import EngineRequest, make_engine
-from ..tasks import make_task
 from ..tasks.base import Problem
 from . import precision
 from .agent_batch import collector_class
-from .attention import NAME as ATTENTION_FP32
-from .attention import use_training_attention
 from .batch import Batch, BatchCollector
+from .builders import build_optimizer, build_reference, build_rewards, cpu_attention_note, load_policy, run_problems
 from .checkpointing import LOGS, TrainerCheckpoints
 from .distributed import World, all_reduce_sum, gather_objects, init_world, resolve_device
 from .estimators import AdvantageContext, EstimatorModels, estimator_spec
 from .faults import InterruptGuard, NonFiniteTracker, TrainingInterrupted
-from .metrics import JsonlSink, completion_table, peak_rss_mb
+from .group_rules import GroupRule
+from .metrics import JsonlSink, NullSink, completion_table, peak_rss_mb, sample_records
 from .pipeline import make_pipeline
 from .process_settings import ProcessSettings
 from .prompt_sampler import PromptSampler
@@ -58,37 +54,13 @@ from .reference import (
     reset_reference,
 )
 from .reproducibility import training_attention
-from .schedule import align_schedule, lr_lambda
+from .schedule import align_schedule
 from .sharding import Strategy, check_shardable, shard
 from .trackers import Trackers, check_installed
 from .update import PolicyUpdater
 
 log = logging.getLogger("grpolab")
 Progress = Callable[[str], None]  # told one line before each phase that can take over ~20 s (Trainer.progress)
-
-
-def load_problems(cfg: Config) -> tuple[list[Problem], list[Problem], dict[str, int]]:
-    """(train problems, held-out problems, data summary); an unreadable source is a DataError naming it.
-
-    Rows a task skips for lacking a usable gold answer (its `last_skipped`) are counted in the summary; the
-    task itself fails when more than its allowed share are bad (e.g. task.max_bad_fraction of gsm8k).
-    """
-    task = make_task(cfg.task.name, **cfg.task.options)
-    source = cfg.task.options.get("path", cfg.task.name)
-    try:
-        train = task.problems("train")
-        summary = {"train_problems": len(train), "train_skipped": getattr(task, "last_skipped", 0)}
-        held_out: list[Problem] = []
-        if cfg.eval.every_steps:
-            held_out = task.problems(cfg.eval.split)[: cfg.eval.num_problems]
-            summary.update(held_out_problems=len(held_out), held_out_skipped=getattr(task, "last_skipped", 0))
-        if getattr(task, "source", None):  # where the data came from (e.g. the hf task's fingerprints): the manifest
-            summary["source"] = task.source
-    except (OSError, UnicodeDecodeError) as e:
-        raise DataError(f"{source}: cannot read the task data ({type(e).__name__}: {e})") from None
-    if not train:
-        raise DataError(f"{source}: no training problems")
-    return train, held_out, summary
 
 
 def r_k(cfg: Config) -> int:
@@ -100,27 +72,6 @@ def sync_metrics(last_sync: dict[str, float]) -> dict[str, float]:
     """time/weight_sync_s and sync/bytes of the newest weight load a worker engine answered (RolloutEngine.last_sync);
     {} for the in-process engine, whose copy is made in place."""
     return {"time/weight_sync_s": last_sync["total_s"], "sync/bytes": last_sync["bytes"]} if last_sync else {}
-
-
-def sample_rows(num_rows: int, n: int, group_size: int) -> list[int]:
-    """n of num_rows group-major rows, spread over the groups: the first completion of every group, then the second
-    of every group, ...
-
-    >>> sample_rows(12, 5, 4)
-    [0, 4, 8, 1, 5]
-    """
-    groups = num_rows // group_size
-    return [g * group_size + k for k in range(group_size) for g in range(groups)][:n]
-
-
-class NullSink:
-    """What ranks other than 0 log to (rank 0 writes the run directory)."""
-
-    def log(self, step: int, metrics: dict[str, Any]) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
 
 
 class Trainer(TrainerCheckpoints):
@@ -171,90 +122,20 @@ class Trainer(TrainerCheckpoints):
         problems: tuple[list[Problem], list[Problem], dict[str, Any]] | None,
         precision: dict[str, Any] | None,
     ) -> None:
-        """The rest of __init__ (after the process settings): data, rewards, models, sampler, optimizer."""
+        """The rest of __init__ (after the process settings), one concern per builder, in this order."""
         self.world = world or init_world(self.device)
         check_reset_config(cfg)  # before anything loads
         spec = estimator_spec(cfg)  # algorithm.estimator's registered step (grpolab.training.estimators)
         spec.check(cfg)
         ckpt.seed_everything(cfg.train.seed)
-        self.rewards = RewardSet(
-            cfg.reward.weights,
-            cfg.reward.functions,
-            cfg.reward.time_limit_s,  # before any model
-            cfg.reward.sandbox,
-            callables=rewards,
-            model=cfg.reward.model,
-            device=self.device,
-            judge=cfg.reward.judge,
-        )
-        self.train_problems, self.eval_problems, self.data_summary = problems or load_problems(cfg)
-        self.rewards.probe(self.train_problems[0])  # a reward returning a non-number fails here, before any model
-        self.reward_failures, self.reward_results = RewardFailureStreak(fields=dict(self.rewards.fields)), []
-        self.model_path = resolve_model_path(cfg.model.name)
-        self.tell(f"loading the model {self.model_path}")
-        self.tokenizer = load_tokenizer(self.model_path)
-        self.policy = apply_lora(
-            load_causal_lm(self.model_path, cfg.model.dtype), cfg.model, self.model_path, cfg.train.seed
-        ).to(self.device)  # a peft model when model.lora.rank > 0
-        self.policy.train()
-        self.precision = self.resolve_precision(precision)
-        compute_dtype = torch.bfloat16 if self.update_precision == "bf16" else DTYPES[cfg.model.dtype]
-        if cfg.algorithm.beta > 0:
-            self.tell("making the reference model (algorithm.beta > 0)")
-        self.reference = (
-            make_reference(self.policy, compute_dtype) if cfg.algorithm.beta > 0 else None
-        )  # LoRA: adapters off
-        self.reference_dtype = compute_dtype
-        self.ref_resets, self.ref_reset_step = 0, 0  # algorithm.ref_reset_every: how many so far, the last one's step
-        t = cfg.train
-        self.sharded = t.strategy == Strategy.FSDP2  # the sampler and reference copies are made before sharding
-        self.tell("preparing the sampler's copy of the model")
-        problems = self.train_problems + self.eval_problems
-        request = EngineRequest(cfg, self.policy, self.tokenizer, self.sampling_dtype, self.sharded, problems)
-        self.engine = make_engine(request, collector_class(self.train_problems) is not BatchCollector)
-        # training/attention.py; after the copies
-        fp32_inside = cfg.speed.attention_fp32 and self.update_precision == "bf16"
-        if (
-            self.device.type == "cpu"
-            and (fp32_inside or t.deterministic)
-            and use_training_attention(self.policy, fp32_inside) == ATTENTION_FP32
-        ):
-            self.precision["attention"] = "float32 inside bf16 autocast (sdpa_fp32)"
-        if self.sharded:
-            check_shardable(cfg, self.world, self.policy)
-            shard(self.policy)
-        self.optimizer = torch.optim.AdamW(
-            trainable_parameters(self.policy),
-            lr=t.lr,
-            weight_decay=t.weight_decay,
-            betas=(t.adam_beta1, t.adam_beta2),
-            **({"fused": True} if cfg.speed.fused_adamw and not self.sharded else {"foreach": True}),
-        )
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(cfg))
-        self.updater = PolicyUpdater(
-            cfg, self.policy, self.reference, self.optimizer, self.scheduler, self.world, self.update_precision
-        )
-        self.sampler = PromptSampler(
-            self.train_problems, t.seed, t.prompt_schedule, t.prompt_floor
-        )  # same on every rank
-        self.collector = collector_class(self.train_problems)(  # episodes for agent tasks
-            cfg, self.engine, self.tokenizer, self.sampler, self.rewards, spec.group(cfg.algorithm), self.world
-        )
-        # rollout.max_staleness > 0: the asynchronous pipeline (a QueuedEngine), else the synchronous loop
-        self.pipeline = make_pipeline(cfg, self.collector, self.engine, self.world) if r_k(cfg) else None
-        self.batch_version = 0  # the policy version (updates applied) that sampled the batch being trained
-        self.step = 0
-        self.saved_step: int | None = None  # step of the newest checkpoint this trainer wrote or loaded
-        self.saved_at = time.monotonic()  # when it was written (for train.save_every_minutes)
-        self.nonfinite = NonFiniteTracker(t.max_nonfinite_steps)
-        self.skipped_in_step = 0
-        self.last_eval: EvalResult | None = None
-        self.best: dict[str, Any] | None = None  # the best checkpoint by held-out accuracy (checkpoints/best.json)
-        self.table: tuple[list[str], list[list[Any]]] | None = None  # the last step's completions table, when due
-        self.trackers = Trackers(self.run_dir, {}, {})  # opened by fit (rank 0)
-        self.told_first_step = False  # the first step this trainer takes is announced phase by phase
+        self.build_data(cfg, rewards, problems)  # before any model
+        self.build_models(cfg, precision)
+        self.build_engine(cfg)
+        self.build_loop(cfg, spec.group(cfg.algorithm))
+        self.start_loop_state()
         if cfg.algorithm.estimator == "distill":
             self.tell(f"loading the teacher {cfg.distill.teacher} (on-policy distillation)")
+        fp32_inside = cfg.speed.attention_fp32 and self.update_precision == "bf16"
         models = EstimatorModels(
             cfg,
             self.policy,
@@ -266,6 +147,74 @@ class Trainer(TrainerCheckpoints):
             fp32_inside,
         )
         self.estimator = spec.build(models)  # the advantage step; PPO's critic, distillation's teacher
+
+    def build_data(self, cfg: Config, rewards: dict[str, Callable[..., Any]] | None, problems) -> None:
+        """The rewards and the problems (grpolab.training.builders); a reward returning a non-number fails here."""
+        self.rewards = build_rewards(cfg, rewards, self.device)
+        self.data = run_problems(cfg, problems)
+        self.train_problems, self.eval_problems, self.data_summary = (
+            self.data.train,
+            self.data.held_out,
+            self.data.summary,
+        )
+        self.rewards.probe(self.train_problems[0])
+        self.reward_failures, self.reward_results = RewardFailureStreak(fields=dict(self.rewards.fields)), []
+
+    def build_models(self, cfg: Config, precision: dict[str, Any] | None) -> None:
+        """The tokenizer, the policy, its precision (train.precision, rollout.dtype resolved) and the reference."""
+        self.model_path = resolve_model_path(cfg.model.name)
+        self.tell(f"loading the model {self.model_path}")
+        self.tokenizer, self.policy = load_policy(cfg, self.model_path, self.device)
+        self.precision = self.resolve_precision(precision)
+        self.reference_dtype = torch.bfloat16 if self.update_precision == "bf16" else DTYPES[cfg.model.dtype]
+        if cfg.algorithm.beta > 0:
+            self.tell("making the reference model (algorithm.beta > 0)")
+        self.reference = build_reference(cfg, self.policy, self.reference_dtype)  # LoRA: adapters off
+
+    def build_engine(self, cfg: Config) -> None:
+        """The sampler's engine (its copy of the weights made before sharding), then the CPU training attention and
+        the sharding of the policy."""
+        self.sharded = cfg.train.strategy == Strategy.FSDP2
+        self.tell("preparing the sampler's copy of the model")
+        agent = collector_class(self.train_problems) is not BatchCollector  # episodes for agent tasks
+        every = self.train_problems + self.eval_problems
+        request = EngineRequest(cfg, self.policy, self.tokenizer, self.sampling_dtype, self.sharded, every)
+        self.engine = make_engine(request, agent)
+        fp32_inside = cfg.speed.attention_fp32 and self.update_precision == "bf16"
+        if note := cpu_attention_note(cfg, self.device, self.policy, fp32_inside):  # after the copies
+            self.precision["attention"] = note
+        if self.sharded:
+            check_shardable(cfg, self.world, self.policy)
+            shard(self.policy)
+
+    def build_loop(self, cfg: Config, group: GroupRule) -> None:
+        """The optimizer, the policy updater, the prompt order, the collector and (rollout.max_staleness > 0) the
+        asynchronous pipeline over a QueuedEngine."""
+        self.optimizer, self.scheduler = build_optimizer(cfg, self.policy, self.sharded)
+        self.updater = PolicyUpdater(
+            cfg, self.policy, self.reference, self.optimizer, self.scheduler, self.world, self.update_precision
+        )
+        t = cfg.train
+        self.sampler = PromptSampler(self.train_problems, t.seed, t.prompt_schedule, t.prompt_floor)
+        self.collector = collector_class(self.train_problems)(
+            cfg, self.engine, self.tokenizer, self.sampler, self.rewards, group, self.world
+        )
+        self.pipeline = make_pipeline(cfg, self.collector, self.engine, self.world) if r_k(cfg) else None
+
+    def start_loop_state(self) -> None:
+        """The loop's counters and records before the first step (a resume loads them from the checkpoint)."""
+        self.ref_resets, self.ref_reset_step = 0, 0  # algorithm.ref_reset_every: how many so far, the last one's step
+        self.batch_version = 0  # the policy version (updates applied) that sampled the batch being trained
+        self.step = 0
+        self.saved_step: int | None = None  # step of the newest checkpoint this trainer wrote or loaded
+        self.saved_at = time.monotonic()  # when it was written (for train.save_every_minutes)
+        self.nonfinite = NonFiniteTracker(self.cfg.train.max_nonfinite_steps)
+        self.skipped_in_step = 0
+        self.last_eval: EvalResult | None = None
+        self.best: dict[str, Any] | None = None  # the best checkpoint by held-out accuracy (checkpoints/best.json)
+        self.table: tuple[list[str], list[list[Any]]] | None = None  # the last step's completions table, when due
+        self.trackers = Trackers(self.run_dir, {}, {})  # opened by fit (rank 0)
+        self.told_first_step = False  # the first step this trainer takes is announced phase by phase
 
     def tell(self, message: str) -> None:
         """``progress(message)`` on rank 0 (before a phase that can take over ~20 s)."""
@@ -427,34 +376,17 @@ class Trainer(TrainerCheckpoints):
         return {"reference/resets": float(self.ref_resets), "reference/last_reset_step": float(self.ref_reset_step)}
 
     def samples(self, batch: Batch) -> list[dict[str, Any]]:
-        """train.samples_per_step rows of the trained batch, spread over its groups."""
-        r, g, run = batch.rollout, self.cfg.rollout.group_size, self.cfg.run
-        rows = sample_rows(len(r), self.cfg.train.samples_per_step, g)
+        """train.samples_per_step rows of the trained batch, spread over its groups (and the trackers' completions
+        table, when due)."""
+        run = self.cfg.run
         due = bool(
             run.report_to and run.table_every_steps and self.step % run.table_every_steps == 0 and self.world.main
         )
         self.table = (
             completion_table(batch, self.tokenizer, run.table_groups, self.cfg.train.seed, self.step) if due else None
         )
-        advantages = batch.advantages  # per token (distillation): each completion's mean over its tokens
-        if advantages.dim() == 2:
-            m = r.completion_mask.to(advantages.dtype)
-            advantages = (advantages * m).sum(-1) / m.sum(-1).clamp(min=1)
-        return [
-            {
-                "step": self.step,
-                "uid": batch.problems[r.group[i]].uid,
-                "gold": batch.problems[r.group[i]].answer,
-                "completion": r.texts[i],
-                "reward": batch.scores.rewards[i].item(),
-                "advantage": advantages[i].item(),
-                **{f"reward/{k}": v[i].item() for k, v in batch.scores.components.items()},
-                **({"reason": batch.scores.results[i].reason} if batch.scores.results[i].reason else {}),
-                **({"error": batch.scores.results[i].error} if batch.scores.results[i].error else {}),
-                **({"policy_version": self.batch_version} if self.pipeline is not None else {}),
-            }
-            for i in rows
-        ]
+        version = self.batch_version if self.pipeline is not None else None
+        return sample_records(batch, self.step, self.cfg.train.samples_per_step, self.cfg.rollout.group_size, version)
 
     def evaluate(self) -> EvalResult:
         max_new = self.cfg.eval.max_new_tokens or self.cfg.rollout.max_new_tokens
@@ -514,7 +446,7 @@ class Trainer(TrainerCheckpoints):
                 sink.close()
             self.trackers.close()
             self.settings.restore()
-            stop_servers()  # the OpenEnv servers this run started (grpolab.agents.openenv_env); none for other tasks
+            self.data.close()  # what the task holds (the OpenEnv server an openenv task started); nothing for most
         return metrics
 
     def tracker_texts(self) -> dict[str, str]:
