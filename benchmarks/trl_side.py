@@ -15,8 +15,8 @@ TRL_SCHEDULES = {"constant": "constant", "cosine": "cosine", "linear": "linear"}
 
 def ordered_problems(cfg, n: int) -> list:
     """The first n training problems in the order grpolab's prompt sampler takes them (TRL gets this list unshuffled)."""
-    from grpolab.training.prompt_sampler import PromptSampler
     from grpolab.training.builders import load_problems
+    from grpolab.training.prompt_sampler import PromptSampler
 
     train, _, _ = load_problems(cfg)
     return PromptSampler(train, cfg.train.seed).take(n)

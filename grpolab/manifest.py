@@ -135,7 +135,7 @@ def read_manifest(run_dir: Path) -> dict[str, Any]:
         raise GrpolabError(f"{path}: not valid JSON ({e})") from None
 
 
-SEMANTIC_SECTIONS = ("config", "objective", "hashes", "versions", "git", "world_size")
+SEMANTIC_SECTIONS = ("config", "objective", "judge", "hashes", "versions", "git", "world_size")
 # where and how a run is written and watched: not what it computes (an old run resumes, a tracker can be added)
 IGNORED_CONFIG_KEYS = {
     "config.run.name",

@@ -42,6 +42,7 @@ from .config import Config, from_dict, parse_override, set_path, to_dict
 from .errors import GrpolabError
 from .models import checkpoint as ckpt
 from .models.load import resolve_model_path
+from .rewards.judge import judge_description
 from .rewards.model import reward_model_hashes, reward_model_manifest
 from .rewards.user import source_hashes
 from .tasks.base import Problem
@@ -255,6 +256,9 @@ def trainer_manifest(trainer: "Trainer") -> dict[str, Any]:
         trainer.rewards.callable_hashes(),
         trainer.precision,
     )
+    judge = trainer.rewards.judge_record()  # the judge the trainer built (the card only describes it)
+    if judge is not None:
+        built["judge"] = judge
     version = trainer.engine.version  # vLLM's, from its own venv (rollout.engine: vllm)
     if version and trainer.cfg.rollout.engine == "vllm":
         built["versions"] = {**built["versions"], "vllm": version}
@@ -274,29 +278,17 @@ def start_run(
     ``progress``: the trainer's progress lines (grpolab.training.trainer)."""
     world = init_world(resolve_device(cfg.train.device))
     run_dir = gather_objects(plan_run_dir(cfg) if world.main else None, world)[0]
-    trainer = Trainer(cfg, run_dir, world, rewards=rewards, problems=problems, **_progress(progress))
+    trainer = Trainer(cfg, run_dir, world, rewards=rewards, problems=problems, progress=progress)
     manifest = trainer_manifest(trainer)
     try:
         trainer.run_lock = on_main(world, lambda: claim_new_run_dir(run_dir))
     except GrpolabError:
-        _close(trainer)
+        trainer.close()  # its process settings put back
         raise
     if world.main:
         mf.write_json_atomic(run_dir / "manifest.json", manifest)
     barrier(world)
     return trainer, manifest
-
-
-def _close(trainer: "Trainer") -> None:
-    """Give back what a trainer that will not train holds (its process settings: Trainer.close, where it has one)."""
-    close = getattr(trainer, "close", None)
-    if close is not None:
-        close()
-
-
-def _progress(progress: Callable[[str], None] | None) -> dict[str, Any]:
-    """The trainer's ``progress`` keyword when one is given (a trainer without the hook is built as before)."""
-    return {"progress": progress} if progress is not None else {}
 
 
 def resume_config(run_dir: Path, overrides: list[str] | dict[str, Any]) -> tuple[Config, dict[str, Any]]:
@@ -320,7 +312,23 @@ def resume_config(run_dir: Path, overrides: list[str] | dict[str, Any]) -> tuple
 
 # What a resume must match. The git state is recorded with each resume but does not block it: a commit that
 # touches nothing the run uses (docs, tests) is not a reason to refuse, and what does matter is hashed here.
-RESUME_GUARDED = ("config", "objective", "hashes", "versions")
+RESUME_GUARDED = ("config", "objective", "judge", "hashes", "versions")
+RM_CARD_KEYS = ("path", "template", "normalize", "normalization", "batch_size", "max_length")
+
+
+def upgrade_manifest(m: dict[str, Any]) -> dict[str, Any]:
+    """A manifest written when the card held the judge's identity and rubric sha256 and the reward model's hashes,
+    in today's form: the judge's identity and rubric hash under ``judge``, the card's entries as the config
+    describes them (the reward model's hashes were in ``hashes`` already)."""
+    objective = dict(m.get("objective") or {})
+    old_judge, old_rm = objective.get("judge"), objective.get("reward_model")
+    if isinstance(old_judge, dict) and "rubric_sha256" in old_judge:
+        reward = (m.get("config") or {}).get("reward") or {}
+        objective["judge"] = judge_description(reward.get("judge") or {})
+        m = {**m, "judge": {"identity": old_judge.get("judge"), "rubric_sha256": old_judge["rubric_sha256"]}}
+    if isinstance(old_rm, dict) and "weights" in old_rm:
+        objective["reward_model"] = {k: old_rm.get(k) for k in RM_CARD_KEYS}
+    return {**m, "objective": objective} if "objective" in m else m
 
 
 def check_resume(
@@ -328,7 +336,7 @@ def check_resume(
 ) -> list[tuple[str, Any, Any]]:
     """The differences between the recorded and the current manifest; refuses any unless allow_changes."""
     guarded = lambda m: {k: m.get(k) for k in RESUME_GUARDED}  # noqa: E731
-    diffs = mf.diff_manifests(guarded(recorded), guarded(current))
+    diffs = mf.diff_manifests(guarded(upgrade_manifest(recorded)), guarded(current))
     if diffs and not allow_changes:
         listed = "; ".join(f"{k}: {a!r} -> {b!r}" for k, a, b in diffs)
         raise GrpolabError(
@@ -365,14 +373,14 @@ def resume_run(
         rewards=rewards,
         problems=problems,
         precision=recorded.get("precision"),  # an "auto" keeps its recorded choice: no new probe
-        **_progress(progress),
+        progress=progress,
     )
     trainer.run_lock = lock
     current = trainer_manifest(trainer)
     try:
         diffs = check_resume(recorded, current, run_dir, allow_changes)
     except GrpolabError:
-        _close(trainer)
+        trainer.close()  # its process settings put back
         raise
     set_aside = [ckpt.set_aside(p).name for p, _ in corrupt] if world.main else []
     barrier(world)  # no rank looks for the newest checkpoint before the corrupt ones are out of the way
@@ -382,7 +390,7 @@ def resume_run(
     updated = dict(recorded, precision=current["precision"])  # the recorded one unless an override changed it
     speed = mf.speed_differences(recorded, current)  # accepted without --allow-changes: the same objective
     if diffs or speed:
-        updated.update({k: current[k] for k in RESUME_GUARDED})
+        updated.update({k: current[k] for k in RESUME_GUARDED if k in current})
     threads = torch.get_num_threads()
     updated["reproducibility"] = resumed_reproducibility(
         recorded.get("reproducibility") or {},

@@ -77,8 +77,8 @@ def test_trl_settings_refuse_a_micro_batch_that_splits_the_step():
 
 
 def test_ordered_problems_are_the_samplers_order():
-    from grpolab.training.prompt_sampler import PromptSampler
     from grpolab.training.builders import load_problems
+    from grpolab.training.prompt_sampler import PromptSampler
 
     side = load("trl_side")
     cfg = quickstart()

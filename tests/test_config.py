@@ -364,7 +364,8 @@ NON_FINITE_VALUES = [
 
 
 def test_bad_values_cover_every_range_entry():
-    assert set(BAD_VALUES) == {path for path, _, _ in config_checks._RANGES}
+    ranges = config_checks._RANGES + config_checks.loss_parameter_ranges()
+    assert set(BAD_VALUES) == {path for path, _, _ in ranges}
 
 
 def _raw(path: str, value) -> dict:
@@ -375,7 +376,7 @@ def _raw(path: str, value) -> dict:
 
 @pytest.mark.parametrize("path, value", list(BAD_VALUES.items()) + MORE_BAD_VALUES)
 def test_out_of_range_value_names_the_field(path, value):
-    expected = {p: e for p, _, e in config_checks._RANGES}[path]
+    expected = {p: e for p, _, e in config_checks._RANGES + config_checks.loss_parameter_ranges()}[path]
     with pytest.raises(ConfigError) as e:
         from_dict(_raw(path, value))
     msg = str(e.value)

@@ -13,7 +13,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from grpolab.config import from_dict
-from grpolab.errors import ConfigError
+from grpolab.errors import ConfigError, GrpolabError
 from grpolab.rewards import RewardSet
 from grpolab.rewards.judge import JudgeReward, judge_record, parse_scores
 from grpolab.tasks.base import Problem
@@ -253,18 +253,33 @@ def test_the_cache_answers_a_repeated_judgement_without_a_call_and_a_changed_rub
     assert len(failed.requests) == 2
 
 
-def test_record_names_the_endpoint_rubric_hash_and_parse_rule_and_a_changed_rubric_changes_it(tmp_path, serve):
+def test_record_names_the_endpoint_and_rubric_hash_and_a_changed_rubric_changes_it(tmp_path, serve):
     server = serve(digit_judge)
-    a = judge_record(judge(tmp_path, server).options)
-    assert a["judge"] == {
+    a = judge_record(judge(tmp_path, server))
+    assert a["identity"] == {
         "kind": "endpoint",
         "base_url": server.url,
         "model": "scripted",
         "reported": {"id": "scripted", "owned_by": "test", "version": "v1"},
     }
-    assert a["parse"] == "tag" and "<score>" in a["parse_rule"]
-    b = judge_record(judge(tmp_path, server, rubric=POINTWISE + " Be strict.").options)
+    b = judge_record(judge(tmp_path, server, rubric=POINTWISE + " Be strict."))
     assert a["rubric_sha256"] != b["rubric_sha256"]
+
+
+def test_describing_the_judge_builds_nothing(tmp_path, monkeypatch):
+    """The objective card is derived from the config alone: no judge is built, no endpoint asked, no rubric read."""
+    from grpolab.card import objective_card
+    from grpolab.rewards import judge as judge_module
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the card built the judge")
+
+    monkeypatch.setattr(judge_module.JudgeReward, "__init__", refuse)
+    options = {"endpoint": "http://127.0.0.1:9/v1", "model": "m", "rubric": str(tmp_path / "absent.txt")}
+    cfg = from_dict({"reward": {"weights": {"judge": 1.0}, "judge": options}})
+    card = objective_card(cfg)["judge"]
+    assert card["rubric"] == str(tmp_path / "absent.txt") and card["endpoint"] == "http://127.0.0.1:9/v1"
+    assert card["parse"] == "tag" and "<score>" in card["parse_rule"] and card["scale"] == [0.0, 10.0]
 
 
 def test_config_errors_name_the_field(tmp_path, serve):
@@ -332,9 +347,10 @@ def test_local_judge_yes_no_probability_batched_equals_one_by_one(tmp_path, tiny
     assert strict.value is None and "did not answer yes or no" in strict.error  # a random model's mass is tiny
 
 
-def test_a_changed_rubric_shows_in_manifest_diff_through_the_objective_card(tmp_path, serve):
+def test_a_changed_rubric_shows_in_manifest_diff_through_the_judge_record(tmp_path, serve):
     from grpolab.card import objective_card
     from grpolab.manifest import diff_manifests
+    from grpolab.rewards import RewardSet
 
     server = serve(digit_judge)
     manifests = []
@@ -353,7 +369,32 @@ def test_a_changed_rubric_shows_in_manifest_diff_through_the_objective_card(tmp_
             }
         )
         (tmp_path / "rubric.txt").write_text(rubric)  # the same path, another text
-        manifests.append({"objective": objective_card(cfg)})
+        record = RewardSet(cfg.reward.weights, {}, 5.0, None, judge=cfg.reward.judge).judge_record()
+        manifests.append({"objective": objective_card(cfg), "judge": record})  # as grpolab.runs writes them
     changed = {k for k, _, _ in diff_manifests(*manifests)}
-    assert changed == {"objective.judge.rubric_sha256"}
-    assert manifests[0]["objective"]["judge"]["judge"]["reported"]["version"] == "v1"
+    assert changed == {"judge.rubric_sha256"}, "the card is the same: it names the rubric's path, not its text"
+    assert manifests[0]["judge"]["identity"]["reported"]["version"] == "v1"
+
+
+def test_a_run_whose_card_held_the_judges_identity_still_resumes(tmp_path):
+    """Manifests written when the objective card recorded the judge's identity and rubric sha256 are read in today's
+    form (grpolab.runs.upgrade_manifest): the same run compares equal, a changed rubric still does not."""
+    from grpolab.card import objective_card
+    from grpolab.config import to_dict
+    from grpolab.runs import check_resume
+
+    options = {"endpoint": "http://127.0.0.1:9/v1", "model": "m", "rubric": str(tmp_path / "r.txt")}
+    cfg = from_dict({"reward": {"weights": {"judge": 1.0}, "judge": options}})
+    identity = {"kind": "endpoint", "base_url": "http://127.0.0.1:9/v1", "model": "m", "reported": None}
+    card = objective_card(cfg)
+    current = {"config": to_dict(cfg), "objective": card, "judge": {"identity": identity, "rubric_sha256": "ab"}}
+    earlier_entry = {k: v for k, v in card["judge"].items() if k not in ("model", "endpoint")}
+    earlier = {
+        "config": to_dict(cfg),
+        "objective": {**card, "judge": {"judge": identity, **earlier_entry, "rubric_sha256": "ab"}},
+    }
+    assert check_resume(earlier, current, tmp_path, allow_changes=False) == []
+    changed = {**earlier, "objective": {**earlier["objective"], "judge": {**earlier["objective"]["judge"]}}}
+    changed["objective"]["judge"]["rubric_sha256"] = "cd"
+    with pytest.raises(GrpolabError, match=r"judge.rubric_sha256: 'cd' -> 'ab'"):
+        check_resume(changed, current, tmp_path, allow_changes=False)

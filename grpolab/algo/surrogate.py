@@ -32,9 +32,9 @@ Each returns a SurrogateOut with the token loss and where the clip was active (f
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
@@ -60,19 +60,27 @@ class ClipParams:
     dual_clip_c: float
 
 
+def valid(ok: Callable[[Any], bool], expected: str) -> dict[str, Any]:
+    """A parameter's range as dataclass field metadata: ``ok(value)`` and the words an error gives when it fails."""
+    return {"valid": (ok, expected)}
+
+
 @dataclass(frozen=True)
 class PolicyLossParams:
     """The parameters of cispo (IS-weight bounds), sapo (gate temperatures), clip_cov / kl_cov (share of tokens
-    selected, covariance bounds, KL coefficient). No defaults: AlgorithmConfig defines them (grpolab/config/schema.py)."""
+    selected, covariance bounds, KL coefficient). No defaults: AlgorithmConfig defines them (grpolab/config/schema.py),
+    under the same names. A field's ``valid`` metadata is its range (predicate, what is expected), checked on the
+    config by grpolab.config.checks; the trainer and the objective card read every field by name, so a new
+    parameter is this field, its AlgorithmConfig default and its use in a surrogate (and the card's formula)."""
 
-    cispo_eps_low: float
-    cispo_eps_high: float
-    sapo_tau_pos: float
-    sapo_tau_neg: float
-    cov_ratio: float
-    clip_cov_lb: float
+    cispo_eps_low: float = field(metadata=valid(lambda v: 0 <= v <= 1, "a number in [0, 1] (1 = no lower bound)"))
+    cispo_eps_high: float = field(metadata=valid(lambda v: v >= 0, "a number >= 0"))
+    sapo_tau_pos: float = field(metadata=valid(lambda v: v > 0, "a number > 0"))
+    sapo_tau_neg: float = field(metadata=valid(lambda v: v > 0, "a number > 0"))
+    cov_ratio: float = field(metadata=valid(lambda v: 0 < v <= 1, "a number in (0, 1]"))
+    clip_cov_lb: float  # any finite number (every float of the config is)
     clip_cov_ub: float
-    kl_cov_coef: float
+    kl_cov_coef: float = field(metadata=valid(lambda v: v >= 0, "a number >= 0"))
 
 
 @dataclass(frozen=True)

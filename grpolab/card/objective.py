@@ -4,8 +4,10 @@ axis, AXES)."""
 from __future__ import annotations
 
 import math
+from dataclasses import fields
 from typing import Any
 
+from ..algo.surrogate import PolicyLossParams
 from ..baselines import ppo_card
 from ..config import Config
 from ..rewards import stop_rule
@@ -184,16 +186,7 @@ def _run_choices(cfg: Config) -> dict[str, Any]:
 def _menu_choices(cfg: Config) -> dict[str, Any]:
     """The parameters of the surrogate in use (cispo, sapo, clip_cov, kl_cov), and for scalerl what it leaves out."""
     a = cfg.algorithm
-    out: dict[str, Any] = {
-        "cispo_eps_low": a.cispo_eps_low,
-        "cispo_eps_high": a.cispo_eps_high,
-        "sapo_tau_pos": a.sapo_tau_pos,
-        "sapo_tau_neg": a.sapo_tau_neg,
-        "cov_ratio": a.cov_ratio,
-        "clip_cov_lb": a.clip_cov_lb,
-        "clip_cov_ub": a.clip_cov_ub,
-        "kl_cov_coef": a.kl_cov_coef,
-    }
+    out: dict[str, Any] = {f.name: getattr(a, f.name) for f in fields(PolicyLossParams)}  # by name, in order
     if a.surrogate in ("clip_cov", "kl_cov"):
         out["cov_selection"] = "per micro-batch (as verl): the n largest covariances, n = max(floor(cov_ratio N), 1)"
     if a.preset == "scalerl":

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from dataclasses import fields
 from typing import Any
 
+from ..algo.surrogate import PolicyLossParams
 from ..errors import ConfigError
 from .schema import Config
 
@@ -29,12 +31,6 @@ _RANGES: list[tuple[str, Any, str]] = [
     ("algorithm.eps_low", lambda v: 0 <= v < 1, "a number in [0, 1)"),
     ("algorithm.eps_high", lambda v: v >= 0, "a number >= 0"),
     ("algorithm.dual_clip_c", lambda v: v > 1, "a number > 1"),
-    ("algorithm.cispo_eps_low", lambda v: 0 <= v <= 1, "a number in [0, 1] (1 = no lower bound)"),
-    ("algorithm.cispo_eps_high", lambda v: v >= 0, "a number >= 0"),
-    ("algorithm.sapo_tau_pos", lambda v: v > 0, "a number > 0"),
-    ("algorithm.sapo_tau_neg", lambda v: v > 0, "a number > 0"),
-    ("algorithm.cov_ratio", lambda v: 0 < v <= 1, "a number in (0, 1]"),
-    ("algorithm.kl_cov_coef", lambda v: v >= 0, "a number >= 0"),
     ("algorithm.is_reject_lo", lambda v: v > 0, "a number > 0"),
     ("algorithm.is_reject_hi", lambda v: v > 0, "a number > 0"),
     ("algorithm.offpolicy_mask_delta", lambda v: v >= 0, "a number >= 0 (0 = off)"),
@@ -107,10 +103,15 @@ def get_path(cfg: Any, dotted: str) -> Any:
     return cfg
 
 
+def loss_parameter_ranges() -> list[tuple[str, Any, str]]:
+    """The surrogates' parameters (algorithm.*), with the ranges their algo dataclass declares (PolicyLossParams)."""
+    return [(f"algorithm.{f.name}", *f.metadata["valid"]) for f in fields(PolicyLossParams) if "valid" in f.metadata]
+
+
 def validate(cfg: Config) -> None:
     """Range checks that a type alone cannot express (every float field is already finite: _coerce); raises
     ConfigError naming the field."""
-    for path, ok, expected in _RANGES:
+    for path, ok, expected in _RANGES + loss_parameter_ranges():
         value = get_path(cfg, path)
         if not ok(value):
             raise ConfigError(f"{path}: expected {expected}, got {value!r}")

@@ -404,26 +404,33 @@ def judge_reward_spec(options: Any, device: Any = None) -> RewardSpec:
     )
 
 
-def judge_record(options: Any) -> dict[str, Any]:
-    """What the manifest (objective card) records of a run's judge: its identity, the rubric's path and sha256, the
-    parse rule and mode, the scale and the call settings."""
-    reward = JudgeReward(options)
-    o = reward.options
+def judge_description(options: Any) -> dict[str, Any]:
+    """What the objective card says of a run's judge, from the config alone (nothing is built, read or asked): the
+    model and endpoint named, the rubric's path, the parse rule and mode, the scale and the call settings. The
+    judge's identity and the rubric's sha256 are the manifest's (judge_record of the built reward)."""
+    o = options_of(options)
     return {
-        "judge": reward.identity(),
-        "rubric": o["rubric"],
-        "rubric_sha256": reward.rubric_sha256,
-        "parse": reward.rule,
-        "parse_rule": PARSE_RULES[reward.rule],
-        "mode": reward.mode,
-        "scale": [reward.lo, reward.hi],
-        "cache": o["cache"],
-        **({"time_limit_s": o["time_limit_s"], "retries": o["retries"]} if reward.endpoint else {}),
-        "temperature": o["temperature"],
-        "max_new_tokens": o["max_new_tokens"],
+        "model": o.get("model"),
+        "endpoint": o.get("endpoint") or None,
+        "rubric": o.get("rubric"),
+        "parse": o.get("parse"),
+        "parse_rule": PARSE_RULES.get(o.get("parse"), "unknown"),
+        "mode": o.get("mode"),
+        "scale": [float(o.get("min_score", 0.0)), float(o.get("max_score", 10.0))],
+        "cache": o.get("cache"),
+        **({"time_limit_s": o.get("time_limit_s"), "retries": o.get("retries")} if o.get("endpoint") else {}),
+        "temperature": o.get("temperature"),
+        "max_new_tokens": o.get("max_new_tokens"),
     }
 
 
+def judge_record(reward: "JudgeReward") -> dict[str, Any]:
+    """What the manifest records of the judge a run built: its identity (a local judge's weights hash, or an
+    endpoint's URL, model name and what it reports) and the sha256 of the rubric it read."""
+    return {"identity": reward.identity(), "rubric_sha256": reward.rubric_sha256}
+
+
 def judge_card(cfg: Any) -> dict[str, Any]:
-    """The objective card's ``judge`` entry (judge_record) when reward.weights names `judge`; nothing otherwise."""
-    return {"judge": judge_record(cfg.reward.judge)} if JUDGE_REWARD in (cfg.reward.weights or {}) else {}
+    """The objective card's ``judge`` entry (judge_description) when reward.weights names `judge`; nothing
+    otherwise."""
+    return {"judge": judge_description(cfg.reward.judge)} if JUDGE_REWARD in (cfg.reward.weights or {}) else {}

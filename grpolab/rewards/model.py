@@ -238,6 +238,9 @@ def _as_mapping(options: Any) -> dict[str, Any]:
     return dataclasses.asdict(options) if dataclasses.is_dataclass(options) else dict(options)
 
 
+NORMALIZATION = "per-batch z-score (s - mean) / (std + 1e-6)"  # reward.model.normalize
+
+
 def reward_model_record(options: Any) -> dict[str, Any]:
     """What the manifest and the objective card record of a run's reward model: path, where it resolved to, the
     sha256 of its weights, tokenizer and chat template (None for a hub id not on disk), the template rule and the
@@ -267,7 +270,7 @@ def reward_model_record(options: Any) -> dict[str, Any]:
         "chat_template": sha256_bytes(template.encode()) if isinstance(template, str) else None,
         "template": TEMPLATE,
         "normalize": bool(opts.get("normalize", False)),
-        "normalization": "per-batch z-score (s - mean) / (std + 1e-6)" if opts.get("normalize") else "none (raw score)",
+        "normalization": NORMALIZATION if opts.get("normalize") else "none (raw score)",
         "batch_size": opts.get("batch_size"),
         "max_length": opts.get("max_length"),
     }
@@ -295,6 +298,18 @@ def reward_model_hashes(record: dict[str, Any] | None) -> dict[str, Any]:
 
 
 def reward_model_card(cfg: Any) -> dict[str, Any]:
-    """The objective card's ``reward_model`` entry (reward_model_record) when the reward includes `model`."""
-    rm = reward_model_manifest(cfg)
-    return {"reward_model": rm} if rm else {}
+    """The objective card's ``reward_model`` entry when the reward includes `model`: what the config says (no file is
+    read; the weights' hashes are the manifest's ``reward_model`` record, reward_model_manifest)."""
+    if not weighted(cfg.reward.weights):
+        return {}
+    opts = _as_mapping(cfg.reward.model)
+    return {
+        "reward_model": {
+            "path": opts.get("path"),
+            "template": TEMPLATE,
+            "normalize": bool(opts.get("normalize", False)),
+            "normalization": NORMALIZATION if opts.get("normalize") else "none (raw score)",
+            "batch_size": opts.get("batch_size"),
+            "max_length": opts.get("max_length"),
+        }
+    }

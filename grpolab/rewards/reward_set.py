@@ -167,6 +167,13 @@ class RewardSet:
             except ValueError:  # None or NaN: a valid "no reward"
                 pass
 
+    def judge_record(self) -> dict[str, Any] | None:
+        """The built judge's identity and rubric sha256 (grpolab.rewards.judge.judge_record), None without one."""
+        from .judge import JUDGE_REWARD, judge_record
+
+        spec = self.specs.get(JUDGE_REWARD) if JUDGE_REWARD in self.weights else None
+        return judge_record(spec.batch) if spec is not None else None
+
     def callable_hashes(self) -> dict[str, str | None]:
         """{name: source hash} of the Python callables passed in (config functions are hashed by file)."""
         from .user import callable_source_hash

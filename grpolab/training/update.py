@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 
@@ -104,16 +104,8 @@ class PolicyUpdater:
             kl_estimator=a.kl_estimator,
             kl_in_loss=a.kl_placement == KLPlacement.LOSS,
             entropy_coef=a.entropy_coef,
-            policy_loss=PolicyLossParams(
-                cispo_eps_low=a.cispo_eps_low,
-                cispo_eps_high=a.cispo_eps_high,
-                sapo_tau_pos=a.sapo_tau_pos,
-                sapo_tau_neg=a.sapo_tau_neg,
-                cov_ratio=a.cov_ratio,
-                clip_cov_lb=a.clip_cov_lb,
-                clip_cov_ub=a.clip_cov_ub,
-                kl_cov_coef=a.kl_cov_coef,
-            ),
+            # every parameter by its name in algorithm.* (a new one needs no line here)
+            policy_loss=PolicyLossParams(**{f.name: getattr(a, f.name) for f in fields(PolicyLossParams)}),
             offpolicy_mask_delta=a.offpolicy_mask_delta,
         )
         self.is_params = ISParams(c_max=a.is_c_max, c_min=a.is_c_min)
