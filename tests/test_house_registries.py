@@ -17,7 +17,9 @@ def test_an_estimator_nobody_registered_is_a_config_error_naming_the_field(monke
     cfg = from_dict({"algorithm": {"estimator": "gae"}})
     assert estimators.estimator_spec(cfg) is estimators.ESTIMATORS["gae"]  # grpolab.baselines.ppo registered it
     monkeypatch.delitem(estimators.ESTIMATORS, "gae")
-    with pytest.raises(ConfigError, match=r"algorithm.estimator: expected one of \['distill', 'group', 'pass_at_k'\]"):
+    with pytest.raises(
+        ConfigError, match=r"algorithm.estimator: expected one of \['distill', 'gdpo', 'group', 'maxrl', 'pass_at_k'\]"
+    ):
         estimators.estimator_spec(cfg)
 
 

@@ -13,7 +13,7 @@ from grpolab.algo.aggregation import Aggregation, batch_counts, token_weights
 from grpolab.algo.importance import ISMode, ISParams, ISReject, RejectParams, correction, correction_stats
 from grpolab.algo.kl import KLEstimator
 from grpolab.algo.loss import ObjectiveParams, objective, offpolicy_sequence_mask
-from grpolab.algo.surrogate import ClipParams, PolicyLossParams, Surrogate, surrogate_loss
+from grpolab.algo.surrogate import ClipParams, CovSelect, PolicyLossParams, Surrogate, surrogate_loss
 from grpolab.card import objective_card
 from grpolab.config import from_dict
 from grpolab.errors import ConfigError
@@ -25,10 +25,11 @@ EXTRA = PolicyLossParams(
     cispo_eps_high=1.0,
     sapo_tau_pos=1.0,
     sapo_tau_neg=1.05,
-    cov_ratio=0.5,
+    cov_ratio=0.4,  # rho N = 2 of the 5 unmasked tokens of batch_2x3: floor(2 + u) = 2 whatever u
     clip_cov_lb=0.0,
     clip_cov_ub=5.0,
     kl_cov_coef=0.1,
+    clip_cov_select=CovSelect.LARGEST,  # the random draw: tests/algo/test_covariance_selection.py
 )
 NEW = [Surrogate.CISPO, Surrogate.GMPO, Surrogate.SAPO, Surrogate.CLIP_COV, Surrogate.KL_COV]
 
@@ -83,7 +84,7 @@ def test_sapo_hand_values_and_slope_one_at_ratio_one():
     assert logp.grad[0, 1].item() == pytest.approx(-1.0) and logp.grad[1, 1].item() == pytest.approx(2.0)
 
 
-def test_clip_cov_selects_unclipped_large_covariance_tokens_and_zeroes_their_gradient():
+def test_clip_cov_largest_selects_unclipped_large_covariance_tokens_and_zeroes_their_gradient():
     logp, old, adv, mask = batch_2x3()
     a = torch.tensor([[1.0, 1, 1], [-2, -2, -2]], dtype=D)
     sel = mask.bool()
@@ -92,7 +93,7 @@ def test_clip_cov_selects_unclipped_large_covariance_tokens_and_zeroes_their_gra
     ppo = surrogate_loss("ppo_clip", logp, old, adv, mask, CLIP).loss.detach()
     clipped = ppo > -torch.exp(logp - old).detach() * a
     eligible = sel & ~clipped & (cov > 0.0)
-    n = max(int(0.5 * 5), 1)  # 2 tokens
+    n = 2  # floor(0.4 * 5 + u)
     order = torch.where(eligible, cov, torch.full_like(cov, -math.inf)).flatten().argsort(descending=True)
     chosen = torch.zeros(6, dtype=torch.bool)
     chosen[order[: min(n, int(eligible.sum()))]] = True
@@ -310,6 +311,37 @@ def test_card_text_of_the_menu():
     assert mask["equivalents"]["trl"]["offpolicy_mask"]["settings"] == {"off_policy_mask_threshold": 0.2}
 
 
+def test_card_and_config_of_the_covariance_selection():
+    card = objective_card(from_dict({"algorithm": {"surrogate": "clip_cov"}}))
+    assert "a random 0.0002 of unclipped tokens with cov(A, log pi) in (1.0, 5.0)" in card["formula"]
+    assert card["choices"]["clip_cov_select"] == "random"
+    assert "drawn at random" in card["choices"]["cov_selection"]
+    assert "floor(cov_ratio N + u)" in card["choices"]["cov_selection"]
+    verl = card["equivalents"]["verl"]["surrogate"]
+    assert verl["match"] == "nearest" and "global generator" in verl["difference"] and "u uniform" in verl["difference"]
+    largest = objective_card(from_dict({"algorithm": {"surrogate": "clip_cov", "clip_cov_select": "largest"}}))
+    assert "the top 0.0002 of unclipped tokens" in largest["formula"]
+    assert "not the largest first" in largest["equivalents"]["verl"]["surrogate"]["difference"]
+    for kind in ("clip_cov", "kl_cov"):  # cov_ratio 1: every eligible token, as verl
+        every = objective_card(from_dict({"algorithm": {"surrogate": kind, "cov_ratio": 1.0}}))
+        assert every["equivalents"]["verl"]["surrogate"]["match"] == "exact"
+    with pytest.raises(ConfigError, match="algorithm.clip_cov_select: expected one of 'random', 'largest'"):
+        from_dict({"algorithm": {"clip_cov_select": "top"}})
+
+
+def test_kl_cov_with_one_pass_is_warned_when_the_update_is_built(caplog):
+    """mu = 1 and one minibatch: r = 1 and |log r| has gradient 0, so KL-Cov is plain policy gradient (the
+    gradient itself: tests/algo/test_covariance_selection.py). Warned once, when the run's updater is built."""
+    from grpolab.training.update import PolicyUpdater, inert_at_one_pass
+
+    with caplog.at_level("WARNING", logger="grpolab"):
+        PolicyUpdater(from_dict({"algorithm": {"surrogate": "kl_cov"}}), None, None, None, None)
+    assert "kl_cov with train.mu 1 and train.minibatches 1" in caplog.text and "does nothing" in caplog.text
+    for train in ({"mu": 2}, {"minibatches": 2}):
+        assert inert_at_one_pass(from_dict({"algorithm": {"surrogate": "kl_cov"}, "train": train})) is None
+    assert inert_at_one_pass(from_dict({"algorithm": {"surrogate": "clip_cov"}})) is None
+
+
 # --------------------------------------------------------------------------------------------- robustness
 
 
@@ -359,7 +391,7 @@ def _objective_sum(kind, mode, logp, old, adv, mask, size, group_size):
 def test_micro_batch_invariance_of_the_per_sequence_options(kind, mode):
     """CISPO, GMPO and SAPO are per token or per sequence, and prompt_mean_token_mean's weights come from the whole
     batch: the loss and gradient do not depend on the micro-batch size (Clip-Cov / KL-Cov select per micro-batch,
-    as verl does, and are documented as the exception)."""
+    the expected share the same at any size: tests/algo/test_covariance_selection.py)."""
     g = torch.Generator().manual_seed(5)
     logp = -torch.rand(8, 6, generator=g, dtype=D) - 0.1
     old = logp + 0.2 * torch.randn(8, 6, generator=g, dtype=D)
@@ -383,3 +415,25 @@ def test_default_correction_is_the_old_is_weights_bitwise():
     for mode in ISMode:
         p = ISParams(1.5, 0.6)
         assert torch.equal(correction(q, old, mask, mode, p).weights, is_weights(old, q, mask, mode, p))
+
+
+@pytest.mark.parametrize("estimator", ["maxrl", "gdpo"])
+def test_maxrl_and_gdpo_are_named_estimators_with_their_card(estimator):
+    from grpolab.training.estimators import ESTIMATORS, estimator_spec
+
+    cfg = from_dict({"algorithm": {"estimator": estimator, "beta": 0.0}})
+    assert estimator_spec(cfg) is ESTIMATORS[estimator]
+    card = objective_card(cfg)
+    want = {
+        "maxrl": "A_i = (R_i - mean_g R) / mean_g R (0 where mean_g R <= 0)",
+        "gdpo": "A_i = (S_i - mean_batch S) / (std_batch S + 1e-06), S_i = sum_k w_k (R^k_i - mean_g R^k) / "
+        "(std_g R^k + 1e-06)",
+    }[estimator]
+    assert card["formula"].endswith(want)
+    assert r"\mathrm{mean}_g R" in card["formula_latex"]
+    for peer in ("trl", "verl", "openrlhf"):
+        assert card["equivalents"][peer]["advantage"]["match"] == "none"
+    with pytest.raises(ConfigError, match=f"algorithm.kl_placement: expected loss with estimator {estimator}"):
+        from_dict({"algorithm": {"estimator": estimator, "beta": 0.04, "kl_placement": "reward"}})
+    with pytest.raises(ConfigError, match="algorithm.estimator: expected one of"):
+        from_dict({"algorithm": {"estimator": estimator.upper()}})

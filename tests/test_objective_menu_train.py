@@ -22,6 +22,8 @@ OPTIONS = {
     "icepop": {"preset": "icepop", "beta": 0.0},
     "geometric_tis": {"is_mode": "sequence_truncate", "is_reject": "geometric", "beta": 0.0},
     "offpolicy_mask": {"offpolicy_mask_delta": 1e-3, "beta": 0.0},
+    "maxrl": {"estimator": "maxrl", "beta": 0.0},
+    "gdpo": {"estimator": "gdpo", "beta": 0.0},
 }
 
 

@@ -621,6 +621,8 @@ def _doc_value(text: str):
     text = text.strip()
     if text in ("true", "false"):
         return text == "true"
+    if text == "null":
+        return None
     try:
         return float(text)
     except ValueError:

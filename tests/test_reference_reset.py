@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import earnable
 import pytest
 import torch
 from safetensors.torch import load_file
 
+from grpolab.card import objective_card
 from grpolab.config import from_dict
 from grpolab.errors import ConfigError
 from grpolab.models import checkpoint as ckpt
@@ -65,7 +67,7 @@ def test_a_reset_without_a_reference_is_refused(tiny_model_dir, tmp_path, algori
 
 
 def test_the_reference_becomes_the_policy_after_every_nth_update_and_the_optimizer_is_cleared(tiny_model_dir, tmp_path):
-    cfg = from_dict(config(tiny_model_dir, tmp_path, "reset", ref_reset_optimizer=True))
+    cfg = from_dict(config(tiny_model_dir, tmp_path, "reset"))  # ref_reset_optimizer not set: as ProRL, cleared
     trainer, _ = start_run(cfg)
     base = params(trainer.reference)
     m1, _ = trainer.train_step()
@@ -78,7 +80,7 @@ def test_the_reference_becomes_the_policy_after_every_nth_update_and_the_optimiz
     m2, _ = trainer.train_step()
     after_reset = params(trainer.policy, trainer.reference_dtype)
     assert equal(params(trainer.reference), after_reset), "step 2: pi_ref <- pi_theta, bit for bit"
-    assert not trainer.optimizer.state, "ref_reset_optimizer: AdamW's moments cleared"
+    assert not trainer.optimizer.state, "the default (null) clears AdamW's moments at a reset, as ProRL"
     assert (m2["reference/resets"], m2["reference/last_reset_step"]) == (1, 2)
     assert m2["policy/kl"] > 100 * max(floor, 1e-7), "step 2 still measures from the base model, a step away"
     m3, _ = trainer.train_step()
@@ -87,6 +89,46 @@ def test_the_reference_becomes_the_policy_after_every_nth_update_and_the_optimiz
     assert (m3["reference/resets"], m3["reference/last_reset_step"]) == (1, 2)
     assert m3["policy/kl"] <= floor, "the KL of step 3 is measured from the step-2 policy: its first pass has ratio 1"
     trainer.close()
+
+
+def stub_trainer(cfg, step: int) -> SimpleNamespace:
+    """What Trainer.reset_reference_if_due reads: a one-layer policy and reference, and AdamW after one step."""
+    policy, reference = torch.nn.Linear(2, 1), torch.nn.Linear(2, 1)
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=0.1)
+    policy(torch.ones(1, 2)).sum().backward()
+    optimizer.step()
+    return SimpleNamespace(
+        cfg=cfg,
+        reference=reference,
+        policy=policy,
+        reference_dtype=torch.float32,
+        updater=SimpleNamespace(reference=reference),
+        optimizer=optimizer,
+        step=step,
+        ref_resets=0,
+        ref_reset_step=0,
+    )
+
+
+@pytest.mark.parametrize(
+    "optimizer, cleared",
+    [({}, True), ({"ref_reset_optimizer": None}, True), ({"ref_reset_optimizer": False}, False)],
+)
+def test_a_reset_clears_the_optimizer_unless_told_not_to(tiny_model_dir, tmp_path, optimizer, cleared):
+    """ProRL resets the optimizer with the reference: the default (null) does; an explicit false keeps the moments
+    (the old behaviour). The card's formula says which."""
+    cfg = from_dict(config(tiny_model_dir, tmp_path, "stub", **optimizer))
+    trainer = stub_trainer(cfg, step=2)
+    Trainer.reset_reference_if_due(trainer)
+    assert trainer.ref_resets == 1 and torch.equal(trainer.reference.weight, trainer.policy.weight)
+    assert (not trainer.optimizer.state) == cleared
+    card = objective_card(cfg)
+    assert card["choices"]["ref_reset_optimizer"] is cleared
+    said = "pi_ref <- pi_theta every 2 steps " + ("(optimizer cleared, as ProRL)" if cleared else "(optimizer kept)")
+    assert said in card["formula"]
+    kept = stub_trainer(cfg, step=3)
+    Trainer.reset_reference_if_due(kept)  # not a reset step: nothing changes
+    assert kept.ref_resets == 0 and kept.optimizer.state
 
 
 def test_a_lora_reference_becomes_a_merged_copy_at_its_first_reset(tiny_model_dir, tmp_path):

@@ -21,7 +21,8 @@ Rules that hold for every combination:
 * ``batch_mean`` with ``group_std`` is refused: an all-equal group would be divided by eps alone.
 
 The pass@k estimator (Chen et al. 2025) replaces baseline and scaling altogether; its rules are in
-``pass_at_k_advantages``.
+``pass_at_k_advantages``. So do MaxRL (``maxrl_advantages``: the group-centred reward divided by the group mean) and
+GDPO (``gdpo_advantages``: each reward component normalised in its group, summed, then normalised over the batch).
 """
 
 from __future__ import annotations
@@ -279,3 +280,81 @@ def pass_at_k_advantages(
     adv = torch.where(passed, a_pass, a_fail)
     keep = valid & ~zero.unsqueeze(1)
     return Advantages(advantages=torch.where(keep, adv, 0.0), zero_std=zero, valid=valid)
+
+
+# --------------------------------------------------------------------------------------------- MaxRL, GDPO
+
+
+def maxrl_advantages(
+    rewards: torch.Tensor, valid: torch.Tensor | None = None, *, resolution: float = REWARD_RESOLUTION
+) -> Advantages:
+    """MaxRL (Tajwar et al. 2026, arXiv 2602.02710) on rewards [P, G]:
+
+        A_i = (R_i - mean_g R) / mean_g R        (means over the group's valid members)
+
+    With 0/1 rewards mean_g R = p, the group's success rate: a success gets (1 - p) / p, a failure -1. The group
+    sum sum_i A_i grad log pi(o_i) is GRPO's centred REINFORCE divided by p, an estimate of grad p / p =
+    grad log p: maximum likelihood of success rather than its probability, so hard prompts (small p) weigh more.
+
+    Zero signal (every advantage exactly 0, reported in zero_std): the group's valid rewards all equal (within
+    ``resolution``), fewer than two valid members, or mean_g R <= 0 -- MaxRL's rewards are success rates in [0, 1],
+    and dividing by a mean <= 0 would reverse or blow up the update. Invalid samples get A = 0.
+
+    >>> out = maxrl_advantages(torch.tensor([[1.0, 0.0, 0.0, 0.0], [1.0, 1.0, 0.0, 0.0], [-1.0, 1.0, 0.0, 0.0]]))
+    >>> out.advantages.tolist(), out.zero_std.tolist()
+    ([[3.0, -1.0, -1.0, -1.0], [1.0, 1.0, -1.0, -1.0], [0.0, 0.0, 0.0, 0.0]], [False, False, True])
+    """
+    r, valid = _valid_rewards(rewards, valid)
+    mean = _masked_mean(r, valid, dim=1)
+    zero = zero_signal_groups(r, valid, resolution) | (mean.squeeze(1) <= 0)
+    adv = (r - mean) / torch.where(mean > 0, mean, 1.0)
+    keep = valid & ~zero.unsqueeze(1)
+    return Advantages(advantages=torch.where(keep, adv, 0.0), zero_std=zero, valid=valid)
+
+
+def gdpo_advantages(
+    parts: list[tuple[float, torch.Tensor]],
+    valid: torch.Tensor | None = None,
+    *,
+    eps: float,
+    std_kind: StdKind = StdKind.SAMPLE,
+    resolution: float = REWARD_RESOLUTION,
+) -> Advantages:
+    """GDPO (group reward-decoupled normalisation, NVIDIA 2026, arXiv 2601.05242) on reward components: ``parts`` is
+    one (weight w_k, rewards R^k [P, G]) per component. Each component is normalised within its group, the results
+    summed with the weights, and the sum normalised over the batch:
+
+        A^k_i = (R^k_i - mean_g R^k) / (std_g R^k + eps)      (0 in a group whose R^k are all equal)
+        S_i   = sum_k w_k A^k_i
+        A_i   = (S_i - mean_B S) / (std_B S + eps)
+
+    (std: ``std_kind``; statistics over the valid members, float64). GRPO normalises the weighted total instead, so a
+    component with a large spread decides the scale; here each counts by its weight, whatever its spread.
+
+    Zero signal (A exactly 0, zero_std): a group in which every component of non-zero weight is all-equal (S = 0
+    there), and the whole batch when S is all-equal. Invalid samples -- flagged, or a weighted component not finite --
+    get A = 0 and are left out of every statistic. A component at weight 0 (logged only) takes no part.
+
+    >>> correct = torch.tensor([[1.0, 0.0], [1.0, 1.0]])
+    >>> short = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
+    >>> out = gdpo_advantages([(1.0, correct), (0.5, short)], eps=0.0)
+    >>> [[round(a, 12) for a in row] for row in out.advantages.tolist()], out.zero_std.tolist()
+    ([[1.09544511501, -1.09544511501], [0.547722557505, -0.547722557505]], [False, False])
+    """
+    if not parts:
+        raise ValueError("gdpo_advantages: expected at least one reward component")
+    weighted = [(w, r) for w, r in parts if w != 0]  # a component at weight 0 is only logged
+    _, valid = _valid_rewards(parts[0][1], valid)
+    for _, r in weighted:
+        valid = valid & torch.isfinite(r.to(torch.float64))
+    zero = torch.ones(valid.shape[0], dtype=torch.bool, device=valid.device)
+    summed = torch.zeros(valid.shape, dtype=torch.float64, device=valid.device)
+    for w, r in weighted:
+        own = compute_advantages(r, valid, scaling=Scaling.GROUP_STD, eps=eps, std_kind=std_kind, resolution=resolution)
+        summed, zero = summed + w * own.advantages, zero & own.zero_std
+    batch = compute_advantages(
+        summed, valid, baseline=Baseline.BATCH_MEAN, scaling=Scaling.BATCH_STD, eps=eps, std_kind=std_kind
+    )
+    zero = zero | batch.zero_std
+    keep = valid & ~zero.unsqueeze(1)
+    return Advantages(advantages=torch.where(keep, batch.advantages, 0.0), zero_std=zero, valid=valid)

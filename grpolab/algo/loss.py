@@ -86,13 +86,15 @@ def objective(
     params: ObjectiveParams,
     entropy: torch.Tensor | None = None,
     behaviour_logp: torch.Tensor | None = None,
+    generator: torch.Generator | None = None,
 ) -> LossTerms:
     """Micro-batch loss L (module docstring). Shapes: [B, T]; advantages [B] (per sequence) or [B, T] (per token);
-    behaviour_logp: the sampler's logprobs log q, needed by the off-policy sequence mask."""
+    behaviour_logp: the sampler's logprobs log q, needed by the off-policy sequence mask; generator: the stream of
+    clip_cov's and kl_cov's draws (grpolab.algo.surrogate; None = a new one seeded 0)."""
     m = mask.to(logp.dtype)
     w = weights.to(logp.dtype)
     adv = advantages.to(logp.dtype)
-    sur = surrogate_loss(params.surrogate, logp, old_logp, adv, m, params.clip, params.policy_loss)
+    sur = surrogate_loss(params.surrogate, logp, old_logp, adv, m, params.clip, params.policy_loss, generator)
     token_policy = w * sur.loss * is_weights.to(logp.dtype)
     dropped = torch.zeros(logp.shape[0], dtype=torch.bool, device=logp.device)
     if params.offpolicy_mask_delta > 0:

@@ -16,14 +16,24 @@ per-token advantages A_it ([B, T], e.g. GAE from a critic: grpolab.algo.gae), A_
   every token of o_i (GMPO, arXiv 2507.20673; eps_low = eps_high = 0.4)
 * sapo:      a soft gate in place of the clip: l_it = -(4 / tau) sigmoid(tau (r_it - 1)) A_i, tau = tau_pos for
   A_i > 0, tau_neg otherwise (SAPO, arXiv 2511.20347; 1.0 / 1.05)
-* clip_cov:  ppo_clip, and the loss of up to n = max(floor(rho N), 1) tokens is set to 0 (so is its gradient): tokens
-  not clipped by ppo_clip whose covariance c_it = (A_it - mean A)(log pi_it - mean log pi) lies in (lb, ub), the
-  largest c_it first (Cui et al. 2025, arXiv 2505.22617; rho = 2e-4, lb = 1, ub = 5)
-* kl_cov:    l_it = -r_it A_i (no clip), plus k |log r_it| on the n = max(floor(rho N), 1) tokens of largest c_it
-  (same paper; rho = 2e-4, k = 0.1 as verl's default)
+* clip_cov:  ppo_clip, and the loss of up to n tokens is set to 0 (so is its gradient), drawn uniformly at random
+  among the eligible ones: not clipped by ppo_clip, covariance c_it = (A_it - mean A)(log pi_it - mean log pi) in
+  (lb, ub) (Cui et al. 2025, arXiv 2505.22617, and verl; rho = 2e-4, lb = 1, ub = 5). clip_cov_select = largest
+  takes the largest c_it first instead (grpolab's form before issue 59)
+* kl_cov:    l_it = -r_it A_i (no clip), plus k |log r_it| on the n tokens of largest c_it (same paper; rho = 2e-4,
+  k = 0.1 as verl's default). At r = 1 the gradient of |log r| is 0: with mu = 1 and one minibatch (pi_old is the
+  policy being trained) KL-Cov is plain policy gradient
 
-Clip-Cov and KL-Cov select tokens among the N unmasked tokens of the tensors they are given (one micro-batch, as
-verl does), with the means of c_it over the same tokens; the selection is detached.
+Clip-Cov and KL-Cov select among the N unmasked tokens of the tensors they are given (one micro-batch), with the
+means of c_it over the same tokens; the selection is detached. n = floor(rho N + u), u uniform in [0, 1) drawn once
+per micro-batch (``cov_count``): its expectation is rho N, so the expected share selected is rho whatever the
+micro-batch size (the papers' and verl's n = max(floor(rho N), 1) selects one token of every micro-batch under
+1 / rho tokens: 10x the rate at 500-token micro-batches with rho = 2e-4). A count drawn per micro-batch rather
+than one threshold over the step's tokens: c_it uses the current policy's log-probabilities (the paper's, verl's),
+which exist one micro-batch at a time -- a step-wide threshold would need another no-grad pass over the step (or
+pi_old in their place) and, over several ranks, a gather of every token's covariance. What still depends on the
+micro-batch is which tokens compete and the means of c_it. The draws come from a torch.Generator the caller seeds
+(the update: from train.seed and the step), so a run and its resume draw the same.
 
 Each returns a SurrogateOut with the token loss and where the clip was active (for clip-fraction metrics):
 ``clipped_low`` marks tokens with A < 0 and ratio < 1 - eps_low (gradient zeroed by the clip),
@@ -32,6 +42,7 @@ Each returns a SurrogateOut with the token loss and where the clip was active (f
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Callable
@@ -48,6 +59,14 @@ class Surrogate(StrEnum):
     SAPO = "sapo"
     CLIP_COV = "clip_cov"
     KL_COV = "kl_cov"
+
+
+class CovSelect(StrEnum):
+    """Which eligible tokens Clip-Cov zeroes: drawn uniformly at random (the paper's and verl's), or the largest
+    covariances first."""
+
+    RANDOM = "random"
+    LARGEST = "largest"
 
 
 @dataclass(frozen=True)
@@ -68,8 +87,8 @@ def valid(ok: Callable[[Any], bool], expected: str) -> dict[str, Any]:
 @dataclass(frozen=True)
 class PolicyLossParams:
     """The parameters of cispo (IS-weight bounds), sapo (gate temperatures), clip_cov / kl_cov (share of tokens
-    selected, covariance bounds, KL coefficient). No defaults: AlgorithmConfig defines them (grpolab/config/schema.py),
-    under the same names. A field's ``valid`` metadata is its range (predicate, what is expected), checked on the
+    selected, covariance bounds, KL coefficient, how Clip-Cov picks its tokens). No defaults: AlgorithmConfig defines
+    them (grpolab/config/schema.py), under the same names. A field's ``valid`` metadata is its range (predicate, what is expected), checked on the
     config by grpolab.config.checks; the trainer and the objective card read every field by name, so a new
     parameter is this field, its AlgorithmConfig default and its use in a surrogate (and the card's formula)."""
 
@@ -81,6 +100,7 @@ class PolicyLossParams:
     clip_cov_lb: float  # any finite number (every float of the config is)
     clip_cov_ub: float
     kl_cov_coef: float = field(metadata=valid(lambda v: v >= 0, "a number >= 0"))
+    clip_cov_select: CovSelect  # one of CovSelect (the config's type checks it)
 
 
 @dataclass(frozen=True)
@@ -246,14 +266,45 @@ def _top(score: torch.Tensor, eligible: torch.Tensor, n: int) -> torch.Tensor:
     return out.view_as(score)
 
 
-def _cov_count(ratio: float, sel: torch.Tensor) -> int:
-    """n = max(floor(rho N), 1), N the unmasked tokens."""
-    return max(int(ratio * float(sel.sum().item())), 1)
+def _drawn(eligible: torch.Tensor, n: int, generator: torch.Generator) -> torch.Tensor:
+    """[B, T] bool: min(n, |eligible|) eligible tokens drawn uniformly at random, without replacement."""
+    where = eligible.reshape(-1).nonzero().squeeze(1)
+    out = torch.zeros(eligible.numel(), dtype=torch.bool, device=eligible.device)
+    k = min(n, where.numel())
+    if k > 0:
+        out[where[torch.randperm(where.numel(), generator=generator)[:k].to(where.device)]] = True
+    return out.view_as(eligible)
 
 
-def clip_cov(logp, old_logp, adv, mask, p: ClipParams, extra: PolicyLossParams | None = None) -> SurrogateOut:
-    """ppo_clip with l_it = 0 on the selected tokens: not clipped, c_it in (lb, ub), the n largest c_it."""
-    q = _needs(extra, "clip_cov")
+def cov_count(ratio: float, tokens: int, u: float) -> int:
+    """n = floor(rho N + u) for u in [0, 1): with u uniform, E[n] = rho N exactly (floor(rho N) + 1 with probability
+    frac(rho N)), so the expected share of tokens selected is rho at any micro-batch size.
+
+    >>> [cov_count(0.02, 25, u) for u in (0.0, 0.25, 0.5, 0.75)]  # rho N = 0.5: one token half of the time
+    [0, 0, 1, 1]
+    >>> cov_count(1.0, 7, 0.999)
+    7
+    """
+    return math.floor(ratio * tokens + u)
+
+
+def _draws(generator: torch.Generator | None) -> torch.Generator:
+    """The stream of the selection's draws: the caller's, or (None) a new one seeded 0."""
+    return generator if generator is not None else torch.Generator().manual_seed(0)
+
+
+def _count(ratio: float, sel: torch.Tensor, generator: torch.Generator) -> int:
+    """cov_count over the N unmasked tokens, u drawn from `generator`."""
+    u = float(torch.rand((), generator=generator, dtype=torch.float64))
+    return cov_count(ratio, int(sel.sum().item()), u)
+
+
+def clip_cov(
+    logp, old_logp, adv, mask, p: ClipParams, extra: PolicyLossParams | None = None, generator=None
+) -> SurrogateOut:
+    """ppo_clip with l_it = 0 on the selected tokens: n = cov_count tokens among those not clipped with c_it in
+    (lb, ub), drawn uniformly at random (clip_cov_select random) or the largest c_it first (largest)."""
+    q, g = _needs(extra, "clip_cov"), _draws(generator)
     sel = mask.bool()
     a = per_token(adv, logp)
     base = _clipped(_token_log_ratio(logp, old_logp, mask), a, p)
@@ -261,19 +312,22 @@ def clip_cov(logp, old_logp, adv, mask, p: ClipParams, extra: PolicyLossParams |
     clipped_by_ppo = base.loss.detach() > unclipped_value.detach()
     cov = _covariance(logp, a, sel)
     eligible = sel & ~clipped_by_ppo & (cov > q.clip_cov_lb) & (cov < q.clip_cov_ub)
-    chosen = _top(cov, eligible, _cov_count(q.cov_ratio, sel))
+    n = _count(q.cov_ratio, sel, g)
+    chosen = _top(cov, eligible, n) if q.clip_cov_select == CovSelect.LARGEST else _drawn(eligible, n, g)
     loss = torch.where(chosen, torch.zeros_like(base.loss), base.loss)
     return SurrogateOut(loss, base.ratio, base.clipped_low, base.clipped_high, selected=chosen)
 
 
-def kl_cov(logp, old_logp, adv, mask, p: ClipParams, extra: PolicyLossParams | None = None) -> SurrogateOut:
-    """l_it = -r_it A_i, plus k |log r_it| on the n unmasked tokens of largest c_it (no clip)."""
+def kl_cov(
+    logp, old_logp, adv, mask, p: ClipParams, extra: PolicyLossParams | None = None, generator=None
+) -> SurrogateOut:
+    """l_it = -r_it A_i, plus k |log r_it| on the n = cov_count unmasked tokens of largest c_it (no clip)."""
     q = _needs(extra, "kl_cov")
     sel = mask.bool()
     a = per_token(adv, logp)
     log_r = _token_log_ratio(logp, old_logp, mask)
     ratio = torch.exp(log_r)
-    chosen = _top(_covariance(logp, a, sel), sel, _cov_count(q.cov_ratio, sel))
+    chosen = _top(_covariance(logp, a, sel), sel, _count(q.cov_ratio, sel, _draws(generator)))
     loss = -ratio * a + torch.where(chosen, q.kl_cov_coef * log_r.abs(), torch.zeros_like(log_r))
     none = torch.zeros_like(sel)
     return SurrogateOut(loss=loss, ratio=ratio, clipped_low=none, clipped_high=none, selected=chosen)
@@ -291,8 +345,22 @@ SURROGATES: dict[Surrogate, Callable[..., SurrogateOut]] = {
 }
 
 
+DRAWING = frozenset({Surrogate.CLIP_COV, Surrogate.KL_COV})  # the surrogates that draw from a generator
+
+
 def surrogate_loss(
-    kind: Surrogate, logp, old_logp, adv, mask, p: ClipParams, extra: PolicyLossParams | None = None
+    kind: Surrogate,
+    logp,
+    old_logp,
+    adv,
+    mask,
+    p: ClipParams,
+    extra: PolicyLossParams | None = None,
+    generator: torch.Generator | None = None,
 ) -> SurrogateOut:
-    """Dispatch through SURROGATES (extra: the parameters of cispo, sapo, clip_cov and kl_cov)."""
-    return SURROGATES[Surrogate(kind)](logp, old_logp, adv, mask, p, extra)
+    """Dispatch through SURROGATES (extra: the parameters of cispo, sapo, clip_cov and kl_cov; generator: the stream
+    of clip_cov's and kl_cov's draws, None = a new one seeded 0)."""
+    kind = Surrogate(kind)
+    if kind in DRAWING:
+        return SURROGATES[kind](logp, old_logp, adv, mask, p, extra, generator)
+    return SURROGATES[kind](logp, old_logp, adv, mask, p, extra)

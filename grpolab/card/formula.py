@@ -6,6 +6,7 @@ from typing import Any
 
 from ..baselines import ppo_card
 from ..config import Config
+from ..training.reference import clears_optimizer
 
 _ADV_TEXT = {
     ("group_mean", "group_std"): (
@@ -31,6 +32,17 @@ _ADV_TEXT = {
         r"\frac{R_i - \mathrm{mean}_B R}{\mathrm{std}_B R + \epsilon}",
     ),
     ("batch_mean", "none"): ("R_i - mean_batch R", r"R_i - \mathrm{mean}_B R"),
+}
+_ESTIMATOR_ADV = {  # estimators that replace baseline and scaling (grpolab/algo/advantages.py)
+    "maxrl": (
+        "(R_i - mean_g R) / mean_g R (0 where mean_g R <= 0)",
+        r"\frac{R_i - \mathrm{mean}_g R}{\mathrm{mean}_g R}",
+    ),
+    "gdpo": (
+        "(S_i - mean_batch S) / (std_batch S + {eps}), S_i = sum_k w_k (R^k_i - mean_g R^k) / (std_g R^k + {eps})",
+        r"\frac{S_i - \mathrm{mean}_B S}{\mathrm{std}_B S + \epsilon},\ S_i = \sum_k w_k \frac{R^k_i - "
+        r"\mathrm{mean}_g R^k}{\mathrm{std}_g R^k + \epsilon}",
+    ),
 }
 _AGG_TEXT = {
     "seq_mean_token_mean": ("(1/B) sum_i (1/|o_i|) sum_t", r"\frac{1}{B}\sum_i \frac{1}{|o_i|}\sum_t"),
@@ -77,7 +89,8 @@ def _menu_term(cfg: Config, adv: str, adv_tex: str) -> tuple[str, str]:
             rf"\ (\tau = {a.sapo_tau_pos}\ \text{{if }} {adv_tex} > 0,\ {a.sapo_tau_neg}\ \text{{else}})",
         )
     if a.surrogate == "clip_cov":
-        sel = f"the top {a.cov_ratio} of unclipped tokens by cov(A, log pi) in ({a.clip_cov_lb}, {a.clip_cov_ub})"
+        pick = "the top" if a.clip_cov_select == "largest" else "a random"
+        sel = f"{pick} {a.cov_ratio} of unclipped tokens with cov(A, log pi) in ({a.clip_cov_lb}, {a.clip_cov_ub})"
         return (
             f"L = {agg} [ -min({r} {adv}, clip({r}, 1-{lo}, 1+{hi}) {adv}) * (0 on {sel})",
             rf"\mathcal{{L}} = -{agg_tex}\Big[\min\big(r_{{i,t}} {adv_tex},\ \mathrm{{clip}}(r_{{i,t}}, 1-{lo}, 1+{hi})"
@@ -146,7 +159,10 @@ def formula(cfg: Config) -> tuple[str, str]:
     if cfg.algorithm.estimator == "gae":  # PPO with a critic: the same policy loss, per-token advantages
         return ppo_card.formula(cfg, *policy_loss(cfg, "A_it", "A_{i,t}"))
     a = cfg.algorithm
-    adv, adv_tex = _pass_at_k_text(a) if a.estimator == "pass_at_k" else _ADV_TEXT[(a.baseline.value, a.scaling.value)]
+    if a.estimator == "pass_at_k":
+        adv, adv_tex = _pass_at_k_text(a)
+    else:
+        adv, adv_tex = _ESTIMATOR_ADV.get(a.estimator) or _ADV_TEXT[(a.baseline.value, a.scaling.value)]
     adv = adv.replace("{eps}", str(a.adv_eps))
     if a.estimator == "distill":  # on-policy distillation: per-token advantages from the teacher (training/distill.py)
         w = cfg.distill.reward_weight
@@ -163,7 +179,7 @@ def formula(cfg: Config) -> tuple[str, str]:
         text += f",  R_i <- R_i - {a.beta} sum_t KL_{a.kl_estimator.value}"
         tex += rf",\quad R_i \leftarrow R_i - {a.beta}\sum_t \mathrm{{KL}}_{{{a.kl_estimator.value}}}"
     if a.beta > 0 and a.ref_reset_every:  # ProRL's periodic reference reset (training/reference.py)
-        cleared = " (optimizer cleared)" if a.ref_reset_optimizer else ""
+        cleared = " (optimizer cleared, as ProRL)" if clears_optimizer(a) else " (optimizer kept)"
         text += f",  pi_ref <- pi_theta every {a.ref_reset_every} steps{cleared}"
         tex += rf",\quad \pi_{{ref}} \leftarrow \pi_\theta \text{{ every {a.ref_reset_every} steps{cleared}}}"
     return text, tex

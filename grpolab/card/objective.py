@@ -14,6 +14,7 @@ from ..rewards import stop_rule
 from ..rewards.judge import judge_card
 from ..rewards.model import reward_model_card
 from ..training.precision import card_entry, unresolved
+from ..training.reference import clears_optimizer
 from .formula import formula
 from .peers import PEER_VERSIONS, _advantage, _aggregation, _kl, _surrogate
 from .peers_sampling import (
@@ -111,7 +112,7 @@ def objective_card(cfg: Config, precision: dict[str, Any] | None = None) -> dict
             "pass_k": a.pass_k,
             "pass_threshold": a.pass_threshold,
             "ref_reset_every": a.ref_reset_every,
-            "ref_reset_optimizer": a.ref_reset_optimizer,
+            "ref_reset_optimizer": clears_optimizer(a),  # null resolved: true when a reset is configured (ProRL)
             "distill": (
                 {
                     "teacher": cfg.distill.teacher,
@@ -188,7 +189,13 @@ def _menu_choices(cfg: Config) -> dict[str, Any]:
     a = cfg.algorithm
     out: dict[str, Any] = {f.name: getattr(a, f.name) for f in fields(PolicyLossParams)}  # by name, in order
     if a.surrogate in ("clip_cov", "kl_cov"):
-        out["cov_selection"] = "per micro-batch (as verl): the n largest covariances, n = max(floor(cov_ratio N), 1)"
+        pick = "drawn at random among the eligible (the paper's, verl's)"
+        if a.surrogate == "kl_cov" or a.clip_cov_select == "largest":
+            pick = "the largest covariances"
+        out["cov_selection"] = (
+            f"per micro-batch: {pick}, n = floor(cov_ratio N + u) tokens, u uniform in [0, 1) (the expected share "
+            "is cov_ratio at any micro_batch_size; verl: max(floor(cov_ratio N), 1))"
+        )
     if a.preset == "scalerl":
         out["not_reproduced"] = SCALERL_NOT_REPRODUCED
     return out

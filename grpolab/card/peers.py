@@ -40,6 +40,14 @@ def _std_differences(cfg: Config, peer: str) -> list[str]:
     return out + (["sample std (n - 1)"] if a.std_kind == "population" else [])
 
 
+UNCHECKED_ESTIMATORS = {
+    "maxrl": "not compared with a peer's code here (MaxRL, arXiv 2602.02710: the paper's formula, float64 tests)",
+    "gdpo": "not compared with a peer's code here (TRL's multi_objective_aggregation='normalize_then_sum' and verl's "
+    "gdpo estimator are its peer forms, not yet run in test-peers; GDPO, arXiv 2601.05242: the paper's formula, "
+    "float64 tests)",
+}
+
+
 def _advantage(cfg: Config) -> dict[str, dict]:
     a = cfg.algorithm
     s, est = a.scaling.value, "--algo.advantage.estimator"
@@ -47,6 +55,9 @@ def _advantage(cfg: Config) -> dict[str, dict]:
         none = "no pass@k advantage"
         verl = "grpo_passk is another estimator (arXiv 2503.19595: only the group's best sample gets r_max - r_2nd)"
         return {"trl": _row(NONE, {}, none), "verl": _row(NONE, {}, verl), "openrlhf": _row(NONE, {}, none)}
+    if a.estimator in UNCHECKED_ESTIMATORS:  # checked against the paper's formula in float64 (tests/algo)
+        row = _row(NONE, {}, UNCHECKED_ESTIMATORS[a.estimator])
+        return {"trl": row, "verl": dict(row), "openrlhf": dict(row)}
     if a.baseline == "batch_mean":  # REINFORCE++'s global baseline: the peers' versions whiten per token
         unchecked = _row(
             NONE,
@@ -152,10 +163,14 @@ def _menu_surrogate(cfg: Config) -> dict[str, dict]:
                 f"{pl}clip_cov_ub": a.clip_cov_ub,
             }
         )
-        if a.cov_ratio < 1:
+        if a.cov_ratio < 1 and a.clip_cov_select == "largest":
             differences.append("draws the selected tokens at random among the eligible ones, not the largest first")
+        elif a.cov_ratio < 1:
+            differences.append("draws from torch's global generator, grpolab from a stream seeded by train.seed")
     elif kind == "kl_cov":
         verl_settings.update({f"{pl}kl_cov_ratio": a.cov_ratio, f"{pl}ppo_kl_coef": a.kl_cov_coef})
+    if kind in ("clip_cov", "kl_cov") and a.cov_ratio < 1:  # cov_ratio 1: every (eligible) token both ways
+        differences.append("selects max(floor(rho N), 1) tokens per micro-batch, grpolab floor(rho N + u), u uniform")
     return {
         "trl": trl,
         "verl": _unless(differences, verl_settings),

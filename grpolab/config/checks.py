@@ -44,6 +44,11 @@ _RANGES: list[tuple[str, Any, str]] = [
     ("algorithm.gamma", lambda v: 0 <= v <= 1, "a number in [0, 1]"),
     ("algorithm.pass_k", lambda v: v >= 1, "an integer >= 1"),
     ("algorithm.ref_reset_every", lambda v: v >= 0, "an integer >= 0"),
+    (
+        "algorithm.ref_reset_optimizer",
+        lambda v: v is None or isinstance(v, bool),
+        "true, false or null (null: true when ref_reset_every > 0, as ProRL)",
+    ),
     ("algorithm.lam", lambda v: 0 <= v <= 1, "a number in [0, 1]"),
     ("critic.lr", lambda v: v > 0, "a number > 0"),
     ("critic.value_clip", lambda v: v >= 0, "a number >= 0 (0 = off)"),
@@ -137,6 +142,12 @@ def validate(cfg: Config) -> None:
         raise ConfigError(
             "algorithm.kl_placement: expected loss with estimator pass_at_k and beta > 0 (the KL-shaped reward would "
             "be compared with pass_threshold), got reward"
+        )
+    if a.estimator in ("maxrl", "gdpo") and a.beta > 0 and a.kl_placement == "reward":
+        raise ConfigError(
+            f"algorithm.kl_placement: expected loss with estimator {a.estimator} and beta > 0 (maxrl divides by the "
+            "group's mean reward, a success rate; gdpo normalises the reward components, which the KL-shaped total "
+            "does not reach), got reward"
         )
     if a.baseline == "batch_mean" and a.scaling == "group_std":
         raise ConfigError(

@@ -10,7 +10,7 @@ from ..algo.advantages import Baseline, Scaling, StdKind
 from ..algo.aggregation import Aggregation
 from ..algo.importance import ISMode, ISReject
 from ..algo.kl import KLEstimator, KLPlacement
-from ..algo.surrogate import Surrogate
+from ..algo.surrogate import CovSelect, Surrogate
 
 
 @dataclass(frozen=True)
@@ -132,12 +132,15 @@ class AlgorithmConfig:
     cispo_eps_high: float = 4.0
     sapo_tau_pos: float = 1.0  # sapo: gate temperature where A > 0 ...
     sapo_tau_neg: float = 1.05  # ... and where A <= 0 (TRL's and verl's defaults)
-    # clip_cov / kl_cov: share of a micro-batch's tokens selected by covariance; clip_cov's covariance bounds; kl_cov's
-    # coefficient of |log r| (verl's defaults)
+    # clip_cov / kl_cov: share of a micro-batch's tokens selected by covariance (floor(ratio N + u) tokens, u uniform:
+    # the expected share is cov_ratio at any micro-batch size); clip_cov's covariance bounds; kl_cov's coefficient of
+    # |log r| (verl's defaults); clip_cov_select: random = drawn uniformly among the eligible tokens (the paper's,
+    # verl's), largest = the largest covariances first
     cov_ratio: float = 2e-4
     clip_cov_lb: float = 1.0
     clip_cov_ub: float = 5.0
     kl_cov_coef: float = 0.1
+    clip_cov_select: CovSelect = CovSelect.RANDOM
     aggregation: Aggregation = Aggregation.SEQ_MEAN_TOKEN_MEAN
     l_max: int = 0  # constant of seq_mean_token_sum_norm; 0 = rollout.max_new_tokens
     beta: float = 0.04
@@ -162,14 +165,16 @@ class AlgorithmConfig:
     max_extra_rounds: int = 0  # refill budget (extra generation rounds per step)
     # advantage estimator: group-relative (GRPO family), pass_at_k = the group's unbiased pass@k gain per sample
     # (grpolab/algo/advantages.py; pass_k, pass_threshold), or gae = PPO with a learned critic (grpolab/baselines/ppo.py)
-    # distill = on-policy distillation from distill.teacher (grpolab/training/distill.py)
-    estimator: Literal["group", "pass_at_k", "gae", "distill"] = "group"
+    # distill = on-policy distillation from distill.teacher (grpolab/training/distill.py); maxrl = (R - mean_g R) /
+    # mean_g R; gdpo = each reward component normalised in its group, weighted sum, normalised over the batch
+    estimator: Literal["group", "pass_at_k", "gae", "distill", "maxrl", "gdpo"] = "group"
     pass_k: int = 4  # pass_at_k: the k of pass@k (1 <= k < rollout.group_size)
     pass_threshold: float = 1.0  # pass_at_k: a completion passes when its reward is >= this
     # periodic reference reset (ProRL): every N steps the reference model <- the current policy (0 = never); with
-    # ref_reset_optimizer the optimizer's moments are cleared at the same time
+    # ref_reset_optimizer the optimizer's moments are cleared at the same time (null: as ProRL, true when
+    # ref_reset_every > 0; false keeps them)
     ref_reset_every: int = 0
-    ref_reset_optimizer: bool = False
+    ref_reset_optimizer: bool | None = None
     gamma: float = 1.0  # gae: discount
     lam: float = 0.95  # gae: lambda
     whiten: bool = True  # gae: whiten the per-token advantages over the batch

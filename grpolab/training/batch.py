@@ -165,10 +165,16 @@ class BatchCollector:
             self._prompt_cache[problem.uid] = prompt_ids(self.tokenizer, problem)
         return self._prompt_cache[problem.uid]
 
-    def advantages(self, values: torch.Tensor, invalid: torch.Tensor) -> Advantages:
-        """The batch's advantages, [P, G], from its rewards and invalid flags [P * G] (the estimator's group rule)."""
+    def advantages(
+        self, values: torch.Tensor, invalid: torch.Tensor, components: dict[str, torch.Tensor] | None = None
+    ) -> Advantages:
+        """The batch's advantages, [P, G], from its rewards and invalid flags [P * G] (the estimator's group rule) and
+        its reward components, each with its weight in the total (the overlong penalty: 1, as it is added)."""
         g = self.cfg.rollout.group_size
-        return self.group.advantages(values.view(-1, g), invalid.view(-1, g))
+        parts = None
+        if components:
+            parts = [(float(self.rewards.weights.get(k, 1.0)), v.view(-1, g)) for k, v in components.items()]
+        return self.group.advantages(values.view(-1, g), invalid.view(-1, g), parts)
 
     def gather(self, local: torch.Tensor, owned: list[int], num_groups: int) -> torch.Tensor:
         return gather_rows(local, owned, num_groups, self.cfg.rollout.group_size, self.world)
@@ -279,7 +285,7 @@ class BatchCollector:
         p = self.cfg.train.prompts_per_step
         every = [r * p * g + gi * g + k for r, gi in groups for k in range(g)]  # rows of the rounds' global tensors
         scores = cat_scores([r.scores for r in rounds]).select(every)
-        adv = self.advantages(scores.rewards, scores.invalid)
+        adv = self.advantages(scores.rewards, scores.invalid, scores.components)
         problems = [rounds[r].problems[gi] for r, gi in groups]
         metrics = {
             **reward_metrics(scores.rewards, scores.components, scores.invalid),

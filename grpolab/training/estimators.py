@@ -9,8 +9,8 @@ An estimator has two parts, both run by the trainer's step in this order:
   ``AdvantageContext`` (the batch, the no-grad forward passes, the models it reads; never the Trainer). It returns
   the (reference, pi_old) log-probabilities it computed, which the update then reuses instead of computing again.
 
-Registered here: ``group`` and ``pass_at_k`` (``GroupStep``: the KL folded into the reward when
-algorithm.kl_placement is reward, advantages recomputed) and ``distill`` (``DistillStep``: the teacher's per-token
+Registered here: ``group``, ``pass_at_k``, ``maxrl`` and ``gdpo`` (``GroupStep``: the KL folded into the reward
+when algorithm.kl_placement is reward, advantages recomputed -- the config refuses that for the last three) and ``distill`` (``DistillStep``: the teacher's per-token
 advantages, grpolab.training.distill). ``gae`` (PPO's critic and GAE) is registered by grpolab.baselines.ppo, which
 the entry points (grpolab.runs, so the CLI and grpolab.api) import.
 
@@ -34,7 +34,7 @@ from .attention import use_training_attention
 from .batch import Batch
 from .distill import check_distill_config, distill_advantages, distill_metrics, distill_sums, load_teacher
 from .distributed import World, all_reduce_sum
-from .group_rules import GroupRelative, GroupRule, PassAtK
+from .group_rules import GDPO, GroupRelative, GroupRule, MaxRL, PassAtK
 from .update import PolicyUpdater
 
 OldLogprobs = tuple[torch.Tensor | None, torch.Tensor | None]
@@ -183,4 +183,6 @@ class DistillStep:
 
 register_estimator("group", EstimatorSpec(GroupRelative.of, lambda m: GroupStep(m.cfg.algorithm)))
 register_estimator("pass_at_k", EstimatorSpec(PassAtK.of, lambda m: GroupStep(m.cfg.algorithm)))
+register_estimator("maxrl", EstimatorSpec(MaxRL.of, lambda m: GroupStep(m.cfg.algorithm)))
+register_estimator("gdpo", EstimatorSpec(GDPO.of, lambda m: GroupStep(m.cfg.algorithm)))
 register_estimator("distill", EstimatorSpec(GroupRelative.of, DistillStep, check_distill_config))

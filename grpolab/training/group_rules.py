@@ -7,8 +7,14 @@ sampling, the pass_rate prompt schedule): the ``group`` part of an advantage est
 - ``PassAtK``: the group's unbiased pass@k gain per sample (algorithm.pass_k, pass_threshold, adv_eps;
   grpolab.algo.advantages.pass_at_k_advantages); baseline and scaling do not apply. A group carries signal when its
   pass@k advantages are not all zero.
+- ``MaxRL``: (R_i - mean_g R) / mean_g R (grpolab.algo.advantages.maxrl_advantages); baseline, scaling and adv_eps
+  do not apply. A group carries signal when its advantages are not all zero.
+- ``GDPO``: each reward component normalised in its group, summed with the reward weights, normalised over the batch
+  (grpolab.algo.advantages.gdpo_advantages; adv_eps, std_kind). It reads the components (``parts``: each one's
+  weight in reward.weights, 1 for the overlong penalty, and its values). Signal as GroupRelative.
 
-Both take rewards and invalid flags shaped [P, G] (group-major rows viewed per group).
+All take rewards and invalid flags shaped [P, G] (group-major rows viewed per group), and the reward components
+(``Parts``) where the collector has them.
 """
 
 from __future__ import annotations
@@ -18,13 +24,24 @@ from typing import Protocol
 
 import torch
 
-from ..algo.advantages import Advantages, compute_advantages, pass_at_k_advantages, zero_signal_groups
+from ..algo.advantages import (
+    Advantages,
+    compute_advantages,
+    gdpo_advantages,
+    maxrl_advantages,
+    pass_at_k_advantages,
+    zero_signal_groups,
+)
 from ..config.schema import AlgorithmConfig
+
+Parts = list[tuple[float, torch.Tensor]]
+"""The reward components of a batch: (weight in the total reward, values [P, G]) each."""
 
 
 class GroupRule(Protocol):
-    def advantages(self, rewards: torch.Tensor, invalid: torch.Tensor) -> Advantages:
-        """Advantages [P, G] of rewards [P, G] (invalid rows: exactly 0)."""
+    def advantages(self, rewards: torch.Tensor, invalid: torch.Tensor, parts: Parts | None = None) -> Advantages:
+        """Advantages [P, G] of rewards [P, G] (invalid rows: exactly 0); parts: the reward components, for the rules
+        that read them (GDPO)."""
         ...
 
     def signal(self, rewards: torch.Tensor, correctness: torch.Tensor, invalid: torch.Tensor) -> torch.Tensor:
@@ -43,7 +60,7 @@ class GroupRelative:
     def of(cls, a: AlgorithmConfig) -> "GroupRelative":
         return cls(a.baseline, a.scaling, a.adv_eps, a.std_kind)
 
-    def advantages(self, rewards: torch.Tensor, invalid: torch.Tensor) -> Advantages:
+    def advantages(self, rewards: torch.Tensor, invalid: torch.Tensor, parts: Parts | None = None) -> Advantages:
         return compute_advantages(
             rewards, ~invalid, baseline=self.baseline, scaling=self.scaling, eps=self.eps, std_kind=self.std_kind
         )
@@ -63,8 +80,40 @@ class PassAtK:
     def of(cls, a: AlgorithmConfig) -> "PassAtK":
         return cls(a.pass_k, a.pass_threshold, a.adv_eps)
 
-    def advantages(self, rewards: torch.Tensor, invalid: torch.Tensor) -> Advantages:
+    def advantages(self, rewards: torch.Tensor, invalid: torch.Tensor, parts: Parts | None = None) -> Advantages:
         return pass_at_k_advantages(rewards, ~invalid, k=self.k, threshold=self.threshold, eps=self.eps)
 
     def signal(self, rewards: torch.Tensor, correctness: torch.Tensor, invalid: torch.Tensor) -> torch.Tensor:
         return ~self.advantages(rewards, invalid).zero_std
+
+
+@dataclass(frozen=True)
+class MaxRL:
+    @classmethod
+    def of(cls, a: AlgorithmConfig) -> "MaxRL":
+        return cls()
+
+    def advantages(self, rewards: torch.Tensor, invalid: torch.Tensor, parts: Parts | None = None) -> Advantages:
+        return maxrl_advantages(rewards, ~invalid)
+
+    def signal(self, rewards: torch.Tensor, correctness: torch.Tensor, invalid: torch.Tensor) -> torch.Tensor:
+        return ~self.advantages(rewards, invalid).zero_std
+
+
+@dataclass(frozen=True)
+class GDPO:
+    eps: float
+    std_kind: str
+
+    @classmethod
+    def of(cls, a: AlgorithmConfig) -> "GDPO":
+        return cls(a.adv_eps, a.std_kind)
+
+    def advantages(self, rewards: torch.Tensor, invalid: torch.Tensor, parts: Parts | None = None) -> Advantages:
+        if not parts:
+            raise ValueError("the gdpo estimator needs the reward components (parts), got none")
+        return gdpo_advantages(parts, ~invalid, eps=self.eps, std_kind=self.std_kind)
+
+    def signal(self, rewards: torch.Tensor, correctness: torch.Tensor, invalid: torch.Tensor) -> torch.Tensor:
+        valid = ~invalid & torch.isfinite(correctness)
+        return ~zero_signal_groups(torch.where(valid, correctness, 0.0), valid)

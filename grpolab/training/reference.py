@@ -1,7 +1,9 @@
 """The periodic reference reset (ProRL, Liu et al. 2025, arXiv 2505.24864; algorithm.ref_reset_every = N > 0): after the
 update of every N-th step, pi_ref <- pi_theta, so the KL term measures the drift from there instead of from the
-base model; with algorithm.ref_reset_optimizer the AdamW moments are cleared at the same time (the LR schedule is not
-touched).
+base model, and the AdamW moments are cleared at the same time (the LR schedule is not touched), as ProRL does (it
+hard-resets the reference to the online policy and reinitialises the optimizer states). algorithm.ref_reset_optimizer:
+null (the default) clears them whenever a reset is configured, false keeps them (grpolab's behaviour before issue 59);
+``clears_optimizer`` resolves it.
 
 A reset reference is no longer the base model, so it cannot be rebuilt from model.name on a resume: once a run has
 reset it, every checkpoint's trainer state carries the reference's weights (``reference_state``), and a resume
@@ -20,6 +22,7 @@ from typing import Any
 import torch
 
 from ..config import Config
+from ..config.schema import AlgorithmConfig
 from ..errors import ConfigError
 from ..models.load import copy_weights_by_name, frozen_copy
 from ..models.lora import AdapterOff
@@ -37,9 +40,21 @@ def check_reset_config(cfg: Config) -> None:
         )
     if a.ref_reset_optimizer and a.ref_reset_every == 0:
         raise ConfigError(
-            "algorithm.ref_reset_optimizer: expected false when algorithm.ref_reset_every is 0 (the optimizer is "
-            "cleared at a reference reset, and none is configured)"
+            "algorithm.ref_reset_optimizer: expected false or null when algorithm.ref_reset_every is 0 (the optimizer "
+            "is cleared at a reference reset, and none is configured)"
         )
+
+
+def clears_optimizer(a: AlgorithmConfig) -> bool:
+    """Whether a reference reset also clears the optimizer: algorithm.ref_reset_optimizer when set, else (null) as
+    ProRL, whenever a reset is configured (ref_reset_every > 0).
+
+    >>> from dataclasses import replace
+    >>> a = AlgorithmConfig(ref_reset_every=5)
+    >>> clears_optimizer(a), clears_optimizer(replace(a, ref_reset_optimizer=False)), clears_optimizer(AlgorithmConfig())
+    (True, False, False)
+    """
+    return a.ref_reset_every > 0 if a.ref_reset_optimizer is None else a.ref_reset_optimizer
 
 
 def reset_due(step: int, every: int) -> bool:

@@ -50,6 +50,7 @@ from .prompt_sampler import PromptSampler
 from .reference import (
     check_reset_config,
     clear_optimizer,
+    clears_optimizer,
     reset_due,
     reset_reference,
 )
@@ -359,13 +360,13 @@ class Trainer(TrainerCheckpoints):
         return metrics, self.samples(batch)
 
     def reset_reference_if_due(self) -> None:
-        """After the update of every algorithm.ref_reset_every-th step: pi_ref <- pi_theta (and, with
-        algorithm.ref_reset_optimizer, the optimizer's moments cleared); grpolab.training.reference."""
+        """After the update of every algorithm.ref_reset_every-th step: pi_ref <- pi_theta and, unless
+        algorithm.ref_reset_optimizer is false, the optimizer's moments cleared (grpolab.training.reference)."""
         a = self.cfg.algorithm
         if self.reference is None or not reset_due(self.step, a.ref_reset_every):
             return
         self.reference = self.updater.reference = reset_reference(self.reference, self.policy, self.reference_dtype)
-        if a.ref_reset_optimizer:
+        if clears_optimizer(a):
             clear_optimizer(self.optimizer)
         self.ref_resets, self.ref_reset_step = self.ref_resets + 1, self.step
 

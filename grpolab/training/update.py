@@ -14,6 +14,7 @@ first update.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections import defaultdict
 from dataclasses import dataclass, fields
@@ -32,6 +33,8 @@ from ..rollout.base import Rollout
 from .distributed import World, all_reduce_gradients, all_reduce_max, all_reduce_sum, gather_objects, group_seed
 from .forward import completion_logprobs, weight_casts_kept
 from .sharding import loss_scale
+
+log = logging.getLogger("grpolab")
 
 SUMMED = (
     "loss/policy",
@@ -115,6 +118,9 @@ class PolicyUpdater:
         self.share_prompt = cfg.speed.share_prompt and not self.sharded
         self.pack = cfg.speed.pack_completions
         self.skipped_steps = 0  # optimizer steps skipped for a non-finite loss or gradient, over the whole run
+        self.draws = selection_draws(cfg.train.seed, 0, world.rank)  # clip_cov / kl_cov; reseeded by each update
+        if note := inert_at_one_pass(cfg):
+            log.warning(note)
 
     @torch.no_grad()
     def logprobs_no_grad(self, model, rollout: Rollout, precision: str) -> torch.Tensor:
@@ -187,6 +193,7 @@ class PolicyUpdater:
             old_logp = self.logprobs_no_grad(self.policy, rollout, self.precision)
         sums: dict[str, float] = defaultdict(float)
         mismatch: dict[str, list[torch.Tensor]] = defaultdict(list)
+        self.draws = selection_draws(t.seed, step, self.world.rank)
         batch = UpdateBatch(rollout, advantages, mask, ref_logp, old_logp)
         where = {pos: i for i, pos in enumerate(positions)}
         for it in range(t.mu):
@@ -279,6 +286,7 @@ class PolicyUpdater:
             self.params,
             fo.entropy,
             behaviour_logp=sampler,
+            generator=self.draws,
         )
         mf = m.float()
         for key, value in (
@@ -385,3 +393,26 @@ def minibatch_groups(num_groups: int, minibatches: int, seed: int, step: int, it
         return [list(range(num_groups))]
     order = torch.randperm(num_groups, generator=torch.Generator().manual_seed(group_seed(seed, step, -1 - iteration)))
     return [c.tolist() for c in order.chunk(minibatches)]
+
+
+def selection_draws(seed: int, step: int, rank: int) -> torch.Generator:
+    """The stream of Clip-Cov's and KL-Cov's draws in one update (grpolab.algo.surrogate): seeded from (train.seed,
+    step, rank), so a run and its resume draw the same; a stream of its own (the minibatch orders use -1 - pass)."""
+    return torch.Generator().manual_seed(group_seed(seed, step, -(1 << 20) - rank))
+
+
+def inert_at_one_pass(cfg: Config) -> str | None:
+    """The warning for KL-Cov with train.mu = 1 and train.minibatches = 1, else None. pi_old is then the policy being
+    trained (update: its detached log-probabilities), r = 1 at every token and |log r| has gradient 0 there: the
+    KL-Cov term does nothing and the update is plain policy gradient -r A (no clip). Warned when the updater is built
+    (once a run, before the first step), not by the config checks: those raise ConfigError only and run on every
+    config load (presets, the card, manifest diff, resume), and the run is valid -- it does less than its name says,
+    as the clip does at mu = 1."""
+    t = cfg.train
+    if cfg.algorithm.surrogate != "kl_cov" or t.mu > 1 or t.minibatches > 1:
+        return None
+    return (
+        "algorithm.surrogate kl_cov with train.mu 1 and train.minibatches 1: the ratio r is 1 at every token and "
+        "|log r| has gradient 0 there, so the KL-Cov term does nothing (the update is plain policy gradient); set "
+        "train.mu >= 2 or train.minibatches >= 2 for it to act"
+    )

@@ -19,7 +19,7 @@ from grpolab.algo.importance import ISMode, ISParams, is_weights
 from grpolab.algo.kl import KLEstimator
 from grpolab.algo.logprobs import logprobs_and_entropy, token_logprobs
 from grpolab.algo.loss import ObjectiveParams, objective
-from grpolab.algo.surrogate import ClipParams, PolicyLossParams, Surrogate
+from grpolab.algo.surrogate import ClipParams, CovSelect, PolicyLossParams, Surrogate
 
 # --------------------------------------------------------------------------------------------------
 # Hand values
@@ -154,10 +154,11 @@ def _run(setup, params, mode, mb_size, per_mb_weights=False):
     return total, W.grad.clone(), terms
 
 
-# clip_cov / kl_cov select their tokens per micro-batch (as verl does; docs/algorithms.md): not invariant by design
+# clip_cov / kl_cov select their tokens per micro-batch (docs/algorithms.md): the expected share selected is the same
+# at any size (tests/algo/test_covariance_selection.py), the tokens are not
 INVARIANT = [s for s in Surrogate if s not in (Surrogate.CLIP_COV, Surrogate.KL_COV)]
 PARAM_GRID = list(itertools.product(list(Aggregation), INVARIANT, list(KLEstimator)))
-MENU = PolicyLossParams(0.5, 1.0, 1.0, 1.05, 2e-4, 1.0, 5.0, 0.1)
+MENU = PolicyLossParams(0.5, 1.0, 1.0, 1.05, 2e-4, 1.0, 5.0, 0.1, CovSelect.RANDOM)
 
 
 def _params(surrogate, kl):
