@@ -235,7 +235,7 @@ def teacher_manifest(cfg: Config) -> dict[str, Any]:
     and the comparison of seeds see a teacher whose run directory gained a newer checkpoint) and its resolved path."""
     if cfg.algorithm.estimator != "distill":
         return {}
-    path = resolve_model_path(cfg.distill.teacher)
+    path = resolve_model_path(cfg.distill.teacher, "distill.teacher")
     hashes = mf.hash_model_dir(path)
     return {
         "hashes": {"teacher_weights": hashes["weights"], "teacher_tokenizer": hashes["tokenizer"]},

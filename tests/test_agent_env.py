@@ -110,9 +110,9 @@ def test_guess_env_answers_higher_lower_and_ends_on_the_secret():
 
 
 def test_agent_task_options_are_checked_and_carried_in_the_problems():
-    with pytest.raises(ConfigError, match="task.env"):
+    with pytest.raises(ConfigError, match="task.options.env"):
         make_task("agent", env="nope")
-    with pytest.raises(ConfigError, match="task.max_turns"):
+    with pytest.raises(ConfigError, match="task.options.max_turns"):
         make_task("agent", env="calc", max_turns=0)
     p = make_task("agent", env="guess", num_train=3, max_turns=5).problems("train")[0]
     assert p.data["kind"] == "agent" and p.data["env"] == "guess" and p.data["limits"]["max_turns"] == 5
@@ -141,7 +141,7 @@ def test_a_user_environment_is_loaded_from_a_file(tmp_path):
         "    @classmethod\n"
         "    def problems(cls, split, n, seed, difficulty): return []\n"
     )
-    with pytest.raises(ConfigError, match=r"task.env: .*half_env.py:Half lacks reward"):
+    with pytest.raises(ConfigError, match=r"task.options.env: .*half_env.py:Half lacks reward"):
         make_task("agent", env=f"{tmp_path / 'half_env.py'}:Half")
 
 

@@ -231,11 +231,11 @@ def short(completions, problems):
         ({"rewards": {"other": share}}, "rewards['other']: passed in but not weighted; add reward.weights.other"),
         (
             {"config": {"task": {"name": "hf", "options": {"path": "DATASET", "prompt_field": "question"}}}},
-            "task.prompt_field: no field 'question' in split 'train' of DATASET; fields: prompt, gold",
+            "task.options.prompt_field: no field 'question' in split 'train' of DATASET; fields: prompt, gold",
         ),
         (
             {"problems": "DATASET_OBJECT", "fields": {"answer_field": "answer"}, "config": {"eval.every_steps": 0}},
-            "task.prompt_field: no field 'question' in split 'train' of the data set; fields: prompt, gold",
+            "fields['prompt_field']: no field 'question' in split 'train' of the data set; fields: prompt, gold",
         ),
         (
             {"problems": [{"question": "1 + 1?"}]},

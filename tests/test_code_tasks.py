@@ -70,13 +70,13 @@ def test_pyfunc_knobs_and_errors():
     assert all(t.level == 1 for t, _, _ in levels1.identities())
     assert {t.family for t, _, _ in make_task("pyfunc", families="str,list").identities()} == {"str", "list"}
     assert len({t.key for t in TEMPLATES}) == len(TEMPLATES)
-    with pytest.raises(ConfigError, match=r"task\.levels"):
+    with pytest.raises(ConfigError, match=r"task\.options\.levels"):
         make_task("pyfunc", levels="4")
-    with pytest.raises(ConfigError, match=r"task\.families"):
+    with pytest.raises(ConfigError, match=r"task\.options\.families"):
         make_task("pyfunc", families="int,float")
-    with pytest.raises(ConfigError, match=r"task\.split_by"):
+    with pytest.raises(ConfigError, match=r"task\.options\.split_by"):
         make_task("pyfunc", split_by="seed")
-    with pytest.raises(ConfigError, match=r"task\.hidden_tests"):
+    with pytest.raises(ConfigError, match=r"task\.options\.hidden_tests"):
         make_task("pyfunc", hidden_tests=0)
 
 
@@ -129,5 +129,5 @@ def test_bad_rows_name_file_and_line(tmp_path):
         make_task("humaneval", path=str(tmp_path)).problems("test")
     with pytest.raises(DataError, match="file not found"):
         make_task("mbpp", path=str(tmp_path / "nowhere")).problems("test")
-    with pytest.raises(ConfigError, match=r"task\.show_tests"):
+    with pytest.raises(ConfigError, match=r"task\.options\.show_tests"):
         make_task("mbpp", path=str(tmp_path), show_tests=5)

@@ -107,14 +107,16 @@ def test_a_missing_field_is_one_line_naming_it_and_the_fields_there(dict_dir, op
     with pytest.raises(ConfigError) as info:
         make_task("hf", **opts)
     message = str(info.value)
-    assert message.startswith(f"task.{option}: no field {field!r} in split 'train' of {dict_dir}; fields: {listed}")
+    assert message.startswith(
+        f"task.options.{option}: no field {field!r} in split 'train' of {dict_dir}; fields: {listed}"
+    )
     assert "\n" not in message
 
 
 def test_bad_splits_and_paths_are_named(dict_dir, tmp_path):
-    with pytest.raises(ConfigError, match=r"task.test_split: no split 'validation' in .*; splits: train, test"):
+    with pytest.raises(ConfigError, match=r"task.options.test_split: no split 'validation' in .*; splits: train, test"):
         make_task("hf", **options(dict_dir, test_split="validation"))
-    with pytest.raises(DataError, match=r"task.path ./nowhere/at/all: no such file or directory"):
+    with pytest.raises(DataError, match=r"task.options.path ./nowhere/at/all: no such file or directory"):
         make_task("hf", path="./nowhere/at/all")
     (tmp_path / "data.txt").write_text("x")
     with pytest.raises(DataError, match=r"expected a .json, .jsonl, .csv, .parquet file"):
@@ -129,7 +131,7 @@ def test_a_hub_id_without_network_is_one_line(monkeypatch):
         make_task("hf", path="someone/no-such-dataset-here", config_name="main")
     message = str(info.value)
     assert message.startswith(
-        "task.path someone/no-such-dataset-here: not a local path, so it is read from the "
+        "task.options.path someone/no-such-dataset-here: not a local path, so it is read from the "
         "Hugging Face hub, which needs network access; give a local path instead"
     )
     assert "\n" not in message

@@ -130,10 +130,13 @@ def test_a_server_that_exits_at_startup_is_an_error_quoting_its_log():
 @pytest.mark.parametrize(
     ("options", "match"),
     [
-        ({}, "task.command: give exactly one of command"),
-        ({"command": "serve --port 8000"}, r"task.command: expected a command with a \{port\} placeholder"),
-        ({"url": "http://example.com:8000"}, "task.url: expected http://127.0.0.1:PORT"),
-        ({"url": "http://127.0.0.1:1", "call_timeout_s": 0}, "task.call_timeout_s: expected a number of seconds"),
+        ({}, "task.options.command: give exactly one of command"),
+        ({"command": "serve --port 8000"}, r"task.options.command: expected a command with a \{port\} placeholder"),
+        ({"url": "http://example.com:8000"}, "task.options.url: expected http://127.0.0.1:PORT"),
+        (
+            {"url": "http://127.0.0.1:1", "call_timeout_s": 0},
+            "task.options.call_timeout_s: expected a number of seconds",
+        ),
     ],
 )
 def test_bad_input_is_refused_naming_the_field(options, match):

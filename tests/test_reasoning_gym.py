@@ -144,11 +144,19 @@ def test_a_problem_of_another_task_has_no_checker():
         ("reasoning_gym:chainsum", {}, "unknown reasoning-gym generator 'chainsum'; close names: chain_sum"),
         ("reasoning_gym:", {}, "names no member of the task family"),
         ("reasoning_gym", {}, "unknown task 'reasoning_gym'; expected one of"),
-        (CHAIN, {"max_termz": 3}, "task.max_termz: unknown option of reasoning-gym generator 'chain_sum'; accepted:"),
+        (
+            CHAIN,
+            {"max_termz": 3},
+            "task.options.max_termz: unknown option of reasoning-gym generator 'chain_sum'; accepted:",
+        ),
         (CHAIN, {"min_terms": 5, "max_terms": 2}, "rejected its options (min_terms=5, max_terms=2): max_terms must"),
-        (CHAIN, {"size": 10}, "task.size: not an option here; set task.num_train and task.num_test"),
-        (CHAIN, {"seed": -1}, "task.seed: expected an integer from 0 to 4095"),
-        (CHAIN, {"num_test": 0}, "task.num_test: expected an integer from 1"),
+        (
+            CHAIN,
+            {"size": 10},
+            "task.options.size: not an option here; set task.options.num_train and task.options.num_test",
+        ),
+        (CHAIN, {"seed": -1}, "task.options.seed: expected an integer from 0 to 4095"),
+        (CHAIN, {"num_test": 0}, "task.options.num_test: expected an integer from 1"),
     ],
 )
 def test_bad_generator_or_option_is_a_clear_config_error(name, options, message):

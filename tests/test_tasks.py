@@ -99,22 +99,22 @@ def test_small_space_returns_what_exists():
 
 
 def test_empty_split_is_config_error():
-    with pytest.raises(ConfigError, match=r"task\.test_fraction: no test problems"):
+    with pytest.raises(ConfigError, match=r"task\.options\.test_fraction: no test problems"):
         ArithmeticTask(operators="+", test_fraction=0.001).problems("test")
 
 
 @pytest.mark.parametrize(
     "knobs, message",
     [
-        (dict(digits=0), "task.digits: expected an integer >= 1, got 0"),
-        (dict(digits=True), "task.digits"),
-        (dict(terms=1), "task.terms: expected an integer >= 2, got 1"),
-        (dict(operators="+/"), "task.operators"),
-        (dict(operators=""), "task.operators"),
-        (dict(test_fraction=1.0), "task.test_fraction"),
-        (dict(num_train=0), "task.num_train"),
-        (dict(num_test=-1), "task.num_test"),
-        (dict(seed="x"), "task.seed"),
+        (dict(digits=0), "task.options.digits: expected an integer >= 1, got 0"),
+        (dict(digits=True), "task.options.digits"),
+        (dict(terms=1), "task.options.terms: expected an integer >= 2, got 1"),
+        (dict(operators="+/"), "task.options.operators"),
+        (dict(operators=""), "task.options.operators"),
+        (dict(test_fraction=1.0), "task.options.test_fraction"),
+        (dict(num_train=0), "task.options.num_train"),
+        (dict(num_test=-1), "task.options.num_test"),
+        (dict(seed="x"), "task.options.seed"),
     ],
 )
 def test_knob_validation(knobs, message):
@@ -193,7 +193,7 @@ def test_gsm8k_too_many_bad_rows(tmp_path):
 
 
 def test_gsm8k_knob_validation():
-    with pytest.raises(ConfigError, match="task.max_bad_fraction"):
+    with pytest.raises(ConfigError, match="task.options.max_bad_fraction"):
         GSM8KTask(max_bad_fraction=2)
 
 
@@ -281,10 +281,10 @@ def test_make_task_unknown_name():
 
 def test_make_task_unknown_and_missing_options():
     with pytest.raises(
-        ConfigError, match=r"task\.digit: unknown option for task 'arithmetic'; accepted: digits, operators"
+        ConfigError, match=r"task\.options\.digit: unknown option for task 'arithmetic'; accepted: digits, operators"
     ):
         make_task("arithmetic", digit=2)
-    with pytest.raises(ConfigError, match=r"task\.path: required for task 'jsonl'"):
+    with pytest.raises(ConfigError, match=r"task\.options\.path: required for task 'jsonl'"):
         make_task("jsonl")
 
 

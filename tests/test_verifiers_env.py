@@ -123,11 +123,14 @@ def test_the_multi_turn_environment_is_played_turn_by_turn_hand_checked():
 @pytest.mark.parametrize(
     ("options", "match"),
     [
-        ({"env": "vf_no_such_env"}, "task.env: cannot load the verifiers environment 'vf_no_such_env'"),
-        ({"env": "vf_newlines", "args": {"count": "many"}}, "task.args: rejected by the environment 'vf_newlines'"),
-        ({"env": "vf_newlines", "args": ["count"]}, "task.args: expected a mapping"),
-        ({"env": "vf_newlines", "num_train": 0}, "task.num_train: expected an integer > 0"),
-        ({"env": "missing/file.py"}, "task.env: file not found: missing/file.py"),
+        ({"env": "vf_no_such_env"}, "task.options.env: cannot load the verifiers environment 'vf_no_such_env'"),
+        (
+            {"env": "vf_newlines", "args": {"count": "many"}},
+            "task.options.args: rejected by the environment 'vf_newlines'",
+        ),
+        ({"env": "vf_newlines", "args": ["count"]}, "task.options.args: expected a mapping"),
+        ({"env": "vf_newlines", "num_train": 0}, "task.options.num_train: expected an integer > 0"),
+        ({"env": "missing/file.py"}, "task.options.env: file not found: missing/file.py"),
     ],
 )
 def test_bad_input_is_refused_naming_the_field(options, match):

@@ -77,7 +77,7 @@ ENVIRONMENTS: dict[str, type] = {}  # built-in environments by name; each regist
 
 
 def register_environment(name: str):
-    """Class decorator: make an AgentEnv subclass the built-in environment `name` (task.env: NAME). The built-ins
+    """Class decorator: make an AgentEnv subclass the built-in environment `name` (task.options.env: NAME). The built-ins
     (calc, guess, lookup) register when grpolab.agents is imported; this module never imports them."""
 
     def register(cls: type) -> type:
@@ -94,7 +94,7 @@ def builtin_envs() -> dict[str, type]:
 _LOADED: dict[str, type] = {}
 
 
-def load_env(ref: str, field: str = "task.env") -> type:
+def load_env(ref: str, field: str = "task.options.env") -> type:
     """The environment class `ref` names: a built-in (``calc``, ``guess``) or ``path/file.py:Class`` /
     ``package.module:Class``; ConfigError naming `field` otherwise."""
     envs = builtin_envs()
@@ -140,7 +140,9 @@ def is_agent_problem(problem: Problem) -> bool:
 def _positive(field: str, value: Any, kind: type = int) -> Any:
     ok = isinstance(value, (int, float) if kind is float else int) and not isinstance(value, bool) and value > 0
     if not ok:
-        raise ConfigError(f"task.{field}: expected {'a number' if kind is float else 'an integer'} > 0, got {value!r}")
+        raise ConfigError(
+            f"task.options.{field}: expected {'a number' if kind is float else 'an integer'} > 0, got {value!r}"
+        )
     return value
 
 
@@ -179,7 +181,9 @@ class AgentTask:
             raise ConfigError(f"task agent: unknown split {split!r}; expected train or test")
         made = self.env_cls.problems(split, self.sizes[split], self.seed, self.difficulty)
         if not isinstance(made, list) or not all(isinstance(p, Problem) for p in made):
-            raise ConfigError(f"task.env: {self.env_ref}.problems({split!r}, ...) must return a list of Problem")
+            raise ConfigError(
+                f"task.options.env: {self.env_ref}.problems({split!r}, ...) must return a list of Problem"
+            )
         data = {"kind": AGENT_KIND, "env": self.env_ref, "limits": dataclasses.asdict(self.limits)}
         return [dataclasses.replace(p, data={**p.data, **data}) for p in made]
 

@@ -55,7 +55,7 @@ def expert_episode(runner: EpisodeRunner, problem: Problem, eot: int | None = No
     solver = getattr(env_cls, "expert", None)
     if not callable(solver):
         raise ConfigError(
-            f"task.env: {problem.data['env']} has no expert(problem, turns) solver; supervised warm "
+            f"task.options.env: {problem.data['env']} has no expert(problem, turns) solver; supervised warm "
             "starts need one (grpolab/agents/expert.py)"
         )
     eot = end_of_turn_id(runner) if eot is None else eot

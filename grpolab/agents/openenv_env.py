@@ -321,22 +321,28 @@ def openenv_task(
         import openenv
         from openenv.core.generic_client import GenericEnvClient  # noqa: F401
     except ImportError as e:
-        raise ConfigError(f"task.command: OpenEnv servers need the openenv-core package: {INSTALL} ({e})") from None
+        raise ConfigError(
+            f"task.options.command: OpenEnv servers need the openenv-core package: {INSTALL} ({e})"
+        ) from None
     if (command is None) == (url is None):
-        raise ConfigError("task.command: give exactly one of command (a server the run starts) or url (one running)")
+        raise ConfigError(
+            "task.options.command: give exactly one of command (a server the run starts) or url (one running)"
+        )
     if command is not None:
         text = command if isinstance(command, str) else " ".join(map(str, command))
         if not isinstance(command, (str, list)) or "{port}" not in text:
-            raise ConfigError(f"task.command: expected a command with a {{port}} placeholder, got {command!r}")
+            raise ConfigError(f"task.options.command: expected a command with a {{port}} placeholder, got {command!r}")
     if url is not None:
         host = urllib.parse.urlparse(url).hostname if isinstance(url, str) else None
         if host not in ("127.0.0.1", "localhost"):
-            raise ConfigError(f"task.url: expected http://127.0.0.1:PORT (a server on this machine), got {url!r}")
+            raise ConfigError(
+                f"task.options.url: expected http://127.0.0.1:PORT (a server on this machine), got {url!r}"
+            )
     for name, value in (("call_timeout_s", call_timeout_s), ("startup_timeout_s", startup_timeout_s)):
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-            raise ConfigError(f"task.{name}: expected a number of seconds > 0, got {value!r}")
+            raise ConfigError(f"task.options.{name}: expected a number of seconds > 0, got {value!r}")
     if not isinstance(action_field, str) or not action_field:
-        raise ConfigError(f"task.action_field: expected the action's text field name, got {action_field!r}")
+        raise ConfigError(f"task.options.action_field: expected the action's text field name, got {action_field!r}")
     attrs = {
         "command": command,
         "url": url.rstrip("/") if url else None,

@@ -51,7 +51,9 @@ def _vf():
     try:
         import verifiers.v1 as vf
     except ImportError as e:
-        raise ConfigError(f"task.env: verifiers environments need the verifiers package: {INSTALL} ({e})") from None
+        raise ConfigError(
+            f"task.options.env: verifiers environments need the verifiers package: {INSTALL} ({e})"
+        ) from None
     return vf
 
 
@@ -121,14 +123,14 @@ def _load(ref: str, args_json: str) -> LoadedEnv:
     vf = _vf()
     from verifiers.v1.envs.single_agent import SingleAgentEnv
 
-    module = _module_name(ref, "task.env")
+    module = _module_name(ref, "task.options.env")
     try:
         cfg = vf.resolve_env_config({"taskset": {"id": module, **json.loads(args_json)}})
         env = vf.load_environment(cfg)
     except (ModuleNotFoundError, TypeError, AttributeError) as e:
-        raise ConfigError(f"task.env: cannot load the verifiers environment {ref!r}: {e}") from None
+        raise ConfigError(f"task.options.env: cannot load the verifiers environment {ref!r}: {e}") from None
     except ValueError as e:  # pydantic's ValidationError is a ValueError: the args
-        raise ConfigError(f"task.args: rejected by the environment {ref!r}: {e}") from None
+        raise ConfigError(f"task.options.args: rejected by the environment {ref!r}: {e}") from None
     taskset, task_cls = env.taskset, type(env.taskset).task_type()
     needs = []
     if taskset.config.task.judges:
@@ -143,7 +145,7 @@ def _load(ref: str, args_json: str) -> LoadedEnv:
         needs.append(f"{len(seats)} agent seats {seats} (grpolab plays one: the policy)")
     if needs:
         raise ConfigError(
-            f"task.env: {ref} needs {', '.join(needs)}, which grpolab does not run (docs/environments.md)"
+            f"task.options.env: {ref} needs {', '.join(needs)}, which grpolab does not run (docs/environments.md)"
         )
     return LoadedEnv(ref, args_json, env, module, multi_turn, seats[0])
 
@@ -151,9 +153,11 @@ def _load(ref: str, args_json: str) -> LoadedEnv:
 def load(ref: str, args: dict[str, Any] | None = None) -> LoadedEnv:
     """The environment `ref` with its taskset options `args` (cached per process); ConfigError naming the field."""
     if not isinstance(ref, str) or not ref:
-        raise ConfigError(f"task.env: expected an installed verifiers environment or 'path/to/file.py', got {ref!r}")
+        raise ConfigError(
+            f"task.options.env: expected an installed verifiers environment or 'path/to/file.py', got {ref!r}"
+        )
     if args is not None and not isinstance(args, dict):
-        raise ConfigError(f"task.args: expected a mapping of the environment's options, got {args!r}")
+        raise ConfigError(f"task.options.args: expected a mapping of the environment's options, got {args!r}")
     return _load(ref, json.dumps(args or {}, sort_keys=True))
 
 
@@ -175,7 +179,7 @@ def _problem(loaded: LoadedEnv, task: Any, args: dict[str, Any]) -> Problem:
     data = task.data
     return Problem(
         uid=f"verifiers/{loaded.module}/{task.key[:16]}",
-        question=row_text(task, "task.env"),
+        question=row_text(task, "task.options.env"),
         answer=str(getattr(data, "answer", "") or ""),
         data={"kind": KIND, "vf_env": loaded.ref, "args": args, "row": data.model_dump(mode="json")},
         instruction=data.system_prompt or "",
@@ -300,7 +304,7 @@ def rubric_rewards(ref: str, args: dict[str, Any] | None = None) -> tuple[dict[s
     loaded = load(ref, args)
     rows = _rows(loaded, 1)
     if not rows:
-        raise ConfigError(f"task.env: {ref} has no rows")
+        raise ConfigError(f"task.options.env: {ref} has no rows")
     hooks = rows[0].hooks("reward")
     weights = {fn.__name__: float(getattr(fn, "_vf_weight", 1.0)) for fn in hooks}
 

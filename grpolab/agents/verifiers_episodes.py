@@ -109,7 +109,7 @@ class _Interaction:
             text = message if isinstance(message, str) else "\n\n".join(_texts(message))
             ex.trace.nodes.append(_node(ex.trace, chat_message("user", text), False))
         else:
-            text = row_text(ex.task, "task.env")
+            text = row_text(ex.task, "task.options.env")
         if first and ex.task.data.system_prompt:
             text = f"{text}\n{ex.task.data.system_prompt}"  # as a single-turn prompt renders it
         ex.reply = ex.loop.create_future()

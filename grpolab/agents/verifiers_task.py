@@ -37,9 +37,11 @@ def verifiers_task(
     ``agent`` task over its VerifiersEpisodes adapter, with the episode bounds)."""
     for field, value in (("num_train", num_train), ("num_test", num_test), ("max_rows", max_rows)):
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise ConfigError(f"task.{field}: expected an integer > 0, got {value!r}")
+            raise ConfigError(f"task.options.{field}: expected an integer > 0, got {value!r}")
     if test_args is not None and not isinstance(test_args, dict):
-        raise ConfigError(f"task.test_args: expected a mapping of the held-out taskset's options, got {test_args!r}")
+        raise ConfigError(
+            f"task.options.test_args: expected a mapping of the held-out taskset's options, got {test_args!r}"
+        )
     loaded = load(env, args)
     args = dict(args or {})
     if test_args is not None:

@@ -13,7 +13,8 @@ rows differently) and ignores clamps that act only on log-ratios beyond +-20.
 - ``formula``: the loss as it is optimised, plain text and LaTeX (policy_loss, formula);
 - ``peers``: the peers' versions and the rows of the objective's axes (advantage, surrogate, aggregation, KL);
 - ``peers_sampling``: the rows of the sampling-side axes (importance sampling, masks, entropy, overlong, batch);
-- ``objective``: AXES, equivalents, peer_settings and objective_card (what the manifest stores).
+- ``objective``: AXES, equivalents, peer_settings and objective_card (what the manifest stores);
+- ``text``: card_lines, the card as plain text lines (what ``grpolab card`` prints).
 
 May import: config, rewards, training, baselines. Imported by: runs, cli.
 """

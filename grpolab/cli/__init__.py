@@ -1,7 +1,7 @@
 """The `grpolab` command. One module per verb group, each registering on the shared app (grpolab/cli/app.py):
 train.py (train), evaluate.py (eval, compare, baseline best-of-n / sft), baseline.py (baseline ppo / dpo / agent-sft),
 report.py (report), export.py (export), release.py (release), manifest.py (manifest diff, models), score.py (score),
-rm.py (rm train).
+rm.py (rm train), card.py (card).
 
 The CLI is a thin layer over the same functions the Python API (grpolab.api) calls; neither imports the other,
 and nothing below the CLI imports it (contracts in pyproject.toml).
@@ -9,6 +9,7 @@ and nothing below the CLI imports it (contracts in pyproject.toml).
 
 from __future__ import annotations
 
+import re
 import sys
 
 import click
@@ -18,7 +19,7 @@ from rich.markup import escape
 from ..errors import GrpolabError
 from ..sandbox.errors import SandboxError
 from ..training.faults import TrainingInterrupted
-from . import baseline, evaluate, export, manifest, release, report, rm, score, train  # noqa: F401, I001  (register the verbs on `app`, in help order)
+from . import baseline, card, evaluate, export, manifest, release, report, rm, score, train  # noqa: F401, I001  (register the verbs on `app`, in help order)
 from .app import app, console, err_console
 
 # typer >= 0.20 ships its own copy of click (typer._click): its exceptions are not click's, so both are caught
@@ -41,7 +42,7 @@ def main() -> None:
         err_console.print(str(e), highlight=False, soft_wrap=True)
         sys.exit(130)
     except (GrpolabError, SandboxError) as e:
-        err_console.print(f"[red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
+        err_console.print(f"[red]error:[/] {escape(named_as_given(str(e)))}", highlight=False, soft_wrap=True)
         sys.exit(2)
     except USAGE_ERRORS as e:
         sys.exit(show_usage_error(e))
@@ -50,6 +51,14 @@ def main() -> None:
         sys.exit(130)
     if isinstance(code, int) and code:  # typer.Exit(n) and Ctrl-C (Exit(130)) come back as the return value here
         sys.exit(code)
+
+
+def named_as_given(message: str, argv: list[str] | None = None) -> str:
+    """A task's error names its option as the config field task.options.X; a command given `--task-option X=...`
+    (eval, score, the baselines, rm train) reads it as `--task-option X`, what the user typed."""
+    if "--task-option" not in (sys.argv if argv is None else argv):
+        return message
+    return re.sub(r"\btask\.options\.(\w+)", r"--task-option \1", message)
 
 
 def show_usage_error(e: Exception) -> int:

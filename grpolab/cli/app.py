@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.text import Text
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="GRPO post-training with held-out evidence.")
 manifest_app = typer.Typer(no_args_is_help=True, help="Inspect run manifests.")
@@ -18,6 +19,14 @@ baseline_app = typer.Typer(
 app.add_typer(baseline_app, name="baseline")
 console = Console()
 err_console = Console(stderr=True)
+
+
+def print_plain(text: str, label: str = "") -> None:
+    """Print ``text`` to stdout exactly as given, on a terminal, a pipe or a file alike: no markup or emoji codes
+    read from it (a formula's ``w_IS[token_mask]`` is text), no wrapping inserted by rich (a line longer than the
+    console is the terminal's to wrap; a pipe gets it whole). ``label``: a bold word before it."""
+    line = Text.assemble((label, "bold"), " ", text) if label else Text(text)
+    console.print(line, soft_wrap=True, highlight=False)
 
 
 def _print_version(value: bool) -> None:

@@ -16,7 +16,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from ..errors import GrpolabError, writable_dir
 from ..training.progress_lines import step_line, trainer_step_line  # noqa: F401  (step_line: part of this module's interface)
-from .app import _show_warnings, app, console
+from .app import _show_warnings, app, console, print_plain
 
 
 def _progress() -> Progress:
@@ -226,7 +226,7 @@ def _fit(trainer) -> None:
 
     cfg, run_dir = trainer.cfg, trainer.run_dir
     console.print(f"[bold]data[/] {_data_line(trainer.data_summary)}", highlight=False)
-    console.print(f"[bold]objective[/] {objective_card(cfg)['formula']}")
+    print_plain(objective_card(cfg)["formula"], label="objective")  # as the manifest stores it, never wrapped
     if trainer.step >= cfg.train.steps:
         console.print(f"already finished: step {trainer.step} of train.steps = {cfg.train.steps}; nothing to do")
         return

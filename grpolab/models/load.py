@@ -76,35 +76,56 @@ def convert_bundled(alias: str) -> Path:
     return target
 
 
-def resolve_model_path(name: str) -> str:
+def check_model_name(name: str, field: str = "model.name") -> None:
+    """What resolve_model_path refuses, found without loading, converting or hashing anything (so a run can refuse
+    it before any model loads): an unknown bundled alias, RUN:best of a directory that is not a run, a run directory
+    without a complete checkpoint, a local path that is neither a model directory nor a LoRA adapter. The
+    GrpolabError names ``field``, the setting that gave ``name``."""
+    if name.startswith("bundled:"):
+        if name.removeprefix("bundled:") not in BUNDLED:
+            known = ", ".join("bundled:" + a for a in BUNDLED)
+            raise GrpolabError(f"{field}: unknown bundled alias {name!r}; known: {known}")
+        return
+    from .checkpoint import latest_checkpoint
+
+    if name.endswith(":best"):
+        run = Path(name.removesuffix(":best"))
+        if not (run / "manifest.json").is_file():
+            raise GrpolabError(
+                f"{field}: {name}: {run} is not a run directory (no manifest.json); RUN:best names the best "
+                f"checkpoint of a run written by `grpolab train`"
+            )
+        return
+    p = Path(name)
+    if (p / "manifest.json").is_file():  # a run directory
+        if latest_checkpoint(p) is None:
+            raise GrpolabError(f"{field}: {p}: run directory has no complete checkpoint under checkpoints/")
+        return
+    looks_local = name.startswith((".", "/", "~")) or p.exists() or name.count("/") > 1
+    if looks_local and not (p / "config.json").is_file() and not is_adapter_dir(p):
+        raise GrpolabError(
+            f"{field}: {name} is not a model directory (expected a config.json there, or a LoRA "
+            f"adapter's adapter_config.json)"
+        )
+
+
+def resolve_model_path(name: str, field: str = "model.name") -> str:
     """bundled:alias -> cached checkpoint dir; run dir -> its final checkpoint; RUN:best -> the run's best checkpoint
-    by held-out accuracy (checkpoints/best.json); else unchanged (path or hub id)."""
+    by held-out accuracy (checkpoints/best.json); else unchanged (path or hub id). A name check_model_name refuses
+    is a GrpolabError naming ``field``."""
+    check_model_name(name, field)
     if name.startswith("bundled:"):
         return str(convert_bundled(name.removeprefix("bundled:")))
     if name.endswith(":best"):
         from .checkpoint import best_checkpoint
 
         run = Path(name.removesuffix(":best"))
-        if not (run / "manifest.json").is_file():
-            raise GrpolabError(
-                f"{name}: {run} is not a run directory (no manifest.json); RUN:best names the best "
-                f"checkpoint of a run written by `grpolab train`"
-            )
         return str(intact_or_error(name, run, best_checkpoint(run)))
     p = Path(name)
     if (p / "manifest.json").is_file():  # a run directory: take its newest checkpoint
         from .checkpoint import latest_checkpoint
 
-        ckpt = latest_checkpoint(p)
-        if ckpt is None:
-            raise GrpolabError(f"{p}: run directory has no complete checkpoint under checkpoints/")
-        return str(intact_or_error(name, p, ckpt))
-    looks_local = name.startswith((".", "/", "~")) or p.exists() or name.count("/") > 1
-    if looks_local and not (p / "config.json").is_file() and not is_adapter_dir(p):
-        raise GrpolabError(
-            f"model.name: {name} is not a model directory (expected a config.json there, or a LoRA "
-            f"adapter's adapter_config.json)"
-        )
+        return str(intact_or_error(name, p, latest_checkpoint(p)))
     return name
 
 

@@ -91,10 +91,12 @@ def make_task(name: str, **kwargs: Any) -> Task:
     accepted, required = _options(factory)
     unknown = sorted(set(kwargs) - set(accepted))
     if unknown:
-        raise ConfigError(f"task.{unknown[0]}: unknown option for task {name!r}; accepted: {', '.join(accepted)}")
+        raise ConfigError(
+            f"task.options.{unknown[0]}: unknown option for task {name!r}; accepted: {', '.join(accepted)}"
+        )
     missing = [option for option in required if option not in kwargs]
     if missing:
-        raise ConfigError(f"task.{missing[0]}: required for task {name!r}")
+        raise ConfigError(f"task.options.{missing[0]}: required for task {name!r}")
     return factory(**kwargs)
 
 

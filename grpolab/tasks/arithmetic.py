@@ -62,14 +62,14 @@ def split_of(expression: str, test_fraction: float) -> str:
 
 def _check_int(field: str, value: object, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ConfigError(f"task.{field}: expected an integer >= {minimum}, got {value!r}")
+        raise ConfigError(f"task.options.{field}: expected an integer >= {minimum}, got {value!r}")
     return value
 
 
 def _check_operators(value: object) -> str:
     if not isinstance(value, str) or not value or any(c not in ALLOWED_OPERATORS for c in value):
         raise ConfigError(
-            f"task.operators: expected a non-empty string of characters from {ALLOWED_OPERATORS!r}, got {value!r}"
+            f"task.options.operators: expected a non-empty string of characters from {ALLOWED_OPERATORS!r}, got {value!r}"
         )
     return "".join(dict.fromkeys(value))  # dedupe, keep order
 
@@ -77,7 +77,7 @@ def _check_operators(value: object) -> str:
 def _check_fraction(value: object) -> float:
     ok = isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < 1
     if not ok:
-        raise ConfigError(f"task.test_fraction: expected a number between 0 and 1 (exclusive), got {value!r}")
+        raise ConfigError(f"task.options.test_fraction: expected a number between 0 and 1 (exclusive), got {value!r}")
     return float(value)
 
 
@@ -102,7 +102,7 @@ class ArithmeticTask:
         self.operators = _check_operators(operators)
         self.terms = _check_int("terms", terms, 2)
         if isinstance(seed, bool) or not isinstance(seed, int):
-            raise ConfigError(f"task.seed: expected an integer, got {seed!r}")
+            raise ConfigError(f"task.options.seed: expected an integer, got {seed!r}")
         self.seed = seed
         self.test_fraction = _check_fraction(test_fraction)
         self.num_train = _check_int("num_train", num_train, 1)
@@ -128,10 +128,10 @@ class ArithmeticTask:
                 found.append(self._problem(text, tokens, operands))
         if not found:
             raise ConfigError(
-                f"task.test_fraction: no {split} problems could be generated with digits={self.digits}, "
+                f"task.options.test_fraction: no {split} problems could be generated with digits={self.digits}, "
                 f"max_operand={self.max_operand}, "
                 f"terms={self.terms}, operators={self.operators!r}, test_fraction={self.test_fraction}; "
-                "raise task.digits or task.terms, or move task.test_fraction away from 0/1"
+                "raise task.options.digits or task.options.terms, or move task.options.test_fraction away from 0/1"
             )
         return found
 

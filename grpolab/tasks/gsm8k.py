@@ -39,7 +39,7 @@ def gold_answer(solution: str) -> str | None:
 
 def _check_optional_str(field: str, value: object) -> None:
     if value is not None and (not isinstance(value, str) or not value):
-        raise ConfigError(f"task.{field}: expected a non-empty string or null, got {value!r}")
+        raise ConfigError(f"task.options.{field}: expected a non-empty string or null, got {value!r}")
 
 
 class GSM8KTask:
@@ -56,7 +56,9 @@ class GSM8KTask:
         _check_optional_str("hub_id", hub_id)
         ok = isinstance(max_bad_fraction, (int, float)) and not isinstance(max_bad_fraction, bool)
         if not ok or not 0 <= max_bad_fraction <= 1:
-            raise ConfigError(f"task.max_bad_fraction: expected a number between 0 and 1, got {max_bad_fraction!r}")
+            raise ConfigError(
+                f"task.options.max_bad_fraction: expected a number between 0 and 1, got {max_bad_fraction!r}"
+            )
         self.path = path
         self.hub_id = hub_id
         self.max_bad_fraction = float(max_bad_fraction)
@@ -82,7 +84,7 @@ class GSM8KTask:
         """(source description, [(line number, row), ...]) for the split."""
         if self.path is not None:
             file = Path(self.path) / f"{split}.jsonl"
-            expected = "a GSM8K JSONL file with 'question' and 'answer' fields (task.path is a directory holding train.jsonl and test.jsonl)"
+            expected = "a GSM8K JSONL file with 'question' and 'answer' fields (task.options.path is a directory holding train.jsonl and test.jsonl)"
             return str(file), read_jsonl(file, expected)
         return f"{self.hub_id} ({split})", load_hub_rows(self.hub_id, split, "main")
 
@@ -104,5 +106,5 @@ class GSM8KTask:
             raise DataError(
                 f"{source}: {len(bad_lines)} of {total} rows have no usable gold answer "
                 f"(missing 'question'/'answer' or no text after '{MARKER}'), more than "
-                f"task.max_bad_fraction={self.max_bad_fraction}; first bad lines: {first}"
+                f"task.options.max_bad_fraction={self.max_bad_fraction}; first bad lines: {first}"
             )

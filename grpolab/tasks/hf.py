@@ -70,7 +70,9 @@ def _check_str(field: str, value: Any, optional: bool = True) -> None:
     if value is None and optional:
         return
     if not isinstance(value, str) or not value:
-        raise ConfigError(f"task.{field}: expected a non-empty string{' or null' if optional else ''}, got {value!r}")
+        raise ConfigError(
+            f"task.options.{field}: expected a non-empty string{' or null' if optional else ''}, got {value!r}"
+        )
 
 
 def _hub_unreachable() -> str | None:
@@ -97,7 +99,7 @@ def load_any(path: str, name: str | None = None) -> Any:
     try:
         import datasets
     except ImportError as exc:  # a declared dependency; only a broken install gets here
-        raise DataError(f"task.path {path}: reading data sets needs the 'datasets' package ({exc})") from None
+        raise DataError(f"task.options.path {path}: reading data sets needs the 'datasets' package ({exc})") from None
     local = Path(path).expanduser()
     try:
         if local.is_dir() and ((local / "dataset_dict.json").is_file() or (local / "state.json").is_file()):
@@ -105,22 +107,22 @@ def load_any(path: str, name: str | None = None) -> Any:
         if local.is_file():
             builder = FILE_BUILDERS.get(local.suffix.lower())
             if builder is None:
-                raise DataError(f"task.path {path}: expected a {', '.join(FILE_BUILDERS)} file or a directory")
+                raise DataError(f"task.options.path {path}: expected a {', '.join(FILE_BUILDERS)} file or a directory")
             return datasets.load_dataset(builder, data_files=str(local))
         if local.exists() or path.startswith((".", "/", "~")) or path.count("/") > 1:
             if not local.exists():
-                raise DataError(f"task.path {path}: no such file or directory")
+                raise DataError(f"task.options.path {path}: no such file or directory")
             return datasets.load_dataset(str(local), name)
     except DataError:
         raise
     except Exception as exc:  # the library's own errors: unreadable files, bad configs
-        raise DataError(f"task.path {path}: could not read the data set ({_first_line(exc)})") from None
+        raise DataError(f"task.options.path {path}: could not read the data set ({_first_line(exc)})") from None
     return _load_hub(datasets, path, name)
 
 
 def _load_hub(datasets: Any, path: str, name: str | None) -> Any:
     need = (
-        f"task.path {path}: not a local path, so it is read from the Hugging Face hub, which needs network access; "
+        f"task.options.path {path}: not a local path, so it is read from the Hugging Face hub, which needs network access; "
         "give a local path instead (a directory written by save_to_disk, or a data file)"
     )
     why = _hub_unreachable()
@@ -213,7 +215,7 @@ class HFTask:
             _check_str(field, value, optional=field not in ("prompt_field", "train_split"))
         self._check_numbers(test_fraction, split_seed, num_train, num_test, max_bad_fraction)
         if instruction is not None and not isinstance(instruction, str):
-            raise ConfigError(f"task.instruction: expected a string or null, got {instruction!r}")
+            raise ConfigError(f"task.options.instruction: expected a string or null, got {instruction!r}")
         self.path, self.config_name = path, config_name
         self.label = Path(str(path)).name if path else "dataset"
         self.fields = {
@@ -239,13 +241,13 @@ class HFTask:
             return isinstance(v, (int, float)) and not isinstance(v, bool)
 
         if not number(test_fraction) or not 0 < test_fraction < 1:
-            raise ConfigError(f"task.test_fraction: expected a number in (0, 1), got {test_fraction!r}")
+            raise ConfigError(f"task.options.test_fraction: expected a number in (0, 1), got {test_fraction!r}")
         if not number(max_bad) or not 0 <= max_bad <= 1:
-            raise ConfigError(f"task.max_bad_fraction: expected a number in [0, 1], got {max_bad!r}")
+            raise ConfigError(f"task.options.max_bad_fraction: expected a number in [0, 1], got {max_bad!r}")
         for field, value in (("split_seed", split_seed), ("num_train", num_train), ("num_test", num_test)):
             if not isinstance(value, int) or isinstance(value, bool) or (value < 0 and field != "split_seed"):
                 raise ConfigError(
-                    f"task.{field}: expected an integer{' >= 0' if field != 'split_seed' else ''}, got {value!r}"
+                    f"task.options.{field}: expected an integer{' >= 0' if field != 'split_seed' else ''}, got {value!r}"
                 )
 
     # ------------------------------------------------------------------------------------------ splits and fields
@@ -257,11 +259,11 @@ class HFTask:
         names = list(loaded.keys())
         if train_split not in loaded:
             raise ConfigError(
-                f"task.train_split: no split {train_split!r} in {self._where()}; splits: {', '.join(names)}"
+                f"task.options.train_split: no split {train_split!r} in {self._where()}; splits: {', '.join(names)}"
             )
         if test_split is not None and test_split not in loaded:
             raise ConfigError(
-                f"task.test_split: no split {test_split!r} in {self._where()}; splits: {', '.join(names)}"
+                f"task.options.test_split: no split {test_split!r} in {self._where()}; splits: {', '.join(names)}"
             )
         test = test_split or ("test" if "test" in loaded and train_split != "test" else None)
         return {
@@ -289,7 +291,7 @@ class HFTask:
             for option, column in wanted:
                 if column not in columns:
                     raise ConfigError(
-                        f"task.{option}: no field {column!r} in split {split!r} of {self._where()}; "
+                        f"task.options.{option}: no field {column!r} in split {split!r} of {self._where()}; "
                         f"fields: {', '.join(columns)}"
                     )
 
@@ -374,7 +376,7 @@ class HFTask:
         first = ", ".join(str(i) for i in bad[:5])
         raise DataError(
             f"{where}: {len(bad)} of {total} rows have no usable question or gold answer (more than "
-            f"task.max_bad_fraction={self.max_bad_fraction}); first bad rows (0-based): {first}"
+            f"task.options.max_bad_fraction={self.max_bad_fraction}); first bad rows (0-based): {first}"
         )
 
     # ------------------------------------------------------------------------------------------ identity

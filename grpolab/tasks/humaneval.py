@@ -71,7 +71,7 @@ class HumanEvalTask:
     def __init__(self, path: str | None = None, hub_id: str = "openai/openai_humaneval") -> None:
         for field, value in (("path", path), ("hub_id", hub_id)):
             if value is not None and (not isinstance(value, str) or not value):
-                raise ConfigError(f"task.{field}: expected a non-empty string or null, got {value!r}")
+                raise ConfigError(f"task.options.{field}: expected a non-empty string or null, got {value!r}")
         self.path, self.hub_id = path, hub_id
 
     def problems(self, split: str) -> list[Problem]:
@@ -83,7 +83,7 @@ class HumanEvalTask:
             file = Path(self.path) / "HumanEval.jsonl"
             rows = [
                 (f"{file}:{n}", row)
-                for n, row in read_jsonl(file, "HumanEval.jsonl (task.path is the directory holding it)")
+                for n, row in read_jsonl(file, "HumanEval.jsonl (task.options.path is the directory holding it)")
             ]
         else:
             rows = [(f"{self.hub_id} row {n}", row) for n, row in load_hub_rows(self.hub_id, "test")]

@@ -51,7 +51,7 @@ def load_hub_rows(hub_id: str, split: str, config: str | None = None) -> list[tu
         import datasets
     except ImportError as exc:
         raise DataError(
-            f"{hub_id}: loading from the hub needs the 'datasets' package ({exc}); or set task.path"
+            f"{hub_id}: loading from the hub needs the 'datasets' package ({exc}); or set task.options.path"
         ) from None
     try:
         dataset = (
@@ -59,7 +59,7 @@ def load_hub_rows(hub_id: str, split: str, config: str | None = None) -> list[tu
         )
     except Exception as exc:  # network, missing dataset or split: report it as a data problem
         raise DataError(
-            f"{hub_id}: could not load split {split!r} from the hub ({exc}); or set task.path to a local copy"
+            f"{hub_id}: could not load split {split!r} from the hub ({exc}); or set task.options.path to a local copy"
         ) from None
     return [(number, dict(row)) for number, row in enumerate(dataset, start=1)]
 
@@ -94,12 +94,12 @@ class JsonlTask:
         slice_field: str | None = None,
     ) -> None:
         if not isinstance(path, str) or not path:
-            raise ConfigError(f"task.path: expected a path to a .jsonl file, got {path!r}")
+            raise ConfigError(f"task.options.path: expected a path to a .jsonl file, got {path!r}")
         for field, value in (("question_field", question_field), ("answer_field", answer_field)):
             if not isinstance(value, str) or not value:
-                raise ConfigError(f"task.{field}: expected a non-empty string, got {value!r}")
+                raise ConfigError(f"task.options.{field}: expected a non-empty string, got {value!r}")
         if slice_field is not None and (not isinstance(slice_field, str) or not slice_field):
-            raise ConfigError(f"task.slice_field: expected a non-empty string or null, got {slice_field!r}")
+            raise ConfigError(f"task.options.slice_field: expected a non-empty string or null, got {slice_field!r}")
         self.path = path
         self.question_field = question_field
         self.answer_field = answer_field
@@ -108,7 +108,7 @@ class JsonlTask:
     def problems(self, split: str) -> list[Problem]:
         """All rows of the split's file, in file order."""
         file = Path(self.path.replace("{split}", check_split(split)))
-        expected = f"a JSONL file with {self.question_field!r} and {self.answer_field!r} fields (task.path)"
+        expected = f"a JSONL file with {self.question_field!r} and {self.answer_field!r} fields (task.options.path)"
         return [
             self._problem(file, index, lineno, row) for index, (lineno, row) in enumerate(read_jsonl(file, expected))
         ]

@@ -26,7 +26,7 @@ class Math500Task:
     def __init__(self, path: str | None = None, hub_id: str = "HuggingFaceH4/MATH-500") -> None:
         for field, value in (("path", path), ("hub_id", hub_id)):
             if value is not None and (not isinstance(value, str) or not value):
-                raise ConfigError(f"task.{field}: expected a non-empty string or null, got {value!r}")
+                raise ConfigError(f"task.options.{field}: expected a non-empty string or null, got {value!r}")
         self.path = path
         self.hub_id = hub_id
 
@@ -44,7 +44,7 @@ class Math500Task:
         file = Path(self.path)
         if file.suffix != ".jsonl":
             file = file / "test.jsonl"
-        expected = "a MATH-500 JSONL file with 'problem', 'answer', 'level' and 'unique_id' fields (task.path)"
+        expected = "a MATH-500 JSONL file with 'problem', 'answer', 'level' and 'unique_id' fields (task.options.path)"
         return str(file), read_jsonl(file, expected)
 
     @staticmethod

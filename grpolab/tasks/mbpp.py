@@ -43,7 +43,7 @@ def mbpp_uid(task_id: object) -> str | None:
 
 def _check_optional_str(field: str, value: object) -> None:
     if value is not None and (not isinstance(value, str) or not value):
-        raise ConfigError(f"task.{field}: expected a non-empty string or null, got {value!r}")
+        raise ConfigError(f"task.options.{field}: expected a non-empty string or null, got {value!r}")
 
 
 def _str_list(row: dict, field: str, where: str, allow_empty: bool = False) -> list[str]:
@@ -99,9 +99,9 @@ class MBPPTask:
         _check_optional_str("path", path)
         _check_optional_str("hub_id", hub_id)
         if isinstance(show_tests, bool) or not isinstance(show_tests, int) or not 0 <= show_tests <= 3:
-            raise ConfigError(f"task.show_tests: expected an integer in 0..3, got {show_tests!r}")
+            raise ConfigError(f"task.options.show_tests: expected an integer in 0..3, got {show_tests!r}")
         if not isinstance(challenge, bool):
-            raise ConfigError(f"task.challenge: expected true or false, got {challenge!r}")
+            raise ConfigError(f"task.options.challenge: expected true or false, got {challenge!r}")
         self.path, self.hub_id, self.show_tests, self.challenge = path, hub_id, show_tests, challenge
 
     def problems(self, split: str) -> list[Problem]:
@@ -120,6 +120,6 @@ class MBPPTask:
     def _rows(self, split: str) -> list[tuple[str, dict]]:
         if self.path is not None:
             file = Path(self.path) / "mbpp.jsonl"
-            rows = read_jsonl(file, "MBPP's mbpp.jsonl (task.path is the directory holding it)")
+            rows = read_jsonl(file, "MBPP's mbpp.jsonl (task.options.path is the directory holding it)")
             return [(f"{file}:{lineno}", row) for lineno, row in rows]
         return [(f"{self.hub_id} ({split}) row {n}", row) for n, row in load_hub_rows(self.hub_id, split, "full")]

@@ -183,14 +183,14 @@ def _choices(field: str, value: Any, allowed: tuple, cast) -> tuple:
         out = ()
     if not out or any(v not in allowed for v in out):
         raise ConfigError(
-            f"task.{field}: expected a comma-separated subset of {', '.join(map(str, allowed))}, got {value!r}"
+            f"task.options.{field}: expected a comma-separated subset of {', '.join(map(str, allowed))}, got {value!r}"
         )
     return out
 
 
 def _int(field: str, value: Any, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ConfigError(f"task.{field}: expected an integer >= {minimum}, got {value!r}")
+        raise ConfigError(f"task.options.{field}: expected an integer >= {minimum}, got {value!r}")
     return value
 
 
@@ -213,23 +213,23 @@ class PyFuncTask:
         time_limit_s: float = 2.0,
     ) -> None:
         if isinstance(seed, bool) or not isinstance(seed, int):
-            raise ConfigError(f"task.seed: expected an integer, got {seed!r}")
+            raise ConfigError(f"task.options.seed: expected an integer, got {seed!r}")
         self.seed = seed
         self.levels = _choices("levels", levels, (1, 2, 3), int)
         self.families = _choices("families", families, FAMILIES, str)
         ok = isinstance(test_fraction, (int, float)) and not isinstance(test_fraction, bool) and 0 < test_fraction < 1
         if not ok:
             raise ConfigError(
-                f"task.test_fraction: expected a number between 0 and 1 (exclusive), got {test_fraction!r}"
+                f"task.options.test_fraction: expected a number between 0 and 1 (exclusive), got {test_fraction!r}"
             )
         self.test_fraction = float(test_fraction)
         if split_by not in ("problem", "template"):
-            raise ConfigError(f"task.split_by: expected 'problem' or 'template', got {split_by!r}")
+            raise ConfigError(f"task.options.split_by: expected 'problem' or 'template', got {split_by!r}")
         self.split_by = split_by
         self.shown_tests, self.hidden_tests = _int("shown_tests", shown_tests, 0), _int("hidden_tests", hidden_tests, 1)
         self.num_train, self.num_test = _int("num_train", num_train, 0), _int("num_test", num_test, 0)
         if isinstance(time_limit_s, bool) or not isinstance(time_limit_s, (int, float)) or not time_limit_s > 0:
-            raise ConfigError(f"task.time_limit_s: expected a number > 0 (seconds), got {time_limit_s!r}")
+            raise ConfigError(f"task.options.time_limit_s: expected a number > 0 (seconds), got {time_limit_s!r}")
         self.time_limit_s = float(time_limit_s)
 
     def identities(self) -> list[tuple[Template, Any, str]]:
@@ -254,7 +254,7 @@ class PyFuncTask:
         chosen = chosen[:limit] if limit else chosen
         if not chosen:
             raise ConfigError(
-                f"task.test_fraction: no {split} problems with levels={self.levels}, families="
+                f"task.options.test_fraction: no {split} problems with levels={self.levels}, families="
                 f"{self.families}, test_fraction={self.test_fraction}, split_by={self.split_by!r}"
             )
         return [self.problem(t, p, ident) for t, p, ident in chosen]

@@ -113,7 +113,7 @@ def generator_options(generator: str) -> list[str]:
 
 def _check_int(field: str, value: object, minimum: int, maximum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
-        raise ConfigError(f"task.{field}: expected an integer from {minimum} to {maximum}, got {value!r}")
+        raise ConfigError(f"task.options.{field}: expected an integer from {minimum} to {maximum}, got {value!r}")
     return value
 
 
@@ -179,10 +179,12 @@ class ReasoningGymTask:
         accepted = generator_options(generator)
         for option in options:
             if option == "size":
-                raise ConfigError("task.size: not an option here; set task.num_train and task.num_test")
+                raise ConfigError(
+                    "task.options.size: not an option here; set task.options.num_train and task.options.num_test"
+                )
             if option not in accepted:
                 raise ConfigError(
-                    f"task.{option}: unknown option of reasoning-gym generator {generator!r}; accepted: "
+                    f"task.options.{option}: unknown option of reasoning-gym generator {generator!r}; accepted: "
                     f"{', '.join(['seed', 'num_train', 'num_test', *accepted])}"
                 )
         self.name = TASK_PREFIX + generator
@@ -240,7 +242,7 @@ class ReasoningGymTask:
         if split == "train":
             self.removed_overlap = len(seen & held_out)
         if not found:
-            raise ConfigError(f"task.num_{split}: reasoning-gym's {self.generator!r} gave no {split} problems")
+            raise ConfigError(f"task.options.num_{split}: reasoning-gym's {self.generator!r} gave no {split} problems")
         return found
 
     def _problem(self, split: str, idx: int, item: dict[str, Any]) -> Problem:

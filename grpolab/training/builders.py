@@ -7,6 +7,7 @@ Each function takes the config and what it needs, never the Trainer.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -15,7 +16,7 @@ import torch
 
 from ..agents.env import AgentTask
 from ..config import Config
-from ..errors import ConfigError, DataError
+from ..errors import ConfigError, DataError, GrpolabError
 from ..evaluation.overlap import overlapping
 from ..manifest import problem_hashes
 from ..models.load import load_causal_lm, load_tokenizer, make_reference
@@ -80,12 +81,29 @@ def _dataset_task(dataset: Any, fields: Mapping[str, Any] | None):
     return HFTask(dataset=dataset, **dict(fields or {}))
 
 
+def _named_as_fields(message: str) -> str:
+    """Task hf's error with its options named as the caller gave them: fields['X'] for task.options.X."""
+    return re.sub(r"\btask\.options\.(\w+)", r"fields['\1']", message)
+
+
 def in_memory_problems(
     cfg: Config, problems: Any, eval_problems: Any = None, fields: Mapping[str, Any] | None = None
 ) -> tuple[list[Problem], list[Problem], dict[str, Any]]:
     """(train, held-out, data summary) of problems given in memory (grpolab.api's ``problems=``:
     a list of Problem or a datasets.Dataset read with task hf's rules, ``fields`` its options); the held-out ones are cut to
     eval.num_problems, and any that shares a question with a training problem is a DataError naming it."""
+    try:
+        return _in_memory_problems(cfg, problems, eval_problems, fields)
+    except GrpolabError as e:
+        message = _named_as_fields(str(e))
+        if message == str(e):
+            raise
+        raise type(e)(message) from None
+
+
+def _in_memory_problems(
+    cfg: Config, problems: Any, eval_problems: Any, fields: Mapping[str, Any] | None
+) -> tuple[list[Problem], list[Problem], dict[str, Any]]:
     source: dict[str, Any] = {"kind": IN_MEMORY_TASK}
     task = _dataset_task(problems, fields) if is_dataset(problems) else None
     train = task.problems("train") if task else _problem_list("problems", problems)

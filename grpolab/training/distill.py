@@ -19,7 +19,8 @@ and attention kernels), so a teacher equal to the student gives A = 0 exactly.
 - ``distill_sums``: the sums behind the metrics ``distill/reverse_kl`` and ``distill/teacher_logp``;
 - ``tokenizer_difference`` / ``check_same_tokenizer``: the student's token ids mean the same to the teacher, or
   the run is refused;
-- ``check_distill_config``: the combinations refused (no teacher, dynamic sampling, KL in the reward);
+- ``check_distill_config``: the combinations refused (no teacher or a teacher path that is no model, found before
+  any model loads; dynamic sampling; KL in the reward);
 - ``load_teacher``: the teacher model (hub id, local path, ``bundled:`` alias, a ``grpolab train`` run directory or
   ``RUN:best``), frozen, in distill.dtype, on the training device.
 """
@@ -30,7 +31,7 @@ import torch
 
 from ..config import Config
 from ..errors import ConfigError, GrpolabError
-from ..models.load import load_causal_lm, resolve_model_path
+from ..models.load import check_model_name, load_causal_lm, resolve_model_path
 
 METRICS = ("distill/reverse_kl", "distill/teacher_logp")
 
@@ -129,6 +130,7 @@ def check_distill_config(cfg: Config) -> None:
             "distill.teacher: expected the teacher model (a hub id, a local path, bundled:<alias> or a grpolab train "
             "run directory) with algorithm.estimator distill, got ''"
         )
+    check_model_name(cfg.distill.teacher, "distill.teacher")  # before any model loads: a missing path is named here
     if a.dynamic_sampling:
         raise ConfigError(
             "algorithm.dynamic_sampling: expected false with algorithm.estimator distill (a group whose rewards are "
@@ -146,7 +148,7 @@ def load_teacher(cfg: Config, student_tokenizer, student_path: str, device: torc
     from transformers import AutoTokenizer
 
     name = cfg.distill.teacher
-    path = resolve_model_path(name)
+    path = resolve_model_path(name, "distill.teacher")
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError) as e:

@@ -8,7 +8,7 @@ worker answers in order, so every generation samples from exactly the weights qu
 k updates old (exactly k once s >= k), and which weights drew it never depends on timing. In-flight generations
 finish on the weights they started with (no partial rollouts).
 
-Every step's batch carries its policy version (the number of updates behind the weights that drew it); the update
+Every step's batch carries its policy version (the number of updates applied to the weights that drew it); the update
 treats the sampler's log-probabilities as the behaviour policy (the run's is_mode / is_reject /
 offpolicy_mask_delta correct for it; config.checks refuses none). Metrics per step: ``async/staleness`` (updates
 between the batch's weights and the trained ones), ``async/policy_version``, ``async/wait_s`` (how long the trainer
