@@ -23,7 +23,6 @@ and the run continues from that step.
 
 from __future__ import annotations
 
-import copy
 import fcntl
 import json
 import os
@@ -38,11 +37,11 @@ import torch
 from . import manifest as mf
 from .baselines import ppo  # noqa: F401 -- registers algorithm.estimator gae (PPO's critic) with the trainer
 from .card import objective_card
-from .config import Config, from_dict, parse_override, set_path, to_dict
+from .card.recorded import upgrade_manifest
+from .config import Config, from_dict, parse_override, recorded_config, set_path, to_dict
 from .errors import GrpolabError
 from .models import checkpoint as ckpt
 from .models.load import resolve_model_path
-from .rewards.judge import judge_description
 from .rewards.model import reward_model_hashes, reward_model_manifest
 from .rewards.user import source_hashes
 from .tasks.base import Problem
@@ -299,7 +298,7 @@ def resume_config(run_dir: Path, overrides: list[str] | dict[str, Any]) -> tuple
         raise GrpolabError(f"--resume {run_dir}: not a run directory (no manifest.json); start a new run instead")
     try:
         manifest = mf.read_manifest(run_dir)
-        raw = copy.deepcopy(manifest["config"])
+        raw = recorded_config(manifest["config"])
     except (ValueError, KeyError, OSError) as e:
         raise GrpolabError(f"--resume {run_dir}: unreadable manifest.json ({type(e).__name__}: {e})") from None
     rollout = raw.get("rollout") or {}
@@ -313,22 +312,6 @@ def resume_config(run_dir: Path, overrides: list[str] | dict[str, Any]) -> tuple
 # What a resume must match. The git state is recorded with each resume but does not block it: a commit that
 # touches nothing the run uses (docs, tests) is not a reason to refuse, and what does matter is hashed here.
 RESUME_GUARDED = ("config", "objective", "judge", "hashes", "versions")
-RM_CARD_KEYS = ("path", "template", "normalize", "normalization", "batch_size", "max_length")
-
-
-def upgrade_manifest(m: dict[str, Any]) -> dict[str, Any]:
-    """A manifest written when the card held the judge's identity and rubric sha256 and the reward model's hashes,
-    in today's form: the judge's identity and rubric hash under ``judge``, the card's entries as the config
-    describes them (the reward model's hashes were in ``hashes`` already)."""
-    objective = dict(m.get("objective") or {})
-    old_judge, old_rm = objective.get("judge"), objective.get("reward_model")
-    if isinstance(old_judge, dict) and "rubric_sha256" in old_judge:
-        reward = (m.get("config") or {}).get("reward") or {}
-        objective["judge"] = judge_description(reward.get("judge") or {})
-        m = {**m, "judge": {"identity": old_judge.get("judge"), "rubric_sha256": old_judge["rubric_sha256"]}}
-    if isinstance(old_rm, dict) and "weights" in old_rm:
-        objective["reward_model"] = {k: old_rm.get(k) for k in RM_CARD_KEYS}
-    return {**m, "objective": objective} if "objective" in m else m
 
 
 def check_resume(
@@ -336,7 +319,7 @@ def check_resume(
 ) -> list[tuple[str, Any, Any]]:
     """The differences between the recorded and the current manifest; refuses any unless allow_changes."""
     guarded = lambda m: {k: m.get(k) for k in RESUME_GUARDED}  # noqa: E731
-    diffs = mf.diff_manifests(guarded(upgrade_manifest(recorded)), guarded(current))
+    diffs = mf.diff_manifests(guarded(upgrade_manifest(recorded, current)), guarded(current))
     if diffs and not allow_changes:
         listed = "; ".join(f"{k}: {a!r} -> {b!r}" for k, a, b in diffs)
         raise GrpolabError(

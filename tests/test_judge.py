@@ -378,7 +378,7 @@ def test_a_changed_rubric_shows_in_manifest_diff_through_the_judge_record(tmp_pa
 
 def test_a_run_whose_card_held_the_judges_identity_still_resumes(tmp_path):
     """Manifests written when the objective card recorded the judge's identity and rubric sha256 are read in today's
-    form (grpolab.runs.upgrade_manifest): the same run compares equal, a changed rubric still does not."""
+    form (grpolab.card.recorded.upgrade_manifest): the same run compares equal, a changed rubric still does not."""
     from grpolab.card import objective_card
     from grpolab.config import to_dict
     from grpolab.runs import check_resume

@@ -223,6 +223,33 @@ def test_a_resume_accepts_a_speed_switch_records_it_and_ends_the_bitwise_claim(t
     assert after["reproducibility"]["original"] == manifest["reproducibility"]
 
 
+def test_a_run_recorded_before_a_field_existed_resumes_as_it_began(tiny_model_dir, tmp_path):
+    """A manifest written before algorithm.clip_cov_select and ref_reset_optimizer existed (and before the card
+    listed them) resumes without --allow-changes, with the earlier behaviour (largest-first selection, optimizer
+    kept), not today's defaults; a recorded value that differs from today's still refuses."""
+    raw = tiny(tiny_model_dir, tmp_path, "old")
+    raw["algorithm"].update(surrogate="clip_cov", clip_cov_select="largest", ref_reset_optimizer=False)
+    trainer, _ = runs.start_run(from_dict(raw))
+    trainer.fit()
+    trainer.close()
+    path = tmp_path / "old" / "manifest.json"
+    manifest = json.loads(path.read_text())
+    for name in ("clip_cov_select", "ref_reset_optimizer"):
+        del manifest["config"]["algorithm"][name]
+        del manifest["objective"]["choices"][name]
+    path.write_text(json.dumps(manifest))
+    resumed, _ = runs.resume_run(tmp_path / "old", [], allow_changes=False)
+    assert resumed.cfg.algorithm.clip_cov_select.value == "largest"
+    assert resumed.cfg.algorithm.ref_reset_optimizer is False
+    resumed.close()
+    after = json.loads(path.read_text())
+    assert after["resumes"][0]["differences"] == []
+    manifest["objective"]["choices"]["cov_ratio"] = 0.5  # a recorded entry that differs is a difference
+    path.write_text(json.dumps(manifest))
+    with pytest.raises(GrpolabError, match=r"1 difference: objective.choices.cov_ratio"):
+        runs.resume_run(tmp_path / "old", [], allow_changes=False)
+
+
 def test_a_resume_is_refused_while_another_process_writes_the_run(tiny_model_dir, tmp_path):
     """The lock is taken before the model is loaded: the refusal is immediate and writes nothing."""
     run = tmp_path / "busy"

@@ -14,7 +14,8 @@ rows differently) and ignores clamps that act only on log-ratios beyond +-20.
 - ``peers``: the peers' versions and the rows of the objective's axes (advantage, surrogate, aggregation, KL);
 - ``peers_sampling``: the rows of the sampling-side axes (importance sampling, masks, entropy, overlong, batch);
 - ``objective``: AXES, equivalents, peer_settings and objective_card (what the manifest stores);
-- ``text``: card_lines, the card as plain text lines (what ``grpolab card`` prints).
+- ``text``: card_lines, the card as plain text lines (what ``grpolab card`` prints);
+- ``recorded``: upgrade_manifest, a recorded run's manifest in today's form (resume's comparison, ``grpolab card``).
 
 May import: config, rewards, training, baselines. Imported by: runs, cli.
 """

@@ -14,8 +14,8 @@ from .app import app, print_plain
 
 
 def _run_card(manifest_path: Path) -> dict[str, Any]:
-    """The objective card a run's manifest.json stores (in today's form: grpolab.runs.upgrade_manifest)."""
-    from ..runs import upgrade_manifest
+    """The objective card a run's manifest.json stores (in today's form: grpolab.card.recorded.upgrade_manifest)."""
+    from ..card.recorded import upgrade_manifest
 
     try:
         manifest = json.loads(manifest_path.read_text(encoding="utf-8"))

@@ -19,6 +19,7 @@ from .build import (
     number_map,
     parse_option,
     parse_override,
+    recorded_config,
     set_path,
     to_dict,
 )
@@ -68,6 +69,7 @@ __all__ = [
     "number_map",
     "parse_option",
     "parse_override",
+    "recorded_config",
     "set_path",
     "to_dict",
     "validate",

@@ -4,6 +4,7 @@ their old places; and back to a plain mapping (to_dict)."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
 import enum
@@ -210,6 +211,32 @@ def move_speed_fields(raw: dict, warn: bool = True) -> dict:
             if name in part:
                 raise ConfigError(f"{section}.{old_name} and {section}.{name} are both set; it was renamed {name}")
             part[name] = part.pop(old_name)
+    return out
+
+
+# Fields added after runs were recorded whose default today is not what the earlier versions did: a recorded config
+# that lacks one (written before the field existed) is read with the value that continues the run as it began.
+EARLIER_BEHAVIOUR = {
+    ("algorithm", "clip_cov_select"): "largest",  # the covariance selection before the random draw became the default
+    ("algorithm", "ref_reset_optimizer"): False,  # the reference reset before it cleared the optimizer by default
+}
+
+
+def recorded_config(raw: dict) -> dict:
+    """A config as a run's manifest recorded it, with each field of EARLIER_BEHAVIOUR it lacks set to the earlier
+    behaviour (every other missing field takes today's default when built: those reproduce what earlier versions did).
+    raw itself is left as it is.
+
+    >>> recorded_config({"algorithm": {"surrogate": "clip_cov"}})["algorithm"]["clip_cov_select"]
+    'largest'
+    >>> recorded_config({"algorithm": {"clip_cov_select": "random"}})["algorithm"]["clip_cov_select"]
+    'random'
+    """
+    out = copy.deepcopy(raw)
+    for (section, name), value in EARLIER_BEHAVIOUR.items():
+        part = out.setdefault(section, {})
+        if isinstance(part, dict) and name not in part:
+            part[name] = value
     return out
 
 
