@@ -8,8 +8,9 @@ rlimits, an unprivileged uid, no network, an empty environment and a private tem
 
 Modules: runner (one program run, from the trainer's side), pool (slots sized to the cores, each its own uid),
 limits (SandboxLimits), isolation and detect (which isolation this machine allows), confine (how the judge confines a
-run), harness (the judge and worker processes) over wire (their value-only frames), names (which names the tests
-get), image (the private copies of the files a run may read), errors, bench (overhead on this machine).
+run), seccomp (the program's system-call allow-list), harness (the judge and worker processes) over wire (their
+value-only frames), names (which names the tests get), image (the private copies of the files a run may read),
+errors, bench (overhead on this machine).
 
 Imports nothing else of grpolab (its own errors: sandbox/errors.py); checked by a contract in pyproject.toml.
 """

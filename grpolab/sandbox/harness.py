@@ -12,10 +12,10 @@ __pycache__ (no compile per program); importing this module has no side effects.
   own (so the program cannot signal it or change its limits) and becomes non-dumpable. Only then does it read
   frame 2 (the tests and the names they may use) -- the worker's memory never held them.
 - The worker drops to its uid (refusing to go on if it could write anything on the import path), restores the
-  usual signal handling, closes stdin and every descriptor but its two pipes, installs
-  the seccomp filter, runs the program in a fresh namespace, reports the ids of its top-level names (nothing
-  the program says about an object is believed), then answers requests (value, call, attribute, item, list,
-  len, bool, str) until its pipe closes.
+  usual signal handling, closes stdin and every other descriptor but its two pipes however high its number
+  (close_range), installs the system-call allow-list (grpolab.sandbox.seccomp), runs the program in a fresh
+  namespace, reports the ids of its top-level names (nothing the program says about an object is believed), then
+  answers requests (value, call, attribute, item, list, len, bool, str) until its pipe closes.
 - The judge runs the trusted test code in a namespace of its own: builtins, the standard-library modules the
   tests read (its own imports, from an allowlist), and only the program names the tests ask for (the problem's
   entry points and the names no one else defines), each as a value or a proxy (wire.Remote). It compares the
@@ -37,7 +37,7 @@ import sys
 import time
 
 try:
-    from .confine import drop, install_seccomp, prepare, writable_import_paths
+    from .confine import close_inherited, drop, install_seccomp, prepare, writable_import_paths
     from .wire import (
         CPU_LIMIT,
         Conn,
@@ -52,7 +52,7 @@ try:
         write_frame,
     )
 except ImportError:  # started by the runner as a top-level module
-    from confine import drop, install_seccomp, prepare, writable_import_paths  # type: ignore
+    from confine import close_inherited, drop, install_seccomp, prepare, writable_import_paths  # type: ignore
     from wire import (  # type: ignore
         CPU_LIMIT,
         Conn,
@@ -71,6 +71,8 @@ except ImportError:  # started by the runner as a top-level module
 # disk, memory), not that it is wrong
 LIMIT_ERRNOS = {errno.EFBIG, errno.EMFILE, errno.ENFILE, errno.EAGAIN, errno.ENOSPC, errno.ENOMEM}
 LOAD_REASONS = ("syntax", "error", "limit", "exit")
+# what a call refused by the worker's system-call filter returns (grpolab.sandbox.seccomp), said in the detail
+REFUSED_NOTE = " (ENOSYS: a system call outside the sandbox's allow-list, docs/code.md)"
 OPS = {
     "value": lambda o: o,
     "call": lambda o, *a, **k: o(*a, **k),
@@ -108,6 +110,20 @@ def _text(exc: BaseException) -> str:
     except BaseException:
         return ""
     return text[:300] if type(text) is str else ""
+
+
+def _refused(code: object) -> str:
+    """The note for a failure with errno `code`: the filter's refusal named, so a sample's detail says why.
+
+    >>> _refused(38).startswith(" (ENOSYS"), _refused(2)
+    (True, '')
+    """
+    return REFUSED_NOTE if code == errno.ENOSYS else ""
+
+
+def _load_detail(exc: BaseException) -> str:
+    code = exc.errno if isinstance(exc, OSError) else None
+    return f"{type(exc).__name__}: {_text(exc)}"[:300] + _refused(code)
 
 
 def load_reason(exc: BaseException, compiling: bool) -> str:
@@ -165,10 +181,7 @@ def _worker_setup(cfg: dict, rfd: int, wfd: int, handlers: dict) -> None:
         raise PermissionError(f"the sandbox user can write to the judge's import path: {writable}")
     for sig, handler in handlers.items():
         signal.signal(sig, handler)
-    previous = -1
-    for fd in sorted({1, 2, rfd, wfd}) + [4096]:  # close everything else: stdin, the result pipe, the judge's ends
-        os.closerange(previous + 1, fd)
-        previous = fd
+    close_inherited({1, 2, rfd, wfd})  # everything else, however high: stdin, the result pipe, the judge's ends
     os.open(os.devnull, os.O_RDONLY)  # fd 0: input() reads EOF
     if cfg.get("seccomp"):
         install_seccomp()
@@ -187,13 +200,13 @@ def worker_main(cfg: dict, rfd: int, wfd: int, handlers: dict) -> None:
     try:
         code = compile(cfg["program"], "<solution>", "exec")
     except BaseException as exc:
-        write_frame(wfd, {"load": {"reason": load_reason(exc, True), "detail": f"{type(exc).__name__}: {_text(exc)}"}})
+        write_frame(wfd, {"load": {"reason": load_reason(exc, True), "detail": _load_detail(exc)}})
         return
     namespace = {"__name__": "solution", "__builtins__": builtins}
     try:
         exec(code, namespace)
     except BaseException as exc:
-        write_frame(wfd, {"load": {"reason": load_reason(exc, False), "detail": f"{type(exc).__name__}: {_text(exc)}"}})
+        write_frame(wfd, {"load": {"reason": load_reason(exc, False), "detail": _load_detail(exc)}})
         return
     names = {}
     for key, value in list(namespace.items()):
@@ -218,7 +231,7 @@ def classify(exc: BaseException) -> tuple[str, str]:
             exc.remote_type, "error"
         )
         reason = "limit" if exc.remote_errno in LIMIT_ERRNOS else reason
-        return reason, f"the program raised {exc.remote_type}: {_text(exc)}"[:300]
+        return reason, f"the program raised {exc.remote_type}: {_text(exc)}"[:300] + _refused(exc.remote_errno)
     if isinstance(exc, OpaqueValue):
         return "wrong_answer", _text(exc)
     if isinstance(exc, AssertionError):
@@ -235,7 +248,7 @@ def load_failure(load: object) -> tuple[str, str]:
     reason and a short text are taken from it."""
     load = load if type(load) is dict else {}
     reason, detail = load.get("reason"), load.get("detail")
-    return (reason if reason in LOAD_REASONS else "error"), (detail[:300] if type(detail) is str else "")
+    return (reason if reason in LOAD_REASONS else "error"), (detail[:400] if type(detail) is str else "")
 
 
 def namespace_for_tests(conn: Conn, ids: object, tests: dict) -> dict:

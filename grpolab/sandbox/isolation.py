@@ -4,9 +4,10 @@ Preference order (the first whose probe passes wins; every step down is logged o
 lost, see docs/code.md "Fallbacks"):
 
 1. root with ``unshare --mount --net --pid --ipc --fork --kill-child --mount-proc``: the run's own root (private
-   copies of the files Python needs and a scratch tmpfs, no inode of the host: grpolab.sandbox.confine and
-   grpolab.sandbox.image), no network, its own SysV IPC and POSIX message queues, the judge is PID 1 of its
-   namespace (killing it ends every descendant), programs run as an unprivileged uid and their judge as another;
+   copies of the files Python needs and a scratch tmpfs mounted noexec, nosuid, nodev, no inode of the host:
+   grpolab.sandbox.confine and grpolab.sandbox.image), no network, its own SysV IPC and POSIX message queues, the
+   judge is PID 1 of its namespace (killing it ends every descendant), programs run as an unprivileged uid and
+   their judge as another;
 2. root with ``unshare --net --pid --ipc --fork --kill-child`` (no mount namespace);
 3. root with ``unshare --net --ipc``;
 4. root without namespaces: sockets, keys and IPC refused by the seccomp filter, stragglers killed by uid;
@@ -14,8 +15,9 @@ lost, see docs/code.md "Fallbacks"):
    but the program runs as your own user;
 6. not root, no namespaces: rlimits and the seccomp filter only.
 
-Every setup also installs the seccomp filter in the program's process (x86_64 and aarch64;
-grpolab.sandbox.confine.seccomp_program).
+Every setup also installs the seccomp filter in the program's process (x86_64 and aarch64; an allow-list,
+grpolab.sandbox.seccomp). Only setups with a mount namespace (1, 5) mount the scratch noexec: the others run the
+program in a host directory (``Isolation.missing`` says so at start-up).
 """
 
 from __future__ import annotations
@@ -91,8 +93,11 @@ class Isolation:
                 "no mount namespace: programs see the host's files (data files and the trainer's source among "
                 "them, where others may read them), can leave files in world-writable host directories (/tmp, "
                 "/var/tmp, /dev/shm, ...) without an inode limit, run in a host working directory (removed "
-                "afterwards), and share the host's page cache, file locks and directory cache with the host and "
-                "with each other (a channel between runs, and a cost on the host)"
+                "afterwards) that is not mounted noexec, nosuid, nodev (exec is refused by the seccomp filter, "
+                "but a file written there can be mapped executable), read host-wide counters in /proc (load, "
+                "free memory: a channel between runs at the same time), and share the host's page cache, file "
+                "locks and directory cache with the host and with each other (a channel between runs, and a cost "
+                "on the host)"
             )
         return out
 

@@ -101,12 +101,13 @@ class ExecResult:
 
 @functools.lru_cache(maxsize=1)
 def compile_harness() -> None:
-    """Write __pycache__ entries for harness.py, confine.py and wire.py (even under PYTHONDONTWRITEBYTECODE) so that no
-    program pays for compiling them; a read-only install just compiles them in each run."""
+    """Write __pycache__ entries for harness.py, confine.py, seccomp.py and wire.py (even under
+    PYTHONDONTWRITEBYTECODE) so that no program pays for compiling them; a read-only install just compiles them in
+    each run."""
     import importlib.util
     import py_compile
 
-    for name in ("wire.py", "confine.py", "harness.py"):
+    for name in ("wire.py", "seccomp.py", "confine.py", "harness.py"):
         source = str(Path(__file__).with_name(name))
         try:
             py_compile.compile(source, cfile=importlib.util.cache_from_source(source), doraise=True)
@@ -118,8 +119,8 @@ def harness_command(python: str) -> list[str]:
     """The judge's command line: the interpreter isolated from anything the program can write, equivalent to
     ``python -I`` but for the environment (which the runner builds from scratch, PYTHONHASHSEED included): no
     site, no user site (``-s -S``), no bytecode written (``-B``), and the import path reduced to this directory
-    (for harness.py, confine.py and wire.py, compiled, from __pycache__) and the interpreter's absolute entries
-    -- without the '' that ``-c`` puts first (the working directory, which the program can write)."""
+    (for harness.py, confine.py, seccomp.py and wire.py, compiled, from __pycache__) and the interpreter's
+    absolute entries -- without the '' that ``-c`` puts first (the working directory, which the program can write)."""
     compile_harness()
     here = str(Path(__file__).parent)
     boot = (
@@ -288,6 +289,21 @@ def _case(c: object) -> CaseResult:
     return CaseResult(ok, reason, str(c.get("detail", ""))[:500])
 
 
+def slot_cpu(slot: int) -> int | None:
+    """The CPU a slot's run is pinned to: the slot's turn among the CPUs this process may use (so a pool no larger
+    than that set gives every slot its own CPU; a larger pool shares them, and its slots can time each other);
+    None where the affinity cannot be read.
+
+    >>> slot_cpu(0) == min(os.sched_getaffinity(0))
+    True
+    """
+    try:
+        cpus = sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return None
+    return cpus[slot % len(cpus)] if cpus else None
+
+
 def run_job(job: Job, limits: SandboxLimits, isolation: "Isolation", slot: int = 0) -> ExecResult:
     """Run `job` in the sandbox with `limits`; `slot` picks the sandbox uid (limits.uid + slot) when root."""
     start = time.monotonic()
@@ -316,6 +332,7 @@ def run_job(job: Job, limits: SandboxLimits, isolation: "Isolation", slot: int =
             "home": home,
             "disk_mb": limits.disk_mb,
             "max_files": limits.max_files,
+            "cpu": slot_cpu(slot),
             "seccomp": isolation.seccomp,
             "image": image
             and {

@@ -64,12 +64,16 @@ class RemoteError(Exception):
 
 
 def _wait(fd: int, write: bool, deadline: float | None) -> None:
+    """Until `fd` is readable (or writable), its other end gone, or `deadline` passed (Deadline). With poll, not
+    select: select cannot watch a descriptor numbered 1024 or more, and the result pipe keeps the number it had in
+    a trainer holding that many files."""
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT if write else select.POLLIN)
     while True:
         left = None if deadline is None else deadline - time.monotonic()
         if left is not None and left <= 0:
             raise Deadline()
-        r, w, _ = select.select([] if write else [fd], [fd] if write else [], [], left)
-        if r or w:
+        if poller.poll(None if left is None else math.ceil(left * 1000)):
             return
 
 
