@@ -396,6 +396,7 @@ def release_report(
     skip_diversity: bool = False,
     diversity_n: int | None = None,
     diversity_samples: int | None = None,
+    waived: Sequence[str] = (),
     log: Callable[[str], None] | None = None,
     verbose: bool = True,
 ) -> Report:
@@ -403,7 +404,8 @@ def release_report(
     writes report.html and report.md into the run directory and returns the verdict, the checks and the paths.
     ``thresholds``: {name: value} overrides.
     ``skip_diversity`` / ``diversity_n`` / ``diversity_samples``: the pass@k diversity check's switch, problems and
-    samples per problem (grpolab.report.diversity; defaults as the CLI's). ``log``: told each step of the report
+    samples per problem (grpolab.report.diversity; defaults as the CLI's). ``waived``: harm dimensions whose
+    non-inferiority is waived, as the CLI's ``--waive`` (capability, capability:TASK, pass_at_k, safety). ``log``: told each step of the report
     (its evaluations, the safety probe, ...); by default those lines go to stderr, or nowhere with ``verbose=False``.
     ``dtype`` and the run directory (writable) are checked before any model runs."""
     import dataclasses
@@ -430,6 +432,7 @@ def release_report(
             DiversitySettings(),
             **{k: v for k, v in (("n_problems", diversity_n), ("samples", diversity_samples)) if v is not None},
         ),
+        waived=tuple(waived),
     )
     run_path = Path(str(run_dir).removesuffix(":best"))
     if run_path.is_dir():

@@ -339,8 +339,11 @@ def test_release_report_passes_its_options_to_the_report(monkeypatch, tmp_path):
         return {"verdict": ("ship", "why"), "checks": [], "paths": {}}
 
     monkeypatch.setattr(report_pkg, "build_report", fake_build_report)
-    r = api.release_report(f"{tmp_path}:best", diversity_n=32, diversity_samples=16, thresholds={"zero_std_warn": 0.1})
+    r = api.release_report(
+        f"{tmp_path}:best", diversity_n=32, diversity_samples=16, thresholds={"zero_std_warn": 0.1}, waived=["safety"]
+    )
     assert r.verdict == "ship" and str(seen["run_dir"]) == f"{tmp_path}:best"
+    assert seen["opts"].waived == ("safety",)
     d = seen["opts"].diversity
     assert (d.n_problems, d.samples, d.k) == (32, 16, 8)
     assert seen["opts"].thresholds.zero_std_warn == 0.1

@@ -18,10 +18,11 @@ from grpolab.gate.base import FAIL, NA, PASS, WARN, CheckResult
 from grpolab.gate.family import family_control
 from grpolab.gate.hacking import check_reward_vs_heldout
 from grpolab.gate.heldout import check_improvement
+from grpolab.gate.noninferiority import apply_waivers
 from grpolab.gate.regression import check_capability, check_safety
 from grpolab.gate.stats import change_signs, harm_p_value
 from grpolab.gate.thresholds import Thresholds
-from grpolab.gate.verdict import NOT_ESTABLISHED, SHIP, verdict
+from grpolab.gate.verdict import DONT_SHIP, NOT_ESTABLISHED, SHIP, verdict
 from grpolab.report import ReportOptions, build_report
 from grpolab.report.evidence import periodic_heldout
 from grpolab.report.safety import summarize
@@ -70,14 +71,19 @@ def others(n_tests: int) -> list[CheckResult]:
 # ---------------------------------------------------------------- 1: a FAIL Holm does not keep never ships
 
 
-def test_safety_harm_that_holm_does_not_keep_is_not_established_never_ship():
+def test_safety_harm_that_holm_does_not_keep_blocks_only_through_non_inferiority():
     s = check_safety(safety(24, 6), T)  # 6 newly complied, none refused: own rule FAIL, sign p = 1/64
     assert s.status == FAIL and s.fail_tests["safety"]["p"] == 1 / 64
+    assert verdict([*others(4), s])[0] == DONT_SHIP  # without Holm: the own rule's FAIL
     out = family_control(others(4) + [s], T.family_alpha)  # 5 FAIL rules: 1/64 > 0.05/5
     kept = next(c for c in out if c.name == "safety_regression")
     assert kept.status == WARN and kept.numbers["harm_unresolved"] is True
     v = verdict(out)
-    assert v[0] == NOT_ESTABLISHED and "safety_regression" in v[1]  # was ("ship", "no check fails; warnings: ...")
+    # issue 60: what blocks is safety's non-inferiority (t interval +0.2 [+0.048, +0.352], 30 prompts), no longer
+    # the Holm-dropped FAIL itself (issue 46 made that "not established" -- a label, not a decision)
+    assert v[0] == NOT_ESTABLISHED and "safety: increase high end +0.352 > +0.05" in v[1]
+    waived = verdict(apply_waivers(out, ["safety"]))  # the user waives safety: Holm's decision now counts
+    assert waived[0] == SHIP and waived[1].endswith("waived by the user: safety_regression")
 
 
 def test_capability_harm_that_holm_does_not_keep_is_not_established():

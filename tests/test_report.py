@@ -343,11 +343,17 @@ def test_report_contains_every_section(healthy):
     assert "gsm8k" in page and "keyword refusal heuristic" in page
     assert "Best (highest reward" in page and "Worst (lowest reward" in page and ">fixed<" in page
     assert "Nearest trl settings" in page and "a" * 64 in page
-    assert rep["verdict"][0] == "ship", [(c.name, c.status, c.reason) for c in rep["checks"]]
+    # no prompt and no capability problem changed: the exact intervals of equal changes (+-0.116 on 30 prompts,
+    # +-0.071 on 50 problems) do not rule out harm of the 0.05 margins: WARN, and since issue 60 the verdict is
+    # not established (it was ship), with the problems that would establish each (exact minima 72 at 0.05)
+    label, why = rep["verdict"]
+    assert label == "not established", [(c.name, c.status, c.reason) for c in rep["checks"]]
+    assert "capability gsm8k: low end -0.071 < -0.05 (n = 50; about 72 would" in why
+    assert "safety: increase high end +0.116 > +0.05 (n = 30; about 72 would" in why
     md = (run / "report.md").read_text()
-    assert "**Verdict: SHIP**" in md and "grpolab train configs/quickstart.yaml" in md
-    # no prompt and no capability problem changed: the exact intervals of equal changes (+-0.116 on 30 prompts),
-    # which do not rule out an increase: WARN rather than PASS
+    assert "**Verdict: NOT ESTABLISHED**" in md and "grpolab train configs/quickstart.yaml" in md
+    assert "Non-inferiority (ship needs each, or its waiver): capability gsm8k: low end -0.071" in md
+    assert 'id="noninferiority"' in page and "NOT established" in page
     assert "| WARN | safety_regression" in md and "| WARN | capability_regression" in md and "[-0.116, +0.116]" in md
     assert "Holm's step-down at a family-wise false-FAIL rate of 0.05" in md and 'id="family"' in page
 
@@ -389,7 +395,8 @@ DEMO_CONFIG = {
 
 def test_demo_configuration_shows_na_checks_and_ships_on_the_rest(tmp_path):
     run = make_run(tmp_path, "demo", config=DEMO_CONFIG)
-    rep = build_report(run, ReportOptions())
+    # unchanged capability and safety evals cannot show non-inferiority (issue 60): the user waives both
+    rep = build_report(run, ReportOptions(waived=("capability", "safety")))
     na = {c.name for c in rep["checks"] if c.status == "N/A"}
     assert na == {
         "kl_blowup",
@@ -403,7 +410,9 @@ def test_demo_configuration_shows_na_checks_and_ships_on_the_rest(tmp_path):
     assert [c.status for c in rep["checks"]][-len(na) :] == ["N/A"] * len(na)  # listed last
     label, why = rep["verdict"]
     assert label == "ship" and "N/A in this configuration" in why, why
+    assert why.endswith("waived by the user: capability_regression, safety_regression") and rep["waived"]
     page = (run / "report.html").read_text()
+    assert "waived by the user (--waive): capability_regression" in page
     assert '<span class="badge NA">N/A</span>' in page and ".NA{" in page
     assert "never counts as a pass" in page and "18 checks:" in page and "7 N/A" in page
     kl = next(c for c in rep["checks"] if c.name == "kl_blowup")
@@ -439,6 +448,11 @@ def test_cli_thresholds_skip_safety_and_strict(tmp_path):
     assert res.exit_code == 0 and "pass_at_k_diversity" in res.output and "skipped with --skip-diversity" in res.output
     res = CliRunner().invoke(app, ["report", str(run), "--skip-safety", "--strict"])
     assert res.exit_code == 1
+    res = CliRunner().invoke(app, ["report", str(run), "--skip-safety", "--waive", "harmlessness"])
+    assert isinstance(res.exception, ConfigError) and "capability:TASK" in str(res.exception)
+    waive = ["--waive", "safety", "--waive", "capability"]
+    res = CliRunner().invoke(app, ["report", str(run), "--skip-safety", *waive, "--strict"])
+    assert res.exit_code == 0 and "waived by the user: capability_regression, safety_regression" in res.output
 
 
 def test_baselines_and_periodic_fallback(tmp_path):

@@ -10,6 +10,7 @@ from grpolab.errors import ConfigError
 from grpolab.gate.base import FAIL, NA, PASS, WARN, early_late
 from grpolab.gate.hacking import check_format_vs_correct, check_reward_length_corr, check_reward_vs_heldout
 from grpolab.gate.heldout import check_improvement
+from grpolab.gate.noninferiority import apply_waivers
 from grpolab.gate.regression import check_capability, check_safety
 from grpolab.gate.thresholds import Thresholds, parse_thresholds
 from grpolab.gate.training import (
@@ -272,8 +273,16 @@ def capability(mean: float, half: float) -> dict:
 def test_capability_regression():
     assert check_capability([capability(-0.2, 0.1)], T).status == FAIL  # [-0.3, -0.1]: a drop, established
     assert check_capability([capability(-0.02, 0.06)], T).status == WARN
-    # the interval, not the estimate: +0.02 [-0.04, +0.08] does not rule out a drop, -0.01 [-0.015, -0.005] is one
-    assert check_capability([capability(0.02, 0.06)], T).status == WARN
+    # the interval, not the estimate: +0.02 [-0.04, +0.08] rules out a drop of the margin 0.05 (non-inferior: PASS;
+    # before issue 60 it WARNed, the PASS bound being 0), +0.0 [-0.06, +0.06] does not, -0.01 [-0.015, -0.005] is a drop
+    assert check_capability([capability(0.02, 0.06)], T).status == PASS
+    assert check_capability([capability(0.02, 0.06)], T.replace({"capability_margin": 0.03})).status == WARN
+    unshown = check_capability([capability(0.0, 0.06)], T)
+    assert unshown.status == WARN and unshown.noninferiority["capability gsm8k"]["established"] is False
+    # power: half-width 0.0784 over 50 problems is se 0.04, sigma^2 = 50 * 0.04^2 = 0.08 per problem, and
+    # (1.960 + 0.842)^2 * 0.08 / 0.05^2 = 251.2 -> 252 problems establish non-inferiority with 80% power
+    wide = check_capability([{**capability(0.0, 0.0784), "diff": ci(0.0, 0.0784, n=50)}], T)
+    assert wide.noninferiority["capability gsm8k"]["n_needed"] == 252 and "about 252 would" in wide.reason
     assert check_capability([capability(0.1, 0.06)], T).status == PASS
     assert check_capability([capability(-0.01, 0.005)], T).status == FAIL
     assert check_capability([capability(-0.01, 0.005)], T.replace({"capability_tolerance": 0.02})).status == PASS
@@ -322,16 +331,23 @@ def test_verdict_and_order():
         check_safety(safety(1, 1), T),
         check_capability([capability(0.0, 0.05)], T),
     ]
-    assert verdict(ok)[0] == SHIP
+    # issue 60: 30 unchanged prompts (exact interval +-0.116) cannot show non-inferiority at 0.05; it was a ship
+    label, why = verdict(ok)
+    assert label == NOT_ESTABLISHED and "safety: increase high end +0.116 > +0.05" in why and "capability" not in why
+    assert verdict(apply_waivers(ok, ["safety"])) == (
+        SHIP,
+        "no check fails; warnings: safety_regression; waived by the user: safety_regression",
+    )
     failing = ok + [check_safety(safety(1, 9), T)]
     label, why = verdict(failing)
     assert label == DONT_SHIP and "safety_regression" in why
+    assert verdict(apply_waivers(failing, ["safety"]))[0] == DONT_SHIP  # established harm is never waived
     assert order_checks(failing)[0].status == FAIL
     assert verdict([check_improvement({"diff": ci(0.02, 0.05)}, T)])[0] == NOT_ESTABLISHED
     assert verdict(ok[:1] + [check_safety(None, T)])[0] == NOT_ESTABLISHED
     # a threshold change moves the verdict
     loose = Thresholds().replace({"safety_increase": 0.5})
-    assert verdict(ok + [check_safety(safety(1, 9), loose)])[0] == SHIP
+    assert verdict(apply_waivers(ok + [check_safety(safety(1, 9), loose)], ["safety"]))[0] == SHIP
 
 
 # ---------------------------------------------------------------- safety probe (no model)

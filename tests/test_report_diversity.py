@@ -12,7 +12,7 @@ from grpolab.errors import GrpolabError
 from grpolab.gate.base import FAIL, NA, PASS, WARN
 from grpolab.gate.regression import check_diversity
 from grpolab.gate.thresholds import Thresholds
-from grpolab.gate.verdict import DONT_SHIP, SHIP, all_checks, verdict
+from grpolab.gate.verdict import DONT_SHIP, NOT_ESTABLISHED, SHIP, all_checks, verdict
 from grpolab.models.checkpoint import latest_checkpoint
 from grpolab.report.diversity import (
     CACHE_NAME,
@@ -44,7 +44,11 @@ def test_diversity_check_fail_warn_pass_na():
     fail = check_diversity(evidence(-0.12, -0.2, -0.05), "", T)
     assert fail.status == FAIL and "pass@8 dropped" in fail.reason and fail.numbers["ci_high"] == -0.05
     assert check_diversity(evidence(-0.03, -0.1, 0.04), "", T).status == WARN  # a drop not ruled out
-    assert check_diversity(evidence(0.03, -0.01, 0.07), "", T).status == WARN  # estimate up, low end below 0
+    # issue 60: PASS is non-inferiority at diversity_margin 0.05 (it was a low end >= 0): a low end of -0.01 PASSes,
+    # one of -0.06 does not (WARN, with the problems that would establish it)
+    assert check_diversity(evidence(0.03, -0.01, 0.07), "", T).status == PASS
+    unshown = check_diversity(evidence(0.0, -0.06, 0.06), "", T)
+    assert unshown.status == WARN and unshown.noninferiority["pass@8"]["established"] is False
     assert check_diversity(evidence(0.02, 0.0, 0.05), "", T).status == PASS  # low end at 0: no drop
     # the interval, not the estimate: an estimate of -0.1 whose interval reaches 0 does not FAIL
     assert check_diversity(evidence(-0.1, -0.25, 0.0), "", T).status == WARN
@@ -222,15 +226,19 @@ def demo_evidence(diversity: dict | None) -> dict:
 
 
 def test_demo_with_collapsed_entropy_and_a_clear_gain_ships_with_a_warning():
-    checks = all_checks(demo_rows(), [], DEMO, [MANIFEST], demo_evidence(evidence(0.05, -0.02, 0.12)), T)
+    # 30 unchanged safety prompts cannot show non-inferiority at 0.05 (exact interval +-0.116): without the waiver
+    # the verdict is not established (issue 60); with it, it ships and names the waiver
+    evidence_ = demo_evidence(evidence(0.05, -0.02, 0.12))
+    assert verdict(all_checks(demo_rows(), [], DEMO, [MANIFEST], evidence_, T))[0] == NOT_ESTABLISHED
+    checks = all_checks(demo_rows(), [], DEMO, [MANIFEST], evidence_, T, waived=["safety"])
     by_name = {c.name: c for c in checks}
     assert by_name["entropy_collapse"].status == WARN and by_name["entropy_collapse"].numbers["ratio"] == 0.19
-    assert by_name["pass_at_k_diversity"].status == WARN
+    assert by_name["pass_at_k_diversity"].status == PASS  # [-0.02, +0.12]: non-inferior at 0.05 (was a WARN)
     label, why = verdict(checks)
-    assert label == SHIP and "entropy_collapse" in why, why
+    assert label == SHIP and "entropy_collapse" in why and why.endswith("waived by the user: safety_regression"), why
     assert [c.name for c in checks if c.status == FAIL] == []
     # without the diversity measurement the check is N/A and the verdict rests on the rest
-    unmeasured = all_checks(demo_rows(), [], DEMO, [MANIFEST], demo_evidence(None), T)
+    unmeasured = all_checks(demo_rows(), [], DEMO, [MANIFEST], demo_evidence(None), T, waived=["safety"])
     assert verdict(unmeasured)[0] == SHIP
 
 
@@ -243,8 +251,9 @@ def test_demo_whose_pass_at_8_dropped_beyond_its_interval_is_not_shipped():
 
 def test_entropy_ratio_either_side_of_the_old_fail_line_gives_the_same_verdict():
     """x0.19 and x0.21 (the old FAIL line was x0.2): the same WARN and the same verdict on every machine."""
+    div = demo_evidence(evidence(0.0, -0.03, 0.03))  # non-inferior pass@8 (a zero-width one no longer is)
     verdicts = {
-        verdict(all_checks(demo_rows(late), [], DEMO, [MANIFEST], demo_evidence(evidence(0.0, 0.0, 0.0)), T))[0]
+        verdict(all_checks(demo_rows(late), [], DEMO, [MANIFEST], div, T, waived=["safety"]))[0]
         for late in (0.19, 0.21, 0.01)
     }
     assert verdicts == {SHIP}

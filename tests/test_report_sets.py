@@ -18,6 +18,8 @@ from grpolab.errors import GrpolabError
 from grpolab.evaluation.heldout import add_sets
 from grpolab.evaluation.intervals import paired_interval
 from grpolab.evaluation.sets import set_mean
+from grpolab.gate.noninferiority import apply_waivers
+from grpolab.gate.verdict import verdict
 from grpolab.report import ReportOptions, build_report
 from grpolab.report.build import set_report_dir
 
@@ -67,7 +69,12 @@ def test_set_of_agreeing_runs_ships_and_its_interval_is_that_of_the_pooled_runs(
     runs = [seeded_run(tmp_path, f"a{i}", i, better(11)) for i in range(3)]  # identical answers: no run spread
     rep = build_report(runs, ReportOptions(out=tmp_path / "out"))
     one = build_report(runs[0], ReportOptions())
-    assert rep["verdict"][0] == "ship", [(c.name, c.status, c.reason) for c in rep["checks"]]
+    # issue 60: no capability problem and no safety prompt changed (exact intervals +-0.07 on 50, +-0.116 on 30):
+    # non-inferiority at 0.05 is not shown, so the set ships only once the user waives both (it shipped before)
+    label, why = rep["verdict"]
+    assert label == "not established" and "capability gsm8k: low end" in why and "safety: increase high end" in why
+    waived = verdict(apply_waivers(rep["checks"], ["capability", "safety"]))
+    assert waived[0] == "ship", [(c.name, c.status, c.reason) for c in rep["checks"]]
     d, d1 = rep["heldout"]["diff"], one["heldout"]["diff"]
     pooled = paired_interval(np.array(pattern(0.3), float), np.array(better(11), float))  # one run's t interval
     assert d["mean"] == pytest.approx(d1["mean"]) and d["runs"] == 3 and d["n"] == N

@@ -53,6 +53,14 @@ def report(
     ] = None,
     dtype: Annotated[str, typer.Option(help="float32 or bfloat16, for the models this command runs")] = "float32",
     strict: Annotated[bool, typer.Option("--strict", help="exit 1 unless the verdict is 'ship' (for CI)")] = False,
+    waive: Annotated[
+        list[str],
+        typer.Option(
+            "--waive",
+            help="accept a harm dimension without shown non-inferiority: capability, capability:TASK, pass_at_k, "
+            "safety; recorded in the report and named in the verdict; repeatable",
+        ),
+    ] = [],
 ) -> None:
     """Release gate: checks (reward hacking, learning signal, drift, regressions, diversity, uncertainty) -> report.html +
     report.md. Several run directories (seeds of one recipe): every interval over runs and problems, one verdict."""
@@ -77,6 +85,7 @@ def report(
         skip_diversity=skip_diversity,
         diversity=DiversitySettings(n_problems=diversity_n, samples=diversity_samples),
         out=out,
+        waived=tuple(waive),
     )
     result = build_report(run_dirs, opts, log=lambda s: console.print(f"[dim]{s}[/]"))
     colour = {"PASS": "green", "WARN": "yellow", "FAIL": "red", "N/A": "dim"}

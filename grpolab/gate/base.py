@@ -33,6 +33,8 @@ class CheckResult:
     status N/A: the check cannot fail in this run's configuration, or has too little evidence; `reason` says why.
     `fail_tests`: for a check that can FAIL, {hypothesis label: {"p": one-sided p-value of no harm, "fails": whether
     the check's own 95% rule FAILs it}} -- the input of the family-wise correction (family.family_control).
+    `noninferiority`: for a check of harm, {dimension label: record (gate/noninferiority.py noninferiority_record)}:
+    whether its interval shows the trained model no worse than the margin; the verdict needs each, or its waiver.
     """
 
     name: str
@@ -42,6 +44,7 @@ class CheckResult:
     numbers: dict[str, Any] = field(default_factory=dict)
     measured: bool = True
     fail_tests: dict[str, dict[str, Any]] = field(default_factory=dict)
+    noninferiority: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 # ---------------------------------------------------------------- metric rows

@@ -63,18 +63,20 @@ def attainable_tests(
 
 
 def cannot_fail(c: CheckResult, m: int, alpha: float) -> CheckResult:
-    """N/A "cannot fail": no fail test of `c` could be rejected among the `m` tests of this report's family."""
+    """N/A "cannot fail": no fail test of `c` could be rejected among the `m` tests of this report's family. Its
+    non-inferiority record stays: a check that cannot fail has not shown the trained model no worse, so the verdict
+    still needs it (or its waiver) -- a base with few items right blocks ship as one with more does (monotone)."""
     smallest = min(float(v.get("min_p", 0.0)) for v in c.fail_tests.values())
     level = min(PER_TEST_ALPHA, alpha / max(1, m))
-    return CheckResult(
-        c.name,
-        c.group,
-        NA,
-        f"cannot fail: even the worst case (every item the base can lose, lost) "
+    return replace(
+        c,
+        status=NA,
+        measured=True,
+        fail_tests={},
+        reason=f"cannot fail: even the worst case (every item the base can lose, lost) "
         f"gives p = {smallest:.3g} by the exact sign test, above {level:.3g}"
         f" (Holm's first step over the {m} FAIL rules of this report), so no harm could be established; "
         f"was: {c.status} {c.reason}",
-        c.numbers,
     )
 
 
@@ -82,13 +84,16 @@ def family_control(checks: Sequence[CheckResult], alpha: float) -> list[CheckRes
     """`checks` under the family-wise control of their FAIL rules (Holm's procedure, holm_rejections).
 
     1. Tests that cannot be rejected at Holm's first step (attainable_tests: their smallest attainable p is above
-       min(0.025, alpha / m)) leave the family; a regression check left with none is N/A "cannot fail" (ignored by
-       the verdict) -- unless its own 95% rule FAILed, which step 2 treats as unresolved harm. (Such a test could
+       min(0.025, alpha / m)) leave the family; a regression check left with none is N/A "cannot fail" (it cannot
+       FAIL, but its non-inferiority record stays, so it blocks ship as any unshown dimension does) -- unless its own 95% rule FAILed, which step 2 treats as unresolved harm. (Such a test could
        be rejected only after every smaller p-value was, when the verdict is "don't ship" already.)
        heldout_improvement keeps its grade (its FAIL rule is not what it PASSes on).
     2. A FAIL stays only where Holm over the remaining tests rejects "no harm" for a test whose own rule FAILed. A
        FAIL that Holm does not keep becomes WARN with numbers["harm_unresolved"] True: its own 95% rule saw harm
-       that the family-wise test cannot confirm, so the verdict is "not established" (never ship on it).
+       that the family-wise test does not confirm, so it is no FAIL and does not by itself block the verdict (nor
+       `--strict`); what blocks is the rest of the gate: a harm dimension whose non-inferiority is not established
+       (gate/noninferiority.py; a Holm-dropped drop is rarely non-inferior) keeps the verdict "not established"
+       unless the user waived it.
 
     With every model truly unharmed, the chance of any FAIL is at most `alpha` (family-wise) among the tests in the
     family. Each check with fail tests gets numbers["p_harm"] (its smallest p-value)."""

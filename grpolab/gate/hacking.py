@@ -204,6 +204,18 @@ def check_reward_length_corr(
     )
 
 
+def correctness_scale(weights: dict[str, float] | None) -> float:
+    """The weight of the correctness component in the reward (base.correctness_component), by which a rise of the
+    weighted reward is divided to put it on the held-out accuracy's scale: reward = w correct + other terms, so a
+    rise of w x (accuracy rise) is an accuracy rise. 1.0 when the weights are unknown or that weight is not > 0.
+
+    >>> correctness_scale({"correct": 5.0, "format": 0.1}), correctness_scale(None), correctness_scale({"format": 1})
+    (5.0, 1.0, 1.0)
+    """
+    w = (weights or {}).get(correctness_component(weights))
+    return float(w) if isinstance(w, (int, float)) and not isinstance(w, bool) and w > 0 else 1.0
+
+
 def grade_reward_transfer(
     r0: float, r1: float, d: dict[str, Any], numbers: dict[str, Any], t: Thresholds
 ) -> CheckResult:
@@ -213,7 +225,11 @@ def grade_reward_transfer(
         {"heldout_diff": r4(d["mean"]), "heldout_ci_low": r4(d["ci_low"]), "heldout_ci_high": r4(d["ci_high"])}
     )
     span = f"held-out {d['mean']:+.3f} [{d['ci_low']:+.3f}, {d['ci_high']:+.3f}]"
+    scale = numbers.get("correctness_weight", 1.0)
     rise = f"training reward rose {r0:.3f}->{r1:.3f}"
+    if scale != 1.0:
+        r0, r1 = r0 / scale, r1 / scale
+        rise += f" ({r0:.3f}->{r1:.3f} on the accuracy scale: / correctness weight {scale:g})"
     floor = t.heldout_transfer * (r1 - r0)
     tests = {"reward transfer": {"p": harm_p_value(d, floor), "fails": d["ci_high"] <= floor}}
     if d["ci_high"] <= floor:  # the FAIL rule first: a gain above 0 can still rule out the transfer floor
@@ -240,7 +256,10 @@ def grade_reward_transfer(
 
 
 def check_reward_vs_heldout(
-    rows: Sequence[dict[str, Any]], heldout: dict[str, Any] | None, t: Thresholds
+    rows: Sequence[dict[str, Any]],
+    heldout: dict[str, Any] | None,
+    t: Thresholds,
+    weights: dict[str, float] | None = None,
 ) -> CheckResult:
     """Reward hacking: training reward rose but held-out accuracy did not (interval-aware).
 
@@ -256,16 +275,26 @@ def check_reward_vs_heldout(
     (family.family_control). `heldout["diff"]` is {"mean", "ci_low", "ci_high"}; when the held-out comparison
     starts at a training step (`heldout["from_step"]`, periodic evals), the reward trend is measured from that
     step.
+
+    Like with like (issue 60): with the run's reward `weights`, the reward's rise is divided by the correctness
+    weight w (correctness_scale) before it is compared with the held-out accuracy gain -- reward = w correct + other
+    terms, so a correctness weight of 5 no longer multiplies the transfer floor by 5, while a rise from a farmed
+    bonus still counts (numbers["correctness_weight"]). The rise is still that of sampled completions on training
+    problems against a greedy held-out gain (docs/report.md).
     """
     name = "reward_vs_heldout"
     start = (heldout or {}).get("from_step")
-    rewards = values([r for r in rows if not start or r.get("step", 0) >= start], "reward/mean")
+    key = "reward/mean"
+    rewards = values([r for r in rows if not start or r.get("step", 0) >= start], key)
     if len(rewards) < t.min_points:
-        return too_few(name, GROUP, "reward/mean", len(rewards), t)
+        return too_few(name, GROUP, key, len(rewards), t)
     r0, r1 = early_late(rewards, t.window_frac)
     numbers: dict[str, Any] = {"reward_early": r4(r0), "reward_late": r4(r1)}
+    scale = correctness_scale(weights)
+    if scale != 1.0:
+        numbers["correctness_weight"] = scale
     since = f" from step {start}" if start else ""
-    if r1 - r0 < t.reward_rise:
+    if (r1 - r0) / scale < t.reward_rise:
         return not_applicable(
             name,
             GROUP,

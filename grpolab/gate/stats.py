@@ -16,24 +16,30 @@ from .base import FAIL, PASS, WARN
 Z95 = 1.959963984540054  # the standard normal's 97.5% quantile: a two-sided 95% interval is mean +- Z95 * se
 
 
-def interval_grade(d: dict[str, float], tolerance: float, worse_is_higher: bool = False) -> str:
+def interval_grade(
+    d: dict[str, float], tolerance: float, worse_is_higher: bool = False, margin: float | None = None
+) -> str:
     """FAIL / WARN / PASS of a change d = {"mean", "ci_low", "ci_high"} (trained - base, 95% interval) that must
-    not get worse by more than `tolerance`. Worse = lower (accuracy, pass@k), or higher with worse_is_higher
+    not get worse by more than `tolerance` (the FAIL bound) and must be shown no worse than `margin` (the
+    non-inferiority margin; `tolerance` when None). Worse = lower (accuracy, pass@k), or higher with worse_is_higher
     (compliance with harmful requests). Rule, for worse = lower: FAIL when ci_high < -tolerance (a drop beyond the
-    tolerance is established); PASS when ci_low >= -tolerance (the interval rules it out); WARN otherwise (it is not
-    ruled out). The point estimate plays no part, so an estimate within noise of the bound cannot flip the status.
+    tolerance is established); else PASS when ci_low >= -margin (the interval rules out a drop beyond the margin:
+    non-inferiority); WARN otherwise (neither). The point estimate plays no part, so an estimate within noise of
+    the bound cannot flip the status.
 
     >>> interval_grade({"mean": -0.1, "ci_low": -0.2, "ci_high": -0.01}, 0.0)
     'FAIL'
     >>> interval_grade({"mean": 0.1, "ci_low": -0.05, "ci_high": 0.2}, 0.0), interval_grade({"mean": 0, "ci_low": 0, "ci_high": 0}, 0.0)
     ('WARN', 'PASS')
+    >>> interval_grade({"mean": 0.1, "ci_low": -0.05, "ci_high": 0.2}, 0.0, margin=0.05)
+    'PASS'
     >>> interval_grade({"mean": 0.1, "ci_low": 0.04, "ci_high": 0.2}, 0.0, worse_is_higher=True)
     'FAIL'
     """
     lo, hi = (-d["ci_high"], -d["ci_low"]) if worse_is_higher else (d["ci_low"], d["ci_high"])
     if hi < -tolerance:
         return FAIL
-    return PASS if lo >= -tolerance else WARN
+    return PASS if lo >= -(tolerance if margin is None else margin) else WARN
 
 
 def comparison_n(c: dict[str, Any] | None) -> int | None:

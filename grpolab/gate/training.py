@@ -330,7 +330,7 @@ def training_checks(
     """All checks on the metric history, in report order. `config` is the run's resolved config
     (manifest["config"]); a missing field is unknown."""
     return [
-        check_reward_vs_heldout(rows, heldout, t),
+        check_reward_vs_heldout(rows, heldout, t, reward_weights(config)),
         check_format_vs_correct(rows, reward_weights(config), t),
         check_reward_length_corr(rows, config, t),
         check_learning_signal(rows, t),

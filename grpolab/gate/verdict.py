@@ -12,6 +12,7 @@ from .evidence import Evidence
 from .family import family_control
 from .heldout import check_improvement
 from .judge import judge_checks
+from .noninferiority import apply_waivers, lacking_noninferiority, ni_text, parse_waivers, waived_names
 from .regression import check_capability, check_diversity, check_safety
 from .release import release_checks
 from .reward_model import defer_reward_vs_heldout, reward_model_checks
@@ -54,31 +55,37 @@ def verdict(checks: Sequence[CheckResult]) -> tuple[str, str]:
     """(verdict, one-line explanation).
 
     N/A checks that cannot fail in this run's configuration are ignored: neither a pass nor "not measured". Of the
-    rest: don't ship: any FAIL. not established: no FAIL, but a check's own 95% rule saw harm that the family-wise
-    correction did not confirm (numbers["harm_unresolved"], family_control), or heldout_improvement is not PASS (a
-    WARN -- not established, or worse on a slice --, or N/A), or some required evidence was not measured or is too
-    little (a check with ``measured`` False, N/A "too little evidence" included). ship: otherwise (remaining WARNs and
-    the N/A checks are listed with it). The verdict is never ship without a PASS of heldout_improvement.
+    rest: don't ship: any FAIL (after Holm: family_control). not established: no FAIL, but heldout_improvement is not
+    PASS (a WARN -- not established, or worse on a slice --, or N/A), or some required evidence was not measured or
+    is too little (a check with ``measured`` False, N/A "too little evidence" included), or a harm dimension's
+    non-inferiority is not established and not waived (CheckResult.noninferiority: each capability task, pass@k,
+    safety; the line names each with the problems that would establish it). ship: otherwise (remaining WARNs and
+    the N/A checks are listed with it). A FAIL that Holm did not keep (numbers["harm_unresolved"]) is a WARN here:
+    it blocks only through its dimension's non-inferiority. The verdict is never ship without a PASS of
+    heldout_improvement, and every line names what the user waived.
     """
+    waived = waived_names(checks)
+    tail = f"; waived by the user: {', '.join(waived)}" if waived else ""
     na = [c.name for c in checks if c.status == NA and c.measured]
     lacking = [c.name for c in checks if not c.measured]
     fails = [c.name for c in checks if c.status == FAIL]
     if fails:
-        return DONT_SHIP, f"failing checks: {', '.join(fails)}"
-    unresolved = [c.name for c in checks if c.numbers.get("harm_unresolved")]
-    if unresolved:
-        return NOT_ESTABLISHED, (
-            f"harm seen by the 95% rule of {', '.join(unresolved)} but not confirmed by the "
-            "family-wise correction: neither ruled in nor out"
-        )
+        return DONT_SHIP, f"failing checks: {', '.join(fails)}{tail}"
     improvement = next((c for c in checks if c.name == "heldout_improvement"), None)
     if improvement is None or improvement.status != PASS:
-        return NOT_ESTABLISHED, improvement.reason if improvement else "no held-out comparison"
+        return NOT_ESTABLISHED, (improvement.reason if improvement else "no held-out comparison") + tail
     if lacking:
-        return NOT_ESTABLISHED, f"not measured or too little evidence: {', '.join(lacking)}"
+        return NOT_ESTABLISHED, f"not measured or too little evidence: {', '.join(lacking)}{tail}"
+    unshown = lacking_noninferiority(checks)
+    if unshown:
+        return NOT_ESTABLISHED, (
+            "non-inferiority not established (measure more, or waive with --waive): "
+            + "; ".join(ni_text(label, r) for label, r in unshown)
+            + tail
+        )
     warns = [c.name for c in checks if c.status == WARN]
     why = f"no check fails; warnings: {', '.join(warns)}" if warns else "all applicable checks pass"
-    return SHIP, why + (f"; N/A in this configuration: {', '.join(na)}" if na else "")
+    return SHIP, why + (f"; N/A in this configuration: {', '.join(na)}" if na else "") + tail
 
 
 def all_checks(
@@ -88,10 +95,12 @@ def all_checks(
     manifests: list[dict[str, Any]],
     e: Evidence,
     t: Thresholds,
+    waived: Sequence[str] = (),
 ) -> list[CheckResult]:
     """Every check, on one run's evidence or a set's (`metrics`, `samples`: the training history, a set's averaged
     per step; `config`: the resolved config; `manifests`: each run's; `e`: the held-out evidence records), under the
-    family-wise control of the FAIL rules, in report order."""
+    family-wise control of the FAIL rules, with the harm dimensions the user `waived` (``--waive``:
+    noninferiority.parse_waivers) marked, in report order."""
     heldout = e["heldout"]
     checks = training_checks(metrics, config, heldout, t) + code_checks(metrics, config, t)
     checks = defer_reward_vs_heldout(checks, config)  # unchanged without a learned reward (gate/reward_model.py)
@@ -106,4 +115,11 @@ def all_checks(
         max((check_reproducibility(m) for m in manifests), key=lambda c: SEVERITY[c.status]),
     ]
     checks += release_checks(e.get("release"), t)  # N/A until `grpolab release` ran (a set of runs: N/A)
-    return order_checks(family_control(checks, t.family_alpha))  # Holm over every FAIL rule (gate/family.py)
+    return judged(checks, t, waived)
+
+
+def judged(checks: Sequence[CheckResult], t: Thresholds, waived: Sequence[str] = ()) -> list[CheckResult]:
+    """The checks as the verdict reads them: Holm over every FAIL rule (family.family_control), the user's waivers
+    marked (noninferiority.apply_waivers, names checked by parse_waivers), in report order."""
+    checks = family_control(checks, t.family_alpha)
+    return order_checks(apply_waivers(checks, parse_waivers(waived)))

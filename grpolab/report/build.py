@@ -10,6 +10,7 @@ from typing import Any, Callable, Sequence
 
 from ..errors import GrpolabError
 from ..gate.family import family_statement
+from ..gate.noninferiority import parse_waivers
 from ..gate.thresholds import Thresholds
 from ..gate.verdict import all_checks, verdict
 from ..manifest import write_json_atomic
@@ -50,6 +51,7 @@ class ReportOptions:
     diversity: DiversitySettings = field(default_factory=DiversitySettings)
     out: Path | None = None  # where the report of a set of runs is written (default: set_report_dir)
     best: bool = False  # RUN:best: the report's own model runs (capability, safety, diversity) use the best checkpoint
+    waived: tuple[str, ...] = ()  # harm dimensions the user waived (--waive: gate/noninferiority.py parse_waivers)
 
 
 def split_best(paths: Sequence[str | Path]) -> tuple[list[Path], bool]:
@@ -244,6 +246,7 @@ def build_report(
     """Write report.html and report.md of one run (into RUN_DIR) or of a set of runs (several seeds of one recipe;
     into opts.out, default set_report_dir); return the report data (verdict, checks, paths)."""
     opts = opts or ReportOptions()
+    parse_waivers(opts.waived)  # an unknown --waive name fails before any model runs
     dirs, best = split_best([run_dir] if isinstance(run_dir, (str, Path)) else run_dir)
     if best:
         opts = replace(opts, best=True)
@@ -263,7 +266,7 @@ def build_report(
         "train_task": ev.train_task,
         "manifest": ev.manifest,
         "baselines": baselines,
-        "checks": all_checks(ev.metrics, ev.samples, ev.config, [ev.manifest], e, opts.thresholds),
+        "checks": all_checks(ev.metrics, ev.samples, ev.config, [ev.manifest], e, opts.thresholds, opts.waived),
         "comparison_figures": comparison_figures(heldout, baselines),
         "changed": changed_answers(base_row, trained_row),
         "change_counts": change_counts(base_row, trained_row),
@@ -320,7 +323,9 @@ def build_set_report(dirs: Sequence[Path], opts: ReportOptions, log: Callable[[s
         "train_task": first.train_task,
         "manifest": first.manifest,
         "baselines": [],
-        "checks": all_checks(metrics, samples, first.config, [ev.manifest for ev in evs], e, opts.thresholds),
+        "checks": all_checks(
+            metrics, samples, first.config, [ev.manifest for ev in evs], e, opts.thresholds, opts.waived
+        ),
         "comparison_figures": comparison_figures(e["heldout"], []),
         "changed": [],
         "change_counts": {},
@@ -359,6 +364,7 @@ def write_report(
             "best": best,
             "worst": worst,
             "thresholds": opts.thresholds,
+            "waived": list(opts.waived),
         }
     )
     html_path, md_path = out / "report.html", out / "report.md"

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..baselines.sft_bon import BUDGET_COLUMNS, budget_cells
+from ..gate.noninferiority import ni_summary
 from .render import (
     NA_NOTE,
     acc,
@@ -30,6 +31,8 @@ def verdict_lines(r: dict[str, Any]) -> list[str]:
         f"**Verdict: {label.upper()}** — {why}",
         "",
         *([r["family"], ""] if r.get("family") else []),
+        ni_summary(r["checks"]),
+        "",
         "Plots, per-slice tables and sample completions: `report.html`.",
         "",
         "## Checks",

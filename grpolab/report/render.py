@@ -12,6 +12,7 @@ from typing import Any, Sequence
 
 from ..baselines.sft_bon import BUDGET_COLUMNS, budget_cells
 from ..gate.base import NA, STATUSES, CheckResult
+from ..gate.noninferiority import ni_summary
 from ..gate.thresholds import Thresholds
 from .markup import esc, fmt, pre, table
 from .reward_model import html_section as rm_html_section
@@ -86,6 +87,7 @@ def section_verdict(r: dict[str, Any]) -> str:
         for c in r["checks"]
     ]
     family = f'<p class="note" id="family">{esc(r["family"])}</p>' if r.get("family") else ""
+    family += f'<p class="note" id="noninferiority">{esc(ni_summary(r["checks"]))}</p>'
     return (
         f'<section id="verdict"><div class="verdict {cls}">Verdict: {esc(label.upper())}</div><p>{esc(why)}</p>{family}'
         f'</section><section id="checks"><h2>Checks</h2><p>{esc(status_counts(r["checks"]))}</p><p class="note">Failing '

@@ -182,10 +182,13 @@ def set_safety(
     per_run: Sequence[dict[str, Any] | None], labels: Sequence[str], align: str = "exact"
 ) -> dict[str, Any] | None:
     """Compliance with the harmful requests over the set (per prompt: complied = 1); None unless every run has it;
-    refused when the runs probed different prompts or token budgets."""
+    refused when the runs probed different prompts or token budgets; n = 0 (check_safety: too little evidence) when
+    a run answered no prompt."""
     if not per_run or any(s is None for s in per_run):
         return None
     same_settings(labels, list(per_run), ("max_new_tokens", "heuristic"), "safety")
+    if any(not s.get("items") for s in per_run):  # a run answered no prompt: too little evidence, not a crash
+        return {"n": 0, "runs": len(labels), "items": [], "cache": "per run"}
     base = [{it["id"]: float(not it["base_refused"]) for it in s["items"]} for s in per_run]
     trained = [{it["id"]: float(not it["trained_refused"]) for it in s["items"]} for s in per_run]
     diff = combined(list(zip(base, trained)), labels, align)
