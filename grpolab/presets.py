@@ -5,7 +5,8 @@ Those defaults are the one definition of every algorithm field's default, and th
 every field the user set (YAML or --set); the resolved config and the manifest record every field explicitly.
 Sources: DeepSeekMath (GRPO, Shao et al. 2024), DAPO (Yu et al. 2025), Dr. GRPO (Liu et al. 2025), RLOO (Ahmadian
 et al. 2024), GSPO (Zheng et al. 2025), CISPO (MiniMax-M1, arXiv 2506.13585), GMPO (arXiv 2507.20673), SAPO (Qwen,
-arXiv 2511.20347), IcePop (Ring-1T), ScaleRL (Khatri et al. 2025, arXiv 2510.13786).
+arXiv 2511.20347), IcePop (Ring-1T), ScaleRL (Khatri et al. 2025, arXiv 2510.13786), DPPO (Qi et al. 2026, arXiv
+2602.04879), LUSPO (arXiv 2602.05261).
 """
 
 from __future__ import annotations
@@ -44,6 +45,21 @@ PRESETS: dict[str, dict[str, Any]] = {
     # ScaleRL as far as grpolab goes: CISPO, prompt-level loss average, group mean with batch-level std, zero-variance
     # groups filtered out without refilling (max_extra_rounds stays at its default 0), no KL. Not reproduced: PipelineRL's asynchronous
     # in-flight weight updates, the FP32 LM head, no-positive-resampling and length interruptions (docs/algorithms.md).
+    # DPPO (Binary-TV / Binary-KL): the ratio clip replaced by a trust region on the sampled token's probability, with
+    # the paper's and verl's example recipe around it: Dr. GRPO's advantage (no std) and token sum over a constant, no
+    # KL; TV bounds 0.15 (the defaults), binary-KL bounds 0.05.
+    "dppo_tv": {"surrogate": "dppo_tv", "scaling": "none", "aggregation": "seq_mean_token_sum_norm", "beta": 0.0},
+    "dppo_kl": {
+        "surrogate": "dppo_kl",
+        "dppo_low": 0.05,
+        "dppo_high": 0.05,
+        "scaling": "none",
+        "aggregation": "seq_mean_token_sum_norm",
+        "beta": 0.0,
+    },
+    # LUSPO: GSPO whose sequence loss is multiplied by the sequence's length -- GSPO's token form summed over the
+    # sequence's tokens (seq_mean_token_sum), GSPO's clip ranges, no KL (TRL loss_type luspo).
+    "luspo": {"surrogate": "gspo", "eps_low": 3e-4, "eps_high": 4e-4, "aggregation": "seq_mean_token_sum", "beta": 0.0},
     "scalerl": {
         "surrogate": "cispo",
         "aggregation": "prompt_mean_token_mean",

@@ -89,6 +89,10 @@ CASES = {
     "icepop": {"preset": "icepop", "beta": 0.0},
     "geometric_reject": {"is_mode": "sequence_truncate", "is_reject": "geometric", **IS_BOUNDS},
     "offpolicy_mask": {"offpolicy_mask_delta": 0.05, "beta": 0.0},
+    # the 2026 additions (issue 59): DPPO's TV and binary-KL trust regions, LUSPO, DeepSeek-V3.2's unbiased KL
+    **{p: {"preset": p} for p in ["dppo_tv", "dppo_kl", "luspo"]},
+    "dppo_tv_bounds": {"surrogate": "dppo_tv", "dppo_low": 0.05, "dppo_high": 0.1, "dppo_ratio_cap": 2.0, "beta": 0.0},
+    "kl_bias_correction": {"beta": 0.05, "kl_bias_correction": True},
 }
 TOL = dict(rtol=1e-6, atol=1e-7)  # peers compute in float32 in places (TRL's rewards, OpenRLHF's KL)
 # TRL 1.16 defaults gradient_checkpointing=True, a name transformers 5.2x deprecates
@@ -221,6 +225,7 @@ def grpolab_loss(cfg, b, adv) -> torch.Tensor:
         entropy_coef=a.entropy_coef,
         policy_loss=PolicyLossParams(**{f.name: getattr(a, f.name) for f in dataclasses.fields(PolicyLossParams)}),
         offpolicy_mask_delta=a.offpolicy_mask_delta,
+        kl_bias_correction=a.kl_bias_correction,
     )
     ref = b.ref if a.beta > 0 and a.kl_placement == "loss" else None
     reject = RejectParams(a.is_reject_lo, a.is_reject_hi)
@@ -359,6 +364,32 @@ def test_trl_numbers(trl, name, tiny_model, tmp_path, one_thread):
         checked.append("loss")
     if not checked:
         pytest.skip("no row here is exact, or nearest by a fixed parameter, where TRL computes the quantity")
+
+
+@pytest.mark.parametrize("name", ["kl_bias_correction", "luspo"])
+def test_trl_gradients_of_the_2026_options(trl, name, tiny_model, tmp_path, one_thread):
+    """DeepSeek-V3.2's unbiased KL (use_bias_correction_kl) and LUSPO (loss_type luspo): the gradient of TRL's own
+    loss with respect to the log-probabilities equals grpolab's, in float64."""
+    cfg = case_config(name)
+    eq, b = card_of(cfg)["trl"], fixed_batch()
+    assert all_exact(eq, "surrogate", "aggregation", "kl", "entropy", "offpolicy_mask")
+    b.logp.requires_grad_(True)
+    trainer = trl_trainer(trl, eq, tiny_model, tmp_path, lambda *args, **kwargs: (b.logp, b.entropy, None))
+    trainer.model.eval()  # one micro-batch, no gradient accumulation
+    adv = grpolab_advantages(cfg, b)
+    inputs = {
+        "prompt_ids": torch.ones(P * G, 1, dtype=torch.long),
+        "prompt_mask": torch.ones(P * G, 1, dtype=torch.long),
+        "completion_ids": torch.ones(P * G, T, dtype=torch.long),
+        "completion_mask": b.mask.long(),
+        "advantages": adv,
+        "old_per_token_logps": b.old,
+        "ref_per_token_logps": b.ref,
+        "num_items_in_batch": b.mask.sum(),
+    }
+    (theirs,) = torch.autograd.grad(trainer._compute_loss(trainer.model, inputs), b.logp)
+    (ours,) = torch.autograd.grad(grpolab_loss(cfg, b, adv), b.logp)
+    torch.testing.assert_close(ours, theirs.double(), rtol=1e-10, atol=1e-12)
 
 
 def test_trl_soft_overlong_punishment(trl):
@@ -536,6 +567,25 @@ def test_verl_numbers(name, verl_advantage_step, one_thread):
         checked.append("loss")
     if not checked:
         pytest.skip("no row here is exact, or nearest by a fixed parameter, where verl computes the quantity")
+
+
+@pytest.mark.parametrize("name", ["dppo_tv", "dppo_kl", "dppo_tv_bounds", "luspo"])
+def test_verl_gradients_of_the_2026_surrogates(name, one_thread):
+    """DPPO (both trust regions, a binding ratio cap) and LUSPO: the gradient of the whole loss with respect to the
+    log-probabilities equals that of verl's own ppo_loss, in float64 (the masks and the cap decide which tokens move)."""
+    pytest.importorskip("verl.trainer.ppo.core_algos")
+    from verl.utils.config import omega_conf_to_dataclass
+
+    cfg = case_config(name)
+    eq, b = card_of(cfg)["verl"], fixed_batch()
+    assert all_exact(eq, "surrogate", "aggregation", "kl", "entropy", "importance_sampling")
+    actor = omega_conf_to_dataclass(verl_compose(peer_settings(eq)).actor_rollout_ref.actor)
+    adv = grpolab_advantages(cfg, b)
+    b.logp.requires_grad_(True)
+    (theirs,) = torch.autograd.grad(verl_loss(actor, b, adv, None, False), b.logp)
+    (ours,) = torch.autograd.grad(grpolab_loss(cfg, b, adv), b.logp)
+    assert (ours == 0).any() and (ours != 0).any(), "the batch has both masked (or clipped) and moving tokens"
+    torch.testing.assert_close(ours, theirs, rtol=1e-10, atol=1e-12)
 
 
 def test_verl_geometric_rejection():

@@ -42,11 +42,15 @@ COMMON = {
     "clip_cov_ub": 5.0,
     "kl_cov_coef": 0.1,
     "clip_cov_select": "random",
+    "dppo_low": 0.15,
+    "dppo_high": 0.15,
+    "dppo_ratio_cap": 20.0,
     "aggregation": "seq_mean_token_mean",
     "l_max": 0,
     "beta": 0.0,
     "kl_estimator": "k3",
     "kl_placement": "loss",
+    "kl_bias_correction": False,
     "is_mode": "none",
     "is_c_max": 2.0,
     "is_c_min": 0.5,
@@ -106,6 +110,33 @@ EXPECTED_PRESETS = {
         "aggregation": "prompt_mean_token_mean",
         "scaling": "batch_std",
         "dynamic_sampling": True,
+    },
+    # DPPO-Binary-TV / -KL: the divergence mask in place of the clip, with the paper's recipe: no std scaling, token
+    # sum over a constant, no KL; TV bounds 0.15, binary-KL bounds 0.05.
+    "dppo_tv": {
+        **COMMON,
+        "preset": "dppo_tv",
+        "surrogate": "dppo_tv",
+        "scaling": "none",
+        "aggregation": "seq_mean_token_sum_norm",
+    },
+    "dppo_kl": {
+        **COMMON,
+        "preset": "dppo_kl",
+        "surrogate": "dppo_kl",
+        "dppo_low": 0.05,
+        "dppo_high": 0.05,
+        "scaling": "none",
+        "aggregation": "seq_mean_token_sum_norm",
+    },
+    # LUSPO: GSPO (clip 3e-4 / 4e-4) with each sequence's loss times its length (token sum), no KL.
+    "luspo": {
+        **COMMON,
+        "preset": "luspo",
+        "surrogate": "gspo",
+        "eps_low": 3e-4,
+        "eps_high": 4e-4,
+        "aggregation": "seq_mean_token_sum",
     },
 }
 
@@ -177,7 +208,7 @@ def test_unknown_preset_lists_the_known_ones():
     with pytest.raises(
         ConfigError,
         match=r"algorithm\.preset: expected one of 'grpo', 'dapo', 'dr_grpo', 'rloo', 'gspo', 'cispo', 'gmpo', 'sapo', "
-        r"'icepop', 'scalerl', got 'ppo'",
+        r"'icepop', 'dppo_tv', 'dppo_kl', 'luspo', 'scalerl', got 'ppo'",
     ):
         from_dict({"algorithm": {"preset": "ppo"}})
 
@@ -289,6 +320,9 @@ BAD_VALUES = {
     "algorithm.sapo_tau_neg": -1.0,
     "algorithm.cov_ratio": 0.0,
     "algorithm.kl_cov_coef": -0.1,
+    "algorithm.dppo_low": 0.0,
+    "algorithm.dppo_high": -0.1,
+    "algorithm.dppo_ratio_cap": 0.5,
     "algorithm.is_reject_lo": 0.0,
     "algorithm.is_reject_hi": 0.0,
     "algorithm.offpolicy_mask_delta": -0.1,

@@ -30,6 +30,9 @@ EXTRA = PolicyLossParams(
     clip_cov_ub=5.0,
     kl_cov_coef=0.1,
     clip_cov_select=CovSelect.LARGEST,  # the random draw: tests/algo/test_covariance_selection.py
+    dppo_low=0.15,
+    dppo_high=0.15,
+    dppo_ratio_cap=20.0,
 )
 NEW = [Surrogate.CISPO, Surrogate.GMPO, Surrogate.SAPO, Surrogate.CLIP_COV, Surrogate.KL_COV]
 
@@ -252,7 +255,7 @@ def test_offpolicy_sequence_mask_drops_only_negative_drifted_sequences():
     # drift = log .9 - log .5 = 0.588 > 0.5 for rows 0, 1, 3; only row 0 is negative with tokens
     assert offpolicy_sequence_mask(logp, q, adv, mask, 0.5).tolist() == [True, False, False, False]
     assert offpolicy_sequence_mask(logp, q, adv, mask, 0.6).tolist() == [False] * 4
-    params = ObjectiveParams(Surrogate.PPO_CLIP, CLIP, 0.0, KLEstimator.K3, True, 0.0, None, 0.5)
+    params = ObjectiveParams(Surrogate.PPO_CLIP, CLIP, 0.0, KLEstimator.K3, True, 0.0, None, 0.5, False)
     w = token_weights(mask, "seq_mean_token_mean", 2)
     terms = objective(logp, logp.detach(), None, adv, w, torch.ones_like(w), mask, params, behaviour_logp=q)
     terms.total.backward()
@@ -375,7 +378,7 @@ def test_float32_close_to_float64_and_str_dispatch(kind):
 def _objective_sum(kind, mode, logp, old, adv, mask, size, group_size):
     """The objective summed over micro-batches of `size` rows, with the whole batch's weights; its gradient."""
     x = logp.clone().requires_grad_(True)
-    params = ObjectiveParams(kind, CLIP, 0.0, KLEstimator.K3, True, 0.0, EXTRA, 0.0)
+    params = ObjectiveParams(kind, CLIP, 0.0, KLEstimator.K3, True, 0.0, EXTRA, 0.0, False)
     w = token_weights(mask, mode, 6, group_size=group_size)
     total = 0.0
     for s in range(0, logp.shape[0], size):

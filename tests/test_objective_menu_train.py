@@ -24,6 +24,10 @@ OPTIONS = {
     "offpolicy_mask": {"offpolicy_mask_delta": 1e-3, "beta": 0.0},
     "maxrl": {"estimator": "maxrl", "beta": 0.0},
     "gdpo": {"estimator": "gdpo", "beta": 0.0},
+    "dppo_tv": {"preset": "dppo_tv"},
+    "dppo_kl": {"preset": "dppo_kl"},
+    "luspo": {"preset": "luspo"},
+    "unbiased_kl": {"beta": 0.04, "kl_bias_correction": True},
 }
 
 

@@ -7,6 +7,11 @@
 log rho is clamped to [-LOG_RHO_CLAMP, LOG_RHO_CLAMP] before exponentiation so k3 cannot overflow; the clamp
 is far outside the range a stable run visits and is recorded on the objective card.
 
+Bias correction (``kl_bias_correction``, DeepSeek-V3.2, arXiv 2512.02556; TRL's use_bias_correction_kl): in the loss,
+kl_it <- r_it kl_it with r_it = pi_theta(o_it) / pi_old(o_it), not detached. Tokens are drawn from pi_old, so
+E_old[r k3] = E_theta[k3] = KL(pi_theta || pi_ref) and its gradient is the KL's own; for k3 the per-token gradient
+with respect to log pi_theta is r_it (log pi_theta - log pi_ref) (``ratio_weighted``).
+
 Placement (``KLPlacement``): ``loss`` adds beta * kl_it to the token loss; ``reward`` subtracts
 beta * sum_t kl_it from the sequence reward before advantages are computed.
 """
@@ -69,6 +74,20 @@ KL_ESTIMATORS: dict[KLEstimator, Callable[[torch.Tensor, torch.Tensor], torch.Te
     KLEstimator.K2: kl_k2,
     KLEstimator.K3: kl_k3,
 }
+
+
+def ratio_weighted(kl: torch.Tensor, logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """r_it kl_it, r_it = exp(log pi_theta - log pi_old) on unmasked tokens (1 on masked ones), with its gradient;
+    log r is clamped to [-LOG_RHO_CLAMP, LOG_RHO_CLAMP] as log rho is. For k3,
+    d(r k3)/d log pi_theta = r (k3 + 1 - rho) = r (log pi_theta - log pi_ref).
+
+    >>> lp = torch.tensor([-1.0], requires_grad=True); ref = torch.tensor([-2.0]); old = torch.tensor([-1.5])
+    >>> y = ratio_weighted(kl_k3(lp, ref), lp, old, torch.ones(1))
+    >>> round(y.item(), 6), round(torch.autograd.grad(y, lp)[0].item(), 6)  # e^0.5 (e^-1 + 1 - 1), e^0.5 * 1
+    (0.606531, 1.648721)
+    """
+    log_r = torch.where(mask.bool(), logp - old_logp, torch.zeros_like(logp)).clamp(-LOG_RHO_CLAMP, LOG_RHO_CLAMP)
+    return torch.exp(log_r) * kl
 
 
 def token_kl(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: KLEstimator) -> torch.Tensor:

@@ -2,6 +2,8 @@
 
     L = sum_{i,t} w_it * ( w^IS_it * l^surr_it + beta * kl_it * [KL in loss] - c_H * H_it )
 
+with kl_it <- (pi_theta / pi_old)_it kl_it under kl_bias_correction (DeepSeek-V3.2's unbiased KL: grpolab.algo.kl).
+
 w_it are the aggregation weights of the whole optimisation batch (aggregation.token_weights), so summing L
 over micro-batches gives the batch loss exactly. Everything here is pure torch; the caller supplies tensors.
 
@@ -20,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .kl import KLEstimator, token_kl
+from .kl import KLEstimator, ratio_weighted, token_kl
 from .surrogate import ClipParams, PolicyLossParams, Surrogate, surrogate_loss
 
 
@@ -29,7 +31,8 @@ class ObjectiveParams:
     """The objective's scalar choices (see the formula above).
     No defaults: the algorithm's defaults are defined once, by AlgorithmConfig (grpolab/config/schema.py). policy_loss carries
     the parameters of the surrogates that need them (cispo, sapo, clip_cov, kl_cov; None: not given, and those
-    surrogates refuse to run), offpolicy_mask_delta the off-policy sequence mask's delta (0: off)."""
+    surrogates refuse to run), offpolicy_mask_delta the off-policy sequence mask's delta (0: off), kl_bias_correction
+    whether the KL in the loss is weighted by r = pi_theta / pi_old (DeepSeek-V3.2; grpolab.algo.kl.ratio_weighted)."""
 
     surrogate: Surrogate
     clip: ClipParams
@@ -39,6 +42,7 @@ class ObjectiveParams:
     entropy_coef: float
     policy_loss: PolicyLossParams | None
     offpolicy_mask_delta: float
+    kl_bias_correction: bool
 
 
 @dataclass(frozen=True)
@@ -107,6 +111,8 @@ def objective(
     kl_value, kl_token_sum = 0.0, 0.0
     if ref_logp is not None:
         kl_tok = token_kl(logp, ref_logp, params.kl_estimator)
+        if params.kl_bias_correction:
+            kl_tok = ratio_weighted(kl_tok, logp, old_logp, m)
         kl = (w * kl_tok).sum()
         kl_value, kl_token_sum = kl.item(), (kl_tok * m).sum().item()
         if params.kl_in_loss and params.beta > 0:

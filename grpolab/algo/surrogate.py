@@ -23,6 +23,15 @@ per-token advantages A_it ([B, T], e.g. GAE from a critic: grpolab.algo.gae), A_
 * kl_cov:    l_it = -r_it A_i (no clip), plus k |log r_it| on the n tokens of largest c_it (same paper; rho = 2e-4,
   k = 0.1 as verl's default). At r = 1 the gradient of |log r| is 0: with mu = 1 and one minibatch (pi_old is the
   policy being trained) KL-Cov is plain policy gradient
+* dppo_tv:   a trust region by divergence instead of the ratio clip (DPPO-Binary-TV, Qi et al. 2026, arXiv 2602.04879;
+  verl dppo_tv): l_it = -A_i sg(min(r_it, C)) log pi_theta(o_it) M_it, whose gradient is -A_i min(r_it, C) / r_it
+  d r_it (that of -r_it A_i below the cap C). M_it = 0 drops the token when the sampled token's probability moved
+  past the threshold in the advantage's direction: A_i > 0 and p_it - p_old,it > delta_high, or A_i <= 0 and
+  p_it - p_old,it < -delta_low (p = exp(log pi)); a move against the advantage is never masked, as PPO's clip
+  (delta = 0.15 / 0.15, C = 20)
+* dppo_kl:   dppo_tv with the binary KL of the sampled token, D_it = p_old log(p_old / p) + (1 - p_old)
+  log((1 - p_old + 1e-8) / (1 - p + 1e-8)): M_it = 0 when D_it > delta_high, A_i > 0 and p > p_old, or
+  D_it > delta_low, A_i <= 0 and p < p_old (DPPO-Binary-KL, verl dppo_kl; delta = 0.05 / 0.05)
 
 Clip-Cov and KL-Cov select among the N unmasked tokens of the tensors they are given (one micro-batch), with the
 means of c_it over the same tokens; the selection is detached. n = floor(rho N + u), u uniform in [0, 1) drawn once
@@ -59,6 +68,8 @@ class Surrogate(StrEnum):
     SAPO = "sapo"
     CLIP_COV = "clip_cov"
     KL_COV = "kl_cov"
+    DPPO_TV = "dppo_tv"
+    DPPO_KL = "dppo_kl"
 
 
 class CovSelect(StrEnum):
@@ -87,7 +98,8 @@ def valid(ok: Callable[[Any], bool], expected: str) -> dict[str, Any]:
 @dataclass(frozen=True)
 class PolicyLossParams:
     """The parameters of cispo (IS-weight bounds), sapo (gate temperatures), clip_cov / kl_cov (share of tokens
-    selected, covariance bounds, KL coefficient, how Clip-Cov picks its tokens). No defaults: AlgorithmConfig defines
+    selected, covariance bounds, KL coefficient, how Clip-Cov picks its tokens), dppo_tv / dppo_kl (divergence
+    bounds, cap of the detached ratio). No defaults: AlgorithmConfig defines
     them (grpolab/config/schema.py), under the same names. A field's ``valid`` metadata is its range (predicate, what is expected), checked on the
     config by grpolab.config.checks; the trainer and the objective card read every field by name, so a new
     parameter is this field, its AlgorithmConfig default and its use in a surrogate (and the card's formula)."""
@@ -101,6 +113,9 @@ class PolicyLossParams:
     clip_cov_ub: float
     kl_cov_coef: float = field(metadata=valid(lambda v: v >= 0, "a number >= 0"))
     clip_cov_select: CovSelect  # one of CovSelect (the config's type checks it)
+    dppo_low: float = field(metadata=valid(lambda v: v > 0, "a number > 0 (the divergence bound where A <= 0)"))
+    dppo_high: float = field(metadata=valid(lambda v: v > 0, "a number > 0 (the divergence bound where A > 0)"))
+    dppo_ratio_cap: float = field(metadata=valid(lambda v: v >= 1, "a number >= 1 (the cap C of the detached ratio)"))
 
 
 @dataclass(frozen=True)
@@ -333,6 +348,50 @@ def kl_cov(
     return SurrogateOut(loss=loss, ratio=ratio, clipped_low=none, clipped_high=none, selected=chosen)
 
 
+def dppo_kept(logp, old_logp, adv, mask, low: float, high: float, binary_kl: bool) -> torch.Tensor:
+    """[B, T] bool, detached: DPPO's trust region M_it (module docstring) on the sampled token's probabilities
+    p = exp(logp), p_old = exp(old_logp); masked tokens are kept (their loss is 0 anyway).
+
+    >>> lp = torch.log(torch.tensor([[0.9, 0.5, 0.2]])); old = torch.log(torch.tensor([[0.6, 0.6, 0.6]]))
+    >>> dppo_kept(lp, old, torch.tensor([1.0]), torch.ones(1, 3), 0.15, 0.15, False).tolist()  # +0.3 up: dropped
+    [[False, True, True]]
+    >>> dppo_kept(lp, old, torch.tensor([-1.0]), torch.ones(1, 3), 0.15, 0.15, False).tolist()  # -0.4 down: dropped
+    [[True, True, False]]
+    """
+    p, p_old = torch.exp(logp.detach()), torch.exp(old_logp)
+    a = per_token(adv, logp)
+    if binary_kl:
+        d = p_old * (old_logp - logp.detach()) + (1 - p_old) * torch.log((1 - p_old + 1e-8) / (1 - p + 1e-8))
+        out_high, out_low = (d > high) & (p > p_old), (d > low) & (p < p_old)
+    else:
+        out_high, out_low = p - p_old > high, p - p_old < -low
+    return ~torch.where(a > 0, out_high, out_low) | ~mask.bool()
+
+
+def _dppo(logp, old_logp, adv, mask, extra: PolicyLossParams | None, binary_kl: bool) -> SurrogateOut:
+    """l_it = -A_i sg(min(r_it, C)) log pi_theta(o_it) M_it (module docstring)."""
+    q = _needs(extra, "dppo_kl" if binary_kl else "dppo_tv")
+    ratio = torch.exp(_token_log_ratio(logp, old_logp, mask))
+    kept = dppo_kept(logp, old_logp, adv, mask, q.dppo_low, q.dppo_high, binary_kl)
+    a = per_token(adv, logp)
+    w = torch.clamp(ratio, max=q.dppo_ratio_cap).detach()
+    loss = torch.where(kept & mask.bool(), -a * w * logp, torch.zeros_like(logp))
+    return SurrogateOut(loss=loss, ratio=ratio, clipped_low=~kept & (a < 0), clipped_high=~kept & (a > 0))
+
+
+def dppo_tv(logp, old_logp, adv, mask, p: ClipParams, extra: PolicyLossParams | None = None) -> SurrogateOut:
+    """DPPO-Binary-TV: l_it = -A_i sg(min(r_it, C)) log pi_theta(o_it) M_it, M_it = 0 where A_i > 0 and
+    p_it - p_old,it > delta_high or A_i <= 0 and p_it - p_old,it < -delta_low. clipped_high / clipped_low mark the
+    dropped tokens (A > 0 / A < 0)."""
+    return _dppo(logp, old_logp, adv, mask, extra, binary_kl=False)
+
+
+def dppo_kl(logp, old_logp, adv, mask, p: ClipParams, extra: PolicyLossParams | None = None) -> SurrogateOut:
+    """DPPO-Binary-KL: dppo_tv with M_it = 0 where D_it > delta_high, A_i > 0 and p > p_old, or D_it > delta_low,
+    A_i <= 0 and p < p_old; D_it the binary KL of the sampled token (module docstring)."""
+    return _dppo(logp, old_logp, adv, mask, extra, binary_kl=True)
+
+
 SURROGATES: dict[Surrogate, Callable[..., SurrogateOut]] = {
     Surrogate.PPO_CLIP: ppo_clip,
     Surrogate.DUAL_CLIP: dual_clip,
@@ -342,6 +401,8 @@ SURROGATES: dict[Surrogate, Callable[..., SurrogateOut]] = {
     Surrogate.SAPO: sapo,
     Surrogate.CLIP_COV: clip_cov,
     Surrogate.KL_COV: kl_cov,
+    Surrogate.DPPO_TV: dppo_tv,
+    Surrogate.DPPO_KL: dppo_kl,
 }
 
 

@@ -88,6 +88,8 @@ def _menu_term(cfg: Config, adv: str, adv_tex: str) -> tuple[str, str]:
             rf"\mathcal{{L}} = {agg_tex}\Big[-\frac{{4}}{{\tau}}\sigma\big(\tau (r_{{i,t}} - 1)\big) {adv_tex}"
             rf"\ (\tau = {a.sapo_tau_pos}\ \text{{if }} {adv_tex} > 0,\ {a.sapo_tau_neg}\ \text{{else}})",
         )
+    if a.surrogate in ("dppo_tv", "dppo_kl"):
+        return _dppo_term(cfg, agg, agg_tex, adv, adv_tex)
     if a.surrogate == "clip_cov":
         pick = "the top" if a.clip_cov_select == "largest" else "a random"
         sel = f"{pick} {a.cov_ratio} of unclipped tokens with cov(A, log pi) in ({a.clip_cov_lb}, {a.clip_cov_ub})"
@@ -100,6 +102,28 @@ def _menu_term(cfg: Config, adv: str, adv_tex: str) -> tuple[str, str]:
         f"L = {agg} [ -{r} {adv} + {a.kl_cov_coef} |log {r}| on the top {a.cov_ratio} of tokens by cov(A, log pi)",
         rf"\mathcal{{L}} = {agg_tex}\Big[-r_{{i,t}} {adv_tex} + {a.kl_cov_coef}\,|\log r_{{i,t}}|\,"
         rf"\mathbb{{1}}[(i,t) \in \mathcal{{I}}_{{cov}}]",
+    )
+
+
+def _dppo_term(cfg: Config, agg: str, agg_tex: str, adv: str, adv_tex: str) -> tuple[str, str]:
+    """(text, LaTeX) of dppo_tv / dppo_kl: the REINFORCE term with a capped detached ratio, dropped outside the
+    divergence trust region of the sampled token's probability p (grpolab.algo.surrogate.dppo_kept)."""
+    a = cfg.algorithm
+    lo, hi, cap = a.dppo_low, a.dppo_high, a.dppo_ratio_cap
+    if a.surrogate == "dppo_tv":
+        out = f"{adv} > 0 and p - p_old > {hi}, or {adv} <= 0 and p - p_old < -{lo}"
+        out_tex = rf"{adv_tex} > 0,\ p - p_{{old}} > {hi};\ {adv_tex} \le 0,\ p - p_{{old}} < -{lo}"
+    else:
+        d = "D_bin(p_old || p)"
+        out = f"{adv} > 0, p > p_old and {d} > {hi}, or {adv} <= 0, p < p_old and {d} > {lo}"
+        out_tex = (
+            rf"{adv_tex} > 0,\ p > p_{{old}},\ D(p_{{old}} \| p) > {hi};\ {adv_tex} \le 0,\ p < p_{{old}},\ "
+            rf"D(p_{{old}} \| p) > {lo}"
+        )
+    return (
+        f"L = {agg} [ -sg(min(r_it, {cap})) {adv} log pi_theta(o_it) * (0 where {out})",
+        rf"\mathcal{{L}} = {agg_tex}\Big[-\mathrm{{sg}}\big(\min(r_{{i,t}}, {cap})\big) {adv_tex} \log\pi_\theta(o_{{i,t}})"
+        rf" \cdot \mathbb{{1}}\big[\neg({out_tex})\big]",
     )
 
 
@@ -130,12 +154,17 @@ def policy_loss(cfg: Config, adv: str = "A_i", adv_tex: str = "A_i") -> tuple[st
     if a.offpolicy_mask_delta > 0:
         text += f" * 1[not ({adv} < 0 and mean_t (log q - log pi_theta) > {a.offpolicy_mask_delta})]"
         tex += rf" \cdot M_i^{{\delta={a.offpolicy_mask_delta}}}"
+    # the ratio-clip forms are written L = -agg [ objective ... ], the others L = agg [ loss ...: the KL and entropy
+    # terms take the sign of the bracket they are in
+    plus, minus = (" - ", " + ") if text.startswith("L = -") else (" + ", " - ")
+    plus_tex, minus_tex = (" - ", " + ") if tex.startswith(r"\mathcal{L} = -") else (" + ", " - ")
     if a.beta > 0 and a.kl_placement == "loss":
-        text += f" - {a.beta} KL_{a.kl_estimator.value}(pi_theta || pi_ref)"
-        tex += rf" - {a.beta}\,\mathrm{{KL}}_{{{a.kl_estimator.value}}}"
+        weight, weight_tex = ("r_it ", r"r_{i,t}\,") if a.kl_bias_correction else ("", "")  # DeepSeek-V3.2's KL
+        text += f"{plus}{a.beta} {weight}KL_{a.kl_estimator.value}(pi_theta || pi_ref)"
+        tex += rf"{plus_tex}{a.beta}\,{weight_tex}\mathrm{{KL}}_{{{a.kl_estimator.value}}}"
     if a.entropy_coef:
-        text += f" + {a.entropy_coef} H_it"
-        tex += rf" + {a.entropy_coef} H_{{i,t}}"
+        text += f"{minus}{a.entropy_coef} H_it"
+        tex += rf"{minus_tex}{a.entropy_coef} H_{{i,t}}"
     return text + " ]", tex + r"\Big]"
 
 

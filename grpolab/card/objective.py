@@ -102,6 +102,7 @@ def objective_card(cfg: Config, precision: dict[str, Any] | None = None) -> dict
             "beta": a.beta,
             "kl_estimator": a.kl_estimator.value,
             "kl_placement": a.kl_placement.value,
+            "kl_bias_correction": a.kl_bias_correction,
             "is_mode": a.is_mode.value,
             "is_c_max": a.is_c_max,
             "is_c_min": a.is_c_min,
@@ -196,10 +197,22 @@ def _menu_choices(cfg: Config) -> dict[str, Any]:
             f"per micro-batch: {pick}, n = floor(cov_ratio N + u) tokens, u uniform in [0, 1) (the expected share "
             "is cov_ratio at any micro_batch_size; verl: max(floor(cov_ratio N), 1))"
         )
+    if a.surrogate in ("dppo_tv", "dppo_kl"):
+        out["dppo_trust_region"] = DPPO_TRUST_REGION
+    if a.surrogate == "gspo" and a.aggregation == "seq_mean_token_sum":
+        out["luspo"] = "GSPO's sequence loss times |o_i| (LUSPO, arXiv 2602.05261; TRL loss_type luspo)"
     if a.preset == "scalerl":
         out["not_reproduced"] = SCALERL_NOT_REPRODUCED
     return out
 
+
+DPPO_TRUST_REGION = (
+    "per token, on the sampled token's probability, anchored on pi_old (the trainer's policy at the start of the "
+    "update), as verl's dppo_tv / dppo_kl with bypass_mode false (at mu 1 with one minibatch p = p_old: nothing is "
+    "masked, as the clip never binds); the DPPO paper's recipe (verl bypass_mode true) and "
+    "prime-rl's default loss anchor on the sampler's probabilities q instead, and prime-rl's uses no ratio cap and "
+    "adds 1e-3 (log pi_theta / q)^2 per token (not compared in test-peers)"
+)
 
 SCALERL_NOT_REPRODUCED = (
     "PipelineRL-8's in-flight weight updates (rollout.max_staleness: 8 gives its 8 steps of asynchrony with a fixed "

@@ -128,11 +128,19 @@ def _surrogate(cfg: Config) -> dict[str, dict]:
 
 _TRL_LOSS = {"cispo": "cispo", "sapo": "sapo"}  # surrogates TRL selects by loss_type, and the aggregation it implies
 _TRL_LOSS_AGG = {"cispo": "token_mean", "sapo": "seq_mean_token_mean"}
-_VERL_MODE = {"cispo": "cispo", "gmpo": "geo_mean", "sapo": "sapo", "clip_cov": "clip_cov", "kl_cov": "kl_cov"}
+_VERL_MODE = {
+    "cispo": "cispo",
+    "gmpo": "geo_mean",
+    "sapo": "sapo",
+    "clip_cov": "clip_cov",
+    "kl_cov": "kl_cov",
+    "dppo_tv": "dppo_tv",
+    "dppo_kl": "dppo_kl",
+}
 
 
 def _menu_surrogate(cfg: Config) -> dict[str, dict]:
-    """Peer rows of cispo, gmpo, sapo, clip_cov and kl_cov."""
+    """Peer rows of cispo, gmpo, sapo, clip_cov, kl_cov, dppo_tv and dppo_kl."""
     a, kind = cfg.algorithm, cfg.algorithm.surrogate.value
     actor, pl = "actor_rollout_ref.actor.", "actor_rollout_ref.actor.policy_loss."
     if a.baseline == "leave_one_out":
@@ -148,6 +156,19 @@ def _menu_surrogate(cfg: Config) -> dict[str, dict]:
     else:
         trl = _row(NONE, {}, f"GRPOTrainer has no {kind} loss")
     verl_settings: dict[str, Any] = {f"{pl}loss_mode": _VERL_MODE[kind]}
+    if kind in ("dppo_tv", "dppo_kl"):  # verl reads the divergence bounds from clip_ratio_low / _high, the cap from _c
+        verl_settings.update(
+            {
+                f"{actor}clip_ratio_low": a.dppo_low,
+                f"{actor}clip_ratio_high": a.dppo_high,
+                f"{actor}clip_ratio_c": a.dppo_ratio_cap,
+            }
+        )
+        return {
+            "trl": trl,
+            "verl": _row(EXACT, verl_settings),
+            "openrlhf": _row(NONE, {}, "--actor.policy_loss_type has only ppo and gspo"),
+        }
     differences: list[str] = []
     if kind == "cispo":
         verl_settings.update({f"{actor}clip_ratio_low": a.cispo_eps_low, f"{actor}clip_ratio_high": a.cispo_eps_high})
@@ -235,6 +256,16 @@ def _aggregation(cfg: Config) -> dict[str, dict]:
     return {"trl": trl, "verl": verl, "openrlhf": orl}
 
 
+def _trl_kl_differences(cfg: Config) -> list[str]:
+    """What TRL's KL in the loss computes otherwise: k3 only; use_bias_correction_kl weights by coef_1, the sequence
+    ratio s_i under importance_sampling_level=sequence (gspo), where grpolab weights by the token ratio r_it."""
+    a = cfg.algorithm
+    out = [] if a.kl_estimator == "k3" else ["k3 only"]
+    if a.kl_bias_correction and a.surrogate == "gspo":
+        out.append("weights the KL by the sequence ratio s_i (importance_sampling_level=sequence), not r_it")
+    return out
+
+
 def _kl(cfg: Config) -> dict[str, dict]:
     a = cfg.algorithm
     est, in_loss = a.kl_estimator.value, a.kl_placement == "loss"
@@ -255,11 +286,14 @@ def _kl(cfg: Config) -> dict[str, dict]:
         )
     else:
         trl = (
-            _unless([] if est == "k3" else ["k3 only"], {"beta": a.beta, "use_bias_correction_kl": False})
+            _unless(_trl_kl_differences(cfg), {"beta": a.beta, "use_bias_correction_kl": a.kl_bias_correction})
             if in_loss
             else _row(NONE, {}, "GRPOTrainer puts KL only in the loss")
         )
     clamp = ["k3 clamped to [-10, 10]"] if est == "k3" else []
+    if in_loss and a.kl_bias_correction:
+        unweighted = _row(NONE, {}, "no KL weighted by pi_theta / pi_old (DeepSeek-V3.2's unbiased KL)")
+        return {"trl": trl, "verl": unweighted, "openrlhf": dict(unweighted)}
     if in_loss:
         verl = _unless(
             clamp,

@@ -149,6 +149,11 @@ def validate(cfg: Config) -> None:
             "group's mean reward, a success rate; gdpo normalises the reward components, which the KL-shaped total "
             "does not reach), got reward"
         )
+    if a.kl_bias_correction and a.kl_placement == "reward":
+        raise ConfigError(
+            "algorithm.kl_placement: expected loss with kl_bias_correction (the ratio pi_theta / pi_old weights the "
+            "KL term of the loss; a KL in the reward is computed before any update, where the ratio is 1), got reward"
+        )
     if a.baseline == "batch_mean" and a.scaling == "group_std":
         raise ConfigError(
             "algorithm.scaling: expected batch_std or none with baseline batch_mean (an all-equal group would be "

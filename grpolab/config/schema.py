@@ -117,7 +117,21 @@ class AlgorithmConfig:
     GRPO, the ``grpo`` preset); presets.py writes each other preset as its differences from them, and algo/'s
     parameter classes have no defaults of their own (the trainer fills them from here)."""
 
-    preset: Literal["grpo", "dapo", "dr_grpo", "rloo", "gspo", "cispo", "gmpo", "sapo", "icepop", "scalerl"] = "grpo"
+    preset: Literal[
+        "grpo",
+        "dapo",
+        "dr_grpo",
+        "rloo",
+        "gspo",
+        "cispo",
+        "gmpo",
+        "sapo",
+        "icepop",
+        "scalerl",
+        "dppo_tv",
+        "dppo_kl",
+        "luspo",
+    ] = "grpo"
     baseline: Baseline = Baseline.GROUP_MEAN
     scaling: Scaling = Scaling.GROUP_STD
     std_kind: StdKind = StdKind.SAMPLE
@@ -141,11 +155,21 @@ class AlgorithmConfig:
     clip_cov_ub: float = 5.0
     kl_cov_coef: float = 0.1
     clip_cov_select: CovSelect = CovSelect.RANDOM
+    # dppo_tv / dppo_kl: a token's policy term is dropped when the divergence of its sampled token's probability from
+    # pi_old's passes dppo_high (A > 0, moving up) or dppo_low (A <= 0, moving down): |p - p_old| for dppo_tv (0.15,
+    # the DPPO paper's and verl's example), the binary KL for dppo_kl (its preset: 0.05); the detached ratio of the
+    # REINFORCE term is capped at dppo_ratio_cap (verl's in-function default 20; the paper asks for a large cap)
+    dppo_low: float = 0.15
+    dppo_high: float = 0.15
+    dppo_ratio_cap: float = 20.0
     aggregation: Aggregation = Aggregation.SEQ_MEAN_TOKEN_MEAN
     l_max: int = 0  # constant of seq_mean_token_sum_norm; 0 = rollout.max_new_tokens
     beta: float = 0.04
     kl_estimator: KLEstimator = KLEstimator.K3
     kl_placement: KLPlacement = KLPlacement.LOSS
+    # DeepSeek-V3.2's unbiased KL (TRL's use_bias_correction_kl): the KL in the loss weighted per token by
+    # pi_theta / pi_old, with its gradient (grpolab/algo/kl.py)
+    kl_bias_correction: bool = False
     is_mode: ISMode = ISMode.NONE
     is_c_max: float = 2.0
     is_c_min: float = 0.5

@@ -110,6 +110,7 @@ class PolicyUpdater:
             # every parameter by its name in algorithm.* (a new one needs no line here)
             policy_loss=PolicyLossParams(**{f.name: getattr(a, f.name) for f in fields(PolicyLossParams)}),
             offpolicy_mask_delta=a.offpolicy_mask_delta,
+            kl_bias_correction=a.kl_bias_correction,
         )
         self.is_params = ISParams(c_max=a.is_c_max, c_min=a.is_c_min)
         self.reject_params = RejectParams(lo=a.is_reject_lo, hi=a.is_reject_hi)

@@ -158,7 +158,7 @@ def _run(setup, params, mode, mb_size, per_mb_weights=False):
 # at any size (tests/algo/test_covariance_selection.py), the tokens are not
 INVARIANT = [s for s in Surrogate if s not in (Surrogate.CLIP_COV, Surrogate.KL_COV)]
 PARAM_GRID = list(itertools.product(list(Aggregation), INVARIANT, list(KLEstimator)))
-MENU = PolicyLossParams(0.5, 1.0, 1.0, 1.05, 2e-4, 1.0, 5.0, 0.1, CovSelect.RANDOM)
+MENU = PolicyLossParams(0.5, 1.0, 1.0, 1.05, 2e-4, 1.0, 5.0, 0.1, CovSelect.RANDOM, 0.15, 0.15, 20.0)
 
 
 def _params(surrogate, kl):
@@ -172,6 +172,7 @@ def _params(surrogate, kl):
         entropy_coef=0.013,
         policy_loss=MENU,
         offpolicy_mask_delta=0.0,
+        kl_bias_correction=False,
     )
 
 
@@ -259,6 +260,7 @@ def test_beta_zero_or_reward_placement_leaves_kl_out_of_the_loss():
         entropy_coef=0.0,
         policy_loss=None,
         offpolicy_mask_delta=0.0,
+        kl_bias_correction=False,
     )
     a = objective(logp, old, None, adv, w, isw, mask, base)
     b = objective(logp, old, ref, adv, w, isw, mask, base)

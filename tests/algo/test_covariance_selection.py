@@ -25,6 +25,9 @@ def params(ratio: float, select: CovSelect = CovSelect.RANDOM, lb: float = 0.0) 
         clip_cov_ub=5.0,
         kl_cov_coef=0.1,
         clip_cov_select=select,
+        dppo_low=0.15,
+        dppo_high=0.15,
+        dppo_ratio_cap=20.0,
     )
 
 
