@@ -56,7 +56,7 @@ FLOOD = (
 FASYNC = (
     "import fcntl, os, signal, time\n"
     "def _fasync(sig):\n"
-    "    r, w = os.pipe()\n"
+    "    try:\n        r, w = os.pipe()\n    except OSError:\n        return\n"  # pipes are refused now (hostile4)
     "    for pid in (os.getppid(), 1):\n"
     "        try:\n            fcntl.fcntl(r, 8, pid)\n            break\n"  # F_SETOWN
     "        except OSError:\n            pass\n"
@@ -194,7 +194,8 @@ def _core_dumps() -> dict[str, Attack]:
         "    _, status = os.waitpid(pid, 0)\n    return os.WCOREDUMP(status)\n"
     )
     exec_ = (
-        "import os, sys\ndef f():\n    r, w = os.pipe()\n    pid = os.fork()\n    if pid == 0:\n        os.dup2(w, 1)\n"
+        "import os, sys\ndef f():\n    try:\n        r, w = os.pipe()\n    except OSError:\n        return 'no exec'\n"
+        "    pid = os.fork()\n    if pid == 0:\n        os.dup2(w, 1)\n"
         "        code = 'import ctypes, resource; print(ctypes.CDLL(None).prctl(3, 0, 0, 0, 0), resource.getrlimit(resource.RLIMIT_CORE)[1])'\n"
         "        try:\n            os.execv(sys.executable, [sys.executable, '-S', '-c', code])\n        finally:\n"
         "            os._exit(127)\n    os.close(w)\n    out = os.read(r, 200).decode().split()\n    os.waitpid(pid, 0)\n"

@@ -108,17 +108,18 @@ def _host_counters() -> dict[str, Attack]:
 
 def _host_costs() -> dict[str, Attack]:
     """Class 2: calls that cost the host beyond every limit, or for good."""
-    pipe = "*os.pipe()"
+    # a pipe is refused too now (its inode number is a host-wide counter): f() answers ENOSYS from os.pipe then
+    pipe = "    try:\n        r, w = os.pipe()\n    except OSError as e:\n        return e.errno\n"
     vmsplice = (
         RAW.replace("FDS", "()") + "class Iov(ctypes.Structure):\n"
         "    _fields_ = [('base', ctypes.c_void_p), ('len', ctypes.c_size_t)]\n"
         "BUF = ctypes.create_string_buffer(b'x', 4096)\n"
-        f"def f():\n    r, w = os.pipe()\n    iov = Iov(ctypes.addressof(BUF), 1)\n"
+        f"def f():\n{pipe}    iov = Iov(ctypes.addressof(BUF), 1)\n"
         f"    return _raw({nr('vmsplice')}, w, ctypes.byref(iov), 1, 0)\n"
     )
     splice = (
         RAW.replace("FDS", "()") + "def f():\n    open('src', 'wb').write(b'x' * 4096)\n"
-        f"    fd = os.open('src', os.O_RDONLY)\n    r, w = os.pipe()\n"
+        f"    fd = os.open('src', os.O_RDONLY)\n{pipe}"
         f"    return _raw({nr('splice')}, fd, 0, w, 0, 4096, 0)\n"
     )
     scratch_fd = "os.open('.', os.O_RDONLY)"
@@ -132,7 +133,8 @@ def _host_costs() -> dict[str, Attack]:
         ),
         "vmsplice_one_byte_pins_nothing": Attack(vmsplice),
         "splice": Attack(splice),
-        "tee": _refused("tee", pipe, 1, 0),
+        "tee": Attack(RAW.replace("FDS", "()") + f"def f():\n{pipe}    return _raw({nr('tee')}, r, w, 1, 0)\n"),
+        "pipe_inode_counter": Attack(RAW.replace("FDS", "()") + f"def f():\n{pipe}    return 'a pipe'\n"),
         "mlock": Attack(
             RAW.replace("FDS", "()") + "BUF = ctypes.create_string_buffer(4096)\n"
             f"def f():\n    return _raw({nr('mlock')}, ctypes.addressof(BUF), 4096)\n"
@@ -222,7 +224,51 @@ def _still_works() -> dict[str, Attack]:
     return {"threads_fork_files_copy_sleep": Attack(program, "assert f() == [45, 3, 'hi', 64]")}
 
 
-ATTACKS = {**_host_counters(), **_host_costs(), **_not_on_the_list(), **_running_written_code(), **_still_works()}
+def _fifth_pass() -> dict[str, Attack]:
+    """The red team's pass on the allow-list: a shared futex keyed on libc's pages (two runs mapping the same file
+    woke each other, about 10 kbit/s, and a program copied a concurrent sample's answer), and the judge's CPU clock
+    read through a negative clock id. Threads, events and pools, which use private futexes, keep working."""
+    futex = (
+        RAW.replace("FDS", "()") + "import time\n"
+        "class TS(ctypes.Structure):\n    _fields_ = [('s', ctypes.c_long), ('ns', ctypes.c_long)]\n"
+        "def f():\n    a = (ctypes.cast(libc.getpid, ctypes.c_void_p).value + 64) & ~3\n"
+        "    value = ctypes.c_uint32.from_address(a).value\n    start = time.monotonic()\n"
+        f"    waited = _raw({nr('futex')}, ctypes.c_void_p(a), 0, value, ctypes.byref(TS(1, 0)), None, 0)\n"
+        f"    woke = _raw({nr('futex')}, ctypes.c_void_p(a), 1, 1, None, None, 0)\n"
+        "    return waited, woke, time.monotonic() - start < 0.5\n"
+    )
+    pools = (
+        "import threading, concurrent.futures\n"
+        "def f():\n    ev, out = threading.Event(), []\n"
+        "    t = threading.Thread(target=lambda: (ev.wait(2), out.append(1)))\n    t.start()\n    ev.set()\n"
+        "    t.join(2)\n    with concurrent.futures.ThreadPoolExecutor(2) as ex:\n"
+        "        out.append(sum(ex.map(lambda x: x * x, range(10))))\n    return out\n"
+    )
+    clock = (
+        "import time\ndef f():\n    try:\n        time.clock_gettime_ns(((~1) << 3) | 2)\n"
+        "    except OSError as e:\n        return e.errno\n    return 'read the judge CPU time'\n"
+    )
+    return {
+        "shared_futex_on_libc_sleeps_and_wakes_nobody": Attack(
+            futex, f"assert f() == ({errno.EAGAIN}, {errno.EINVAL}, True)"
+        ),
+        "threads_events_and_pools_still_work": Attack(pools, "assert f() == [1, 285]"),
+        "judges_cpu_clock": Attack(clock, f"assert f() == {errno.EINVAL}"),
+        "own_cpu_clocks_still_read": Attack(
+            "import time\ndef f():\n    return time.process_time() >= 0 and time.thread_time() >= 0\n",
+            "assert f() is True",
+        ),
+    }
+
+
+ATTACKS = {
+    **_host_counters(),
+    **_host_costs(),
+    **_not_on_the_list(),
+    **_running_written_code(),
+    **_still_works(),
+    **_fifth_pass(),
+}
 
 
 @pytest.fixture(scope="module")
@@ -264,6 +310,8 @@ def run_filter(insns: list[tuple[int, int, int, int]], arch: int, number: int, a
             acc, pc = words[k], pc + 1
         elif code == 0x06:
             return k
+        elif code == 0x54:
+            acc, pc = acc & k, pc + 1
         else:
             taken = {0x15: acc == k, 0x35: acc >= k, 0x45: bool(acc & k)}[code]
             pc += 1 + (jt if taken else jf)
@@ -286,7 +334,9 @@ def test_filter_allows_exactly_the_list(machine):
         if seccomp.number(name, machine) is not None:
             assert run_filter(insns, audit, seccomp.number(name, machine)) == NOSYS, name
     unlisted = [
-        n for n in range(600) if n not in allowed and n not in {seccomp.number(c, machine) for c in ("clone", "prctl")}
+        n
+        for n in range(600)
+        if n not in allowed and n not in {seccomp.number(c, machine) for c in seccomp.ARGUMENT_CHECKED}
     ]
     assert all(run_filter(insns, audit, n) == NOSYS for n in unlisted)
     assert not {n for names in seccomp.ALLOWED.values() for n in names} & set(seccomp.REFUSED)
@@ -318,6 +368,32 @@ def test_filter_checks_clone_flags_and_prctl_options(machine):
         assert run_filter(insns, audit, prctl, (option,)) == ALLOW
     for option in (4, 22, 35, 0x59616D61):  # SET_DUMPABLE, SET_SECCOMP, SET_MM, SET_PTRACER
         assert run_filter(insns, audit, prctl, (option,)) == seccomp.RET_ERRNO | errno.EINVAL
+
+
+@pytest.mark.parametrize("machine", MACHINES)
+def test_filter_checks_futex_clone_pidfd_and_clock_ids(machine):
+    """futex: private operations allowed, a shared wait EAGAIN at once, any other shared operation EINVAL; clone with
+    CLONE_PIDFD EPERM (a pidfd's inode is a host-wide task counter); a negative clock id (another process's CPU
+    clock) EINVAL for the three clock calls, the ordinary clocks allowed; pipes refused."""
+    insns, audit = seccomp.program(machine), seccomp.AUDIT[machine]
+    futex, clone = seccomp.number("futex", machine), seccomp.number("clone", machine)
+    eagain, einval = seccomp.RET_ERRNO | errno.EAGAIN, seccomp.RET_ERRNO | errno.EINVAL
+    for op in (128, 129, 128 | 9, 128 | 10, 128 | 256 | 9):  # WAIT, WAKE, WAIT_BITSET, WAKE_BITSET, realtime clock
+        assert run_filter(insns, audit, futex, (0x7F00, op)) == ALLOW, op
+    for op in (0, 9, 256 | 9):
+        assert run_filter(insns, audit, futex, (0x7F00, op)) == eagain, op
+    for op in (1, 10, 5, 6):  # WAKE, WAKE_BITSET, WAKE_OP, LOCK_PI
+        assert run_filter(insns, audit, futex, (0x7F00, op)) == einval, op
+    assert run_filter(insns, audit, clone, (0x1200011 | 0x1000,)) == seccomp.RET_ERRNO | errno.EPERM
+    for name in seccomp.CLOCK_CALLS:
+        call = seccomp.number(name, machine)
+        for clock in (0, 1, 2, 3, 4, 7):
+            assert run_filter(insns, audit, call, (clock,)) == ALLOW, (name, clock)
+        for clock in (((~1) << 3) | 2, -6, -1):
+            assert run_filter(insns, audit, call, (clock,)) == einval, (name, clock)
+    for name in ("pipe", "pipe2"):
+        if seccomp.number(name, machine) is not None:
+            assert run_filter(insns, audit, seccomp.number(name, machine)) == NOSYS
 
 
 HEADERS = {

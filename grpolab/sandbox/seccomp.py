@@ -18,9 +18,11 @@ treat ENOSYS as "this kernel lacks the call" and take their fallback (clone3 -> 
 sendfile -> read/write in shutil), so a harmless call the list did not foresee degrades to the older path instead
 of killing the worker mid-reply (a kill would make a plain program score 0 for a probe of the C library's). A
 Python-level refusal surfaces in the sample's detail as "OSError ENOSYS: ... a system call outside the sandbox's
-allow-list" (harness.classify). Two calls are allowed with their arguments checked: ``clone`` with any CLONE_NEW*
-flag fails with EPERM (new namespaces), ``prctl`` accepts only the options in PRCTL_OPTIONS (EINVAL otherwise:
-dumping cannot be re-enabled, PR_SET_MM cannot rewrite the process's memory map). A call made through another
+allow-list" (harness.classify). Some calls are allowed with their arguments checked (ARGUMENT_CHECKED): ``clone``
+with any CLONE_NEW* flag or CLONE_PIDFD fails with EPERM (new namespaces; a pidfd's inode is a host-wide task
+counter), ``prctl`` accepts only the options in PRCTL_OPTIONS (EINVAL otherwise: dumping cannot be re-enabled,
+PR_SET_MM cannot rewrite the process's memory map), ``futex`` only private operations (``program`` says why), the
+clock calls only clock ids >= 0 (a negative one reads another process's CPU clock, the judge's). A call made through another
 ABI (i386 ``int 0x80``, x32 numbers) fails before any number is compared: the numbers below are those of the
 machine's native ABI only.
 """
@@ -99,7 +101,7 @@ ALLOWED: dict[str, tuple[str, ...]] = {
         "lstat", "statx", "fstatfs", "statfs", "access", "faccessat", "faccessat2", "readlink", "readlinkat",
         "getcwd", "chdir", "fchdir", "mkdir", "mkdirat", "rmdir", "unlink", "unlinkat", "rename", "renameat",
         "renameat2", "link", "linkat", "symlink", "symlinkat", "chmod", "fchmod", "fchmodat", "truncate",
-        "ftruncate", "fsync", "fdatasync", "utimensat", "umask", "flock", "dup", "dup2", "dup3", "pipe", "pipe2",
+        "ftruncate", "fsync", "fdatasync", "utimensat", "umask", "flock", "dup", "dup2", "dup3",
     ),
     "threads, waiting and sleeping": (
         "futex", "clone", "set_robust_list", "rseq", "sched_yield", "nanosleep", "clock_nanosleep", "epoll_create",
@@ -140,11 +142,17 @@ REFUSED = (
     "sched_setaffinity", "setpriority",  # steering the shared CPUs (a timing channel)
     "getpriority",  # PRIO_USER searches every process of a uid host-wide, not only this PID namespace
     "inotify_init1",  # events on files another run touches
+    "pipe", "pipe2",  # a new pipe's inode number comes from a host-wide counter (a channel; programs never need one)
 )  # fmt: skip
 
 AUDIT = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}  # AUDIT_ARCH_X86_64, AUDIT_ARCH_AARCH64
 X32_BIT = 0x40000000  # x32 ABI numbers on x86_64 carry this bit
 CLONE_NAMESPACES = 0x7E020000  # CLONE_NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET
+# CLONE_PIDFD: a pidfd's inode number is the kernel's host-wide count of tasks created (the sysinfo channel again)
+CLONE_REFUSED = CLONE_NAMESPACES | 0x1000
+FUTEX_PRIVATE_FLAG, FUTEX_CMD_MASK, FUTEX_WAITS = 128, 127, (0, 9)  # FUTEX_WAIT, FUTEX_WAIT_BITSET
+CLOCK_CALLS = ("clock_gettime", "clock_getres", "clock_nanosleep")  # a negative clock id names another process's CPU
+ARGUMENT_CHECKED = ("clone", "prctl", "futex", *CLOCK_CALLS)
 # prctl options a program may use: PDEATHSIG set/get, GET_DUMPABLE, thread names, GET_SECCOMP, NO_NEW_PRIVS
 # (set: one way, get), PR_SET_VMA (the C library names its mappings)
 PRCTL_OPTIONS = (1, 2, 3, 15, 16, 21, 38, 39, 0x53564D41)
@@ -163,13 +171,13 @@ def number(name: str, machine: str) -> int | None:
 
 
 def allowed_numbers(machine: str) -> list[int]:
-    """The allowed calls' numbers on `machine`, in ALLOWED's order (most frequent first), without clone and prctl
-    (checked with their arguments first)."""
+    """The allowed calls' numbers on `machine`, in ALLOWED's order (most frequent first), without those in
+    ARGUMENT_CHECKED (checked with their arguments first)."""
     out: list[int] = []
     for names in ALLOWED.values():
         for name in names:
             nr = number(name, machine)
-            if nr is not None and name not in ("clone", "prctl") and nr not in out:
+            if nr is not None and name not in ARGUMENT_CHECKED and nr not in out:
                 out.append(nr)
     return out
 
@@ -179,13 +187,19 @@ def program(machine: str) -> list[tuple[int, int, int, int]]:
 
     1. another audit architecture: ENOSYS (an i386 ``int 0x80`` call is never compared against x86_64 numbers);
     2. a number with the x32 bit: ENOSYS;
-    3. clone: EPERM with any CLONE_NEW* flag, else allowed;
+    3. clone: EPERM with any CLONE_NEW* flag or CLONE_PIDFD, else allowed;
     4. prctl: allowed for PRCTL_OPTIONS, else EINVAL;
-    5. each allowed number: allowed;
-    6. anything else: ENOSYS.
+    5. futex: allowed with FUTEX_PRIVATE_FLAG; a shared wait returns EAGAIN at once (the C library's callers loop
+       and re-check their word) and any other shared operation EINVAL (ignored by the C library's wakes). A shared
+       futex on a file mapping is keyed by the file's inode and offset, so two runs mapping the same libc could
+       wake each other: about 10 kbit/s between concurrent samples, found by the red team;
+    6. clock_gettime, clock_getres, clock_nanosleep: EINVAL for a negative clock id (another process's CPU clock,
+       the judge's among them), else allowed;
+    7. each allowed number: allowed;
+    8. anything else: ENOSYS.
     """
-    ld, jeq, jge, jset, ret = 0x20, 0x15, 0x35, 0x45, 0x06
-    nosys, eperm, einval = (RET_ERRNO | e for e in (errno.ENOSYS, errno.EPERM, errno.EINVAL))
+    ld, jeq, jge, jset, ret, and_ = 0x20, 0x15, 0x35, 0x45, 0x06, 0x54
+    nosys, eperm, einval, eagain = (RET_ERRNO | e for e in (errno.ENOSYS, errno.EPERM, errno.EINVAL, errno.EAGAIN))
     insns = [
         (ld, 0, 0, 4),  # seccomp_data.arch
         (jeq, 1, 0, AUDIT[machine]),
@@ -195,13 +209,25 @@ def program(machine: str) -> list[tuple[int, int, int, int]]:
         (ret, 0, 0, nosys),
         (jeq, 0, 4, number("clone", machine)),
         (ld, 0, 0, 16),  # args[0], low 32 bits: clone's flags
-        (jset, 0, 1, CLONE_NAMESPACES),
+        (jset, 0, 1, CLONE_REFUSED),
         (ret, 0, 0, eperm),
         (ret, 0, 0, RET_ALLOW),
     ]
     options = [insn for opt in PRCTL_OPTIONS for insn in ((jeq, 0, 1, opt), (ret, 0, 0, RET_ALLOW))]
     block = [(ld, 0, 0, 16), *options, (ret, 0, 0, einval)]  # args[0]: the option
     insns += [(jeq, 0, len(block), number("prctl", machine)), *block]
+    block = [
+        (ld, 0, 0, 24),  # args[1], low 32 bits: the futex operation
+        (jset, 0, 1, FUTEX_PRIVATE_FLAG),
+        (ret, 0, 0, RET_ALLOW),
+        (and_, 0, 0, FUTEX_CMD_MASK),
+        *[insn for cmd in FUTEX_WAITS for insn in ((jeq, 0, 1, cmd), (ret, 0, 0, eagain))],
+        (ret, 0, 0, einval),
+    ]
+    insns += [(jeq, 0, len(block), number("futex", machine)), *block]
+    block = [(ld, 0, 0, 16), (jset, 0, 1, 0x80000000), (ret, 0, 0, einval), (ret, 0, 0, RET_ALLOW)]  # args[0] < 0
+    for name in CLOCK_CALLS:
+        insns += [(jeq, 0, len(block), number(name, machine)), *block]
     for nr in allowed_numbers(machine):
         insns += [(jeq, 0, 1, nr), (ret, 0, 0, RET_ALLOW)]
     insns.append((ret, 0, 0, nosys))
