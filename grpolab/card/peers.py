@@ -291,12 +291,11 @@ def _kl(cfg: Config) -> dict[str, dict]:
             else _row(NONE, {}, "GRPOTrainer puts KL only in the loss")
         )
     clamp = ["k3 clamped to [-10, 10]"] if est == "k3" else []
-    if in_loss and a.kl_bias_correction:
-        unweighted = _row(NONE, {}, "no KL weighted by pi_theta / pi_old (DeepSeek-V3.2's unbiased KL)")
-        return {"trl": trl, "verl": unweighted, "openrlhf": dict(unweighted)}
+    # their nearest to DeepSeek-V3.2's unbiased KL: the same KL in the loss, unweighted
+    unweighted = ["no weighting of the KL by pi_theta / pi_old (DeepSeek-V3.2's unbiased KL)"] * a.kl_bias_correction
     if in_loss:
         verl = _unless(
-            clamp,
+            clamp + unweighted,
             {
                 f"{actor}use_kl_loss": True,
                 f"{actor}kl_loss_coef": a.beta,
@@ -308,7 +307,7 @@ def _kl(cfg: Config) -> dict[str, dict]:
             [] if a.aggregation == "token_mean" else ["the KL term is token-mean whatever --actor.loss_agg_mode"]
         )
         orl = _unless(
-            ["estimate clamped to [-10, 10]"] + token_mean,
+            ["estimate clamped to [-10, 10]"] + token_mean + unweighted,
             {"--algo.kl.use_loss": True, "--algo.kl.init_coef": a.beta, "--algo.kl.estimator": est},
         )
     else:

@@ -252,6 +252,8 @@ def test_presets_and_card_of_the_new_options():
     card = objective_card(from_dict({"algorithm": {"beta": 0.04, "kl_bias_correction": True}}))
     assert "- 0.04 r_it KL_k3(pi_theta || pi_ref)" in card["formula"] and card["choices"]["kl_bias_correction"]
     trl, verl = card["equivalents"]["trl"]["kl"], card["equivalents"]["verl"]["kl"]
-    assert trl["match"] == "exact" and trl["settings"]["use_bias_correction_kl"] is True and verl["match"] == "none"
+    assert trl["match"] == "exact" and trl["settings"]["use_bias_correction_kl"] is True
+    assert verl["match"] == "nearest" and "pi_theta / pi_old" in verl["difference"]  # their KL loss, unweighted
+    assert verl["settings"]["actor_rollout_ref.actor.kl_loss_coef"] == 0.04
     gspo_kl = objective_card(from_dict({"algorithm": {"preset": "gspo", "beta": 0.04, "kl_bias_correction": True}}))
     assert gspo_kl["equivalents"]["trl"]["kl"]["match"] == "nearest"
