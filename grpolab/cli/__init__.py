@@ -1,7 +1,7 @@
 """The `grpolab` command. One module per verb group, each registering on the shared app (grpolab/cli/app.py):
 train.py (train), evaluate.py (eval, compare, baseline best-of-n / sft), baseline.py (baseline ppo / dpo / agent-sft),
 report.py (report), export.py (export), release.py (release), manifest.py (manifest diff, models), score.py (score),
-rm.py (rm train), card.py (card).
+rm.py (rm train), card.py (card), bench.py (bench).
 
 The CLI is a thin layer over the same functions the Python API (grpolab.api) calls; neither imports the other,
 and nothing below the CLI imports it (contracts in pyproject.toml).
@@ -19,7 +19,7 @@ from rich.markup import escape
 from ..errors import GrpolabError
 from ..sandbox.errors import SandboxError
 from ..training.faults import TrainingInterrupted
-from . import baseline, card, evaluate, export, manifest, release, report, rm, score, train  # noqa: F401, I001  (register the verbs on `app`, in help order)
+from . import baseline, bench, card, evaluate, export, manifest, release, report, rm, score, train  # noqa: F401, I001  (register the verbs on `app`, in help order)
 from .app import app, console, err_console
 
 # typer >= 0.20 ships its own copy of click (typer._click): its exceptions are not click's, so both are caught

@@ -16,7 +16,10 @@
   ``schedule``: the learning-rate schedule;
 - ``distributed``, ``sharding``: torchrun ranks (DDP / FSDP2); ``faults``: interrupts and non-finite steps;
 - ``metrics``: metrics.jsonl / samples.jsonl and the metric names; ``trackers``: TensorBoard / W&B / MLflow beside
-  them; ``progress_lines``: the one-line summary of a step printed by the CLI and the API.
+  them; ``progress_lines``: the one-line summary of a step printed by the CLI and the API; ``truncation``: most
+  completions cut in the first steps (a warning, truncation.json);
+- ``bench``: ``grpolab bench`` (trainer-only and end-to-end tokens/s, MFU, peak memory); ``flops``: the model FLOPs
+  it and benchmarks/ count, the matmul rate; ``memory_fit``: the largest micro-batch that fits, from a probe.
 
 May import: algo, config, errors, tasks, models, rollout, rewards, agents, evaluation (periodic held-out eval).
 Never imported by: evaluation, rewards, rollout, models, tasks (layering contract in pyproject.toml).

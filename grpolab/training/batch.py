@@ -116,6 +116,9 @@ class Batch:
     metrics: dict[str, float]  # reward / completion / group metrics of the sampled batch (+ kept/ ones), global
     positions: list[int] = field(default_factory=list)  # each local group's index among the batch's global groups
     num_groups: int = 0  # groups in the batch over all ranks
+    # the sampled batch's completion lengths and truncation flags, every rank's rows (grpolab.training.truncation)
+    sampled_lengths: torch.Tensor | None = None
+    sampled_truncated: torch.Tensor | None = None
 
 
 def signal_values(scores: Scores, weights: dict[str, float]) -> torch.Tensor:
@@ -270,6 +273,7 @@ class BatchCollector:
         if not a.dynamic_sampling:
             return sampled
         train = self.join(rounds, kept[:want] if kept else everything[:want])
+        train.sampled_lengths, train.sampled_truncated = sampled.sampled_lengths, sampled.sampled_truncated
         train.metrics = {
             **sampled.metrics,
             **{f"kept/{k}": v for k, v in train.metrics.items()},
@@ -287,12 +291,14 @@ class BatchCollector:
         scores = cat_scores([r.scores for r in rounds]).select(every)
         adv = self.advantages(scores.rewards, scores.invalid, scores.components)
         problems = [rounds[r].problems[gi] for r, gi in groups]
+        lengths, truncated = (
+            torch.cat([r.lengths for r in rounds])[every],
+            torch.cat([r.truncated for r in rounds])[every],
+        )
         metrics = {
             **reward_metrics(scores.rewards, scores.components, scores.invalid),
             **result_metrics(scores.results),
-            **completion_metrics(
-                torch.cat([r.lengths for r in rounds])[every], torch.cat([r.truncated for r in rounds])[every]
-            ),
+            **completion_metrics(lengths, truncated),
             **group_metrics(adv.zero_std, [q.slice for q in problems]),
         }
         positions = [i for i, (r, gi) in enumerate(groups) if gi in rounds[r].owned]
@@ -313,6 +319,8 @@ class BatchCollector:
             metrics,
             positions,
             len(groups),
+            lengths,
+            truncated,
         )
 
     def global_advantages(self, batch: Batch) -> torch.Tensor:

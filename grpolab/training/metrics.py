@@ -23,6 +23,12 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
+def sync_metrics(last_sync: dict[str, float]) -> dict[str, float]:
+    """time/weight_sync_s and sync/bytes of the newest weight load a worker engine answered (RolloutEngine.last_sync);
+    {} for the in-process engine, whose copy is made in place."""
+    return {"time/weight_sync_s": last_sync["total_s"], "sync/bytes": last_sync["bytes"]} if last_sync else {}
+
+
 def reward_metrics(
     rewards: torch.Tensor, components: dict[str, torch.Tensor], invalid: torch.Tensor
 ) -> dict[str, float]:

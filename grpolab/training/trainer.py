@@ -12,7 +12,7 @@ Process-wide settings (deterministic algorithms, mallopt) are held for the run a
 grpolab.training.process_settings. ``progress(message)``: one line before each phase that can take over ~20 s.
 On-policy distillation (algorithm.estimator = distill): grpolab.training.distill replaces the group advantages by
 the teacher's per-token ones before the update. The periodic reference reset (algorithm.ref_reset_every):
-grpolab.training.reference, after the update.
+grpolab.training.reference, after the update. Most completions cut in the first steps: grpolab.training.truncation.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from .distributed import World, all_reduce_sum, gather_objects, init_world, reso
 from .estimators import AdvantageContext, EstimatorModels, estimator_spec
 from .faults import InterruptGuard, NonFiniteTracker, TrainingInterrupted
 from .group_rules import GroupRule
-from .metrics import JsonlSink, NullSink, completion_table, peak_rss_mb, sample_records
+from .metrics import JsonlSink, NullSink, completion_table, peak_rss_mb, sample_records, sync_metrics
 from .pipeline import make_pipeline
 from .process_settings import ProcessSettings
 from .prompt_sampler import PromptSampler
@@ -58,6 +58,7 @@ from .reproducibility import training_attention
 from .schedule import align_schedule
 from .sharding import Strategy, check_shardable, shard
 from .trackers import Trackers, check_installed
+from .truncation import TruncationWatch
 from .update import PolicyUpdater
 
 log = logging.getLogger("grpolab")
@@ -67,12 +68,6 @@ Progress = Callable[[str], None]  # told one line before each phase that can tak
 def r_k(cfg: Config) -> int:
     """rollout.max_staleness: how many steps ahead the engine samples (0: synchronous)."""
     return cfg.rollout.max_staleness
-
-
-def sync_metrics(last_sync: dict[str, float]) -> dict[str, float]:
-    """time/weight_sync_s and sync/bytes of the newest weight load a worker engine answered (RolloutEngine.last_sync);
-    {} for the in-process engine, whose copy is made in place."""
-    return {"time/weight_sync_s": last_sync["total_s"], "sync/bytes": last_sync["bytes"]} if last_sync else {}
 
 
 class Trainer(TrainerCheckpoints):
@@ -216,6 +211,10 @@ class Trainer(TrainerCheckpoints):
         self.table: tuple[list[str], list[list[Any]]] | None = None  # the last step's completions table, when due
         self.trackers = Trackers(self.run_dir, {}, {})  # opened by fit (rank 0)
         self.told_first_step = False  # the first step this trainer takes is announced phase by phase
+        single_turn = type(self.collector) is BatchCollector  # agent episodes end by bounds of their own
+        self.truncation = TruncationWatch(
+            self.run_dir, self.cfg.rollout.max_new_tokens, self.world.main and single_turn
+        )
 
     def tell(self, message: str) -> None:
         """``progress(message)`` on rank 0 (before a phase that can take over ~20 s)."""
@@ -340,6 +339,7 @@ class Trainer(TrainerCheckpoints):
                 len(rollout),
                 first,
             )
+        self.truncation.observe(self.step, batch.sampled_lengths, batch.sampled_truncated)  # steps 1-3: warns once
         timing = self.collector.timing
         tokens = all_reduce_sum(
             torch.tensor([float(rollout.completion_mask.sum() + rollout.prompt_mask.sum())]), self.world
