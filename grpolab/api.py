@@ -1,7 +1,9 @@
 """The Python API: the runs, evaluations, comparisons and reports of the `grpolab` command as function calls that
 return result objects (docs/api.md). Long calls (``train``, ``evaluate_models``, ``release_report``) print progress
 lines to stderr -- each slow phase before it starts, one line per training step or evaluated batch -- unless
-``verbose=False``; stdout is left to the caller.
+``verbose=False``; stdout is left to the caller. Warnings about the run itself (most completions truncated, an
+option inert in this configuration) go to the "grpolab" logger whatever ``verbose`` says: logging's configuration
+decides where they show (stderr by default).
 
     import grpolab
 

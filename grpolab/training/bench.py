@@ -110,18 +110,35 @@ def peak_flops(device: torch.device, dtype: torch.dtype, d_model: int, d_ff: int
     return {"flop_per_s": max(rates), "source": f"matmul probe, {NAME[dtype]}: the best of {probe}"}
 
 
+STATUS, CLEAR_REFS = Path("/proc/self/status"), Path("/proc/self/clear_refs")
+
+
 def memory_mib(device: torch.device) -> float:
-    """Peak memory so far in MiB: torch.cuda.max_memory_allocated on a GPU, the process's RSS high-water mark on a
-    CPU (ru_maxrss)."""
+    """Peak memory since the last ``reset_memory`` in MiB: torch.cuda.max_memory_allocated on a GPU; on a CPU the
+    process's RSS high-water mark (VmHWM of /proc/self/status; ru_maxrss, the process's lifetime peak, where there
+    is no /proc)."""
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
+    try:
+        for line in STATUS.read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024.0  # kB
+    except (OSError, ValueError):
+        pass
     return peak_rss_mb()
 
 
 def reset_memory(device: torch.device) -> None:
-    """Start a phase's peak afresh where the device allows it (CUDA); a CPU's RSS high-water mark cannot be reset."""
+    """Start a phase's peak afresh: on a GPU torch.cuda.reset_peak_memory_stats; on a Linux CPU the RSS high-water
+    mark set back to the current RSS (5 written to /proc/self/clear_refs, Linux >= 4.0), so a phase's peak does not
+    carry an earlier phase's, or a long-lived process's, higher one."""
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
+        return
+    try:
+        CLEAR_REFS.write_text("5")
+    except OSError:
+        pass
 
 
 def synchronize(device: torch.device) -> None:
@@ -281,7 +298,7 @@ def run_bench(
         shape = ModelShape.from_model(trainer.policy)
         lp = max(len(trainer.collector.prompt_ids(p)) for p in trainer.train_problems[:64])
         say(f"memory fit: updates at micro-batches 1, 2, 4 of {lp + cfg.rollout.max_new_tokens} tokens")
-        fit = memory_fit(trainer, (lp, cfg.rollout.max_new_tokens))  # first: a CPU's high-water mark only rises
+        fit = memory_fit(trainer, (lp, cfg.rollout.max_new_tokens))  # first: before the run's own allocations
         refuse_if_too_big(fit)
         say(f"end-to-end: {steps} real step(s)")
         e2e = end_to_end(trainer, shape, steps)

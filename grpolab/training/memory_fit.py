@@ -12,9 +12,9 @@ b = 2 and one at b = 4 (each on one group of the config's group size, micro-batc
 
     per_sequence = (peak(4) - peak(2)) / 2        base = peak(2) - 2 per_sequence
 
-On a CPU peak is the process's RSS high-water mark (ru_maxrss: it never goes down, so the probe runs first and
-smallest b first, each larger b raising it by its extra activations); on a GPU torch.cuda.max_memory_allocated,
-reset before each. The capacity: on a CPU MemAvailable (/proc/meminfo) + this process's RSS now; on a GPU the free
+On a CPU peak is the process's RSS high-water mark (VmHWM), set back to the current RSS before each update
+(/proc/self/clear_refs), so an earlier, larger peak of a long-lived process does not hide the probe's; on a GPU
+torch.cuda.max_memory_allocated, reset before each. The capacity: on a CPU MemAvailable (/proc/meminfo) + this process's RSS now; on a GPU the free
 memory + what this process's allocator holds. The largest micro-batch that fits:
 
     largest = floor((HEADROOM x capacity - base) / per_sequence)        HEADROOM = 0.9
