@@ -6,13 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from grpolab.config import from_dict
 from grpolab.errors import GrpolabError
 from grpolab.training.memory_fit import (
     HEADROOM,
     fit_line,
     largest_micro_batch,
-    memory_fit,
     refuse_if_too_big,
 )
 
@@ -52,16 +50,20 @@ import torch
 torch.set_num_threads(1)
 from grpolab.config import from_dict
 from grpolab.training.trainer import Trainer
-from grpolab.training.memory_fit import probe_peaks
+from grpolab.training.memory_fit import memory_fit, probe_peaks
 raw, size = json.loads(sys.argv[1]), int(sys.argv[2])
 with Trainer(from_dict(raw), tempfile.mkdtemp()) as trainer:
-    print(json.dumps(probe_peaks(trainer, (40, 128), sizes=(1, size))[size]))
+    if size:
+        print(json.dumps(probe_peaks(trainer, (40, 128), sizes=(1, size))[size]))
+    else:
+        print(json.dumps(memory_fit(trainer, (40, 128))))
 """
 
 
-def real_peak(raw: dict, size: int) -> float:
-    """The RSS high-water mark of a fresh process after a warm-up update and one at micro-batch `size`: what a run
-    at that size reaches (in the probing process earlier sizes' freed blocks would add to it)."""
+def in_fresh_process(raw: dict, size: int) -> str:
+    """CHILD's answer: the peak after a warm-up update and one at micro-batch `size` (0: the whole memory fit), in a
+    fresh process, so the line and the peaks it predicts share one process's baseline (a long-lived test process
+    holds more than a run does)."""
     import json
     import subprocess
     import sys
@@ -69,7 +71,13 @@ def real_peak(raw: dict, size: int) -> float:
     out = subprocess.run(
         [sys.executable, "-c", CHILD, json.dumps(raw), str(size)], capture_output=True, text=True, check=True
     )
-    return float(out.stdout.strip().splitlines()[-1])
+    return out.stdout.strip().splitlines()[-1]
+
+
+def real_peak(raw: dict, size: int) -> float:
+    """The RSS high-water mark of a fresh process after a warm-up update and one at micro-batch `size`: what a run
+    at that size reaches (in the probing process earlier sizes' freed blocks would add to it)."""
+    return float(in_fresh_process(raw, size))
 
 
 def test_the_choice_holds_against_the_real_peak(tiny_model_dir, tmp_path, one_thread):
@@ -78,7 +86,6 @@ def test_the_choice_holds_against_the_real_peak(tiny_model_dir, tmp_path, one_th
     fresh process's real peak either way (checked: within two); HEADROOM's 10% absorbs that. With the capacity set
     so that the line allows 6 (its 90% limit halfway to 7), the real peak at 6 fits the capacity, and the real peak
     above it (at 9) is over the limit the line plans against."""
-    from grpolab.training.trainer import Trainer
 
     raw = {
         "model": {"name": tiny_model_dir},
@@ -87,8 +94,9 @@ def test_the_choice_holds_against_the_real_peak(tiny_model_dir, tmp_path, one_th
         "algorithm": {"beta": 0.0},
         "train": {"steps": 1, "prompts_per_step": 2, "micro_batch_size": 2, "precision": "fp32", "device": "cpu"},
     }
-    with Trainer(from_dict(raw), tmp_path) as trainer:
-        fit = memory_fit(trainer, (40, 128))
+    import json
+
+    fit = json.loads(in_fresh_process(raw, 0))
     base, per = fit["base_mib"], fit["per_sequence_mib"]
     assert per > 10.0, fit  # tens of megabytes a sequence: the probe sees them
     capacity = (base + 6.5 * per) / HEADROOM
