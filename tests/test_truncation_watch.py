@@ -11,6 +11,9 @@ import random
 import pytest
 import torch
 
+from grpolab.gate.base import NA, PASS, WARN
+from grpolab.gate.thresholds import Thresholds
+from grpolab.gate.training import check_truncation_drift
 from grpolab.training.truncation import (
     FILE,
     THRESHOLD,
@@ -112,6 +115,24 @@ def test_train_on_a_model_that_never_ends_says_so(tiny_model_dir, tmp_path, monk
     data = json.loads((tmp_path / "runs" / "bad" / FILE).read_text())
     assert data["truncated_frac"] == 1.0 and data["suggested_max_new_tokens"] == 6
     assert [s["step"] for s in data["steps"]] == [1, 2] and data["completions"] == 16
+    rows = [json.loads(line) for line in (tmp_path / "runs" / "bad" / "metrics.jsonl").read_text().splitlines()]
+    assert [r.get("completion/max_new_tokens_to_try") for r in rows] == [6.0, None], "logged once, at the warning"
+    check = check_truncation_drift(rows, Thresholds())  # two steps: too few for the trend, not for this
+    assert check.status == WARN and "try rollout.max_new_tokens = 6 (truncation.json)" in check.reason, check
+
+
+def test_the_release_check_names_the_value_to_try_and_warns_without_it_only_by_trend():
+    """The report's truncation check: the first steps' warning makes it WARN with the value to try even when the
+    late share is low; without it, a steady low share over enough steps PASSes and two steps are too few."""
+    steady = [{"step": s, "completion/truncated_frac": 0.05} for s in range(1, 11)]
+    assert check_truncation_drift(steady, Thresholds()).status == PASS
+    warned = [
+        dict(steady[0], **{"completion/max_new_tokens_to_try": 96.0, "completion/first_steps_truncated_frac": 0.6})
+    ]
+    check = check_truncation_drift(warned + steady[1:], Thresholds())
+    assert check.status == WARN and check.reason.startswith("the first steps cut 60% of the completions: try ")
+    assert "rollout.max_new_tokens = 96 " in check.reason
+    assert check_truncation_drift(steady[:2], Thresholds()).status == NA
 
 
 def test_the_watch_sees_every_sampled_completion_not_only_the_kept(tiny_model_dir, tmp_path, monkeypatch, one_thread):

@@ -153,18 +153,29 @@ def check_truncation_drift(rows: Sequence[dict[str, Any]], t: Thresholds) -> Che
     """Truncation: completions of the sampled batch hitting max_new_tokens (answer cut off, reward computed on
     a fragment).
 
-    Rule: WARN when late - early truncated share >= `trunc_rise_warn` (0.1) or late >= `trunc_level_warn` (0.2).
+    Rule: WARN when late - early truncated share >= `trunc_rise_warn` (0.1) or late >= `trunc_level_warn` (0.2),
+    and whenever the run's first steps cut most completions (``completion/max_new_tokens_to_try``, logged by
+    grpolab.training.truncation at the step it warned: the reason names the value to try), however few steps.
     Training health: never FAIL (the held-out evaluation's own truncation share is in the held-out table).
     """
     name, group = "truncation_drift", "dynamics"
+    first = next((r for r in rows if r.get("completion/max_new_tokens_to_try") is not None), None)
+    early_cut = (
+        f"the first steps cut {first['completion/first_steps_truncated_frac']:.0%} of the completions: try "
+        f"rollout.max_new_tokens = {first['completion/max_new_tokens_to_try']:.0f} (truncation.json)"
+        if first
+        else ""
+    )
     bad, e, l = _ratio_check(rows, "completion/truncated_frac", name, group, t)
     if bad:
-        return bad
+        return CheckResult(name, group, WARN, f"{early_cut}; {bad.reason}", bad.numbers) if first else bad
     status = max(grade(l - e, t.trunc_rise_warn), grade(l, t.trunc_level_warn), key=SEVERITY.get)
     reason = (
         f"truncated share {e:.2f}->{l:.2f} (rise {l - e:+.2f} {_bound(l - e, t.trunc_rise_warn)}, "
         f"late {l:.2f} {_bound(l, t.trunc_level_warn)})"
     )
+    if first:
+        status, reason = WARN, f"{early_cut}; {reason}"
     return CheckResult(name, group, status, reason, {"early": r4(e), "late": r4(l)})
 
 

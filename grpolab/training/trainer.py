@@ -356,6 +356,7 @@ class Trainer(TrainerCheckpoints):
             "memory/peak_rss_mb": peak_rss_mb(),
             **self.reference_metrics(),
             **sync_metrics(self.engine.last_sync),
+            **self.truncation.metrics(),
         }
         return metrics, self.samples(batch)
 

@@ -117,6 +117,7 @@ class TruncationWatch:
         self.path, self.limit, self.active = Path(run_dir) / FILE, limit, active
         self.records: list[StepRecord] | None = None  # read from the file at the first observation
         self.warned = False
+        self.pending: dict[str, float] = {}  # the warning step's metrics, handed over once by metrics()
 
     def load(self, before_step: int) -> list[StepRecord]:
         """The records truncation.json holds for steps before `before_step` (none when there is no file)."""
@@ -145,10 +146,20 @@ class TruncationWatch:
             self.warned = True
             message = self.message(summary)
             log.warning(message)
+            self.pending = {
+                "completion/first_steps_truncated_frac": summary["truncated_frac"],
+                "completion/max_new_tokens_to_try": float(summary["suggested_max_new_tokens"]),
+            }
         summary["warned"] = self.warned
         if self.path.parent.is_dir():  # a Trainer used without a run directory (benchmarks) only warns
             write_json_atomic(self.path, summary)
         return message
+
+    def metrics(self) -> dict[str, float]:
+        """At the step that warned: the pooled truncated share and the rollout.max_new_tokens to try, as metrics of
+        that step (the release report's truncation check reads them from metrics.jsonl); {} on every other step."""
+        out, self.pending = self.pending, {}
+        return out
 
     def summary(self) -> dict[str, Any]:
         """What truncation.json holds: the rule, each watched step, the pooled share and (above the threshold) the
