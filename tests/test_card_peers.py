@@ -348,22 +348,26 @@ def test_trl_numbers(trl, name, tiny_model, tmp_path, one_thread):
         phase["loss"] = True
         trainer.model.eval()  # one micro-batch, no gradient accumulation
         adv = grpolab_advantages(cfg, b)
-        inputs = {
-            "prompt_ids": torch.ones(P * G, 1, dtype=torch.long),
-            "prompt_mask": torch.ones(P * G, 1, dtype=torch.long),
-            "completion_ids": torch.ones(P * G, T, dtype=torch.long),
-            "completion_mask": b.mask.long(),
-            "advantages": adv,
-            "old_per_token_logps": b.old,
-            "ref_per_token_logps": b.ref,
-            "num_items_in_batch": b.mask.sum(),
-        }
         torch.testing.assert_close(
-            trainer._compute_loss(trainer.model, inputs).double(), grpolab_loss(cfg, b, adv), **TOL
+            trainer._compute_loss(trainer.model, trl_inputs(b, adv)).double(), grpolab_loss(cfg, b, adv), **TOL
         )
         checked.append("loss")
     if not checked:
         pytest.skip("no row here is exact, or nearest by a fixed parameter, where TRL computes the quantity")
+
+
+def trl_inputs(b, adv: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The batch as TRL's _compute_loss takes it (its log-probabilities come from the patched forward)."""
+    return {
+        "prompt_ids": torch.ones(P * G, 1, dtype=torch.long),
+        "prompt_mask": torch.ones(P * G, 1, dtype=torch.long),
+        "completion_ids": torch.ones(P * G, T, dtype=torch.long),
+        "completion_mask": b.mask.long(),
+        "advantages": adv,
+        "old_per_token_logps": b.old,
+        "ref_per_token_logps": b.ref,
+        "num_items_in_batch": b.mask.sum(),
+    }
 
 
 @pytest.mark.parametrize("name", ["kl_bias_correction", "luspo"])
@@ -377,17 +381,7 @@ def test_trl_gradients_of_the_2026_options(trl, name, tiny_model, tmp_path, one_
     trainer = trl_trainer(trl, eq, tiny_model, tmp_path, lambda *args, **kwargs: (b.logp, b.entropy, None))
     trainer.model.eval()  # one micro-batch, no gradient accumulation
     adv = grpolab_advantages(cfg, b)
-    inputs = {
-        "prompt_ids": torch.ones(P * G, 1, dtype=torch.long),
-        "prompt_mask": torch.ones(P * G, 1, dtype=torch.long),
-        "completion_ids": torch.ones(P * G, T, dtype=torch.long),
-        "completion_mask": b.mask.long(),
-        "advantages": adv,
-        "old_per_token_logps": b.old,
-        "ref_per_token_logps": b.ref,
-        "num_items_in_batch": b.mask.sum(),
-    }
-    (theirs,) = torch.autograd.grad(trainer._compute_loss(trainer.model, inputs), b.logp)
+    (theirs,) = torch.autograd.grad(trainer._compute_loss(trainer.model, trl_inputs(b, adv)), b.logp)
     (ours,) = torch.autograd.grad(grpolab_loss(cfg, b, adv), b.logp)
     torch.testing.assert_close(ours, theirs.double(), rtol=1e-10, atol=1e-12)
 
