@@ -107,6 +107,21 @@ class StepRecord:
     finished_lengths: list[int] = field(default_factory=list)
 
 
+def warned_before(records: list[StepRecord]) -> bool:
+    """Whether a run with these step records warned already: the pooled share over steps 1..k crossed THRESHOLD at
+    some k (it need not still be above it; the warning is given once, at the first crossing).
+
+    >>> warned_before([StepRecord(1, 4, 4), StepRecord(2, 4, 0)]), warned_before([StepRecord(1, 4, 2)])
+    (True, False)
+    """
+    total = cut = 0
+    for r in sorted(records, key=lambda r: r.step):
+        total, cut = total + r.completions, cut + r.truncated
+        if total and cut / total > THRESHOLD:
+            return True
+    return False
+
+
 class TruncationWatch:
     """Watches the first WINDOW_STEPS steps of a run (``observe`` after each step); rank 0 only (``active``).
 
@@ -134,8 +149,9 @@ class TruncationWatch:
         logs as a warning) the message the first time the pooled share crosses THRESHOLD, else None."""
         if not self.active or step > WINDOW_STEPS or lengths is None or truncated is None:
             return None
-        if self.records is None:
+        if self.records is None:  # a resume: the steps before this one as recorded, and whether they warned
             self.records = self.load(step)
+            self.warned = warned_before(self.records)
         cut = truncated.bool().cpu()
         finished = sorted(int(x) for x in lengths.cpu()[~cut].tolist())
         self.records = [r for r in self.records if r.step < step]
