@@ -88,16 +88,21 @@ def report(
         waived=tuple(waive),
     )
     result = build_report(run_dirs, opts, log=lambda s: console.print(f"[dim]{s}[/]"))
+    print_result(result)
+    if strict and result["verdict"][0] != "ship":
+        sys.exit(1)
+
+
+def print_result(result: dict) -> None:
+    """Each check on a line, the verdict, the FAIL rules' family-wise error rate, the files written."""
     colour = {"PASS": "green", "WARN": "yellow", "FAIL": "red", "N/A": "dim"}
     for c in result["checks"]:
         console.print(f"[{colour[c.status]}]{c.status:4}[/] {c.name:22} {c.reason}", highlight=False, soft_wrap=True)
     label, why = result["verdict"]
     style = {"ship": "bold green", "don't ship": "bold red"}.get(label, "bold yellow")
     console.print(f"[{style}]verdict: {label}[/] — {why}", highlight=False, soft_wrap=True)
-    console.print(f"[dim]{result['family']}[/]", highlight=False, soft_wrap=True)  # the FAIL rules' error rate
+    console.print(f"[dim]{result['family']}[/]", highlight=False, soft_wrap=True)
     console.print(f"wrote {result['paths']['html']} and {result['paths']['md']}")
-    if strict and label != "ship":
-        sys.exit(1)
 
 
 def check_report_outputs(run_dirs: list[Path], out: Optional[Path]) -> None:
