@@ -5,7 +5,8 @@ For each peer the card names the version it was checked against (``PEER_VERSIONS
 objective, the peer's own settings (TRL config fields, verl Hydra overrides of ``trainer/config/ppo_trainer.yaml``,
 OpenRLHF ``train_ppo_ray`` flags) with a verdict: ``exact`` (same numbers), ``nearest`` (with the difference in
 one phrase) or ``none``. ``tests/test_card_peers.py`` feeds these settings to each peer's own config code and
-compares numbers with the peer's own functions.
+compares numbers with the peer's own functions; ``tests/test_card_peers_grads.py`` compares the loss and its gradient
+in every surrogate x IS x aggregation cell a peer's rows call exact.
 
 "Exact" is meant on batches in which every completion keeps at least one loss token (peers count fully masked
 rows differently) and ignores clamps that act only on log-ratios beyond +-20.

@@ -7,6 +7,10 @@ from ..config import Config
 from .peers import EXACT, NEAREST, NONE, _row, _unless
 
 VERL_NO_LOWER = 1e-30  # a lower mask bound for verl that no weight reaches: exp(-20) ~ 2e-9 is its least
+GSPO_TOKEN_IS = (
+    "with importance_sampling_level=sequence, each token's gradient weighted by its sequence's mean IS weight, "
+    "not its own"
+)
 
 
 def _importance(cfg: Config) -> dict[str, dict]:
@@ -45,11 +49,13 @@ def _is_weighting(cfg: Config) -> dict[str, dict]:
             "openrlhf": _row(EXACT),
         }
     truncate, token = mode.endswith("_truncate"), mode.startswith("token")
+    # GSPO: TRL's token weights multiply the sequence ratio's term (same value), grpolab's the token form's own term
+    gspo_token = a.surrogate == "gspo" and token
     trl = (
         _row(NONE, {}, "RLOOTrainer has no sampler-mismatch correction")
         if loo
-        else _row(
-            EXACT,
+        else _unless(
+            [GSPO_TOKEN_IS] if gspo_token else [],
             {
                 "use_vllm": True,
                 "vllm_importance_sampling_correction": True,
