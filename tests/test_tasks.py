@@ -260,8 +260,8 @@ def test_registry_and_make_task():
     import grpolab.agents  # noqa: F401 -- registers the agent, openenv and verifiers tasks
 
     assert sorted(TASKS) == [
-        *["agent", "arithmetic", "gsm8k", "hf", "humaneval", "jsonl", "math500", "mbpp", "openenv", "pyfunc"],
-        "verifiers",
+        *["agent", "arithmetic", "gsm8k", "hf", "humaneval", "jsonl", "math500", "mbpp", "openai_agent", "openenv"],
+        *["pyfunc", "verifiers"],
     ]
     task = make_task("arithmetic", digits=2, num_train=5)
     assert task.name == "arithmetic" and len(task.problems("train")) == 5
@@ -275,7 +275,7 @@ def test_make_task_unknown_name():
     assert (
         str(info.value)
         == "task.name: unknown task 'foo'; expected one of agent, arithmetic, gsm8k, hf, humaneval, jsonl, math500, mbpp, "
-        "openenv, pyfunc, verifiers"
+        "openai_agent, openenv, pyfunc, verifiers"
     )
 
 

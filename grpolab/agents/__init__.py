@@ -12,15 +12,18 @@
   its rubric as rewards (the optional verifiers library, imported when used); ``verifiers_episodes``: a multi-turn
   verifiers Env played as agent episodes; ``verifiers_task``: the ``verifiers`` task over both (registered there);
 - ``openenv_env``: OpenEnv servers (task ``openenv``): episodes through the library's client to a server the run starts
-  on 127.0.0.1 or is pointed at (the optional openenv-core library, imported when used).
+  on 127.0.0.1 or is pointed at (the optional openenv-core library, imported when used);
+- ``openai_agent``: task ``openai_agent``, an agent written against the ``openai`` package played through the run's
+  OpenAI-compatible endpoint (``openai_server``: routes, keys, errors; ``openai_sessions``: token-in / token-out
+  sessions; ``chat_tools``: tool schemas, the model's tool-call formats, grpolab's ChatML template with tools).
 The training-batch collector that runs episodes is grpolab.training.agent_batch; held-out episode success is
 grpolab.evaluation.episodes.
 
 Importing the package registers the built-in environments (``calc``, ``guess``, ``lookup``: ``env.register_environment``) and
-the ``agent``, ``verifiers`` and ``openenv`` tasks (``grpolab.tasks.register_task``); the base class never imports its
-subclasses. docs/environments.md: the verifiers and OpenEnv adapters.
+the ``agent``, ``verifiers``, ``openenv`` and ``openai_agent`` tasks (``grpolab.tasks.register_task``); the base class
+never imports its subclasses. docs/environments.md: the verifiers and OpenEnv adapters.
 
 May import: grpolab.errors, tasks, rewards, rollout, models. Imported by: training, evaluation, cli.
 """
 
-from . import calc, env, guess, lookup, openenv_env, verifiers_task  # noqa: F401 -- each registers itself
+from . import calc, env, guess, lookup, openai_agent, openenv_env, verifiers_task  # noqa: F401 -- each registers itself

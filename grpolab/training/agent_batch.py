@@ -19,6 +19,7 @@ import torch
 
 from ..agents.env import is_agent_problem
 from ..agents.episode import EpisodeResult, EpisodeRunner
+from ..agents.openai_agent import OpenAIAgentRunner, is_openai_agent_problem
 from ..errors import ConfigError
 from ..rewards import RewardResult
 from ..rollout.base import Rollout
@@ -73,7 +74,11 @@ class AgentCollector(BatchCollector):
     def __init__(self, cfg, *args, **kwargs):
         check_agent_config(cfg)
         super().__init__(cfg, *args, **kwargs)
-        self.runner = EpisodeRunner.from_engine(self.engine)
+        self.runner = self.make_runner()
+
+    def make_runner(self):
+        """What plays the episodes: grpolab's own runner on the engine's sampler copy."""
+        return EpisodeRunner.from_engine(self.engine)
 
     def sample_and_score(self, problems: list[Problem], seeds: list[int], t0: float) -> tuple[Rollout, Scores]:
         """G episodes of each of this rank's problems, scored by their environments (all timed as rollout)."""
@@ -91,6 +96,22 @@ class AgentCollector(BatchCollector):
         return batch
 
 
+class OpenAIAgentCollector(AgentCollector):
+    """Episodes played by an OpenAI-client agent through the run's endpoint (grpolab.agents.openai_agent)."""
+
+    def make_runner(self):
+        if self.cfg.eval.every_steps:
+            raise ConfigError("eval.every_steps: held-out evaluation of openai_agent tasks is not built; set it to 0")
+        return OpenAIAgentRunner(self.engine, self.tokenizer, self.cfg.model.name)
+
+    def close(self) -> None:
+        """Stop this run's endpoint (only its own: another run in the process keeps serving)."""
+        self.runner.close()
+
+
 def collector_class(problems) -> type[BatchCollector]:
-    """AgentCollector for agent problems, the single-turn BatchCollector otherwise."""
+    """AgentCollector for agent problems (OpenAIAgentCollector for openai_agent ones), the single-turn
+    BatchCollector otherwise."""
+    if problems and is_openai_agent_problem(problems[0]):
+        return OpenAIAgentCollector
     return AgentCollector if problems and is_agent_problem(problems[0]) else BatchCollector

@@ -163,6 +163,9 @@ class BatchCollector:
         self._prompt_cache: dict[str, list[int]] = {}
         self.timing = {"rollout": 0.0, "reward": 0.0}
 
+    def close(self) -> None:
+        """Stop what this collector started (the trainer's close); nothing for single-turn batches."""
+
     def prompt_ids(self, problem: Problem) -> list[int]:
         if problem.uid not in self._prompt_cache:
             self._prompt_cache[problem.uid] = prompt_ids(self.tokenizer, problem)

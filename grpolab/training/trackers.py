@@ -340,3 +340,15 @@ def _warn(name: str, what: str, e: Exception) -> None:
         type(e).__name__,
         str(e).splitlines()[0] if str(e) else "",
     )
+
+
+def run_texts(run_dir: Path) -> dict[str, str]:
+    """What the trackers attach to a run: the manifest and its objective card (when the run has a manifest)."""
+    try:
+        manifest = json.loads((Path(run_dir) / "manifest.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return {
+        "manifest.json": json.dumps(manifest, indent=2),
+        "objective_card.json": json.dumps(manifest.get("objective"), indent=2),
+    }
