@@ -5,8 +5,9 @@ Each simulated report draws paired per-item results of base and trained model, c
 function the report uses (grpolab.evaluation.intervals.paired_evidence_interval: t over items, exact when every
 difference is equal) with the counts of items that got worse and better (stats.change_signs), and runs grpolab's own
 gate: check_improvement, check_capability, check_diversity, check_safety, check_reward_vs_heldout (the training
-reward rising by 0.20 over 20 steps), then verdict.judged (Holm over the FAIL rules, the user's waivers) and
-verdict.verdict. "blocked under --strict" is every verdict but ship.
+correctness, reward/correct/mean, rising by 0.20 over 20 steps, against the held-out pass@1 sampled at the training
+temperature, as the report pairs them: gate.hacking.transfer_comparison), then verdict.judged (Holm over the FAIL
+rules, the user's waivers) and verdict.verdict. "blocked under --strict" is every verdict but ship.
 
 Model of one comparison with true change g on n items, base rate p0: each item has its own base rate q_i ~ Beta(p0 c,
 (1 - p0) c) (c = --concentration, 2 by default as in verdict_error_rates.py: easy and hard problems); base_i ~
@@ -14,7 +15,10 @@ Bernoulli(q_i) and trained_i ~ Bernoulli(q_i') independently given q_i, q_i' = q
 and q_i (1 + g / p0) for g < 0, so E[trained - base] = g. The share of items whose answer changes is then
 2 p0 (1 - p0) c / (c + 1): 0.28 for capability (p0 = 0.30), 0.21 for safety (compliance 0.20), 0.32 for pass@8
 (0.60, drawn as solved / not solved within 8 tries). Base rates: held-out 0.31, capability 0.30, compliance 0.20,
-pass@8 0.60.
+pass@8 0.60. The pass@1 that reward_vs_heldout reads: on the pass@8 problems, 8 samples per problem (c_i ~
+Binomial(8, q_i), q_i as above with the held-out base rate and gain), pass@1 = c_i / 8, drawn apart from the pass@8
+outcomes; its paired interval is t over problems (the report's studentised bootstrap is close at 64 problems,
+docs/evaluation.md, and 30 times slower).
 
 Two sizes: the demo's (266 held-out problems, 50 capability problems, 30 safety prompts, 64 pass@8 problems), and
 "sized": each harm dimension at the n that grpolab.gate.noninferiority.problems_needed gives for 97% power at its
@@ -39,8 +43,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from grpolab.evaluation.intervals import paired_evidence_interval  # noqa: E402
-from grpolab.gate.hacking import check_reward_vs_heldout  # noqa: E402
+from grpolab.evaluation.intervals import paired_evidence_interval, paired_interval  # noqa: E402
+from grpolab.gate.hacking import check_reward_vs_heldout, transfer_comparison  # noqa: E402
 from grpolab.gate.heldout import check_improvement  # noqa: E402
 from grpolab.gate.noninferiority import problems_needed  # noqa: E402
 from grpolab.gate.regression import check_capability, check_diversity, check_safety  # noqa: E402
@@ -50,6 +54,7 @@ from grpolab.gate.verdict import DONT_SHIP, NOT_ESTABLISHED, SHIP, judged, verdi
 
 BASE_ACCURACY, BASE_CAPABILITY, BASE_COMPLIANCE, BASE_PASS8 = 0.31, 0.30, 0.20, 0.60
 ALL_HARM = ("capability", "pass_at_k", "safety")
+CONFIG = {"rollout": {"temperature": 1.0}, "weights": {"correct": 1.0}}  # the diversity eval samples at T = 1
 
 
 @dataclass(frozen=True)
@@ -121,8 +126,18 @@ def paired(base: np.ndarray, trained: np.ndarray, worse_is_higher: bool = False)
 
 
 def reward_rows(rise: float = 0.20, steps: int = 20, start: float = 0.30) -> list[dict[str, Any]]:
-    """The training history reward_vs_heldout reads: reward/mean rising linearly from `start` by `rise`."""
-    return [{"step": i + 1, "reward/mean": start + rise * i / (steps - 1)} for i in range(steps)]
+    """The training history reward_vs_heldout reads: the correctness (the whole reward) rising linearly from `start`
+    by `rise`."""
+    rows = [{"step": i + 1, "reward/mean": start + rise * i / (steps - 1)} for i in range(steps)]
+    return [{**r, "reward/correct/mean": r["reward/mean"]} for r in rows]
+
+
+def sampled_pass1(rng: np.random.Generator, n: int, p0: float, gain: float, c: float) -> dict[str, Any]:
+    """pass@1 from 8 samples per problem on n problems, trained - base, with its paired t interval (module
+    docstring)."""
+    q = rng.beta(p0 * c, (1.0 - p0) * c, n)
+    q2 = q + gain * (1.0 - q) / (1.0 - p0) if gain >= 0 else q * (1.0 + gain / p0)
+    return paired_interval(rng.binomial(8, q) / 8.0, rng.binomial(8, q2) / 8.0)
 
 
 def simulated_checks(rng: np.random.Generator, s: Scenario, z: Sizes, t: Thresholds, c: float) -> list:
@@ -137,6 +152,7 @@ def simulated_checks(rng: np.random.Generator, s: Scenario, z: Sizes, t: Thresho
     b, tr = draw_pair(rng, z.pass8, BASE_PASS8, s.pass8_gain, c)
     diversity = {"k": 8, "samples": 8, "temperature": 1.0, "n": z.pass8, "base": {"mean": b.mean()}}
     diversity |= {"trained": {"mean": tr.mean()}, "diff": paired(b, tr)}
+    diversity["pass1"] = sampled_pass1(rng, z.pass8, BASE_ACCURACY, s.heldout_gain, c)
     b, tr = draw_pair(rng, z.safety, BASE_COMPLIANCE, s.safety_increase, c)
     safety = {"n": z.safety, "base": {"compliance_rate": b.mean()}, "trained": {"compliance_rate": tr.mean()}}
     safety["increase"] = paired(b, tr, worse_is_higher=True)
@@ -145,7 +161,7 @@ def simulated_checks(rng: np.random.Generator, s: Scenario, z: Sizes, t: Thresho
         check_capability(capability, t),
         check_diversity(diversity, "", t),
         check_safety(safety, t),
-        check_reward_vs_heldout(reward_rows(), heldout, t),
+        check_reward_vs_heldout(reward_rows(), transfer_comparison(heldout, diversity, CONFIG), t, CONFIG["weights"]),
     ]
 
 

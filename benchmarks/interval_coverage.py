@@ -22,7 +22,7 @@ Intervals: "t" = grpolab.evaluation.intervals.mean_interval / paired_interval (w
 per-problem scores and their paired differences); "studentised bootstrap" = intervals.score_interval /
 paired_score_interval on graded scores (what grpolab eval uses for pass@k with more samples than k); "percentile
 bootstrap" = grpolab.evaluation.scoring.bootstrap_ci / paired_bootstrap_diff (the interval used before, for
-comparison); "t two-stage" = grpolab.evaluation.sets.set_mean / set_difference (sets of runs); "old two-stage
+comparison); "two-part t" = grpolab.evaluation.sets.set_mean / set_difference (sets of runs); "old two-stage
 bootstrap" = the hierarchical percentile bootstrap sets.py used before (runs drawn with replacement, one common problem
 draw per replicate), kept here for comparison.
 
@@ -186,7 +186,7 @@ def heldout_gain_case(problems: int, method: str, n_boot: int = 1000) -> tuple[C
 def seed_set_case(
     runs: int, sd: float, method: str, problems: int = 200, n_boot: int = 1000
 ) -> tuple[Callable, Interval, float]:
-    """A set of `runs` seeds' paired gains on the same problems; method "t two-stage" or "old two-stage bootstrap"."""
+    """A set of `runs` seeds' paired gains on the same problems; method "two-part t" or "old two-stage bootstrap"."""
 
     def draw(rng):
         base, (trained,) = draw_runs(rng, runs, problems, sd)
@@ -199,7 +199,7 @@ def seed_set_case(
     def old(gains, s):
         return old_two_stage_bootstrap([gains], [1.0], n_boot, s)
 
-    return draw, {"t two-stage": new, "old two-stage bootstrap": old}[method], true_gain(sd)
+    return draw, {"two-part t": new, "old two-stage bootstrap": old}[method], true_gain(sd)
 
 
 def two_set_case(
@@ -220,7 +220,7 @@ def two_set_case(
 
     return (
         draw,
-        {"t two-stage": new, "old two-stage bootstrap": old}[method],
+        {"two-part t": new, "old two-stage bootstrap": old}[method],
         true_accuracy(RECIPE_B, sd) - true_accuracy(RECIPE_A, sd),
     )
 
@@ -286,10 +286,10 @@ def table(sims: int, boot_sims: int, n_boot: int, seed: int = 0) -> list[tuple[s
             add(f"one run, held-out gain, n = {p}", m, heldout_gain_case(p, m, n_boot))
     for runs in (2, 3, 5):  # 2 seeds under-cover: the gate needs MIN_RUNS = 3 for a PASS
         for sd in (0.0, 0.04, 0.08):
-            for m in ("t two-stage", "old two-stage bootstrap"):
+            for m in ("two-part t", "old two-stage bootstrap"):
                 add(f"{runs} seeds, between-seed SD {sd:.2f}, n = 200", m, seed_set_case(runs, sd, m, 200, n_boot))
     for sd in (0.0, 0.08):
-        for m in ("t two-stage", "old two-stage bootstrap"):
+        for m in ("two-part t", "old two-stage bootstrap"):
             add(f"two sets of 3 seeds, B - A, SD {sd:.2f}, n = 200", m, two_set_case(3, sd, m, 200, n_boot))
     for p in (30, 64):
         for paired in (False, True):

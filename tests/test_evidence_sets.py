@@ -33,7 +33,7 @@ def reference_interval(sets: list[np.ndarray], signs: list[float]) -> tuple[floa
     d = [sum(sg * sum(x[r][i] for r in range(x.shape[0])) / x.shape[0] for x, sg in zip(sets, signs)) for i in range(p)]
     dbar = sum(d) / p
     s_d2 = sum((v - dbar) ** 2 for v in d) / (p - 1)
-    var, terms = s_d2 / p, [(s_d2 / p, p - 1)]
+    within, between = 0.0, []  # sum_s w_s / R_s; (tau_s^2 / R_s, R_s - 1)
     for x in sets:
         r = x.shape[0]
         if r < 2:
@@ -41,22 +41,28 @@ def reference_interval(sets: list[np.ndarray], signs: list[float]) -> tuple[floa
         m = [sum(row) / p for row in x]
         mbar = sum(m) / r
         s_m2 = sum((v - mbar) ** 2 for v in m) / (r - 1)
-        var += s_m2 / r
         c = [sum(x[j][i] for j in range(r)) / r for i in range(p)]
         ms_e = sum((x[j][i] - m[j] - c[i] + mbar) ** 2 for j in range(r) for i in range(p)) / ((r - 1) * (p - 1))
-        if p * s_m2 > ms_e:
-            terms += [(p * s_m2 / (r * p), r - 1), (-ms_e / (r * p), (r - 1) * (p - 1))]
-    nu = sum(u for u, _ in terms) ** 2 / sum(u * u / df for u, df in terms)
-    half = t_quantile(0.975, nu) * math.sqrt(var)
-    return theta, theta - half, theta + half
+        within += ms_e / p / r
+        between.append((max(s_m2 - ms_e / p, 0.0) / r, r - 1))
+    problem = max(s_d2 / p, within)
+    half = math.sqrt(
+        t_quantile(0.975, p - 1) ** 2 * problem + sum(t_quantile(0.975, df) ** 2 * v for v, df in between if v > 0)
+    )
+    return theta, max(theta - half, -1.0), min(theta + half, 1.0)
 
 
 def test_interval_matches_the_formula_written_out():
     rng = np.random.default_rng(5)
     gains = (rng.random((3, 40)) < 0.5).astype(float) - (rng.random(40) < 0.4)[None, :]
+    gains[2] += (rng.random(40) < 0.3) * (gains[2] < 1)  # a third seed that gains more: a between-seed part
     r = set_mean(gains)
     assert (r["mean"], r["ci_low"], r["ci_high"]) == pytest.approx(reference_interval([gains], [1.0]), abs=1e-12)
-    assert r["runs"] == 3 and r["n"] == 40 and r["degenerate"] is None and "Satterthwaite" in r["method"]
+    assert r["runs"] == 3 and r["n"] == 40 and r["degenerate"] is None and "two-part t" in r["method"]
+    _, parts = variance_terms([gains], [1.0])
+    assert parts[1][0] > 0 and parts[1][1] == 2  # the seeds differ beyond their within-run noise
+    # se and df reproduce the interval's ends: t_{0.975, df} se = half
+    assert t_quantile(0.975, r["df"]) * r["se"] == pytest.approx(r["mean"] - r["ci_low"], rel=1e-9)
     a, b = (rng.random((2, 40)) < 0.4).astype(float), (rng.random((4, 40)) < 0.6).astype(float)
     d = set_difference(a, b)
     assert (d["mean"], d["ci_low"], d["ci_high"]) == pytest.approx(reference_interval([a, b], [-1.0, 1.0]), abs=1e-12)
@@ -64,12 +70,13 @@ def test_interval_matches_the_formula_written_out():
 
 
 def test_hand_computed_two_runs_by_three_problems():
-    """x = [[1, 0, 1], [1, 1, 1]]: run means 2/3 and 1, problem means 1, 1/2, 1. S_d^2 = 1/12 and S_m^2 = 1/18, so
-    V = 1/36 + 1/36 = 1/18; MS_R = 3/18 = MS_E = 1/6, so no between-seed component: nu = P - 1 = 2."""
-    r = set_mean([[1, 0, 1], [1, 1, 1]])
-    half = 4.302652729749464 * math.sqrt(1 / 18)
-    assert r["mean"] == pytest.approx(5 / 6) and r["df"] == pytest.approx(2.0)
-    assert (r["ci_low"], r["ci_high"]) == pytest.approx((5 / 6 - half, 5 / 6 + half), abs=1e-9)
+    """x = [[1, 0, 1], [1, 1, 1]]: run means 2/3 and 1, problem means 1, 1/2, 1. S_d^2 / P = 1/12 / 3 = 1/36; MS_E =
+    1/6, so the within-run component is w = MS_E / P = 1/18 = S_m^2: no between-seed part, and the problem part is
+    max(1/36, w / R = 1/36) = 1/36 with P - 1 = 2 df (the old two-stage V counted the within-run noise twice: 1/18)."""
+    r = set_mean([[1, 0, 1], [1, 1, 1]], bounds=(0.0, 1.0))
+    half = 4.302652729749464 * math.sqrt(1 / 36)
+    assert r["mean"] == pytest.approx(5 / 6) and r["df"] == pytest.approx(2.0) and r["se"] == pytest.approx(1 / 6)
+    assert (r["ci_low"], r["ci_high"]) == pytest.approx((5 / 6 - half, 1.0), abs=1e-9)  # clipped to the score's 1
 
 
 def test_identical_runs_and_one_run_reduce_to_the_t_interval_over_problems():
@@ -84,16 +91,25 @@ def test_identical_runs_and_one_run_reduce_to_the_t_interval_over_problems():
 
 
 def test_runs_that_disagree_completely_get_the_t_over_run_means():
-    """Run 1 solves all 3 problems, run 2 none: every problem's mean over runs is 0.5 (S_d = 0), so the whole
-    uncertainty is between runs: V = S_m^2 / 2 = 0.25, one df, 0.5 -/+ 12.706 * 0.5. Pooling the runs per problem
-    first would claim [0.5, 0.5]."""
-    r = set_mean([[1, 1, 1], [0, 0, 0]])
+    """Run 1 solves all 3 problems, run 2 none: every problem's mean over runs is 0.5 (S_d = 0) and MS_E = 0, so the
+    whole uncertainty is between runs: tau^2 = S_m^2 = 0.5, over R = 2: se 0.5, one df, 0.5 -/+ 12.706 * 0.5, clipped
+    to the score's [0, 1]. Pooling the runs per problem first would claim [0.5, 0.5]."""
+    r = set_mean([[1, 1, 1], [0, 0, 0]], bounds=(0.0, 1.0))
     assert (
         r["per_run"] == [1.0, 0.0]
         and r["spread"]["std"] == pytest.approx(np.sqrt(0.5))
         and r["df"] == pytest.approx(1.0)
+        and r["se"] == pytest.approx(0.5)
     )
-    assert (r["ci_low"], r["ci_high"]) == pytest.approx((0.5 - 12.7062047 * 0.5, 0.5 + 12.7062047 * 0.5), abs=1e-6)
+    assert (r["ci_low"], r["ci_high"]) == (0.0, 1.0)
+
+
+def test_within_run_noise_floors_the_interval_when_problem_means_agree():
+    """[[1, 0], [0, 1]]: both problem means 0.5 (S_d = 0) and both run means 0.5 (S_m = 0), yet each run got a
+    different problem right: MS_E = 1, w = 1/2 per run, w / R = 1/4 is the problem part (the old V was 0: a point)."""
+    r = set_mean([[1, 0], [0, 1]])
+    assert r["se"] == pytest.approx(0.5) and r["df"] == pytest.approx(1.0) and r["degenerate"] is None
+    assert (r["ci_low"], r["ci_high"]) == (-1.0, 1.0)
 
 
 def test_the_interval_widens_when_runs_disagree_and_not_when_they_agree():
@@ -119,16 +135,24 @@ def test_set_difference_of_single_runs_is_the_paired_t_interval():
     assert shift["degenerate"] == "all equal"
     # two sets whose runs disagree: the difference of means carries the run spread (t with 1 df)
     wide = set_difference([[1, 1, 1], [0, 0, 0]], [[1, 1, 1], [1, 1, 1]])
-    assert wide["mean"] == 0.5 and wide["ci_low"] < -5 and wide["ci_high"] > 6
+    assert wide["mean"] == 0.5 and wide["se"] == pytest.approx(0.5) and wide["df"] == pytest.approx(1.0)
+    assert (wide["ci_low"], wide["ci_high"]) == (-1.0, 1.0)  # 0.5 -/+ 6.35, clipped to a difference's [-1, 1]
 
 
-def test_degenerate_sets_are_named():
+def test_degenerate_sets_are_named_and_equal_right_wrong_numbers_get_the_exact_interval():
     assert set_mean([[1.0], [0.0], [1.0]])["degenerate"] == "one problem"
-    assert set_mean([[0.0, 0.0], [0.0, 0.0]])["degenerate"] == "all equal"
-    one = set_mean([[0.0, 0.0], [0.0, 0.0]])
-    assert (one["ci_low"], one["ci_high"]) == (0.0, 0.0)
-    theta, v, nu = variance_terms([np.array([[1.0, 1.0], [1.0, 1.0]])], [1.0])
-    assert (theta, v, nu) == (1.0, 0.0, float("inf"))
+    assert set_mean([[0.5, 0.5], [0.5, 0.5]])["degenerate"] == "all equal"  # graded numbers: a point
+    theta, parts = variance_terms([np.array([[1.0, 1.0], [1.0, 1.0]])], [1.0])
+    assert (theta, parts) == (1.0, [(0.0, 1), (0.0, 1)])
+    # every run unchanged on all 50 problems: not a zero-width claim but 0 of 50 changes, [-q, q], q = 1 - 0.025^(1/50)
+    q = 1 - 0.025 ** (1 / 50)
+    none = set_mean(np.zeros((3, 50)))
+    assert none["degenerate"] is None and (none["ci_low"], none["ci_high"]) == pytest.approx((-q, q), abs=1e-12)
+    assert round(q, 4) == 0.0711
+    gained = set_mean(np.ones((3, 50)))  # every problem wrong -> right in every run
+    assert (gained["ci_low"], gained["ci_high"]) == pytest.approx((1 - 2 * q, 1.0), abs=1e-12)
+    solved = set_mean(np.ones((3, 50)), bounds=(0.0, 1.0))  # a score of 1 on every problem: Clopper-Pearson
+    assert (solved["ci_low"], solved["ci_high"]) == pytest.approx((1 - q, 1.0), abs=1e-12)
 
 
 def test_alignment_is_exact_unless_told_to_intersect():

@@ -11,6 +11,7 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 from test_report import BASE, eval_json, make_run
 from typer.testing import CliRunner
@@ -129,8 +130,25 @@ def test_periodic_fallback_keeps_a_low_end_of_zero():
         periodic_rows({"eval/ci_low": 0.0, "eval/ci_high": 0.05}, {"eval/ci_low": 0.0, "eval/ci_high": 0.07}), n=64
     )
     assert h["base"]["ci_low"] == 0.0 and h["trained"]["ci_low"] == 0.0  # was turned into 0.02 / 0.03 (`x or y`)
-    half = math.hypot(0.025, 0.035)
-    assert h["diff"]["ci_low"] == pytest.approx(0.01 - half, abs=1e-12) and h["diff"]["n"] == 64
+    # issue 60: the unclipped t half-width from each accuracy and n, not the clipped recorded ones (hypot(0.025, 0.035))
+    half = 1.978971 * math.sqrt(0.02 * 0.98 / 63 + 0.03 * 0.97 / 63)  # t_{0.975, 126}
+    assert h["diff"]["ci_low"] == pytest.approx(0.01 - half, abs=1e-6) and h["diff"]["n"] == 64
+    assert h["diff"]["ci_low"] < 0.01 - math.hypot(0.025, 0.035) and "unpaired" in h["source"]
+
+
+def test_periodic_fallback_is_paired_where_the_run_recorded_each_problem():
+    """eval_items.jsonl: 40 problems, 4 wrong -> right, 1 right -> wrong between the first and last periodic eval:
+    the paired interval and the sign counts, on the same problems."""
+    first = {f"u{i}": int(i < 10) for i in range(40)}
+    last = {**first, "u10": 1, "u11": 1, "u12": 1, "u13": 1, "u0": 0}
+    rows = periodic_rows({"eval/ci_low": 0.1, "eval/ci_high": 0.4}, {"eval/ci_low": 0.2, "eval/ci_high": 0.5})
+    items = [{"step": 10, "correct": first}, {"step": 20, "correct": last}]
+    h = periodic_heldout(rows, n=64, items=items)
+    d = np.array([last[u] - first[u] for u in first], dtype=float)
+    half = 2.022691 * d.std(ddof=1) / math.sqrt(40)  # t_{0.975, 39}
+    assert h["diff"]["paired"] and h["diff"]["n"] == 40 and h["diff"]["signs"] == {"worse": 1, "better": 4}
+    assert (h["diff"]["ci_low"], h["diff"]["ci_high"]) == pytest.approx((3 / 40 - half, 3 / 40 + half), abs=1e-6)
+    assert "paired on the problems" in h["source"]
 
 
 def test_periodic_fallback_without_an_interval_is_not_a_zero_width_pass():

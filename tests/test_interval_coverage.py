@@ -58,12 +58,12 @@ def test_truths_are_exact(sim):
 
 def test_seed_set_interval_holds_coverage_where_the_old_bootstrap_did_not(sim):
     """3 seeds, between-seed SD 0.08, 200 problems (the review: 0.85 coverage, 8.2% wholly above the truth)."""
-    new = sim.coverage(*sim.seed_set_case(3, 0.08, "t two-stage"), sims=SIMS, seed=0)
+    new = sim.coverage(*sim.seed_set_case(3, 0.08, "two-part t"), sims=SIMS, seed=0)
     old = sim.coverage(*sim.seed_set_case(3, 0.08, "old two-stage bootstrap", n_boot=400), sims=SIMS, seed=0)
     assert new["coverage"] >= 0.925 and new["above"] <= 0.04 and new["below"] <= 0.04, new
     assert old["coverage"] < 0.90, old
     # when the seeds agree the interval stays about as wide as the old one (which over-covered there)
-    agree_new = sim.coverage(*sim.seed_set_case(3, 0.0, "t two-stage"), sims=300, seed=1)
+    agree_new = sim.coverage(*sim.seed_set_case(3, 0.0, "two-part t"), sims=300, seed=1)
     agree_old = sim.coverage(*sim.seed_set_case(3, 0.0, "old two-stage bootstrap", n_boot=400), sims=300, seed=1)
     assert agree_new["coverage"] >= 0.95 and agree_new["width"] <= 1.15 * agree_old["width"], (agree_new, agree_old)
 

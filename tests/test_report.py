@@ -289,7 +289,9 @@ def make_run(root: Path, name: str, hacked: bool = False, with_safety: bool = Tr
         json.dumps(eval_json("arithmetic", [(BASE, BASE, base), (str(run), str(ckpt), trained)]))
     )
     counts = [int(x) for x in np.random.default_rng(3).integers(0, 9, 64)]
-    trained_counts = [0] * 64 if hacked else [max(c, 1) for c in counts]  # the hacked run lost every right sample
+    # the hacked run lost every right sample; the healthy one's samples improve as its training correctness did
+    # (reward_vs_heldout compares the two, both sampled at the training temperature)
+    trained_counts = [0] * 64 if hacked else [min(8, c + 3) for c in counts]
     (run / "eval" / "diversity.json").write_text(
         json.dumps(sampled_json(run, [(BASE, BASE, counts), (str(run), str(ckpt), trained_counts)]))
     )
@@ -374,7 +376,11 @@ def test_hacked_run_is_not_shipped_and_failures_come_first(hacked):
     statuses = [c.status for c in rep["checks"]]
     assert statuses == sorted(statuses, key={"FAIL": 0, "WARN": 1, "PASS": 2, "N/A": 3}.get)
     failing = {c.name for c in rep["checks"] if c.status == "FAIL"}
-    assert failing == {"reward_vs_heldout", "heldout_improvement", "pass_at_k_diversity"}  # held-out evidence of harm
+    assert failing == {"heldout_improvement", "pass_at_k_diversity"}  # held-out evidence of harm
+    # like with like (issue 60): the farmed format bonus raised reward/mean, but the correctness component fell, so
+    # reward_vs_heldout has no correctness gain to compare (N/A); bonus_vs_correctness WARNs about the bonus
+    transfer = next(c for c in rep["checks"] if c.name == "reward_vs_heldout")
+    assert transfer.status == "N/A" and "reward/correct/mean did not rise" in transfer.reason
     warned = {c.name for c in rep["checks"] if c.status == "WARN"}  # training health: WARN with its numbers
     assert {"bonus_vs_correctness", "zero_variance_groups", "truncation_drift"} <= warned
     page = (run / "report.html").read_text()

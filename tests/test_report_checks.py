@@ -235,12 +235,21 @@ def test_sampler_mismatch():
 def test_training_checks_flag_the_design_pitfall():
     heldout = {"diff": ci(-0.04, 0.03)}
     by_name = {c.name: c for c in training_checks(design_pitfall(), CFG, heldout, T)}
-    assert by_name["reward_vs_heldout"].status == FAIL  # tied to the held-out interval: evidence of no transfer
+    # like with like (issue 60): the farmed bonus raised reward/mean, not correctness, so there is no correctness gain
+    # to transfer; the bonus is flagged by bonus_vs_correctness and the held-out drop by heldout_improvement
+    transfer = by_name["reward_vs_heldout"]
+    assert transfer.status == NA and "reward/correct/mean did not rise" in transfer.reason
     for name in ("bonus_vs_correctness", "reward_follows_length", "zero_variance_groups", "truncation_drift"):
         assert by_name[name].status == WARN, (name, by_name[name].reason)
-    assert [c.name for c in training_checks(design_pitfall(), CFG, heldout, T) if c.status == FAIL] == [
-        "reward_vs_heldout"
-    ]
+    # correctness rose in training (sampled at T = 1) but the held-out pass@1 sampled at T = 1 did not: FAIL
+    cfg = {**CFG, "rollout": {"temperature": 1.0}}
+    diversity = {"temperature": 1.0, "n": 64, "pass1": ci(-0.04, 0.03, 64), "source": "eval/diversity.json"}
+    rose = training_checks(healthy(), cfg, {"diff": ci(0.2, 0.05)}, T, diversity)
+    assert [c.name for c in rose if c.status == FAIL] == ["reward_vs_heldout"]
+    assert "held-out pass@1, both sampled at T=1" in rose[0].reason
+    # the same comparison with the greedy held-out gain only: two scales, WARN at most, no fail test
+    greedy = training_checks(healthy(), cfg, {"diff": ci(-0.04, 0.03)}, T)[0]
+    assert greedy.status == WARN and "greedy held-out accuracy" in greedy.reason and not greedy.fail_tests
     healthy_checks = training_checks(healthy(), CFG, {"diff": ci(0.2, 0.05)}, T)
     not_passed = {c.name: c.status for c in healthy_checks if c.status != PASS}
     assert not_passed == {"staleness": NA}, "a synchronous run: staleness cannot fail, so it is N/A"

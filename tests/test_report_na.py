@@ -400,7 +400,10 @@ def test_checks_read_the_sampled_batch_not_the_kept_one():
     assert trunc.status == WARN and trunc.numbers["late"] > 0.6
     assert check_format_vs_correct(rows, cfg["reward"]["weights"], T).status == WARN
     assert check_learning_signal(rows, T).status == WARN
-    assert check_reward_vs_heldout(rows, {"diff": ci(-0.05, 0.03)}, T).status == FAIL
+    # the sampled batch's correctness fell (0.1 -> 0.0; the kept batch's rose 0.4 -> 0.6): no gain to transfer
+    transfer = check_reward_vs_heldout(rows, {"diff": ci(-0.05, 0.03)}, T)
+    assert transfer.status == NA and transfer.numbers["reward_key"] == "reward/correct/mean"
+    assert transfer.numbers["reward_late"] < 0.05
 
 
 def test_no_check_reads_a_kept_metric():

@@ -62,7 +62,7 @@ def test_set_report_judges_the_set_not_one_lucky_run(tmp_path):
     md = (tmp_path / "qs-set" / "report.md").read_text()
     assert "## Runs of this set" in md and "qs-seed2" in md and "between runs" in md
     page = (tmp_path / "qs-set" / "report.html").read_text()
-    assert '<section id="set">' in page and "Satterthwaite degrees of freedom" in page
+    assert '<section id="set">' in page and "a between-seed part, each with its own degrees of freedom" in page
 
 
 def test_set_of_agreeing_runs_ships_and_its_interval_is_that_of_the_pooled_runs(tmp_path):

@@ -10,7 +10,7 @@ docs/evaluation.md).
 - ``eval_checks``: the evaluation options (dtype, limits, sampling settings) and the models' chat templates checked
   before any model runs;
 - ``overlap``: the refusal to evaluate a run on its own training problems;
-- ``sets``: evidence over several runs (seeds) -- a t interval with a two-stage (runs, problems) variance; runs on
+- ``sets``: evidence over several runs (seeds) -- a two-part t interval (problems, seeds); runs on
   different problems or decodings refused unless aligned explicitly.
 
 May import: errors, manifest, tasks, models, rollout, sandbox, agents. Never the training rewards (grpolab.rewards)

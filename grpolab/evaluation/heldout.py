@@ -310,7 +310,7 @@ def eval_header(
 def add_sets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The sets among the rows after the first: runs whose manifests (found by the held-out check) differ only in
     the seed (grpolab.evaluation.sets.recipe_groups), each with every metric's mean over runs and problems and its
-    gain over the first row, two-stage (runs, problems) intervals (grpolab.evaluation.sets.set_evidence)."""
+    gain over the first row, two-part (problems, seeds) intervals (grpolab.evaluation.sets.set_evidence)."""
     from .sets import recipe_groups, set_evidence
 
     def manifest(row: dict[str, Any]) -> dict[str, Any] | None:

@@ -7,34 +7,34 @@ for B in B - A) the estimate is
 
     theta = sum_s sigma_s (1/R_s) sum_r (1/P) sum_i x_{s,r,i}
 
-Its interval is a t interval with a two-stage variance and Satterthwaite degrees of freedom (set_interval). Per set,
-m_{s,r} = (1/P) sum_i x_{s,r,i} (run means) and c_{s,i} = (1/R_s) sum_r x_{s,r,i} (problem means over runs); per
-problem, d_i = sum_s sigma_s c_{s,i}. Then
+Variance. Per set, m_{s,r} = (1/P) sum_i x_{s,r,i} (run means), c_{s,i} = (1/R_s) sum_r x_{s,r,i} (problem means over
+runs); per problem d_i = sum_s sigma_s c_{s,i}. theta's error has a part common to every run (which problems were
+drawn, the shared base) plus each run's own deviation: its seed effect (variance tau_s^2) and its within-run noise
+(which problems this run happens to get right: variance w_s of a run mean, known from its P problems). Estimates:
 
-    V = S_d^2 / P + sum_{s: R_s >= 2} S_{m,s}^2 / R_s
+    w_s = MS_E,s / P,   MS_E,s = sum_{r,i} (x_{s,r,i} - m_{s,r} - c_{s,i} + x̄_s)^2 / ((R_s - 1)(P - 1))
+    tau_s^2 = max(S_{m,s}^2 - w_s, 0)      (S_{m,s}^2: variance, ddof 1, of the run means: E = tau_s^2 + w_s)
 
-with S_d^2 the sample variance (ddof 1) of d_1..d_P and S_{m,s}^2 that of the run means of set s. The problems are
-SHARED by every run, so the problem-sampling variance is common to all runs and invisible in the spread of run
-means: it is the first term. The between-seed variance is the second. The within-run noise (which problems one run
-happens to get right) is in both terms, so V overstates the variance by sum_s sigma_e,s^2 / (R_s P): little when seeds
-disagree, and it keeps the interval at nominal coverage when they agree. Degrees of freedom (Satterthwaite, for
-the variance components as a linear combination of independent mean squares): with MS_R,s = P S_{m,s}^2 (R_s - 1
-df) and MS_E,s the two-way residual mean square sum_{r,i} (x_{s,r,i} - m_{s,r} - c_{s,i} + x̄_s)^2 / ((R_s - 1)(P - 1))
-((R_s - 1)(P - 1) df), the between-seed component of set s is (MS_R,s - MS_E,s) / (R_s P), kept only when positive;
-the terms are u_0 = S_d^2 / P (P - 1 df) and, per kept set, +MS_R,s / (R_s P) and -MS_E,s / (R_s P):
+so the run-mean variance is floored at the within-run component, and V = S_d^2 / P + sum_s tau_s^2 / R_s (S_d^2: the
+variance, ddof 1, of d_1..d_P, which holds the common part and the within-run noise over R_s) is the one-way ANOVA
+estimate of Var(theta), truncated at a between-seed variance of 0. The interval (two_part_half_width) gives each part
+its own t quantile, P - 1 df for the problem part and R_s - 1 df for the between-seed part:
 
-    nu = (sum_j u_j)^2 / sum_j (u_j^2 / df_j),     interval = theta -/+ t_{1 - alpha/2, nu} sqrt(V)
+    half^2 = t_{1-alpha/2, P-1}^2 S_d^2 / P + sum_s t_{1-alpha/2, R_s-1}^2 tau_s^2 / R_s,   theta -/+ half
 
-These df belong to the unbiased combination, not to V's own terms (S_d^2 / P with P - 1 df, S_{m,s}^2 / R_s with
-R_s - 1 df); V's own terms give more df and a narrower interval that under-covers when seeds disagree (0.928 against
-0.940 at 3 seeds, between-seed SD 0.08 and 0.12, on the same 2000 simulated sets), so the conservative choice is kept.
-Two seeds under-cover with either (0.88-0.91 at SD 0.08-0.12): the release gate needs MIN_RUNS = 3 runs of a set for
-a PASS (grpolab.evaluation.intervals.MIN_RUNS).
+clipped to `bounds` ([-1, 1] for differences of proportions, [0, 1] for a score). Summing the squared half-widths of
+independent parts is Banerjee's (1960) conservative interval for a sum of variance components. Satterthwaite's df for
+the unbiased combination, the interval used before, falls below nominal when the between-seed part dominates (three
+seeds cannot pin down their own spread), and counting the within-run noise twice (S_d^2 / P + S_m^2 / R) made it
+wider than the ANOVA interval when the seeds agree. ``se`` is sqrt(V) and ``df`` the nu with t_{1-alpha/2, nu} =
+half / se, so gate.stats.harm_p_value reads the interval's own ends. Coverage (3 and 5 seeds, between-seed SD 0 to
+0.12, a failing-seed mixture; 266 problems) is measured by benchmarks/seed_set_coverage.py (docs/evaluation.md).
 
-Limits: one run per set (or identical runs) gives V = S_d^2 / P and nu = P - 1, the t interval over problems of one
-run (grpolab.evaluation.intervals.mean_interval); one problem gives V = sum_s S_{m,s}^2 / R_s (a t interval over run
-means), marked degenerate "one problem"; V = 0 gives a point, marked "all equal". Coverage with known truths (3 and 5
-seeds, between-seed SD 0 to 0.08, 200 problems) is measured by benchmarks/interval_coverage.py (docs/evaluation.md).
+Limits: one run per set (or identical runs) gives the t interval over problems of one run
+(grpolab.evaluation.intervals.mean_interval); one problem gives the t over run means, each set's S_{m,s}^2 / R_s with
+R_s - 1 df, marked degenerate "one problem"; every value equal (V = 0) gives, for right/wrong numbers, the exact
+interval of intervals.equal_changes_interval over the P problems (within-run sampling still bounds it: 0 of P changes
+is not a zero-width claim), else a point marked "all equal".
 
 The between-run spread is reported beside the interval: each run's mean, their standard deviation (ddof 1; None for
 one run), min and max. Sets must answer the same problems: aligned and paired_gains refuse runs whose problems
@@ -43,15 +43,19 @@ differ unless told align="intersect", and every result says n (problems) and run
 
 from __future__ import annotations
 
+import math
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 from ..errors import GrpolabError
-from .intervals import t_interval
+from .intervals import equal_changes_interval, t_quantile
 
 Scores = Mapping[str, float]  # per-problem numbers of one run, by uid
 ALIGN_MODES = ("exact", "intersect")
+DIFFERENCE_BOUNDS = (-1.0, 1.0)  # a difference of proportions (a gain, B - A)
+SCORE_BOUNDS = (0.0, 1.0)  # one model's score
+METHOD = "two-part t: problems (P - 1 df) + between-seed excess over the within-run component (R - 1 df)"
 
 
 def spread(values: Sequence[float]) -> dict[str, Any]:
@@ -81,68 +85,141 @@ def _check_shapes(sets: Sequence[np.ndarray]) -> int:
     return p
 
 
-def variance_terms(sets: Sequence[np.ndarray], signs: Sequence[float]) -> tuple[float, float, float]:
-    """(theta, V, nu) of sum_s sign_s theta(set s) (module docstring); nu is inf when V = 0. Each set is an (R_s, P)
-    array, every set over the same P problems in the same order.
+def run_components(x: np.ndarray) -> tuple[float, float]:
+    """(w, tau^2) of one (R, P) set (module docstring): the within-run component w = MS_E / P of a run mean's
+    variance and the between-seed variance tau^2 = max(S_m^2 - w, 0), the run means' variance floored at w. One
+    problem (no within-run estimate): (0, S_m^2); one run: (0, 0).
 
-    >>> theta, v, nu = variance_terms([np.array([[1.0, 0.0, 1.0], [1.0, 1.0, 1.0]])], [1.0])
-    >>> round(theta, 6), round(v, 6), round(nu, 6)   # S_d^2 = 1/12 over 3, S_m^2 = 1/18 over 2; u_0 = 1/36, u_1 = 0
-    (0.833333, 0.055556, 2.0)
+    >>> [round(v, 6) for v in run_components(np.array([[1.0, 0.0, 1.0], [1.0, 1.0, 1.0]]))]   # S_m^2 = 1/18 = w
+    [0.055556, 0.0]
+    >>> run_components(np.array([[1.0, 1.0], [0.0, 0.0]]))   # MS_E = 0: all of S_m^2 = 1/2 is between seeds
+    (0.0, 0.5)
+    """
+    r, p = x.shape
+    if r < 2:
+        return 0.0, 0.0
+    run_means = x.mean(axis=1)
+    s_m2 = float(run_means.var(ddof=1))
+    if p < 2:
+        return 0.0, s_m2
+    resid = x - run_means[:, None] - x.mean(axis=0)[None, :] + x.mean()
+    w = float((resid**2).sum()) / ((r - 1) * (p - 1)) / p
+    return w, (s_m2 - w if s_m2 - w > 1e-12 * s_m2 else 0.0)  # rounding aside
+
+
+def variance_terms(sets: Sequence[np.ndarray], signs: Sequence[float]) -> tuple[float, list[tuple[float, float]]]:
+    """(theta, [(variance part, df)]) of sum_s sign_s theta(set s) (module docstring): the problem part
+    max(S_d^2 / P, sum_s w_s / R_s) with P - 1 df when P >= 2 (floored at the within-run component: S_d^2 / P holds
+    it, and a chance low S_d^2 must not hide it), then (tau_s^2 / R_s, R_s - 1) for every set of >= 2 runs. Each set
+    is an (R_s, P) array, every set over the same P problems in the same order.
+
+    >>> theta, parts = variance_terms([np.array([[1.0, 0.0, 1.0], [1.0, 1.0, 1.0]])], [1.0])
+    >>> round(theta, 6), [(round(v, 6), df) for v, df in parts]   # S_d^2 / P = 1/36 = w / R; tau^2 = 0
+    (0.833333, [(0.027778, 2), (0.0, 1)])
     """
     p = _check_shapes(sets)
     theta, d = 0.0, np.zeros(p)
-    v, components = 0.0, []  # (u_j, df_j)
     for x, sign in zip(sets, signs):
         theta += sign * float(x.mean())
         d += sign * x.mean(axis=0)
-        r = x.shape[0]
-        if r >= 2:
-            run_means = x.mean(axis=1)
-            v += float(run_means.var(ddof=1)) / r
-            if p >= 2:
-                resid = x - run_means[:, None] - x.mean(axis=0)[None, :] + x.mean()
-                ms_e = float((resid**2).sum()) / ((r - 1) * (p - 1))
-                ms_r = p * float(run_means.var(ddof=1))
-                if ms_r > ms_e * (1 + 1e-9):  # a positive between-seed component (rounding aside)
-                    components += [(ms_r / (r * p), r - 1), (-ms_e / (r * p), (r - 1) * (p - 1))]
-            else:
-                components.append((float(run_means.var(ddof=1)) / r, r - 1))
+    comps = [(run_components(x), x.shape[0]) for x in sets]
+    parts: list[tuple[float, float]] = []
     if p >= 2:
-        v += float(d.var(ddof=1)) / p
-        components.append((float(d.var(ddof=1)) / p, p - 1))
-    total = sum(u for u, _ in components)
-    if total > 0:
-        nu = total * total / sum(u * u / df for u, df in components)
-    elif v > 0:  # runs vary but no component is measured (every between-seed one cancelled): the fewest runs' df
-        nu = float(min((x.shape[0] - 1 for x in sets if x.shape[0] >= 2), default=0)) or float("inf")
-    else:
-        nu = float("inf")
-    return theta, v, nu
+        parts.append((max(float(d.var(ddof=1)) / p, sum(w / r for (w, _), r in comps)), p - 1))
+    parts += [(tau2 / r, r - 1) for (_, tau2), r in comps if r >= 2]
+    return theta, parts
 
 
-def set_interval(sets: Sequence[np.ndarray], signs: Sequence[float], alpha: float = 0.05) -> dict[str, Any]:
-    """theta with its t interval (module docstring): mean, ci_low, ci_high, se (sqrt V), df (nu), n (P), method and
-    degenerate ("one problem", "all equal" or None)."""
+def two_part_half_width(parts: Sequence[tuple[float, float]], alpha: float = 0.05) -> tuple[float, float, float]:
+    """(half, se, nu): half = sqrt(sum_j t_{1-alpha/2, df_j}^2 v_j), se = sqrt(sum_j v_j), and the effective df nu
+    with t_{1-alpha/2, nu} = half / se (inf when half / se is the normal quantile; nan when se = 0).
+
+    >>> h, se, nu = two_part_half_width([(0.0004, 265), (0.0004, 2)])
+    >>> round(h, 5), round(se, 5), round(nu, 2)   # sqrt(1.969^2 + 4.303^2) * 0.02 = 3.346 * se
+    (0.09464, 0.02828, 2.76)
+    """
+    live = [(v, df) for v, df in parts if v > 0]
+    se = math.sqrt(sum(v for v, _ in live))
+    if not live:
+        return 0.0, 0.0, math.nan
+    half = math.sqrt(sum(t_quantile(1.0 - alpha / 2.0, df) ** 2 * v for v, df in live))
+    return half, se, effective_df(half / se, alpha)
+
+
+def effective_df(q: float, alpha: float = 0.05) -> float:
+    """nu with t_{1-alpha/2, nu} = q (Brent's root of the quantile in log nu; inf at or below the normal quantile).
+
+    >>> round(effective_df(4.302652729749464), 6), effective_df(1.9)
+    (2.0, inf)
+    """
+    from scipy.optimize import brentq
+
+    p = 1.0 - alpha / 2.0
+    if q <= t_quantile(p, math.inf) * (1 + 1e-12):
+        return math.inf
+    if q >= t_quantile(p, 1e-3):
+        return 1e-3
+    return math.exp(brentq(lambda x: t_quantile(p, math.exp(x)) - q, math.log(1e-3), math.log(1e9), xtol=1e-12))
+
+
+def all_equal_interval(value: float, p: int, bounds: tuple[float, float], alpha: float) -> tuple[float, float] | None:
+    """The exact interval when every run's number on every one of p problems is `value`: right/wrong differences
+    (value -1, 0 or 1 with bounds below 0) get intervals.equal_changes_interval(value, p); right/wrong scores (0 or 1
+    with bounds (0, 1)) the one-sided Clopper-Pearson bound q = 1 - (alpha/2)^(1/p): [0, q] or [1 - q, 1]. None
+    otherwise (graded numbers: a point, marked "all equal").
+
+    >>> [round(v, 4) for v in all_equal_interval(0.0, 50, (-1.0, 1.0), 0.05)], all_equal_interval(0.5, 50, (-1.0, 1.0), 0.05)
+    ([-0.0711, 0.0711], None)
+    """
+    if p < 2:
+        return None
+    if bounds[0] < 0 and value in (-1.0, 0.0, 1.0):
+        return equal_changes_interval(value, p, alpha)
+    if bounds == SCORE_BOUNDS and value in (0.0, 1.0):
+        q = 1.0 - (alpha / 2.0) ** (1.0 / p)
+        return (0.0, q) if value == 0 else (1.0 - q, 1.0)
+    return None
+
+
+def set_interval(
+    sets: Sequence[np.ndarray],
+    signs: Sequence[float],
+    alpha: float = 0.05,
+    bounds: tuple[float, float] = DIFFERENCE_BOUNDS,
+) -> dict[str, Any]:
+    """theta with its two-part t interval (module docstring), clipped to `bounds`: mean, ci_low, ci_high, se, df (the
+    effective nu), n (P), method and degenerate ("one problem", "all equal" or None)."""
     sets = [np.asarray(x, dtype=float) for x in sets]
-    theta, v, nu = variance_terms(sets, signs)
-    lo, hi = t_interval(theta, v, nu, alpha)
+    theta, parts = variance_terms(sets, signs)
+    half, se, nu = two_part_half_width(parts, alpha)
     p = sets[0].shape[1]
-    degenerate = "one problem" if p == 1 else ("all equal" if v == 0 else None)
+    lo, hi, method = theta - half, theta + half, METHOD
+    degenerate = "one problem" if p == 1 else None
+    if se == 0 and p > 1:  # every d_i = theta and no run differs from another: right/wrong numbers get the exact one
+        binary = all(bool(np.isin(x, (-1.0, 0.0, 1.0)).all()) for x in sets)
+        exact = all_equal_interval(theta, p, bounds, alpha) if binary else None
+        if exact is None:
+            degenerate = "all equal"
+        else:
+            (lo, hi), method = exact, f"exact: every run's {p} numbers equal (Clopper-Pearson)"
     return {
         "mean": theta,
-        "ci_low": lo,
-        "ci_high": hi,
-        "se": float(np.sqrt(v)),
-        "df": float(nu),
+        "ci_low": max(lo, bounds[0]),
+        "ci_high": min(hi, bounds[1]),
+        "se": se,
+        "df": nu,
         "n": p,
-        "method": "t, two-stage variance (runs, problems), Satterthwaite df",
+        "method": method,
         "degenerate": degenerate,
     }
 
 
-def set_mean(x: np.ndarray | Sequence[Sequence[float]], alpha: float = 0.05) -> dict[str, Any]:
-    """theta of an (R runs, P problems) array with its interval (set_interval), plus ``runs`` (R), ``n`` (P),
-    ``per_run`` (each run's mean) and ``spread`` (spread of per_run).
+def set_mean(
+    x: np.ndarray | Sequence[Sequence[float]], alpha: float = 0.05, bounds: tuple[float, float] = DIFFERENCE_BOUNDS
+) -> dict[str, Any]:
+    """theta of an (R runs, P problems) array with its interval (set_interval; `bounds` SCORE_BOUNDS for a score,
+    the default DIFFERENCE_BOUNDS for gains), plus ``runs`` (R), ``n`` (P), ``per_run`` (each run's mean) and
+    ``spread`` (spread of per_run).
 
     >>> r = set_mean([[1, 0], [1, 1]])
     >>> r["mean"], r["per_run"], r["spread"]["min"], r["runs"], r["n"]
@@ -150,17 +227,26 @@ def set_mean(x: np.ndarray | Sequence[Sequence[float]], alpha: float = 0.05) -> 
     """
     x = np.asarray(x, dtype=float)
     per_run = [float(v) for v in x.mean(axis=1)] if x.ndim == 2 else []
-    return {**set_interval([x], [1.0], alpha), "runs": int(x.shape[0]), "per_run": per_run, "spread": spread(per_run)}
+    return {
+        **set_interval([x], [1.0], alpha, bounds),
+        "runs": int(x.shape[0]),
+        "per_run": per_run,
+        "spread": spread(per_run),
+    }
 
 
 def set_difference(
     a: np.ndarray | Sequence[Sequence[float]], b: np.ndarray | Sequence[Sequence[float]], alpha: float = 0.05
 ) -> dict[str, Any]:
-    """theta(B) - theta(A) of two sets of runs on the same P problems (arrays (R_A, P) and (R_B, P)), with its
+    """theta(B) - theta(A) of two sets of runs' scores on the same P problems (arrays (R_A, P) and (R_B, P)), with its
     interval (set_interval with signs -1, +1: the problems paired across the sets, each set's runs its own between-
-    seed term), and each set's own set_mean."""
+    seed part; clipped to [-1, 1]), and each set's own set_mean (clipped to [0, 1])."""
     a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
-    return {**set_interval([a, b], [-1.0, 1.0], alpha), "a": set_mean(a, alpha), "b": set_mean(b, alpha)}
+    return {
+        **set_interval([a, b], [-1.0, 1.0], alpha),
+        "a": set_mean(a, alpha, SCORE_BOUNDS),
+        "b": set_mean(b, alpha, SCORE_BOUNDS),
+    }
 
 
 def _names(names: Sequence[str] | None, count: int) -> list[str]:
@@ -310,7 +396,8 @@ def set_evidence(
     names = [_label(r, j) for j, r in enumerate(members)]
     out: dict[str, Any] = {}
     for m in shared_metrics(list(members)):
-        entry = {"value": set_mean(aligned([row_scores(r, m) for r in members], names, align)[1])}
+        scores = aligned([row_scores(r, m) for r in members], names, align)[1]
+        entry = {"value": set_mean(scores, bounds=SCORE_BOUNDS)}
         if all(ref is not None and row_scores(ref, m) for ref in refs):
             pairs = [(row_scores(ref, m), row_scores(r, m)) for ref, r in zip(refs, members)]
             entry["gain"] = set_mean(paired_gains(pairs, names, align)[1])

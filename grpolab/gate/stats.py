@@ -94,7 +94,7 @@ def harm_p_value(d: dict[str, float], bound: float, worse_is_higher: bool = Fals
     (mean - ci_low) / Z95, p = Phi((bound - mean) / se). A zero-width half: p = 0 when the mean is past the bound,
     else 1.
 
-    An interval of a set of runs carries its own ``se`` and Satterthwaite ``df`` (grpolab.evaluation.sets): then
+    An interval of a set of runs carries its own ``se`` and effective ``df`` (grpolab.evaluation.sets): then
     p = F_t(z_num / se; df), Student's t with that df (scipy.stats.t), so that p < 0.025 again exactly when the
     interval lies beyond the bound -- normal tails on a t interval with df 2-10 would give p-values too small.
 

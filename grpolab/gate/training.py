@@ -43,7 +43,7 @@ from .base import (
     too_few,
     values,
 )
-from .hacking import check_format_vs_correct, check_reward_length_corr, check_reward_vs_heldout
+from .hacking import check_format_vs_correct, check_reward_length_corr, check_reward_vs_heldout, transfer_comparison
 from .thresholds import Thresholds
 
 ONE_STEP = (
@@ -336,12 +336,17 @@ def check_staleness(rows: Sequence[dict[str, Any]], config: dict[str, Any] | Non
 
 
 def training_checks(
-    rows: Sequence[dict[str, Any]], config: dict[str, Any] | None, heldout: dict[str, Any] | None, t: Thresholds
+    rows: Sequence[dict[str, Any]],
+    config: dict[str, Any] | None,
+    heldout: dict[str, Any] | None,
+    t: Thresholds,
+    diversity: dict[str, Any] | None = None,
 ) -> list[CheckResult]:
     """All checks on the metric history, in report order. `config` is the run's resolved config
-    (manifest["config"]); a missing field is unknown."""
+    (manifest["config"]); a missing field is unknown. reward_vs_heldout reads hacking.transfer_comparison of the
+    held-out comparison and the `diversity` evidence (pass@1 sampled at the training temperature)."""
     return [
-        check_reward_vs_heldout(rows, heldout, t, reward_weights(config)),
+        check_reward_vs_heldout(rows, transfer_comparison(heldout, diversity, config), t, reward_weights(config)),
         check_format_vs_correct(rows, reward_weights(config), t),
         check_reward_length_corr(rows, config, t),
         check_learning_signal(rows, t),

@@ -102,7 +102,7 @@ def all_checks(
     family-wise control of the FAIL rules, with the harm dimensions the user `waived` (``--waive``:
     noninferiority.parse_waivers) marked, in report order."""
     heldout = e["heldout"]
-    checks = training_checks(metrics, config, heldout, t) + code_checks(metrics, config, t)
+    checks = training_checks(metrics, config, heldout, t, e["diversity"]) + code_checks(metrics, config, t)
     checks = defer_reward_vs_heldout(checks, config)  # unchanged without a learned reward (gate/reward_model.py)
     checks += reward_model_checks(metrics, samples, config, heldout, t)  # none without a learned reward
     checks += judge_checks(samples, config, t)  # none without an LLM judge (gate/judge.py)

@@ -1,7 +1,8 @@
 """The release report of a run directory (`grpolab report`): gathers the evidence, has grpolab.gate judge it, and
 renders the checks and the verdict.
 
-Modules: ``evidence`` (reading a run directory into evidence records), ``safety`` (the harmful-request probe),
+Modules: ``evidence`` (reading a run directory into evidence records), ``periodic`` (the periodic held-out evals as
+the comparison, paired on the problems), ``safety`` (the harmful-request probe),
 ``diversity`` (held-out pass@k of base and trained model), ``sets`` (the evidence of a set of runs, seeds of one
 recipe), ``render`` (report.html), ``markdown`` (report.md), ``markup`` (HTML building blocks), ``plots``,
 ``reward_model`` (the learned reward model's section), ``build`` (evidence -> gate -> report), ``compare``

@@ -140,7 +140,7 @@ def seed_groups(entries: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
 
 def seed_summary(group: list[dict[str, Any]]) -> dict[str, Any]:
     """mean, std (ddof 1), min, max across the group's runs of every metric they all have, and ``evidence``: the
-    two-stage (runs, problems) intervals (grpolab.evaluation.sets.set_evidence; {} without per-problem records)."""
+    two-part (problems, seeds) intervals (grpolab.evaluation.sets.set_evidence; {} without per-problem records)."""
     from ..evaluation.sets import set_evidence, spread
 
     names = [m for m in group[0]["metrics"] if all(m in e["metrics"] for e in group)]

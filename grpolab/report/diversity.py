@@ -65,8 +65,9 @@ def pass_at_k_by_uid(row: dict[str, Any], k: int) -> dict[str, float]:
 def diversity_comparison(data: dict[str, Any], trained_row: int, k: int, source: str = "") -> dict[str, Any]:
     """The check's evidence from a sampled eval JSON: base (first row) and trained (row `trained_row`) pass@k with
     95% intervals (evaluation.intervals.score_interval: t for 0/1 values, the studentised bootstrap for graded pass@k
-    with samples > k), the paired difference (paired_score_interval; and that of pass@1), and the per-problem values by uid
-    (``by_uid``: uid -> (base, trained), for the interval of a set of runs). The difference carries
+    with samples > k), the paired difference (paired_score_interval; and that of pass@1, which reward_vs_heldout
+    compares with the training correctness: gate.hacking.transfer_comparison), and the per-problem values by uid
+    (``by_uid`` and ``pass1_by_uid``: uid -> (base, trained), for the interval of a set of runs). The difference carries
     ``signs``, the problems whose pass@k fell and rose (stats.change_signs), for the exact test of its FAIL rule --
     only when every pass@k is 0 or 1 (samples = k): on graded pass@k the sign test would test the median change, not
     the mean, so the FAIL rule's p then comes from the interval (stats.harm_p_value)."""
@@ -97,6 +98,7 @@ def diversity_comparison(data: dict[str, Any], trained_row: int, k: int, source:
         },
         "pass1": ci(paired_score_interval([b1[u] for u in uids], [t1[u] for u in uids])),
         "by_uid": {u: (base[u], trained[u]) for u in uids},
+        "pass1_by_uid": {u: (b1[u], t1[u]) for u in uids},
     }
 
 

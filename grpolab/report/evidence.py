@@ -19,6 +19,7 @@ from typing import Any
 from ..errors import GrpolabError
 from ..manifest import read_manifest
 from ..training.metrics import read_jsonl
+from .periodic import ITEMS_LOG, periodic_heldout, periodic_point  # noqa: F401  (periodic_point: re-exported)
 
 PRIMARY_EVAL = "base_vs_trained.json"
 SERVING_FILE, SERVING_GGUF_FILE, ROLLBACK_FILE = "serving.json", "serving_gguf.json", "rollback.json"
@@ -31,6 +32,7 @@ class RunEvidence:
     metrics: list[dict[str, Any]]
     samples: list[dict[str, Any]]
     evals: list[tuple[str, dict[str, Any]]] = field(default_factory=list)  # (file name, eval JSON)
+    periodic_items: list[dict[str, Any]] = field(default_factory=list)  # eval_items.jsonl: right/wrong per problem
 
     @property
     def train_task(self) -> str:
@@ -75,6 +77,7 @@ def load_run(run_dir: Path) -> RunEvidence:
         read_jsonl(run_dir / "metrics.jsonl"),
         read_jsonl(run_dir / "samples.jsonl"),
         load_evals(run_dir),
+        read_jsonl(run_dir / ITEMS_LOG),
     )
 
 
@@ -200,70 +203,6 @@ def _finite(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
-def periodic_point(row: dict[str, Any], n: int | None) -> dict[str, Any] | None:
-    """One periodic eval row as {"accuracy", "ci_low", "ci_high", "n"}; None when its interval was not recorded or
-    has zero width (every problem wrong, or every one right: a degenerate t interval that claims an exact accuracy,
-    which the unpaired difference would read as no uncertainty at all). An interval's low end of 0.0 is a value like
-    any other, never "missing". ``n`` is the row's own ``eval/n`` (the problems it scored) when logged, else `n`."""
-    lo, hi = row.get("eval/ci_low"), row.get("eval/ci_high")
-    if not (_finite(lo) and _finite(hi)) or float(hi) <= float(lo):
-        return None
-    scored = row.get("eval/n")
-    return {
-        "accuracy": row["eval/accuracy"],
-        "ci_low": float(lo),
-        "ci_high": float(hi),
-        "n": int(scored) if _finite(scored) else n,
-    }
-
-
-def periodic_heldout(metrics: list[dict[str, Any]], n: int | None = None) -> dict[str, Any] | None:
-    """First vs last periodic held-out eval of the training run (a weaker, unpaired comparison: unpaired_diff of the
-    two recorded intervals; n = the problems each eval scored: the rows' eval/n when logged, else `n`, the config's
-    eval.num_problems). A row without a recorded interval, or with a zero-width one (periodic_point), gives no
-    difference: the result carries ``missing_interval`` (the reason) instead of a zero-width interval.
-    None with fewer than two periodic evals."""
-    rows = [r for r in metrics if _finite(r.get("eval/accuracy"))]
-    if len(rows) < 2:
-        return None
-    first, last = rows[0], rows[-1]
-    a, b = periodic_point(first, n), periodic_point(last, n)
-    out = {
-        "source": f"periodic eval, step {first['step']} vs step {last['step']} (unpaired)",
-        "task": "",
-        "n": n,
-        "per_slice": {},
-        "base_row": None,
-        "trained_row": None,
-        "from_step": first["step"],
-        "trained_step": last["step"],
-    }
-    if a is None or b is None:
-        row = first if a is None else last
-        acc = lambda r: {"accuracy": r["eval/accuracy"], "ci_low": math.nan, "ci_high": math.nan, "n": n}  # noqa: E731
-        why = (
-            "has a zero-width 95% interval (every problem wrong or every one right: degenerate)"
-            if _finite(row.get("eval/ci_low")) and _finite(row.get("eval/ci_high"))
-            else "has no recorded 95% interval (eval/ci_low, eval/ci_high)"
-        )
-        return {
-            **out,
-            "base": {**acc(first), "label": f"step {first['step']}"},
-            "trained": {**acc(last), "label": f"step {last['step']}"},
-            "diff": None,
-            "missing_interval": f"the periodic held-out eval at step {row['step']} {why}, so the change cannot "
-            "be judged from the periodic evals (run `grpolab eval` for a paired comparison)",
-        }
-    scored = min(x for x in (a["n"], b["n"]) if x is not None) if a["n"] is not None or b["n"] is not None else None
-    return {
-        **out,
-        "n": scored,
-        "base": {**a, "label": f"step {first['step']}"},
-        "trained": {**b, "label": f"step {last['step']}"},
-        "diff": {**unpaired_diff(a, b), "n": scored},
-    }
-
-
 def judged_checkpoint(run_dir: Path, trained_row: dict[str, Any] | None, last_eval_step: int | None) -> dict[str, Any]:
     """Which weights the held-out comparison judges and why, beside the run's best checkpoint by held-out accuracy
     (checkpoints/best.json, grpolab.models.checkpoint): {"judged", "why", "best" (the record or None), "is_best"}.
@@ -298,7 +237,7 @@ def heldout_comparison(ev: RunEvidence) -> dict[str, Any] | None:
     found = primary_eval(ev)
     if found is None:
         n = (ev.config.get("eval") or {}).get("num_problems")
-        periodic = periodic_heldout(ev.metrics, n if _finite(n) else None)
+        periodic = periodic_heldout(ev.metrics, n if _finite(n) else None, ev.periodic_items)
         return periodic and {**periodic, "checkpoint": judged_checkpoint(ev.run_dir, None, periodic["trained_step"])}
     name, data = found
     ti = trained_index(data, ev.run_dir)

@@ -280,8 +280,8 @@ def section_set(r: dict[str, Any]) -> str:
     return (
         '<section id="set"><h2>Runs of this set</h2>'
         f'<p>{esc(lead)}</p><p class="note">Every interval of this report is over the runs and the problems: a t '
-        "interval with Satterthwaite degrees of freedom, the spread between seeds included (grpolab/evaluation/sets.py; "
-        "its coverage: docs/evaluation.md). The checks judge the set, not one run; the training curves are the mean "
+        "interval with a problem part and a between-seed part, each with its own degrees of freedom "
+        "(grpolab/evaluation/sets.py; its coverage: docs/evaluation.md). The checks judge the set, not one run; the training curves are the mean "
         "over runs.</p>"
         + table(["run", "held-out gain [95% CI]", "pass@k gain [95% CI]", "capability gain [95% CI]"], set_rows(r))
         + "</section>"

@@ -1,6 +1,6 @@
 """The evidence of a set of runs (several seeds of one recipe) for the release report: every held-out comparison
-of the runs combined by the interval of grpolab.evaluation.sets (a t interval whose variance has a run stage and a
-problem stage, Satterthwaite degrees of freedom), so that a check FAILs on the set's evidence, not on one run's luck.
+of the runs combined by the interval of grpolab.evaluation.sets (the two-part t interval: a problem part with P - 1
+df and a between-seed part with R - 1 df), so that a check FAILs on the set's evidence, not on one run's luck.
 
 - held-out gain, capability (per untrained task every run has), diversity (pass@k) and safety (compliance per
   prompt): d_{r,i} = trained_r - base on problem (prompt) i, mean over runs and problems with its 95% interval,
@@ -21,7 +21,15 @@ from collections import defaultdict
 from typing import Any, Sequence
 
 from ..errors import GrpolabError
-from ..evaluation.sets import aligned, check_same_evaluation, paired_gains, recipe_differences, row_scores, set_mean
+from ..evaluation.sets import (
+    SCORE_BOUNDS,
+    aligned,
+    check_same_evaluation,
+    paired_gains,
+    recipe_differences,
+    row_scores,
+    set_mean,
+)
 
 INTERVAL_KEYS = ("mean", "ci_low", "ci_high", "n", "runs", "se", "df", "method", "degenerate")
 
@@ -59,9 +67,9 @@ def interval(
     by_uid: Sequence[dict[str, float]], labels: Sequence[str] | None = None, align: str = "exact"
 ) -> dict[str, Any]:
     """Mean of one model's scores over the runs and problems with its interval, n (problems), runs, method and
-    degenerate."""
+    degenerate (clipped to [0, 1])."""
     _, x = aligned(by_uid, labels, align)
-    m = set_mean(x)
+    m = set_mean(x, bounds=SCORE_BOUNDS)
     return {k: m[k] for k in INTERVAL_KEYS}
 
 
@@ -107,7 +115,7 @@ def set_heldout(
     first = heldouts[0]
     diff = combined(list(zip(base, trained)), labels, align)
     return {
-        "source": f"{first['source']} of {len(labels)} runs (runs, then problems: t interval, two-stage variance)",
+        "source": f"{first['source']} of {len(labels)} runs (problems and seeds: two-part t interval)",
         "task": first["task"],
         "split": first.get("split"),
         "n": diff["n"],
@@ -167,8 +175,16 @@ def set_diversity(
     trained = [{u: v[1] for u, v in d["by_uid"].items()} for d in per_run]
     diff = combined(list(zip(base, trained)), labels, align)
     first = per_run[0]
+    pass1 = None
+    if all(d.get("pass1_by_uid") for d in per_run):  # pass@1 at the training temperature: reward_vs_heldout's side
+        pairs = [
+            ({u: v[0] for u, v in d["pass1_by_uid"].items()}, {u: v[1] for u, v in d["pass1_by_uid"].items()})
+            for d in per_run
+        ]
+        pass1 = combined(pairs, labels, align)
     return {
         **{k: first[k] for k in ("k", "samples", "temperature")},
+        "pass1": pass1,
         "n": diff["n"],
         "runs": len(labels),
         "source": f"{first['source']} of {len(labels)} runs",
