@@ -208,6 +208,8 @@ def test_report_agent_checks_flag_runaway_episodes_and_tool_bypass_and_are_na_el
     errors = _rows([0.1] * 5 + [0.5] * 5, [1.0] * 10, [0.0] * 5 + [0.3] * 5)
     assert [c.status for c in agent_checks(errors, agent, t)] == ["WARN", "N/A"]
     assert agent_checks(runaway, {"task": {"name": "arithmetic"}}, t) == []  # not an agent run: no agent checks
+    openai_agent = {"task": {"name": "openai_agent"}}  # episodes of an OpenAI-client agent: the same checks
+    assert [c.status for c in agent_checks(runaway, openai_agent, t)] == ["WARN", "WARN"]
 
 
 def test_the_documented_user_environment_runs_from_its_file():

@@ -23,8 +23,11 @@ TOOL_ERRORS_WARN = 0.25  # late - early tool errors per episode
 BYPASS_WARN = 0.2  # late share of successes without a tool call
 
 
+AGENT_TASKS = ("agent", "openai_agent")  # tasks whose samples are episodes (agent/* metrics, no pass@k samples)
+
+
 def is_agent_run(config: dict[str, Any] | None) -> bool:
-    return ((config or {}).get("task") or {}).get("name") == "agent"
+    return ((config or {}).get("task") or {}).get("name") in AGENT_TASKS
 
 
 def check_agent_runaway(rows: Sequence[dict[str, Any]], t: Thresholds) -> CheckResult:

@@ -21,6 +21,7 @@ from typing import Any, Callable
 from ..errors import GrpolabError
 from ..evaluation.intervals import is_binary, paired_score_interval, score_interval
 from ..evaluation.scoring import pass_at_k
+from ..gate.agent import is_agent_run
 from ..manifest import write_json_atomic
 
 CACHE_NAME = "diversity.json"
@@ -138,7 +139,7 @@ def run_diversity(
     from .evidence import trained_index
     from .progress import Heartbeat
 
-    if (config.get("task") or {}).get("name") == "agent":
+    if is_agent_run(config):
         return None, "agent tasks are evaluated with one greedy episode per problem (no samples to count pass@k on)"
     if ckpt is None:
         return None, "the run directory has no complete checkpoint to sample"
