@@ -43,6 +43,8 @@ class Rollout:
                                        a multi-turn episode (grpolab.agents), 0 on environment / tool tokens it
                                        only attends to; None = completion_mask (single-turn: every sampled token).
                                        Read it through `trained_mask()`
+    weight_versions:                   [N] the weight version of the server that sampled each row (rollout.engine
+                                       vllm_server: vLLM's weight_versions); None for the other engines
     """
 
     prompt_ids: torch.Tensor
@@ -55,6 +57,7 @@ class Rollout:
     texts: list[str]
     sampler_logprobs_untruncated: torch.Tensor | None = None
     loss_mask: torch.Tensor | None = None
+    weight_versions: list[str] | None = None
 
     def __len__(self) -> int:
         return self.completion_ids.shape[0]
@@ -75,6 +78,7 @@ class Rollout:
             if self.sampler_logprobs_untruncated is None
             else self.sampler_logprobs_untruncated[idx],
             loss_mask=None if self.loss_mask is None else self.loss_mask[idx],
+            weight_versions=None if self.weight_versions is None else [self.weight_versions[i] for i in idx.tolist()],
         )
 
     def trained_mask(self) -> torch.Tensor:
@@ -153,6 +157,9 @@ def concat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
     loss_mask = None
     if any(r.loss_mask is not None for r in parts):
         loss_mask = torch.cat([pad(r.trained_mask(), lc, 0, False) for r in parts])
+    versions = None
+    if any(r.weight_versions is not None for r in parts):
+        versions = [v for r in parts for v in (r.weight_versions or [""] * len(r))]
     return Rollout(
         prompt_ids=torch.cat([pad(r.prompt_ids, lp, pad_id, True) for r in parts]),
         prompt_mask=torch.cat([pad(r.prompt_mask, lp, 0, True) for r in parts]),
@@ -164,4 +171,5 @@ def concat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
         texts=[t for r in parts for t in r.texts],
         sampler_logprobs_untruncated=untruncated,
         loss_mask=loss_mask,
+        weight_versions=versions,
     )

@@ -3,7 +3,9 @@
 - ``grpolab``: grpolab's own engine in this process (grpolab.rollout.grpolab_engine; rollout.decoder picks its
   decode loop or transformers' generate);
 - ``grpolab_process``: the same decode loop in a worker process (grpolab.rollout.worker_engine.GrpolabProcessEngine);
-- ``vllm``: vLLM's offline engine in a worker process of its own venv (grpolab.rollout.vllm_engine).
+- ``vllm``: vLLM's offline engine in a worker process of its own venv (grpolab.rollout.vllm_engine);
+- ``vllm_server``: vLLM servers over HTTP, started by the user (rollout.servers) or here (rollout.num_servers), weights
+  through vLLM's weight-transfer API (grpolab.rollout.server_engine).
 
 Each keeps a sampler's copy of the weights that the trainer syncs after every update, and each samples the
 in-training held-out eval. The two in worker processes are QueuedEngines (rollout/base.py): they keep the next steps'
@@ -14,6 +16,7 @@ they need the in-process engine.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 import torch
@@ -25,6 +28,7 @@ from ..tasks.base import Problem
 from ..tasks.prompting import prompt_ids
 from .base import RolloutEngine
 from .grpolab_engine import GrpolabEngine
+from .server_engine import VLLMServerEngine
 from .vllm_engine import VLLMEngine
 from .worker_engine import GrpolabProcessEngine
 
@@ -32,8 +36,8 @@ from .worker_engine import GrpolabProcessEngine
 @dataclass(frozen=True)
 class EngineRequest:
     """What an engine is built from: the run's config, the policy and its tokenizer, the sampler dtype (rollout.dtype
-    resolved: "float32" or "bfloat16"), whether the policy is about to be sharded (train.strategy fsdp2: the sampler
-    keeps its own copy) and every train and held-out problem (a worker engine's length bound)."""
+    resolved: "float32", "bfloat16" or "float16"), whether the policy is about to be sharded (train.strategy fsdp2:
+    the sampler keeps its own copy) and every train and held-out problem (a worker engine's length bound)."""
 
     cfg: Config
     policy: torch.nn.Module
@@ -41,6 +45,7 @@ class EngineRequest:
     sampling_dtype: str
     sharded: bool
     problems: list[Problem]
+    run_dir: Path | None = None  # where engines keep their logs (the servers grpolab starts)
 
 
 def longest_sequence(cfg: Config, tokenizer, problems: list[Problem]) -> int:
@@ -51,13 +56,17 @@ def longest_sequence(cfg: Config, tokenizer, problems: list[Problem]) -> int:
     return longest_prompt + max(cfg.rollout.max_new_tokens, cfg.eval.max_new_tokens) + 1
 
 
+SAMPLER_DTYPES = {**DTYPES, "float16": torch.float16}
+"""rollout.dtype resolved -> the sampler's weight dtype (float16: explicit only, never what auto picks)."""
+
+
 def _worker_dtype(sampling_dtype: str) -> torch.dtype:
-    return torch.bfloat16 if sampling_dtype == "bfloat16" else torch.float32
+    return SAMPLER_DTYPES[sampling_dtype]
 
 
 def grpolab_engine(req: EngineRequest) -> GrpolabEngine:
     r, speed = req.cfg.rollout, req.cfg.speed
-    dtype = DTYPES[req.sampling_dtype]
+    dtype = SAMPLER_DTYPES[req.sampling_dtype]
     return GrpolabEngine(
         req.policy, req.tokenizer, dtype, r.decoder, req.sharded, speed.cpu_fast_paths, speed.preallocate_kv_cache
     )
@@ -92,10 +101,29 @@ def vllm_engine(req: EngineRequest) -> VLLMEngine:
     )
 
 
+def vllm_server_engine(req: EngineRequest) -> VLLMServerEngine:
+    cfg, r = req.cfg, req.cfg.rollout
+    return VLLMServerEngine(
+        req.policy,
+        req.tokenizer,
+        _worker_dtype(req.sampling_dtype),
+        servers=list(r.servers),
+        num_servers=r.num_servers,
+        python=r.vllm_python or None,
+        max_model_len=longest_sequence(cfg, req.tokenizer, req.problems),
+        seed=cfg.train.seed,
+        start_timeout=r.worker_start_timeout_s,
+        call_timeout=r.worker_call_timeout_s,
+        log_dir=req.run_dir,
+        transfer_host=r.weight_transfer_host,
+    )
+
+
 ENGINES: dict[str, Callable[[EngineRequest], RolloutEngine]] = {
     "grpolab": grpolab_engine,
     "grpolab_process": grpolab_process_engine,
     "vllm": vllm_engine,
+    "vllm_server": vllm_server_engine,
 }
 """rollout.engine -> its builder (config.RolloutConfig.engine lists the same names)."""
 

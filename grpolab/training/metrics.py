@@ -26,7 +26,10 @@ def peak_rss_mb() -> float:
 def sync_metrics(last_sync: dict[str, float]) -> dict[str, float]:
     """time/weight_sync_s and sync/bytes of the newest weight load a worker engine answered (RolloutEngine.last_sync);
     {} for the in-process engine, whose copy is made in place."""
-    return {"time/weight_sync_s": last_sync["total_s"], "sync/bytes": last_sync["bytes"]} if last_sync else {}
+    if not last_sync:
+        return {}
+    per_server = {f"sync/{k}": v for k, v in last_sync.items() if k.startswith("server/")}  # rollout.engine vllm_server
+    return {"time/weight_sync_s": last_sync["total_s"], "sync/bytes": last_sync["bytes"], **per_server}
 
 
 def reward_metrics(
@@ -257,6 +260,7 @@ def sample_records(batch: Any, step: int, n: int, group_size: int, policy_versio
             **({"reason": batch.scores.results[i].reason} if batch.scores.results[i].reason else {}),
             **({"error": batch.scores.results[i].error} if batch.scores.results[i].error else {}),
             **({"policy_version": policy_version} if policy_version is not None else {}),
+            **({"weight_version": r.weight_versions[i]} if r.weight_versions is not None else {}),
         }
         for i in sample_rows(len(r), n, group_size)
     ]

@@ -1,0 +1,276 @@
+"""vLLM servers as the rollout engine (``rollout.engine: vllm_server``; docs/vllm.md, "vLLM servers").
+
+``VLLMServerEngine`` samples on one or more OpenAI-compatible ``vllm serve`` processes: servers the user started
+(``rollout.servers``, any host) or ``rollout.num_servers`` that it starts itself from vLLM's environment on this host
+(grpolab.rollout.servers.LocalServer). Prompts go in as token ids (vLLM's token-in, token-out route
+``/inference/v1/generate``), one request per prompt with n = group size, prompt i to server i mod the number of
+servers; each completion comes back with its token ids, the sampled tokens' log-probabilities under the distribution
+sampled from (the servers run ``--logprobs-mode processed_logprobs``, as the offline worker) and the weight version
+that sampled it (``Rollout.weight_versions``). Weights go in through vLLM's weight-transfer API (gloo on CPUs:
+grpolab.rollout.weight_transfer), to every server at once, each sync checked on every server by its weight version.
+
+It shares the offline engine's results contract, stop rules and parameter checks (grpolab.rollout.worker_engine
+.WorkerEngine, grpolab.rollout.vllm_engine.VLLMEngine.check_params); what differs is the transport. Synchronous:
+no request stays in flight between calls (not a QueuedEngine).
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+import socket
+import tempfile
+import time
+import urllib.parse
+import weakref
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+
+from .base import Rollout, SamplingParams
+from .grpolab_engine import eos_ids
+from .servers import LocalServer, ServerClient, ServerError, check_server, free_port, generate_body, serve_command
+from .vllm_engine import VLLMEngine, default_vllm_python
+from .weight_transfer import GlooSender
+from .worker_engine import DTYPES, PendingRollout, WorkerEngine, plain_model, policy_tensors
+from .workers.process import EngineUnavailable, shared_memory_dir
+
+GENERATE = "/inference/v1/generate"
+MAX_CONCURRENT = 64  # requests open at once, over all servers (each server batches what it has)
+
+
+def reach_address(url: str) -> str:
+    """This host's address on the route to the server of `url` (where the server's workers can reach it)."""
+    parts = urllib.parse.urlsplit(url)
+    with socket.socket(socket.AF_INET6 if ":" in (parts.hostname or "") else socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect((parts.hostname or "127.0.0.1", parts.port or 80))  # UDP: no packet is sent
+        return s.getsockname()[0]
+
+
+def release(local: list, log_dir, workdir: Path) -> None:
+    """Stop the servers started here, copy their logs into `log_dir` (the run directory), remove `workdir`."""
+    for server in local:
+        server.close()
+        server.keep_log(log_dir)
+    local.clear()
+    shutil.rmtree(workdir, ignore_errors=True)
+
+
+class VLLMServerEngine(WorkerEngine):
+    """RolloutEngine on vLLM servers (module docstring). ``servers``: URLs of running servers; none: start
+    ``num_servers`` here (``python``: vLLM's environment, ``kv_cache_gib``: each one's CPU KV cache), their logs copied
+    into ``log_dir`` at close. ``start_timeout`` bounds a server's start, ``call_timeout`` each request and each
+    sync; ``transfer_host``: the address servers reach this trainer at for the weights ("" = the one on the route to
+    each server). The policy's weights are synced to every server before the first rollout."""
+
+    name = "vLLM server"
+    check_params = VLLMEngine.check_params
+
+    def __init__(
+        self,
+        policy: torch.nn.Module,
+        tokenizer,
+        dtype: torch.dtype = torch.float32,
+        servers: list[str] | tuple[str, ...] = (),
+        num_servers: int = 1,
+        python: str | Path | None = None,
+        max_model_len: int = 2048,
+        seed: int = 0,
+        start_timeout: float = 900.0,
+        call_timeout: float = 1800.0,
+        log_dir: str | Path | None = None,
+        transfer_host: str = "",
+        kv_cache_gib: int = 1,
+    ):
+        if dtype not in DTYPES:
+            raise ValueError(f"rollout.dtype: expected one of {sorted(DTYPES.values())} for {self.name}, got {dtype}")
+        self.tokenizer, self.dtype, self.call_timeout = tokenizer, dtype, call_timeout
+        self.stop_ids, self.pad_id, self._triggers = eos_ids(plain_model(policy), tokenizer), tokenizer.pad_token_id, {}
+        self.log_dir, self.local, self.senders, self._versions = log_dir, [], [], 0
+        self.last_sync: dict[str, float] = {}
+        self.workdir = Path(tempfile.mkdtemp(prefix="grpolab-servers-", dir=shared_memory_dir()))
+        # close(), or the process's exit: the servers started here stopped, their logs kept, the workdir removed
+        self._release = weakref.finalize(self, release, self.local, log_dir, self.workdir)
+        try:
+            if not servers:
+                servers = self._launch(policy, num_servers, python, max_model_len, seed, start_timeout, kv_cache_gib)
+            self.clients = [ServerClient(url, call_timeout) for url in servers]
+            infos = [check_server(c, tokenizer, max_model_len, GlooSender.backend) for c in self.clients]
+            self.version = self._one_version([i["version"] for i in infos])
+            self.senders = [
+                GlooSender(c, transfer_host or reach_address(c.url), i["world_size"], call_timeout)
+                for c, i in zip(self.clients, infos)
+            ]
+            self.start_s = 0.0
+            self.first_sync(policy)
+        except BaseException:
+            self.close()
+            raise
+
+    def first_sync(self, policy: torch.nn.Module) -> None:
+        """The policy's weights into every server before training; a server that cannot load them (another model)
+        is refused naming it."""
+        try:
+            self.sync_weights(policy)
+        except ServerError as e:
+            model = plain_model(policy)
+            raise ServerError(
+                f"rollout.servers: the run's model ({type(model).__name__}, "
+                f"{sum(p.numel() for p in model.parameters())} parameters) could not be loaded into every server: {e}"
+            ) from None
+
+    def _launch(self, policy, count: int, python, max_model_len: int, seed: int, timeout: float, kv_gib: int):
+        """Start `count` servers of the policy (its config untied, as the offline engine's) and wait for each."""
+        python = Path(python or default_vllm_python())
+        if not python.is_file():
+            raise EngineUnavailable(f"{self.name}: no Python at {python}; {VLLMEngine.install_hint}")
+        model_dir = self.workdir / "model"
+        self._write_model_dir(policy, model_dir)
+        self.tokenizer.save_pretrained(model_dir)  # the server's /tokenize answers the tokenizer check
+        env = {"VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": str(kv_gib)}
+        began = time.perf_counter()
+        for i in range(count):
+            port = free_port()
+            command = serve_command(python, model_dir, port, DTYPES[self.dtype], max_model_len, seed, "gloo")
+            log = self.workdir / f"vllm_server_{i}.log"
+            self.local.append(LocalServer(command, log, env, f"http://127.0.0.1:{port}"))
+        for server in self.local:
+            server.wait_ready(max(1.0, timeout - (time.perf_counter() - began)))
+        shutil.rmtree(model_dir, ignore_errors=True)  # loaded: each server holds its own copy
+        return [s.url for s in self.local]
+
+    def _one_version(self, versions: list[str]) -> str:
+        for client, v in zip(self.clients, versions):
+            if v != versions[0]:
+                raise ServerError(f"rollout.servers: {client.url} runs vLLM {v}, {self.clients[0].url} runs "
+                                  f"{versions[0]}; expected one version on every server")  # fmt: skip
+        return versions[0]
+
+    @property
+    def urls(self) -> list[str]:
+        return [c.url for c in getattr(self, "clients", [])]
+
+    def record(self) -> list[dict]:
+        """The manifest's record of the servers: URL, vLLM version, started by grpolab or not."""
+        here = {s.url for s in self.local}
+        return [{"url": u, "vllm": self.version, "started_here": u in here} for u in self.urls]
+
+    def close(self) -> None:
+        for sender in self.senders:
+            sender.close()
+        self.senders = []
+        self._release()
+
+    # ------------------------------------------------------------------------------------------ weights
+
+    def sync_weights(self, policy: torch.nn.Module, wait: bool = True) -> None:
+        """The policy's weights (LoRA merged, in the engine's dtype) into every server at once, as the next weight
+        version; each server's /weight_info must then report it. ``last_sync``: bytes sent over all servers, the
+        wall seconds, and per server ``server/<i>/s`` and ``server/<i>/bytes``."""
+        began = time.perf_counter()
+        tensors = policy_tensors(policy, self.dtype)
+        self._versions += 1
+        version = str(self._versions)
+        with ThreadPoolExecutor(len(self.senders)) as pool:
+            sent = list(pool.map(lambda s: s.send(tensors, version), self.senders))
+        for client in self.clients:
+            served = (client.get("/weight_info") or {}).get("weight_version")
+            if served != version:
+                raise ServerError(f"vLLM server {client.url}: serves weight version {served} after the sync of "
+                                  f"version {version}")  # fmt: skip
+        self.last_sync = {"bytes": sum(s["bytes"] for s in sent), "total_s": time.perf_counter() - began}
+        for i, s in enumerate(sent):
+            self.last_sync.update({f"server/{i}/s": s["s"], f"server/{i}/bytes": s["bytes"]})
+
+    @property
+    def weight_version(self) -> str:
+        """The version of the newest sync ("1" = the policy's weights at the start)."""
+        return str(self._versions)
+
+    # ------------------------------------------------------------------------------------------ sampling
+
+    def _post_all(self, bodies: list[dict], servers: list[int]) -> list[dict]:
+        """Each body to its server, at most MAX_CONCURRENT open at once; replies in the order of `bodies`."""
+        if not bodies:
+            return []
+        with ThreadPoolExecutor(min(MAX_CONCURRENT, len(bodies))) as pool:
+            return list(pool.map(lambda i: self.clients[servers[i]].post(GENERATE, bodies[i]), range(len(bodies))))
+
+    def submit(self, prompts: list[list[int]], params: SamplingParams, seeds: list[int] | None = None):
+        """Generate now (one request per prompt, spread over the servers) and return the collected generation."""
+        if seeds is not None and len(seeds) != len(prompts):
+            raise ValueError(f"seeds: expected one per prompt ({len(prompts)}), got {len(seeds)}")
+        self.check_params(params)
+        g = 1 if params.greedy else params.group_size
+        want_logp = params.logprobs and not params.greedy
+        truncating = params.top_k > 0 or params.top_p < 1.0
+        pending = PendingRollout([list(map(int, p)) for p in prompts], params, g, want_logp, truncating)
+        sampling = {
+            "n": g,
+            "temperature": 0.0 if params.greedy else float(params.temperature),
+            "top_p": 1.0 if params.greedy else float(params.top_p),
+            "top_k": 0 if params.greedy else int(params.top_k),
+            "max_tokens": int(params.max_new_tokens),
+            "logprobs": 0 if want_logp else None,
+            "stop_token_ids": list(self.stop_ids),
+        }
+        seeds = [None] * len(prompts) if seeds is None else [int(s) for s in seeds]
+        bodies = [generate_body(p, {**sampling, "seed": s}) for p, s in zip(pending.prompts, seeds)]
+        servers = [i % len(self.clients) for i in range(len(prompts))]
+        groups = [self._choices(r, want_logp) for r in self._post_all(bodies, servers)]
+        if want_logp and truncating:  # the trainer's untruncated ones: a scoring pass on the same server and weights
+            self._add_untruncated(pending.prompts, groups, servers)
+        pending.reply = {"groups": groups}
+        return pending
+
+    def finish(self, pending: PendingRollout) -> Rollout:
+        rollout = self._rollout(pending)
+        rollout.weight_versions = [c["weight_version"] for group in pending.reply["groups"] for c in group]
+        return rollout
+
+    def wait_all(self) -> None:
+        """Nothing stays in flight between calls."""
+
+    def _choices(self, reply: dict, want_logp: bool) -> list[dict]:
+        """One dict per completion of a reply (token_ids, logprobs, finish_reason, weight_version), by index."""
+        out = []
+        for c in sorted(reply["choices"], key=lambda c: c["index"]):
+            tokens = list(c.get("token_ids") or [])
+            content = ((c.get("logprobs") or {}).get("content") or []) if want_logp else []
+            if want_logp and [e["token_id"] for e in content] != tokens:
+                raise ServerError(f"{self.name}: the logprobs returned do not follow the sampled tokens")
+            logp = [float(e["logprob"]) for e in content] if want_logp else [math.nan] * len(tokens)
+            spans = c.get("weight_versions") or []
+            version = ",".join(dict.fromkeys(str(s["version"]) for s in spans)) or self.weight_version
+            out.append({"token_ids": tokens, "logprobs": logp, "finish_reason": c.get("finish_reason"),
+                        "weight_version": version})  # fmt: skip
+        return out
+
+    def _add_untruncated(self, prompts: list[list[int]], groups: list[list[dict]], servers: list[int]) -> None:
+        seqs, where = [], []
+        for p, group, server in zip(prompts, groups, servers):
+            for c in group:
+                seqs.append(p + c["token_ids"])
+                where.append(server)
+        scored = iter(self._score(seqs, where))
+        for group in groups:
+            for c in group:
+                row = next(scored)
+                c["logprobs_untruncated"] = row[len(row) - len(c["token_ids"]) :]
+
+    def _score(self, sequences: list[list[int]], servers: list[int]) -> list[list[float]]:
+        params = {"max_tokens": 1, "temperature": 0.0, "prompt_logprobs": 0}
+        replies = self._post_all([generate_body(s, params) for s in sequences], servers)
+        out = []
+        for seq, reply in zip(sequences, replies):
+            entries = reply["prompt_logprobs"]  # position 0 has none
+            out.append([float(entries[t][str(seq[t])]["logprob"]) for t in range(1, len(seq))])
+        return out
+
+    def score(self, sequences: list[list[int]], server: int | None = None) -> list[torch.Tensor]:
+        """Teacher-forced log softmax(logits)(token) of every token after the first (temperature 1), on server
+        `server` (None: spread over the servers)."""
+        seqs = [list(map(int, s)) for s in sequences]
+        where = [i % len(self.clients) if server is None else server for i in range(len(seqs))]
+        return [torch.tensor(r, dtype=torch.float32) for r in self._score(seqs, where)]

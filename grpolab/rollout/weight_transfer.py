@@ -1,0 +1,106 @@
+"""The trainer's side of vLLM's weight-transfer API, for ``rollout.engine: vllm_server`` (docs/vllm.md).
+
+A sync drives one server's RL routes in vLLM's order -- ``/start_weight_update``, ``/update_weights`` (answered once
+every tensor has arrived), ``/finish_weight_update`` with the new weight version -- while the tensors travel on a
+process group of this trainer (rank 0) and the server's workers. ``GlooSender`` is the CPU backend: torch.distributed
+gloo over TCP, received inside the server by grpolab's vLLM plugin (vllm_plugin/, backend ``gloo``, registered with
+vLLM's ``WeightTransferEngineFactory``). Its group is built as vLLM's ``stateless_init_torch_distributed_process_group``
+builds the worker's (a TCPStore held here, a PrefixStore named by the rendezvous address, a gloo backend with its
+sequence number set by rank 0), so the two join; every collective is bounded by the sender's timeout.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
+
+import torch
+
+from .servers import ServerClient, ServerError
+
+
+def tcp_uri(host: str, port: int) -> str:
+    """The rendezvous address as vLLM writes it (vllm.utils.network_utils.get_tcp_uri): the group's store prefix."""
+    return f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
+
+
+def gloo_group(store, rank: int, world_size: int, timeout: timedelta):
+    """A gloo process group outside torch.distributed's global state, as vLLM's init_gloo_process_group makes it."""
+    from torch._C._distributed_c10d import ProcessGroup
+    from torch.distributed.distributed_c10d import ProcessGroupGloo
+
+    pg = ProcessGroup(store, rank, world_size)
+    backend = ProcessGroupGloo(store, rank, world_size, timeout=timeout)
+    pg._set_default_backend(ProcessGroup.BackendType.GLOO)
+    backend._set_sequence_number_for_group()
+    pg._register_backend(torch.device("cpu"), ProcessGroup.BackendType.GLOO, backend)
+    return pg
+
+
+class GlooSender:
+    """One server's gloo group, this process rank 0. ``address``: where the server reaches this host (its workers
+    connect to the TCPStore opened here); ``world_size``: the server's workers (GET /get_world_size)."""
+
+    backend = "gloo"
+
+    def __init__(self, client: ServerClient, address: str, world_size: int, timeout: float):
+        from torch.distributed import PrefixStore, TCPStore
+
+        self.client, self.timeout = client, timeout
+        bound = timedelta(seconds=timeout)
+        world = 1 + world_size
+        self.store = TCPStore(address, 0, world, True, bound, wait_for_workers=False)
+        init_info = {
+            "master_address": address,
+            "master_port": self.store.port,
+            "world_size": world,
+            "rank_offset": 1,
+            "timeout_s": timeout,
+        }
+        prefix = PrefixStore(tcp_uri(address, self.store.port), self.store)
+        with ThreadPoolExecutor(1) as pool:  # the server joins inside its reply: both sides meet in the group
+            joined = pool.submit(client.post, "/init_weight_transfer_engine", {"init_info": init_info})
+            try:
+                self.group = gloo_group(prefix, 0, world, bound)
+            except RuntimeError as e:
+                cause = joined.exception(timeout) if joined.done() else None
+                raise ServerError(
+                    f"vLLM server {client.url}: the weight-transfer group did not form within {timeout:g} s "
+                    f"({cause or e}); the server must reach this host at {address} (rollout.weight_transfer_host)"
+                ) from None
+            joined.result()
+
+    def send(self, tensors: dict[str, torch.Tensor], version: str) -> dict[str, float]:
+        """The tensors into the server's model as weight version `version`: {"s": seconds, "bytes": bytes sent}."""
+        began = time.perf_counter()
+        info = {
+            "names": list(tensors),
+            "dtype_names": [str(t.dtype).removeprefix("torch.") for t in tensors.values()],
+            "shapes": [list(t.shape) for t in tensors.values()],
+        }
+        self.client.post("/start_weight_update")
+        pool = ThreadPoolExecutor(1)
+        try:
+            received = pool.submit(self.client.post, "/update_weights", {"update_info": info})
+            for tensor in tensors.values():
+                if received.done():  # refused before the transfer: say why instead of waiting out the group
+                    received.result()
+                self.group.broadcast(tensor, 0).wait()
+            received.result()
+        except RuntimeError as e:  # the group's own bound (a server gone mid-transfer)
+            raise ServerError(f"vLLM server {self.client.url}: the weight transfer failed ({e})") from None
+        finally:
+            pool.shutdown(wait=False)  # a server stuck in the group must not hang this process too
+        self.client.post("/finish_weight_update", {"weight_version": version})
+        size = sum(t.numel() * t.element_size() for t in tensors.values())
+        return {"s": time.perf_counter() - began, "bytes": float(size)}
+
+    def close(self) -> None:
+        try:
+            self.client.post("/shutdown_weight_transfer_engine", timeout=min(self.timeout, 30.0))
+        except ServerError:
+            pass  # the server may be gone already
+        group, self.group = getattr(self, "group", None), None
+        if group is not None:
+            group.shutdown()
