@@ -25,7 +25,7 @@ from .reference import (
 )
 from .sharding import full_model_state, full_optimizer_state, load_full_state
 
-LOGS = ("metrics.jsonl", "samples.jsonl")  # truncated to their checkpointed length on resume
+LOGS = ("metrics.jsonl", "samples.jsonl", "eval_items.jsonl")  # truncated to their checkpointed length on resume
 log = logging.getLogger("grpolab")
 
 
@@ -92,7 +92,7 @@ class TrainerCheckpoints:
             if self.sharded
             else self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
-            "faults": {"skipped_steps": self.updater.skipped_steps},
+            "faults": {"skipped_steps": self.updater.skipped_steps, **self.loss_scaler_state()},
             "logs": {name: _size(self.run_dir / name) for name in LOGS},
             "torch_threads": torch.get_num_threads(),
             "world_size": self.world.size,
@@ -102,6 +102,12 @@ class TrainerCheckpoints:
             **({"pipeline": self.pipeline.state_dict()} if self.pipeline is not None else {}),
             **self.estimator.state_dict(),  # PPO's critic (grpolab.training.estimators)
         }
+
+    def loss_scaler_state(self) -> dict[str, Any]:
+        """The fp16 update's loss scale, its good-step count and overflow skips ({} in fp32 and bf16): a resume
+        continues with the same scale (grpolab.training.loss_scale)."""
+        scaler = self.updater.scaler
+        return {"loss_scaler": scaler.state_dict()} if scaler is not None else {}
 
     def reference_checkpoint(self) -> dict[str, Any]:
         """The reference's part of the trainer state: with resets configured their count and last step, and once one
@@ -169,7 +175,10 @@ class TrainerCheckpoints:
             self.pipeline.load_state_dict(state["pipeline"], self.train_problems, str(path))
         self.scheduler.load_state_dict(state["scheduler"])
         self.sampler.load_state_dict(state["sampler"])
-        self.updater.skipped_steps = state.get("faults", {}).get("skipped_steps", 0)
+        faults = state.get("faults", {})
+        self.updater.skipped_steps = faults.get("skipped_steps", 0)
+        if self.updater.scaler is not None and "loss_scaler" in faults:  # fp16 (grpolab.training.loss_scale)
+            self.updater.scaler.load_state_dict(faults["loss_scaler"])
         for name, offset in state.get("logs", {}).items() if self.world.main else ():
             truncate_log(self.run_dir / name, offset)
         self.step = self.saved_step = state["step"]

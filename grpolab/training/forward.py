@@ -38,27 +38,32 @@ class ForwardOut:
     cols: slice  # which completion columns of the rollout these cover
 
 
+AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}  # train.precision -> autocast dtype (fp32: none)
+
+
 def autocast(precision: str, device: torch.device | str = "cpu"):
-    """bf16 autocast over fp32 master weights on `device`'s type (where the model's weights are), or nothing for fp32."""
-    if precision == "bf16":
-        return torch.autocast(torch.device(device).type, dtype=torch.bfloat16)
+    """bf16 / fp16 autocast over fp32 master weights on `device`'s type (where the model's weights are), or nothing
+    for fp32."""
+    if precision in AUTOCAST:
+        return torch.autocast(torch.device(device).type, dtype=AUTOCAST[precision])
     return contextlib.nullcontext()
 
 
 @contextlib.contextmanager
 def weight_casts_kept(precision: str, device: torch.device | str = "cpu"):
-    """Around the micro-batches of one optimizer step (the weights do not change inside it): bf16 autocast casts each
-    float32 weight once and reuses that cast in every micro-batch's forward, instead of casting all weights again.
+    """Around the micro-batches of one optimizer step (the weights do not change inside it): bf16 (or fp16) autocast
+    casts each float32 weight once and reuses that cast in every micro-batch's forward, instead of casting all weights
+    again.
 
     torch keeps autocast's cast cache until the outermost autocast region exits: the enabled region opened here
     holds the cache, and the disabled one inside it leaves everything between the forwards (loss, backward)
     outside autocast, as it is without this. The same casts, so the same numbers (tests/test_weight_casts.py).
     """
-    if precision != "bf16":
+    if precision not in AUTOCAST:
         yield
         return
     kind = torch.device(device).type
-    with torch.autocast(kind, dtype=torch.bfloat16), torch.autocast(kind, enabled=False):
+    with torch.autocast(kind, dtype=AUTOCAST[precision]), torch.autocast(kind, enabled=False):
         yield
 
 

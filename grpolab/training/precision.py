@@ -1,7 +1,8 @@
 """Precision by measurement: ``train.precision: auto`` and ``rollout.dtype: auto``, each resolved on its own for
 the update (fp32 | bf16 autocast) and for sampling (the sampler's weight copy: float32 | bfloat16):
 
-- an explicit setting always wins (source ``explicit``);
+- an explicit setting always wins (source ``explicit``); fp16 (train.precision) and float16 (rollout.dtype) are
+  explicit only, never what ``auto`` picks (``fp16_note`` warns where a CPU lacks fp16 units);
 - ``$GRPOLAB_PRECISION`` (``fp32`` or ``bf16``) forces what ``auto`` resolves to, without probing: how the test
   suite runs every training path in both precisions on any machine;
 - on a CUDA device: bf16 when ``torch.cuda.is_bf16_supported()``, without probing;
@@ -70,8 +71,9 @@ runs far slower (bf16 without bf16 units) is still measured, without stretching 
 
 WARMUP_REPS = 2
 CACHE_FILE = "precision.json"
-UPDATE = {"fp32": "fp32", "bf16": "bf16"}  # train.precision values per kind
-SAMPLING = {"fp32": "float32", "bf16": "bfloat16"}  # rollout.dtype values per kind
+UPDATE = {"fp32": "fp32", "bf16": "bf16", "fp16": "fp16"}  # train.precision values per kind
+SAMPLING = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}  # rollout.dtype values per kind
+AUTO_KINDS = ("fp32", "bf16")  # what auto can resolve to: fp16 is explicit only
 
 
 # ----------------------------------------------------------------------------------------------- shapes
@@ -200,6 +202,39 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine() or "unknown"
 
 
+FP16_FLAGS = ("avx512_fp16", "amx_fp16")
+"""/proc/cpuinfo flags of CPUs that multiply float16 natively (Sapphire Rapids and later; no AMD CPU so far)."""
+
+
+def cpu_has_fp16_units(cpuinfo: str = "/proc/cpuinfo") -> bool:
+    """The CPU multiplies float16 natively: an FP16_FLAGS flag in /proc/cpuinfo, or AMX-FP16 as torch reports it."""
+    try:
+        with open(cpuinfo) as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        flags = []
+    amx = getattr(torch.cpu, "_is_amx_fp16_supported", None)
+    return any(flag in flags for flag in FP16_FLAGS) or bool(amx is not None and amx())
+
+
+def fp16_note(update: str, sampling: str, device: torch.device | str, has_units: bool | None = None) -> str | None:
+    """The warning for an fp16 update (`update` 'fp16') or sampler (`sampling` 'float16') on a CPU without fp16
+    units (`has_units`: None = cpu_has_fp16_units()), else None. Not an error: the numbers are right, and such a run
+    reproduces a GPU's fp16 numerics (tests, benchmarks/precision_mismatch.py); it is slow, since every fp16 product
+    there is converted (docs/performance.md, "fp16": on an AMD EPYC with AVX2 a bare fp16 product ran at 0.05-0.09x
+    fp32's rate, a linear layer under fp16 autocast at 0.2x)."""
+    fields = ["train.precision fp16"] * (update == "fp16") + ["rollout.dtype float16"] * (sampling == "float16")
+    if not fields or torch.device(device).type != "cpu":
+        return None
+    if cpu_has_fp16_units() if has_units is None else has_units:
+        return None
+    return (
+        f"{' and '.join(fields)} on a CPU without fp16 units (AVX512-FP16 or AMX-FP16): fp16 products are converted "
+        'there and run 5-20x slower than fp32 (docs/performance.md, "fp16"); fp32 is faster on this CPU, fp16 pays on '
+        "a GPU or a CPU with fp16 units"
+    )
+
+
 def cache_key(shapes: dict[str, list[int]], threads: int | None = None) -> str:
     """What a cached probe is valid for: CPU model, torch version, intra-op threads and the probed shapes."""
     threads = torch.get_num_threads() if threads is None else threads
@@ -291,14 +326,15 @@ def forced() -> str | None:
     value = os.environ.get(FORCE_ENV, "").strip()
     if not value:
         return None
-    if _kind(value) is None:
+    if _kind(value) not in AUTO_KINDS:
         raise GrpolabError(f"{FORCE_ENV}: expected fp32 or bf16 (or unset), got {value!r}")
     return _kind(value)
 
 
 def _kind(setting: str) -> str | None:
-    """'fp32' / 'bf16' of an explicit setting (either spelling), None for 'auto'."""
-    return {"fp32": "fp32", "float32": "fp32", "bf16": "bf16", "bfloat16": "bf16"}.get(setting)
+    """'fp32' / 'bf16' / 'fp16' of an explicit setting (either spelling), None for 'auto'."""
+    spellings = {"fp32": "fp32", "float32": "fp32", "bf16": "bf16", "bfloat16": "bf16"}
+    return {**spellings, "fp16": "fp16", "float16": "fp16"}.get(setting)
 
 
 def resolve(
@@ -364,8 +400,11 @@ def resolve_update(setting: str, model: torch.nn.Module, batch_size: int, new_to
     """The resolution of a baseline's update precision (SFT, DPO: no sampler of their own to resolve): `setting`
     ('fp32' / 'bf16' as given, 'auto' by the probe on a CPU, as the trainer resolves train.precision), for a model
     trained on micro-batches of `batch_size` sequences of about `new_tokens` target tokens."""
-    if setting != "auto" and _kind(setting) is None:
-        raise GrpolabError(f"precision: expected fp32, bf16 or auto, got {setting!r}")
+    if setting != "auto" and _kind(setting) not in AUTO_KINDS:
+        raise GrpolabError(
+            f"precision: expected fp32, bf16 or auto, got {setting!r} (fp16 is the GRPO update's only: it needs the "
+            "loss scaling of grpolab/training/loss_scale.py)"
+        )
     shapes = probe_shapes(*model_dims(model), batch_size, new_tokens, 1)
     return resolve(setting, "fp32", next(model.parameters()).device, shapes)
 
@@ -374,6 +413,8 @@ RANK_INVARIANCE = {
     "float32": "yes: 1 and N processes sample the same tokens (tests/test_distributed.py; docs/scaling.md)",
     "bfloat16": "no: bf16 rounding depends on each rank's decode batch shape, so 1 and N processes sample different "
     "tokens once it flips one (measured; docs/scaling.md); set rollout.dtype: float32 for that promise",
+    "float16": "no: as bfloat16 (half-precision rounding depends on each rank's decode batch shape); set "
+    "rollout.dtype: float32 for that promise",
 }
 """Whether the samples of 1 and N data-parallel processes agree, by the sampler's dtype (what the card shows)."""
 
