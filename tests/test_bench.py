@@ -127,3 +127,19 @@ def test_a_gpu_in_the_table_reads_its_spec_sheet(monkeypatch, name, dtype, peak)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
     p = bench.peak_flops(torch.device("cuda"), dtype, 32, 64, 128)
     assert p["flop_per_s"] == peak and "spec sheet" in p["source"]
+
+
+def test_every_precision_the_config_takes_has_a_dtype_and_a_gpu_peak():
+    """train.precision and rollout.dtype values (fp16 included) map to a torch dtype and back to a peak's key, and
+    every GPU of the spec table has a peak for each (the bench of an fp16 config looked its peak up by name)."""
+    import typing
+
+    from grpolab.config.schema import RolloutConfig, TrainConfig
+
+    hints = typing.get_type_hints
+    names = [v for v in typing.get_args(hints(TrainConfig)["precision"]) if v != "auto"]
+    names += [v for v in typing.get_args(hints(RolloutConfig)["dtype"]) if v != "auto"]
+    for name in names:
+        key = bench.NAME[bench.DTYPE[name]]
+        assert all(key in peaks for _, _, peaks in bench.GPU_PEAKS), name
+    assert bench.NAME[bench.DTYPE["float16"]] == "fp16"

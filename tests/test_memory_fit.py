@@ -104,3 +104,59 @@ def test_the_choice_holds_against_the_real_peak(tiny_model_dir, tmp_path, one_th
     fits, over = real_peak(raw, 6), real_peak(raw, 9)
     assert abs(fits - (base + 6 * per)) <= 2 * per, (fit, fits)
     assert fits <= capacity and over > HEADROOM * capacity, (fit, capacity, fits, over)
+
+
+# ------------------------------------------------------------------- the pre-run check of `grpolab train` (runs.py)
+
+
+def test_the_pre_run_check_leaves_the_run_as_it_would_have_been(tiny_model_dir, tmp_path, one_thread):
+    """train.memory_fit = check probes three updates on the run's own trainer before step 1 and puts back what they
+    changed: the same metrics, samples and bitwise weights as memory_fit = off (without the put-back the probe's
+    three synthetic updates would stay in the weights and the optimizer's moments). The manifest records the fit."""
+    import json
+
+    from test_resume import assert_policy_gradient, assert_same_run, tiny
+
+    from grpolab.config import from_dict
+    from grpolab.runs import start_run
+
+    runs = {}
+    for mode in ("off", "check"):
+        trainer, manifest = start_run(from_dict(tiny(tiny_model_dir, tmp_path, mode, steps=2, memory_fit=mode)))
+        with trainer:
+            trainer.fit()
+        runs[mode] = tmp_path / mode
+        recorded = json.loads((runs[mode] / "manifest.json").read_text())["memory_fit"]
+        assert recorded["applies"] is (mode == "check"), recorded
+    assert_policy_gradient(runs["off"])
+    assert_same_run(runs["off"], runs["check"])
+    fit = json.loads((runs["check"] / "manifest.json").read_text())["memory_fit"]
+    assert fit["fits"] and set(fit["probe_peaks_mib"]) == {"1", "2", "4"} and fit["micro_batch_size"] == 8
+
+
+def test_a_run_whose_micro_batch_would_not_fit_is_refused_before_anything_is_written(
+    tiny_model_dir, tmp_path, one_thread, monkeypatch
+):
+    """A machine with room for the base and 1.5 sequences of the probe's line (a sequence made to cost 10,000 MiB):
+    `start_run` refuses micro_batch_size 8 naming the largest that fits (1), and no run directory is created."""
+    from test_resume import tiny
+
+    from grpolab.config import from_dict
+    from grpolab.runs import start_run
+    from grpolab.training import memory_fit as mf
+
+    real_fit = mf.memory_fit
+
+    def on_a_small_machine(trainer, lengths):
+        fit = real_fit(trainer, lengths)
+        per = 10_000.0  # a sequence costs far more than the weights' snapshot the check takes off the base
+        fit["per_sequence_mib"] = per
+        fit["capacity_mib"] = (fit["base_mib"] + 1.5 * per) / HEADROOM  # before the snapshot is taken off the base
+        return fit
+
+    monkeypatch.setattr(mf, "memory_fit", on_a_small_machine)
+    cfg = from_dict(tiny(tiny_model_dir, tmp_path, "too-big", steps=1))
+    with pytest.raises(GrpolabError, match=r"train.micro_batch_size = 8 would need about .*the largest micro-batch") as e:
+        start_run(cfg)
+    assert "the largest micro-batch that fits is 1: --set train.micro_batch_size=1" in str(e.value)
+    assert not (tmp_path / "too-big").exists()

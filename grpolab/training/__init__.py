@@ -11,7 +11,8 @@
   passes (shared prompt, packed completions); ``packing``, ``attention``: their building blocks;
 - ``distill``: on-policy distillation (algorithm.estimator = distill: the teacher, its per-token advantages);
   ``reference``: the periodic reference reset (algorithm.ref_reset_every) and its part of a checkpoint;
-- ``precision``: fp32 / bf16 (the probe, GRPOLAB_PRECISION); ``reproducibility``: deterministic kernels;
+- ``precision``: fp32 / bf16 (the probe, GRPOLAB_PRECISION); ``loss_scale``: fp16's dynamic loss scale;
+  ``reproducibility``: deterministic kernels;
   ``cpu_memory``: freed memory kept (mallopt); ``process_settings``: both held for a run and put back after it;
   ``schedule``: the learning-rate schedule;
 - ``distributed``, ``sharding``: torchrun ranks (DDP / FSDP2); ``faults``: interrupts and non-finite steps;
@@ -19,7 +20,8 @@
   them; ``progress_lines``: the one-line summary of a step printed by the CLI and the API; ``truncation``: most
   completions cut in the first steps (a warning, truncation.json);
 - ``bench``: ``grpolab bench`` (trainer-only and end-to-end tokens/s, MFU, peak memory); ``flops``: the model FLOPs
-  it and benchmarks/ count, the matmul rate; ``memory_fit``: the largest micro-batch that fits, from a probe.
+  it and benchmarks/ count, the matmul rate; ``memory_fit``: the largest micro-batch that fits, from a probe;
+  ``estimate``: step time and memory on a named GPU from its spec sheet.
 
 May import: algo, config, errors, tasks, models, rollout, rewards, agents, evaluation (periodic held-out eval).
 Never imported by: evaluation, rewards, rollout, models, tasks (layering contract in pyproject.toml).

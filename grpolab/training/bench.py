@@ -35,19 +35,15 @@ import torch
 
 from ..config import Config
 from ..rollout.base import Rollout
+from .estimate import GPU_SPECS
 from .flops import ModelShape, cpu_features, matmul_rate, step_flops
-from .memory_fit import memory_fit, refuse_if_too_big
-from .metrics import peak_rss_mb
+from .memory_fit import memory_fit, memory_mib, refuse_if_too_big, reset_memory, synthetic_rollout
 from .trainer import Trainer
 
-# dense (no sparsity) peak FLOP/s from the vendors' spec sheets, by name fragment of torch.cuda.get_device_name();
-# fp32 is the non-tensor-core rate (torch runs fp32 matmuls without TF32 unless told to). First match wins.
-GPU_PEAKS: tuple[tuple[str, str, dict[str, float]], ...] = (
-    ("H200", "NVIDIA H200 (SXM)", {"bf16": 989.4e12, "fp32": 66.9e12}),
-    ("H100 PCIe", "NVIDIA H100 PCIe", {"bf16": 756.5e12, "fp32": 51.2e12}),
-    ("H100 NVL", "NVIDIA H100 NVL", {"bf16": 835.5e12, "fp32": 60.0e12}),
-    ("H100", "NVIDIA H100 SXM", {"bf16": 989.4e12, "fp32": 66.9e12}),
-    ("A100", "NVIDIA A100", {"bf16": 312e12, "fp32": 19.5e12}),
+# the spec sheets of grpolab.training.estimate (one table): (name fragment, label, dense peaks); fp16 runs on the same
+# tensor cores at the bf16 rate on every GPU of the table
+GPU_PEAKS = tuple(
+    (fragment, spec.label, {"bf16": spec.bf16, "fp16": spec.bf16, "fp32": spec.fp32}) for fragment, spec in GPU_SPECS
 )
 
 # published figures, each with its definition and hardware (issue 64 cites them); printed beside, never a verdict
@@ -85,8 +81,15 @@ ANCHORS: tuple[dict[str, Any], ...] = (
     },
 )
 
-DTYPE = {"fp32": torch.float32, "bf16": torch.bfloat16, "float32": torch.float32, "bfloat16": torch.bfloat16}
-NAME = {torch.float32: "fp32", torch.bfloat16: "bf16"}
+DTYPE = {
+    "fp32": torch.float32,
+    "bf16": torch.bfloat16,
+    "fp16": torch.float16,
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
+NAME = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 
 def device_name(device: torch.device) -> str:
@@ -108,37 +111,6 @@ def peak_flops(device: torch.device, dtype: torch.dtype, d_model: int, d_ff: int
     rates = [matmul_rate(m, k, n, dtype, min_seconds=0.3, device=device) for m, k, n in shapes]
     probe = " and ".join(f"[{m} x {k}] @ [{k} x {n}]" for m, k, n in shapes)
     return {"flop_per_s": max(rates), "source": f"matmul probe, {NAME[dtype]}: the best of {probe}"}
-
-
-STATUS, CLEAR_REFS = Path("/proc/self/status"), Path("/proc/self/clear_refs")
-
-
-def memory_mib(device: torch.device) -> float:
-    """Peak memory since the last ``reset_memory`` in MiB: torch.cuda.max_memory_allocated on a GPU; on a CPU the
-    process's RSS high-water mark (VmHWM of /proc/self/status; ru_maxrss, the process's lifetime peak, where there
-    is no /proc)."""
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**20
-    try:
-        for line in STATUS.read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024.0  # kB
-    except (OSError, ValueError):
-        pass
-    return peak_rss_mb()
-
-
-def reset_memory(device: torch.device) -> None:
-    """Start a phase's peak afresh: on a GPU torch.cuda.reset_peak_memory_stats; on a Linux CPU the RSS high-water
-    mark set back to the current RSS (5 written to /proc/self/clear_refs, Linux >= 4.0), so a phase's peak does not
-    carry an earlier phase's, or a long-lived process's, higher one."""
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-        return
-    try:
-        CLEAR_REFS.write_text("5")
-    except OSError:
-        pass
 
 
 def synchronize(device: torch.device) -> None:
@@ -212,25 +184,6 @@ def end_to_end(trainer: Trainer, shape: ModelShape, steps: int) -> dict[str, Any
         "peak_memory_mib": memory_mib(device),
         "max_prompt_tokens": int(max(batch.rollout.prompt_mask.sum(-1).max().item(), 1)),
     }
-
-
-def synthetic_rollout(rows: int, prompt_len: int, completion_len: int, vocab: int, device: torch.device) -> Rollout:
-    """`rows` sequences of random tokens: `prompt_len` prompt tokens + `completion_len` completion tokens, every one
-    trained on, none truncated (group index: one group per G consecutive rows is set by the caller's size)."""
-    g = torch.Generator().manual_seed(0)
-    prompt = torch.randint(0, vocab, (rows, prompt_len), generator=g).to(device)
-    completion = torch.randint(0, vocab, (rows, completion_len), generator=g).to(device)
-    zeros = torch.zeros(rows, completion_len, device=device)
-    return Rollout(
-        prompt_ids=prompt,
-        prompt_mask=torch.ones_like(prompt),
-        completion_ids=completion,
-        completion_mask=torch.ones_like(completion),
-        sampler_logprobs=zeros,
-        truncated=torch.zeros(rows, dtype=torch.bool, device=device),
-        group=torch.arange(rows, device=device),
-        texts=[""] * rows,
-    )
 
 
 def trainer_only(trainer: Trainer, shape: ModelShape, prompt_len: int, peak: float, repeats: int) -> dict[str, Any]:

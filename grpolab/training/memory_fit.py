@@ -25,18 +25,73 @@ model: it is the sampler's (rollout.*), measured by the bench's end-to-end step.
 
 from __future__ import annotations
 
+import copy
 import math
 import resource
 import time
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from ..errors import GrpolabError
+from ..models import checkpoint as ckpt
+from ..rollout.base import Rollout
+from .metrics import peak_rss_mb
 
 HEADROOM = 0.9
 PROBE_SIZES = (1, 2, 4)  # warm-up, then the two sizes the line is fitted through
+
+
+STATUS, CLEAR_REFS = Path("/proc/self/status"), Path("/proc/self/clear_refs")
+
+
+def memory_mib(device: torch.device) -> float:
+    """Peak memory since the last ``reset_memory`` in MiB: torch.cuda.max_memory_allocated on a GPU; on a CPU the
+    process's RSS high-water mark (VmHWM of /proc/self/status; ru_maxrss, the process's lifetime peak, where there
+    is no /proc)."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    try:
+        for line in STATUS.read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024.0  # kB
+    except (OSError, ValueError):
+        pass
+    return peak_rss_mb()
+
+
+def reset_memory(device: torch.device) -> None:
+    """Start a phase's peak afresh: on a GPU torch.cuda.reset_peak_memory_stats; on a Linux CPU the RSS high-water
+    mark set back to the current RSS (5 written to /proc/self/clear_refs, Linux >= 4.0), so a phase's peak does not
+    carry an earlier phase's, or a long-lived process's, higher one."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        return
+    try:
+        CLEAR_REFS.write_text("5")
+    except OSError:
+        pass
+
+
+def synthetic_rollout(rows: int, prompt_len: int, completion_len: int, vocab: int, device: torch.device) -> Rollout:
+    """`rows` sequences of random tokens: `prompt_len` prompt tokens + `completion_len` completion tokens, every one
+    trained on, none truncated (group index: one group per G consecutive rows is set by the caller's size)."""
+    g = torch.Generator().manual_seed(0)
+    prompt = torch.randint(0, vocab, (rows, prompt_len), generator=g).to(device)
+    completion = torch.randint(0, vocab, (rows, completion_len), generator=g).to(device)
+    zeros = torch.zeros(rows, completion_len, device=device)
+    return Rollout(
+        prompt_ids=prompt,
+        prompt_mask=torch.ones_like(prompt),
+        completion_ids=completion,
+        completion_mask=torch.ones_like(completion),
+        sampler_logprobs=zeros,
+        truncated=torch.zeros(rows, dtype=torch.bool, device=device),
+        group=torch.arange(rows, device=device),
+        texts=[""] * rows,
+    )
 
 
 def capacity_mib(device: torch.device) -> float:
@@ -72,10 +127,8 @@ def fit_line(peaks: dict[int, float]) -> tuple[float, float]:
 
 def probe_peaks(trainer, sequence_length: tuple[int, int], sizes: tuple[int, ...] = PROBE_SIZES) -> dict[int, float]:
     """Peak memory in MiB after one update at each micro-batch of `sizes`, in order, on a synthetic batch
-    (grpolab.training.bench.synthetic_rollout) of (prompt, completion) tokens a sequence and whole groups of the
+    (synthetic_rollout) of (prompt, completion) tokens a sequence and whole groups of the
     config's size, at least max(sizes) rows."""
-    from .bench import memory_mib, reset_memory, synthetic_rollout
-
     cfg, device, updater = trainer.cfg, trainer.device, trainer.updater
     g = cfg.rollout.group_size
     rows = g * math.ceil(max(sizes) / g)
@@ -135,3 +188,58 @@ def refuse_if_too_big(fit: dict[str, Any]) -> None:
         f"this process can use; the largest micro-batch that fits is {largest}: {advice} (gradient accumulation "
         "keeps the update the same)"
     )
+
+
+def probe_lengths(trainer) -> tuple[int, int]:
+    """(prompt, completion) tokens of a probe sequence: the longest prompt of the first 64 training problems, and
+    rollout.max_new_tokens (an agent episode: its max_total_tokens, every token after the prompt)."""
+    problems = trainer.train_problems[:64]
+    lp = max(len(trainer.collector.prompt_ids(p)) for p in problems)
+    limits = [p.data["limits"]["max_total_tokens"] for p in problems if "limits" in (p.data or {})]
+    return lp, max(limits) if limits else trainer.cfg.rollout.max_new_tokens
+
+
+def not_probed(trainer) -> str | None:
+    """Why the pre-run check does not apply to this trainer (None: it does)."""
+    if trainer.cfg.train.memory_fit == "off":
+        return "train.memory_fit: off"
+    if trainer.world.size > 1:
+        return "more than one process (the probe measures one process's update alone)"
+    return None
+
+
+def check_before_training(trainer) -> dict[str, Any]:
+    """train.memory_fit = check: the probe on the run's own trainer before its first step, then everything the probe
+    changed put back (weights, optimizer, scheduler, RNG states, skipped-step count, fp16 loss scale), so the run is the one it would
+    have been without it, and a micro-batch that would not fit refused (GrpolabError naming the largest that does; the
+    trainer closed first).
+
+    The snapshot of the weights is held in the probed process: on a CPU its size is taken off the fitted base."""
+    reason = not_probed(trainer)
+    if reason is not None:
+        return {"applies": False, "reason": reason}
+    lp, lc = probe_lengths(trainer)
+    trainer.tell(f"memory fit: probe updates at micro-batches 1, 2, 4 of {lp + lc} tokens")
+    policy, optimizer, scheduler, updater = trainer.policy, trainer.optimizer, trainer.scheduler, trainer.updater
+    weights = {k: v.detach().to("cpu", copy=True) for k, v in policy.state_dict().items()}
+    held = sum(v.numel() * v.element_size() for v in weights.values()) / 2**20 if trainer.device.type == "cpu" else 0
+    saved = (copy.deepcopy(optimizer.state_dict()), copy.deepcopy(scheduler.state_dict()), ckpt.rng_state())
+    skipped, scaler = updater.skipped_steps, copy.deepcopy(updater.scaler)  # fp16: the loss scale too
+    try:
+        fit = memory_fit(trainer, (lp, lc))
+    finally:
+        policy.load_state_dict(weights)
+        optimizer.load_state_dict(saved[0])
+        scheduler.load_state_dict(saved[1])
+        updater.skipped_steps, updater.scaler = skipped, scaler
+        ckpt.set_rng_state(saved[2])
+    fit["base_mib"] -= held
+    fit["largest_micro_batch"] = largest_micro_batch(fit["base_mib"], fit["per_sequence_mib"], fit["capacity_mib"])
+    fit["predicted_peak_mib"] = fit["base_mib"] + fit["micro_batch_size"] * fit["per_sequence_mib"]
+    fit["fits"] = fit["micro_batch_size"] <= fit["largest_micro_batch"]
+    try:
+        refuse_if_too_big(fit)
+    except GrpolabError:
+        trainer.close()  # its process settings put back before the error goes up
+        raise
+    return {"applies": True, **fit}
