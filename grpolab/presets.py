@@ -48,8 +48,16 @@ PRESETS: dict[str, dict[str, Any]] = {
     # DPPO (Binary-TV / Binary-KL): the ratio clip replaced by a trust region on the sampled token's probability, with
     # the paper's and verl's example recipe around it: Dr. GRPO's advantage (no std) and token sum over a constant, no
     # KL; TV bounds 0.15 (the defaults), binary-KL bounds 0.05.
-    "dppo_tv": {"surrogate": "dppo_tv", "scaling": "none", "aggregation": "seq_mean_token_sum_norm", "beta": 0.0},
+    # Both anchor the trust region on the sampler's q, as the paper and prime-rl do (pi_old: sampler).
+    "dppo_tv": {
+        "surrogate": "dppo_tv",
+        "scaling": "none",
+        "aggregation": "seq_mean_token_sum_norm",
+        "beta": 0.0,
+        "pi_old": "sampler",
+    },
     "dppo_kl": {
+        "pi_old": "sampler",
         "surrogate": "dppo_kl",
         "dppo_low": 0.05,
         "dppo_high": 0.05,

@@ -90,7 +90,11 @@ CASES = {
     "geometric_reject": {"is_mode": "sequence_truncate", "is_reject": "geometric", **IS_BOUNDS},
     "offpolicy_mask": {"offpolicy_mask_delta": 0.05, "beta": 0.0},
     # the 2026 additions (issue 59): DPPO's TV and binary-KL trust regions, LUSPO, DeepSeek-V3.2's unbiased KL
-    **{p: {"preset": p} for p in ["dppo_tv", "dppo_kl", "luspo"]},
+    # the DPPO presets anchor on the sampler (pi_old: sampler, verl's bypass mode: nearest, not compared); the
+    # trust region's math is compared with the anchor recomputed, where verl's row is exact (the anchor only decides
+    # which log-probabilities enter as pi_old)
+    **{p: {"preset": p, "pi_old": "trainer"} for p in ["dppo_tv", "dppo_kl"]},
+    "luspo": {"preset": "luspo"},
     "dppo_tv_bounds": {"surrogate": "dppo_tv", "dppo_low": 0.05, "dppo_high": 0.1, "dppo_ratio_cap": 2.0, "beta": 0.0},
     "kl_bias_correction": {"beta": 0.05, "kl_bias_correction": True},
 }

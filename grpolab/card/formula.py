@@ -204,6 +204,9 @@ def formula(cfg: Config) -> tuple[str, str]:
         text, tex = policy_loss(cfg)
         text += f",  A_i = {adv}"
         tex += rf",\quad A_i = {adv_tex}"
+    if a.pi_old == "sampler":  # verl's bypass mode: the ratio and the trust region are taken against q itself
+        text += ",  pi_old = q (the sampler's log-probabilities)"
+        tex += r",\quad \pi_{old} = q"
     if a.beta > 0 and a.kl_placement == "reward":
         text += f",  R_i <- R_i - {a.beta} sum_t KL_{a.kl_estimator.value}"
         tex += rf",\quad R_i \leftarrow R_i - {a.beta}\sum_t \mathrm{{KL}}_{{{a.kl_estimator.value}}}"

@@ -103,6 +103,7 @@ def objective_card(cfg: Config, precision: dict[str, Any] | None = None) -> dict
             "kl_estimator": a.kl_estimator.value,
             "kl_placement": a.kl_placement.value,
             "kl_bias_correction": a.kl_bias_correction,
+            "pi_old": a.pi_old,  # trainer: recomputed before the update; sampler: the sampler's q (bypass)
             "is_mode": a.is_mode.value,
             "is_c_max": a.is_c_max,
             "is_c_min": a.is_c_min,

@@ -17,6 +17,17 @@ def _importance(cfg: Config) -> dict[str, dict]:
     """The IS weighting's rows, with the geometric rejection folded in (verl: rollout_rs; the others: none)."""
     rows = _is_weighting(cfg)
     a = cfg.algorithm
+    if a.pi_old == "sampler":  # pi_old is q: no weight (config/checks.py refuses is_mode and is_reject with it)
+        recomputed = "pi_old is always the trainer's policy, recomputed (no bypass of the old-logprob pass)"
+        return {
+            "trl": _row(NONE, {}, recomputed),
+            "verl": _row(
+                NEAREST,
+                {"algorithm.rollout_correction.bypass_mode": True, "algorithm.rollout_correction.rollout_is": None},
+                "bypass mode takes the rollout's log-probabilities as pi_old (not compared with verl's code here)",
+            ),
+            "openrlhf": _row(NONE, {}, recomputed),
+        }
     if a.is_reject == "none":
         return rows
     verl = rows["verl"]

@@ -219,6 +219,7 @@ def move_speed_fields(raw: dict, warn: bool = True) -> dict:
 EARLIER_BEHAVIOUR = {
     ("algorithm", "clip_cov_select"): "largest",  # the covariance selection before the random draw became the default
     ("algorithm", "ref_reset_optimizer"): False,  # the reference reset before it cleared the optimizer by default
+    ("algorithm", "pi_old"): "trainer",  # the DPPO presets before they anchored on the sampler
 }
 
 
