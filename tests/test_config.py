@@ -51,6 +51,7 @@ COMMON = {
     "kl_estimator": "k3",
     "kl_placement": "loss",
     "kl_bias_correction": False,
+    "pi_old": "trainer",
     "is_mode": "none",
     "is_c_max": 2.0,
     "is_c_min": 0.5,
@@ -112,10 +113,11 @@ EXPECTED_PRESETS = {
         "dynamic_sampling": True,
     },
     # DPPO-Binary-TV / -KL: the divergence mask in place of the clip, with the paper's recipe: no std scaling, token
-    # sum over a constant, no KL; TV bounds 0.15, binary-KL bounds 0.05.
+    # sum over a constant, no KL; TV bounds 0.15, binary-KL bounds 0.05; the trust region anchored on the sampler's q.
     "dppo_tv": {
         **COMMON,
         "preset": "dppo_tv",
+        "pi_old": "sampler",
         "surrogate": "dppo_tv",
         "scaling": "none",
         "aggregation": "seq_mean_token_sum_norm",
@@ -123,6 +125,7 @@ EXPECTED_PRESETS = {
     "dppo_kl": {
         **COMMON,
         "preset": "dppo_kl",
+        "pi_old": "sampler",
         "surrogate": "dppo_kl",
         "dppo_low": 0.05,
         "dppo_high": 0.05,
@@ -350,6 +353,8 @@ BAD_VALUES = {
     "train.weight_decay": -0.01,
     "train.warmup_steps": -1,
     "train.grad_clip": -1.0,
+    "train.loss_scale_init": 0.5,
+    "train.loss_scale_growth_interval": 0,
     "train.save_every": -1,
     "train.save_every_minutes": -1.0,
     "train.device": "gpu",
@@ -378,6 +383,8 @@ BAD_VALUES = {
     "run.table_groups": 0,
     "rollout.max_staleness": -1,
     "rollout.worker_threads": -1,
+    "rollout.num_servers": 0,
+    "rollout.servers": ["localhost:8000"],
 }
 # A second violating value where the range has two ends or an open end worth checking.
 MORE_BAD_VALUES = [

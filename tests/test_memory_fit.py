@@ -156,7 +156,9 @@ def test_a_run_whose_micro_batch_would_not_fit_is_refused_before_anything_is_wri
 
     monkeypatch.setattr(mf, "memory_fit", on_a_small_machine)
     cfg = from_dict(tiny(tiny_model_dir, tmp_path, "too-big", steps=1))
-    with pytest.raises(GrpolabError, match=r"train.micro_batch_size = 8 would need about .*the largest micro-batch") as e:
+    with pytest.raises(
+        GrpolabError, match=r"train.micro_batch_size = 8 would need about .*the largest micro-batch"
+    ) as e:
         start_run(cfg)
     assert "the largest micro-batch that fits is 1: --set train.micro_batch_size=1" in str(e.value)
     assert not (tmp_path / "too-big").exists()

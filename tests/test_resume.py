@@ -7,6 +7,7 @@ import errno
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -281,7 +282,7 @@ def test_ctrl_c_during_the_update_finishes_the_step_then_checkpoints(
     of the step."""
     from grpolab.training.update import PolicyUpdater
 
-    cfg = tiny(tiny_model_dir, tmp_path, "sigint", steps=3, save_every=0)
+    cfg = tiny(tiny_model_dir, tmp_path, "sigint", steps=3, save_every=0, memory_fit="off")  # no probe updates
     cfg["eval"] = {"every_steps": 0}
     real = PolicyUpdater.update
 
@@ -296,3 +297,24 @@ def test_ctrl_c_during_the_update_finishes_the_step_then_checkpoints(
     assert f"checkpoint written to {run / 'checkpoints' / 'step-1'}" in capsys.readouterr().err
     assert [r["step"] for r in rows(run / "metrics.jsonl")] == [1]
     assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before  # the handlers are put back
+
+
+def test_an_fp16_run_resumes_with_its_loss_scale(tiny_model_dir, tmp_path, monkeypatch):
+    """fp16 update and sampler with the loss scale doubled after every good optimizer step (growth interval 1, from
+    2^8: far below where this model's fp16 gradient overflows, about 2^18), so the scale differs at every checkpoint:
+    resumed from step 2, the run equals the whole one, optim/loss_scale included (a resume without the scaler's
+    state would log 2^9 at step 3, not 2^11)."""
+    fp16 = {"precision": "fp16", "loss_scale_init": 2.0**8, "loss_scale_growth_interval": 1}
+    cfg = tiny(tiny_model_dir, tmp_path, "fp16", keep_last=10, **fp16)
+    cfg["rollout"] = {**cfg["rollout"], "dtype": "float16"}
+    cfg["eval"] = {"every_steps": 0}
+    assert run_main(monkeypatch, "train", write_config(tmp_path / "fp16.yaml", cfg)) == 0
+    whole, resumed = tmp_path / "fp16", tmp_path / "resumed"
+    assert [r["optim/loss_scale"] for r in rows(whole / "metrics.jsonl")] == [2.0**9, 2.0**10, 2.0**11, 2.0**12]
+    state = torch.load(whole / "checkpoints" / "step-2" / "trainer_state.pt", weights_only=False)
+    assert state["faults"]["loss_scaler"] == {"scale": 2.0**10, "good_steps": 0, "overflow_steps": 0}
+    shutil.copytree(whole, resumed)
+    for step in (3, 4):
+        shutil.rmtree(resumed / "checkpoints" / f"step-{step}")
+    assert run_main(monkeypatch, "train", "--resume", resumed) == 0
+    assert_same_run(whole, resumed)

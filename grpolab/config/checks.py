@@ -27,6 +27,12 @@ _RANGES: list[tuple[str, Any, str]] = [
     ("rollout.max_new_tokens", lambda v: v >= 1, "an integer >= 1"),
     ("rollout.max_staleness", lambda v: v >= 0, "an integer >= 0 (0 = synchronous)"),
     ("rollout.worker_threads", lambda v: v >= 0, "an integer >= 0 (0 = torch's default)"),
+    ("rollout.num_servers", lambda v: v >= 1, "an integer >= 1"),
+    (
+        "rollout.servers",
+        lambda v: isinstance(v, list) and all(isinstance(u, str) and u.startswith(("http://", "https://")) for u in v),
+        "a list of server URLs (http://host:port)",
+    ),
     ("algorithm.adv_eps", lambda v: v >= 0, "a number >= 0"),
     ("algorithm.eps_low", lambda v: 0 <= v < 1, "a number in [0, 1)"),
     ("algorithm.eps_high", lambda v: v >= 0, "a number >= 0"),
@@ -71,6 +77,8 @@ _RANGES: list[tuple[str, Any, str]] = [
     ("train.weight_decay", lambda v: v >= 0, "a number >= 0"),
     ("train.warmup_steps", lambda v: v >= 0, "an integer >= 0"),
     ("train.grad_clip", lambda v: v >= 0, "a number >= 0 (0 = off)"),
+    ("train.loss_scale_init", lambda v: v >= 1, "a number >= 1"),
+    ("train.loss_scale_growth_interval", lambda v: v >= 1, "an integer >= 1"),
     ("train.save_every", lambda v: v >= 0, "an integer >= 0"),
     (
         "train.device",
@@ -170,11 +178,48 @@ def validate(cfg: Config) -> None:
             f"algorithm.clip_cov_lb: expected < algorithm.clip_cov_ub ({a.clip_cov_ub}), got {a.clip_cov_lb}"
         )
     validate_staleness(cfg)
+    validate_fp16(cfg)
+    validate_sampler_anchor(cfg)
     rollouts = cfg.train.prompts_per_step * cfg.rollout.group_size
     if rollouts % cfg.train.minibatches:
         raise ConfigError(
             f"train.minibatches: expected a divisor of prompts_per_step * group_size = {rollouts}, got {cfg.train.minibatches}"
         )
+
+
+def validate_sampler_anchor(cfg: Config) -> None:
+    """algorithm.pi_old = sampler: pi_old is q, so every correction that compares pi_old with q would be the
+    constant 1 (refused: a knob that does nothing). q is the sampler's untruncated softmax at the temperature (as the
+    trainer's pi_theta), whatever top-k / top-p drew the token."""
+    a = cfg.algorithm
+    if a.pi_old != "sampler":
+        return
+    inert = [("algorithm.is_mode", a.is_mode, "none"), ("algorithm.is_reject", a.is_reject, "none")]
+    for path, value, want in inert:
+        if value != want:
+            raise ConfigError(
+                f"{path}: expected {want} with algorithm.pi_old sampler (pi_old is then the sampler's q, so the weight "
+                f"pi_old / q is 1 on every token), got {value}"
+            )
+
+
+FP16_NEEDS = (
+    ("model.dtype", "float32", "fp32 master weights: loss scaling unscales the gradient into them"),
+    ("train.strategy", "ddp", "the overflow check and the unscale are written for whole (unsharded) gradients"),
+    ("algorithm.estimator", "!gae", "PPO's critic updates without a loss scale"),
+)
+"""What train.precision fp16 needs of other fields: (field, value or !excluded value, why)."""
+
+
+def validate_fp16(cfg: Config) -> None:
+    """train.precision fp16 (grpolab/training/loss_scale.py) with a field of FP16_NEEDS set otherwise: ConfigError."""
+    if cfg.train.precision != "fp16":
+        return
+    for path, want, why in FP16_NEEDS:
+        value = get_path(cfg, path)
+        if (value == want[1:]) if want.startswith("!") else (value != want):
+            expected = f"anything but {want[1:]}" if want.startswith("!") else want
+            raise ConfigError(f"{path}: expected {expected} with train.precision fp16 ({why}), got {value}")
 
 
 def validate_staleness(cfg: Config) -> None:
@@ -193,9 +238,10 @@ def validate_staleness(cfg: Config) -> None:
             "refill rounds are decided on its scores, while the later steps' rounds are already being generated; "
             f"0 keeps the groups with signal without refilling, as ScaleRL does), got {a.max_extra_rounds}"
         )
-    if a.is_mode == "none":
+    if a.is_mode == "none" and a.pi_old == "trainer":
         raise ConfigError(
-            "algorithm.is_mode: expected an importance weight with rollout.max_staleness > 0, got none: samples come "
+            "algorithm.is_mode: expected an importance weight (or algorithm.pi_old: sampler) with rollout.max_staleness "
+            "> 0, got none: samples come "
             "from a policy up to max_staleness updates old and pi_old is recomputed with the current weights, so only "
             "the weight pi_old / q relates the update to the policy that sampled (the off-policy sequence mask and "
             "the geometric rejection only drop sequences); token_truncate (TIS), token_mask (IcePop) or "

@@ -83,8 +83,13 @@ class RewardConfig:
 class RolloutConfig:
     # where rollouts and the in-training held-out eval are generated: grpolab = in this process (rollout.decoder);
     # vllm = vLLM's offline engine in a process and venv of its own (`make install-vllm`; grpolab/rollout/vllm_engine.py);
-    # grpolab_process = grpolab's decode loop in a worker process of its own (grpolab/rollout/workers/)
-    engine: Literal["grpolab", "grpolab_process", "vllm"] = "grpolab"
+    # grpolab_process = grpolab's decode loop in a worker process of its own (grpolab/rollout/workers/);
+    # vllm_server = vLLM servers over HTTP, weights through vLLM's weight-transfer API (grpolab/rollout/server_engine.py)
+    engine: Literal["grpolab", "grpolab_process", "vllm", "vllm_server"] = "grpolab"
+    # vllm_server: URLs of running `vllm serve` servers (any host; docs/vllm.md); [] = start num_servers on this host
+    servers: list = field(default_factory=list)
+    num_servers: int = 1
+    weight_transfer_host: str = ""  # vllm_server: the address servers reach this trainer at ("" = the route's own)
     # k >= 1: the batch of step s is sampled with the weights after update s - k (a fixed lag; the first k steps'
     # with the initial ones) while the trainer updates: an engine in its own process (grpolab_process or vllm) keeps
     # the next k steps' generations in flight (grpolab/training/pipeline.py; docs/async.md). 0 = synchronous
@@ -107,8 +112,9 @@ class RolloutConfig:
     # what else ends a completion (rollout/stop.py): code_block = the closing fence of its first Python block (what a
     # code reward reads); auto = code_block when a code reward (all_pass / pass_fraction) is weighted, else none
     stop_rule: Literal["auto", "none", "code_block"] = "auto"
-    # the sampler's own weight copy, synced after each update; auto = measured at start (grpolab/training/precision.py)
-    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    # the sampler's own weight copy, synced after each update; auto = measured at start (grpolab/training/precision.py;
+    # never float16, which is explicit only)
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
 
 
 @dataclass(frozen=True)
@@ -170,6 +176,10 @@ class AlgorithmConfig:
     # DeepSeek-V3.2's unbiased KL (TRL's use_bias_correction_kl): the KL in the loss weighted per token by
     # pi_theta / pi_old, with its gradient (grpolab/algo/kl.py)
     kl_bias_correction: bool = False
+    # what the ratio's denominator pi_old is: trainer = the trainer's policy before this update (recomputed; the
+    # sampler enters through is_mode); sampler = the sampler's own log-probabilities q (verl's bypass mode; the DPPO
+    # paper's and prime-rl's anchor): no recomputation, the clip or trust region then bounds pi_theta / q itself
+    pi_old: Literal["trainer", "sampler"] = "trainer"
     is_mode: ISMode = ISMode.NONE
     is_c_max: float = 2.0
     is_c_min: float = 0.5
@@ -211,6 +221,9 @@ class TrainConfig:
     mu: int = 1  # passes over each rollout batch
     minibatches: int = 1  # optimizer steps per pass
     micro_batch_size: int = 8  # sequences per forward/backward (gradient accumulation inside a minibatch)
+    # check = before the first step, three probe updates measure the update's memory and a micro_batch_size that would
+    # not fit is refused, naming the largest that does (grpolab/training/memory_fit.py; weights and state put back)
+    memory_fit: Literal["check", "off"] = "check"
     lr: float = 1e-6
     weight_decay: float = 0.0
     adam_beta1: float = 0.9
@@ -219,8 +232,11 @@ class TrainConfig:
     schedule: Literal["constant", "cosine"] = "constant"
     min_lr_ratio: float = 0.0
     grad_clip: float = 1.0
-    # bf16 = bfloat16 autocast over fp32 master weights; auto = measured at start (grpolab/training/precision.py)
-    precision: Literal["auto", "fp32", "bf16"] = "auto"
+    # bf16 = bfloat16 autocast over fp32 master weights; auto = measured at start (grpolab/training/precision.py);
+    # fp16 = float16 autocast with dynamic loss scaling (grpolab/training/loss_scale.py), explicit only
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
+    loss_scale_init: float = 65536.0  # fp16: the initial loss scale (torch.amp.GradScaler's 2^16) ...
+    loss_scale_growth_interval: int = 2000  # ... doubled after this many optimizer steps without overflow
     device: str = "auto"  # auto (cuda when available) | cpu | cuda | cuda:N; under torchrun on CUDA: cuda:LOCAL_RANK
     strategy: Literal["ddp", "fsdp2"] = (
         "ddp"  # data parallel: replicated weights, or sharded (grpolab/training/sharding.py)

@@ -17,7 +17,6 @@ grpolab.training.reference, after the update. Most completions cut in the first 
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import time
@@ -57,7 +56,7 @@ from .reference import (
 from .reproducibility import training_attention
 from .schedule import align_schedule
 from .sharding import Strategy, check_shardable, shard
-from .trackers import Trackers, check_installed
+from .trackers import Trackers, check_installed, run_texts
 from .truncation import TruncationWatch
 from .update import PolicyUpdater
 
@@ -174,7 +173,9 @@ class Trainer(TrainerCheckpoints):
         self.tell("preparing the sampler's copy of the model")
         agent = collector_class(self.train_problems) is not BatchCollector  # episodes for agent tasks
         every = self.train_problems + self.eval_problems
-        request = EngineRequest(cfg, self.policy, self.tokenizer, self.sampling_dtype, self.sharded, every)
+        request = EngineRequest(
+            cfg, self.policy, self.tokenizer, self.sampling_dtype, self.sharded, every, self.run_dir
+        )
         self.engine = make_engine(request, agent)
         fp32_inside = cfg.speed.attention_fp32 and self.update_precision == "bf16"
         if note := cpu_attention_note(cfg, self.device, self.policy, fp32_inside):  # after the copies
@@ -225,7 +226,9 @@ class Trainer(TrainerCheckpoints):
         """Put back the process-wide settings this trainer applied (idempotent; ``fit`` does it when it ends) and stop
         the rollout engine's worker process, when it has one (rollout.engine: vllm)."""
         self.settings.restore()
-        if "engine" in vars(self):  # built (a failed build may stop before it)
+        if "collector" in vars(self):  # built (a failed build may stop before it): what it started (an endpoint)
+            self.collector.close()
+        if "engine" in vars(self):
             self.engine.close()
 
     def __enter__(self) -> "Trainer":
@@ -236,12 +239,12 @@ class Trainer(TrainerCheckpoints):
 
     @property
     def update_precision(self) -> str:
-        """train.precision resolved: "fp32" or "bf16" (autocast of the policy's forward passes)."""
+        """train.precision resolved: "fp32", "bf16" or "fp16" (autocast of the policy's forward passes)."""
         return self.precision["update"]
 
     @property
     def sampling_dtype(self) -> str:
-        """rollout.dtype resolved: "float32" or "bfloat16" (the sampler's weight copy)."""
+        """rollout.dtype resolved: "float32", "bfloat16" or "float16" (the sampler's weight copy)."""
         return self.precision["sampling"]
 
     def resolve_precision(self, recorded: dict[str, Any] | None) -> dict[str, Any]:
@@ -419,7 +422,7 @@ class Trainer(TrainerCheckpoints):
         metrics: dict[str, float] = {}
         sinks = {name: JsonlSink(self.run_dir / name) if self.world.main else NullSink() for name in LOGS}
         if self.world.main and self.cfg.run.report_to:
-            self.trackers = Trackers.open(self.cfg, self.run_dir, self.step, self.tracker_texts())
+            self.trackers = Trackers.open(self.cfg, self.run_dir, self.step, run_texts(self.run_dir))
         try:
             with InterruptGuard() as guard:
                 while self.step < self.cfg.train.steps:
@@ -451,17 +454,6 @@ class Trainer(TrainerCheckpoints):
             self.data.close()  # what the task holds (the OpenEnv server an openenv task started); nothing for most
         return metrics
 
-    def tracker_texts(self) -> dict[str, str]:
-        """What the trackers attach to a run: the manifest and its objective card (when the run has a manifest)."""
-        try:
-            manifest = json.loads((self.run_dir / "manifest.json").read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return {}
-        return {
-            "manifest.json": json.dumps(manifest, indent=2),
-            "objective_card.json": json.dumps(manifest.get("objective"), indent=2),
-        }
-
     def end_step(
         self,
         metrics: dict[str, float],
@@ -474,6 +466,9 @@ class Trainer(TrainerCheckpoints):
         evaluated = bool(cfg.eval.every_steps) and (step % cfg.eval.every_steps == 0 or step == cfg.train.steps)
         if evaluated and self.world.main:
             metrics.update(self.eval_metrics())
+            if self.last_eval is not None:  # each problem's right/wrong: the report pairs the periodic evals by them
+                right = {i["uid"]: int(bool(i["correct"])) for i in self.last_eval.items}
+                sinks["eval_items.jsonl"].log(step, {"correct": right})
         bad = self.skipped_in_step > 0 or not all(math.isfinite(v) for k, v in metrics.items() if k.startswith("loss/"))
         sinks["metrics.jsonl"].log(step, metrics)
         for s in samples:

@@ -32,6 +32,8 @@ from ..models.lora import runnable
 from ..rollout.base import Rollout
 from .distributed import World, all_reduce_gradients, all_reduce_max, all_reduce_sum, gather_objects, group_seed
 from .forward import completion_logprobs, weight_casts_kept
+from .loss_scale import make_scaler
+from .precision import fp16_note
 from .sharding import loss_scale
 
 log = logging.getLogger("grpolab")
@@ -89,8 +91,9 @@ class MicroBatch:
 
 
 class PolicyUpdater:
-    """``precision``: the update's resolved train.precision, "fp32" or "bf16" (the Trainer passes its resolution;
-    None: cfg.train.precision as given, where "auto" runs as fp32, as forward.autocast does)."""
+    """``precision``: the update's resolved train.precision, "fp32", "bf16" or "fp16" (the Trainer passes its
+    resolution; None: cfg.train.precision as given, where "auto" runs as fp32, as forward.autocast does). fp16 scales
+    the loss (``self.scaler``, grpolab.training.loss_scale; None otherwise)."""
 
     def __init__(
         self, cfg: Config, policy, reference, optimizer, scheduler, world: World = World(), precision: str | None = None
@@ -120,8 +123,12 @@ class PolicyUpdater:
         self.pack = cfg.speed.pack_completions
         self.skipped_steps = 0  # optimizer steps skipped for a non-finite loss or gradient, over the whole run
         self.draws = selection_draws(cfg.train.seed, 0, world.rank)  # clip_cov / kl_cov; reseeded by each update
-        if note := inert_at_one_pass(cfg):
-            log.warning(note)
+        self.scaler = make_scaler(self.precision, cfg.train.loss_scale_init, cfg.train.loss_scale_growth_interval)
+        half = self.precision == "fp16" or cfg.rollout.dtype == "float16"
+        fp16 = fp16_note(self.precision, cfg.rollout.dtype, next(policy.parameters()).device) if half else None
+        for note in (inert_at_one_pass(cfg), fp16):
+            if note:
+                log.warning(note)
 
     @torch.no_grad()
     def logprobs_no_grad(self, model, rollout: Rollout, precision: str) -> torch.Tensor:
@@ -190,7 +197,9 @@ class PolicyUpdater:
         mask = self.loss_mask(rollout, valid)
         if self.reference is not None and ref_logp is None:
             ref_logp = self.logprobs_no_grad(self.reference, rollout, "fp32")
-        if old_logp is None and not (t.mu == 1 and t.minibatches == 1):  # else pi_old: the detached current logprobs
+        if old_logp is None and self.cfg.algorithm.pi_old == "sampler":  # pi_old is q (verl's bypass mode)
+            old_logp = rollout.sampler_logprobs
+        elif old_logp is None and not (t.mu == 1 and t.minibatches == 1):  # else the detached current logprobs
             old_logp = self.logprobs_no_grad(self.policy, rollout, self.precision)
         sums: dict[str, float] = defaultdict(float)
         mismatch: dict[str, list[torch.Tensor]] = defaultdict(list)
@@ -210,6 +219,7 @@ class PolicyUpdater:
                 sums["optimizer_steps"] += 1
         out = self._summarise(sums, mismatch, self.world)
         out["optim/skipped_steps"] = float(self.skipped_steps)
+        out.update(self.scaler.metrics() if self.scaler is not None else {})
         a = self.cfg.algorithm
         if a.surrogate not in ("clip_cov", "kl_cov"):  # no covariance selection: a metric that is 0 by construction
             out.pop("policy/cov_selected_frac")
@@ -239,6 +249,7 @@ class PolicyUpdater:
                 loss = self.micro_batch(batch, micro, sums, mismatch)
                 finite = finite and math.isfinite(loss.item())
                 if finite:  # a NaN/Inf loss skips this optimizer step anyway: no backward needed
+                    loss = loss if self.scaler is None else self.scaler.scaled(loss)  # fp16: S * loss
                     (loss * loss_scale(self.sharded, self.world.size)).backward()
         return finite
 
@@ -332,20 +343,26 @@ class PolicyUpdater:
             mismatch[key].append(value.detach())
 
     def optimizer_step(self, finite_loss: bool = True) -> float:
-        """Clip, step the optimizer and the LR schedule. A non-finite loss or gradient norm skips the step
-        (counted in self.skipped_steps; returns NaN or the non-finite norm) and leaves weights, optimizer
-        moments and the LR schedule untouched."""
+        """Unscale (fp16), clip, step the optimizer and the LR schedule. A non-finite loss or gradient norm skips the
+        step (returns NaN or the non-finite norm) and leaves weights, optimizer moments and the LR schedule
+        untouched; it is counted in self.skipped_steps, except an fp16 gradient overflow, which halves the loss
+        scale instead (counted by the scaler; grpolab.training.loss_scale)."""
         if not finite_loss:
             norm = math.nan
         else:
+            if self.scaler is not None:
+                self.scaler.unscale_(self.policy.parameters())
             clip = self.cfg.train.grad_clip or float("inf")
             norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), clip).item()
         if not math.isfinite(norm):
             self.optimizer.zero_grad(set_to_none=True)
-            self.skipped_steps += 1
+            if not (finite_loss and self.scaler is not None and self.scaler.overflowed()):
+                self.skipped_steps += 1
             return norm
         self.optimizer.step()
         self.scheduler.step()
+        if self.scaler is not None:
+            self.scaler.stepped()
         return norm
 
     @staticmethod
