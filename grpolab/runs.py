@@ -262,7 +262,7 @@ def trainer_manifest(trainer: "Trainer") -> dict[str, Any]:
     version = trainer.engine.version  # vLLM's, from its own venv or its servers (rollout.engine: vllm, vllm_server)
     if version and trainer.cfg.rollout.engine in ("vllm", "vllm_server"):
         built["versions"] = {**built["versions"], "vllm": version}
-    if hasattr(trainer.engine, "record"):  # vllm_server: each server's URL and version (not guarded on resume)
+    if trainer.cfg.rollout.engine == "vllm_server":  # each server's URL and version (not guarded on resume)
         built["rollout_servers"] = trainer.engine.record()
     return json.loads(json.dumps(built))
 

@@ -167,9 +167,7 @@ class OpenAIAgentRunner:
 
     def __init__(self, engine, tokenizer, model_id: str, stop_ids: list[int] | None = None):
         self.engine, self.tokenizer, self.model_id = engine, tokenizer, model_id
-        self.stop_ids = list(
-            stop_ids if stop_ids is not None else getattr(engine, "stop_ids", [tokenizer.eos_token_id])
-        )
+        self.stop_ids = list(stop_ids if stop_ids is not None else engine.stop_ids)
         self.server: Server | None = None
 
     def start(self, options: dict, params: SamplingParams) -> Server:

@@ -78,9 +78,7 @@ class Endpoint:
         self.tokenizer, self.settings = tokenizer, settings
         self.template = chat_template(tokenizer)
         self.parse = tool_format(settings.tool_format, self.template)
-        self.stop_ids = list(
-            stop_ids if stop_ids is not None else getattr(engine, "stop_ids", [tokenizer.eos_token_id])
-        )
+        self.stop_ids = list(stop_ids if stop_ids is not None else engine.stop_ids)
         self.sessions = SessionStore()
         self.batcher = EngineBatcher(engine, settings.batch_window_s)
 

@@ -100,6 +100,8 @@ class RolloutEngine(Protocol):
     version: str
     """The version of the library the engine runs, as its worker reported it (vLLM's from its own venv); '' in this
     process."""
+    stop_ids: list[int]
+    """The token ids that end a completion or a turn: the model's generation_config eos ids and the tokenizer's."""
 
     def generate(self, prompts: list[list[int]], params: SamplingParams, seeds: list[int] | None = None) -> Rollout:
         """Sample params.group_size completions for each tokenised prompt; seeds (one per prompt) give each group
