@@ -199,13 +199,8 @@ class VLLMServerEngine(WorkerEngine):
 
     def submit(self, prompts: list[list[int]], params: SamplingParams, seeds: list[int] | None = None):
         """Generate now (one request per prompt, spread over the servers) and return the collected generation."""
-        if seeds is not None and len(seeds) != len(prompts):
-            raise ValueError(f"seeds: expected one per prompt ({len(prompts)}), got {len(seeds)}")
-        self.check_params(params)
-        g = 1 if params.greedy else params.group_size
-        want_logp = params.logprobs and not params.greedy
-        truncating = params.top_k > 0 or params.top_p < 1.0
-        pending = PendingRollout([list(map(int, p)) for p in prompts], params, g, want_logp, truncating)
+        pending = self.pending(prompts, params, seeds)
+        g, want_logp, truncating = pending.group_size, pending.want_logp, pending.truncating
         sampling = {
             "n": g,
             "temperature": 0.0 if params.greedy else float(params.temperature),

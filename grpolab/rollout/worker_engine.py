@@ -264,17 +264,23 @@ class WorkerEngine:
     def check_params(self, params: SamplingParams) -> None:
         """What this engine cannot sample (ValueError naming the setting); none here."""
 
-    def submit(
-        self, prompts: list[list[int]], params: SamplingParams, seeds: list[int] | None = None
-    ) -> PendingRollout:
-        """Send a generation (see ``generate``) and return at once; ``finish`` collects it."""
+    def pending(self, prompts: list[list[int]], params: SamplingParams, seeds: list[int] | None) -> PendingRollout:
+        """The record of a generation about to be sent (seeds and params checked): completions per prompt, whether
+        log-probabilities are wanted and whether top-k / top-p truncate."""
         if seeds is not None and len(seeds) != len(prompts):
             raise ValueError(f"seeds: expected one per prompt ({len(prompts)}), got {len(seeds)}")
         self.check_params(params)
         g = 1 if params.greedy else params.group_size
         want_logp = params.logprobs and not params.greedy
         truncating = params.top_k > 0 or params.top_p < 1.0
-        pending = PendingRollout([list(map(int, p)) for p in prompts], params, g, want_logp, truncating)
+        return PendingRollout([list(map(int, p)) for p in prompts], params, g, want_logp, truncating)
+
+    def submit(
+        self, prompts: list[list[int]], params: SamplingParams, seeds: list[int] | None = None
+    ) -> PendingRollout:
+        """Send a generation (see ``generate``) and return at once; ``finish`` collects it."""
+        pending = self.pending(prompts, params, seeds)
+        g, want_logp, truncating = pending.group_size, pending.want_logp, pending.truncating
         self._send(
             _InFlight("generate", pending),
             prompts=pending.prompts,
