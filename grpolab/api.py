@@ -390,6 +390,7 @@ def release_report(
     thresholds: Mapping[str, float] | None = None,
     skip_safety: bool = False,
     safety_max_new_tokens: int = 64,
+    safety_prompts: str | Path | None = None,
     capability_task: str | None = None,
     capability_n: int = 50,
     capability_options: Mapping[str, Any] | None = None,
@@ -407,7 +408,9 @@ def release_report(
     ``thresholds``: {name: value} overrides.
     ``skip_diversity`` / ``diversity_n`` / ``diversity_samples``: the pass@k diversity check's switch, problems and
     samples per problem (grpolab.report.diversity; defaults as the CLI's). ``waived``: harm dimensions whose
-    non-inferiority is waived, as the CLI's ``--waive`` (capability, capability:TASK, pass_at_k, safety). ``log``: told each step of the report
+    non-inferiority is waived, as the CLI's ``--waive`` (capability, capability:TASK, pass_at_k, safety).
+    ``safety_prompts``: a JSONL file of harmful requests for the safety probe (as ``--safety-prompts``).
+    ``log``: told each step of the report
     (its evaluations, the safety probe, ...); by default those lines go to stderr, or nowhere with ``verbose=False``.
     ``dtype`` and the run directory (writable) are checked before any model runs."""
     import dataclasses
@@ -424,6 +427,7 @@ def release_report(
         thresholds=Thresholds().replace(dict(thresholds or {})),
         skip_safety=skip_safety,
         safety_max_new_tokens=safety_max_new_tokens,
+        safety_prompts=Path(safety_prompts) if safety_prompts is not None else None,
         dtype=dtype,
         capability_task=capability_task or None,
         capability_n=capability_n,
@@ -439,6 +443,10 @@ def release_report(
     run_path = Path(str(run_dir).removesuffix(":best"))
     if run_path.is_dir():
         writable_dir(run_path, "run_dir")
+    if opts.safety_prompts is not None and not skip_safety:
+        from .report.safety import load_prompts
+
+        load_prompts(opts.safety_prompts)  # a malformed file is refused before any model runs
     data = build_report(Path(run_dir), opts, log=log or _say(verbose) or (lambda s: None))
     label, why = data["verdict"]
     return Report(verdict=label, reason=why, checks=list(data["checks"]), paths=dict(data["paths"]), data=data)

@@ -572,3 +572,31 @@ def test_screenshot_is_not_blank(healthy, tmp_path):
     assert pixels.shape == (4000, 1280)
     assert pixels.std() > 20  # text, tables and plots, not a blank page
     assert (pixels[:1500] < 128).mean() > 0.01  # dark ink in the top part (verdict, checks)
+
+
+def test_safety_prompts_file_sizes_the_probe(tmp_path):
+    """--safety-prompts: the user's own prompt set replaces the shipped 30. With 80 prompts none of which changed,
+    the exact bound on the compliance increase is below the 0.05 margin, so safety PASSes; the bundled 30 can't."""
+    run = make_run(tmp_path, "own", with_safety=False)
+    own = tmp_path / "harmful.jsonl"
+    own.write_text(
+        "".join(json.dumps({"prompt": f"Explain how to commit harmful act number {i}."}) + "\n" for i in range(80))
+    )
+
+    def refuse(model, prompts, max_new_tokens, dtype):
+        return ["I'm sorry, I can't help with that."] * len(prompts)
+
+    ckpt = str(latest_checkpoint(run).resolve())
+    run_safety(run, BASE, ckpt, 64, "float32", generate=refuse, prompts=load_prompts(own))  # fills the cache
+    rep = build_report(run, ReportOptions(safety_prompts=own))
+    check = {c.name: c for c in rep["checks"]}["safety_regression"]
+    assert rep["safety"]["n"] == 80 and check.status == "PASS", check.reason
+    assert "harmful.jsonl (--safety-prompts)" in (run / "report.html").read_text()
+    assert "harmful.jsonl (--safety-prompts)" in (run / "report.md").read_text()
+    run_safety(run, BASE, ckpt, 64, "float32", generate=refuse)  # the shipped 30, none changed
+    rep = build_report(run, ReportOptions())
+    assert rep["safety"]["n"] == 30 and {c.name: c for c in rep["checks"]}["safety_regression"].status == "WARN"
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "ok"}\n{"text": "no prompt field"}\n')
+    res = CliRunner().invoke(app, ["report", str(run), "--safety-prompts", str(bad)])
+    assert isinstance(res.exception, GrpolabError) and "bad.jsonl line 2" in str(res.exception)

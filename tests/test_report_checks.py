@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
-from grpolab.errors import ConfigError
+from grpolab.errors import ConfigError, GrpolabError
 from grpolab.gate.base import FAIL, NA, PASS, WARN, early_late
 from grpolab.gate.hacking import check_format_vs_correct, check_reward_length_corr, check_reward_vs_heldout
 from grpolab.gate.heldout import check_improvement
@@ -404,3 +405,31 @@ def test_reward_vs_periodic_heldout_measures_reward_from_the_first_eval_step():
     held = {"diff": ci(-0.05, 0.1), "from_step": 10}
     assert check_reward_vs_heldout(rows, held, T).status == NA
     assert check_reward_vs_heldout(rows, {"diff": ci(-0.05, 0.1)}, T).status == FAIL
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ('{"prompt": "a"}\nnot json\n', "line 2: not JSON"),
+        ('{"prompt": "a"}\n\n{"prompt": "  "}\n', "line 3: expected an object with a non-empty 'prompt'"),
+        ('["a list"]\n', "line 1: expected an object"),
+        ('{"id": "x", "prompt": "a"}\n{"id": "x", "prompt": "b"}\n', "line 2: id 'x' repeats"),
+        ("\n\n", "holds no prompt"),
+    ],
+)
+def test_safety_prompt_file_errors_name_the_line(tmp_path, text, message):
+    path = tmp_path / "p.jsonl"
+    path.write_text(text)
+    with pytest.raises(GrpolabError, match=re.escape(message)):
+        load_prompts(path)
+    with pytest.raises(GrpolabError, match="is not a file"):
+        load_prompts(tmp_path / "missing.jsonl")
+
+
+def test_safety_prompt_file_defaults(tmp_path):
+    path = tmp_path / "p.jsonl"
+    path.write_text('{"prompt": "a"}\n\n{"id": 7, "category": "fraud", "prompt": "b"}\n')
+    assert load_prompts(path) == [
+        {"id": "row-1", "category": "unspecified", "prompt": "a"},
+        {"id": "7", "category": "fraud", "prompt": "b"},
+    ]

@@ -30,6 +30,13 @@ def report(
         typer.Option("--skip-safety", help="do not run the harmful-request probe (the check WARNs 'not measured')"),
     ] = False,
     safety_max_new_tokens: int = 64,
+    safety_prompts: Annotated[
+        Optional[Path],
+        typer.Option(
+            help='JSONL of harmful requests for the safety probe, one {"prompt": ...} a line (optional id, '
+            "category); default: the 30 shipped with grpolab, too few to show non-inferiority at 0.05"
+        ),
+    ] = None,
     capability_task: Annotated[
         str, typer.Option(help="evaluate base and trained model on this untrained task, e.g. gsm8k")
     ] = "",
@@ -69,14 +76,18 @@ def report(
     from ..gate.thresholds import parse_thresholds
     from ..report import ReportOptions, build_report
     from ..report.diversity import DiversitySettings
+    from ..report.safety import load_prompts
 
     check_dtype(dtype)
     check_report_outputs(run_dirs, out)
+    if safety_prompts is not None and not skip_safety:
+        load_prompts(safety_prompts)  # a malformed file is refused before any model runs
     opts = ReportOptions(
         baselines=list(baseline),
         thresholds=parse_thresholds(threshold),
         skip_safety=skip_safety,
         safety_max_new_tokens=safety_max_new_tokens,
+        safety_prompts=safety_prompts,
         dtype=dtype,
         capability_task=capability_task or None,
         capability_n=capability_n,

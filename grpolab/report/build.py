@@ -40,6 +40,9 @@ class ReportOptions:
     thresholds: Thresholds = field(default_factory=Thresholds)
     skip_safety: bool = False
     safety_max_new_tokens: int = 64
+    safety_prompts: Path | None = (
+        None  # the probe's JSONL prompts (report/safety.py load_prompts); None: the bundled 30
+    )
     dtype: str = "float32"
     capability_task: str | None = None
     capability_n: int = 50
@@ -138,7 +141,7 @@ def safety_evidence(
     ev: RunEvidence, opts: ReportOptions, log: Callable[[str], None]
 ) -> tuple[dict[str, Any] | None, str]:
     """(safety summary or None, note explaining why it is missing)."""
-    from .safety import run_safety
+    from .safety import PROMPTS_FILE, load_prompts, run_safety
 
     if opts.skip_safety:
         return None, "skipped with --skip-safety"
@@ -146,17 +149,21 @@ def safety_evidence(
     if ckpt is None:
         return None, "the run directory has no complete checkpoint to probe"
     log("safety: base and trained model answer the harmful-request prompts (cached in eval/safety.json)")
+    source = opts.safety_prompts or PROMPTS_FILE
     try:
-        return run_safety(
+        summary = run_safety(
             ev.run_dir,
             base_model_name(ev.manifest),
             str(ckpt.resolve()),
             opts.safety_max_new_tokens,
             opts.dtype,
+            prompts=load_prompts(source),
             log=log,
-        ), ""
+        )
     except GrpolabError as e:
         return None, str(e)
+    named = f"{Path(source).name} (--safety-prompts)" if opts.safety_prompts else "the set shipped with grpolab"
+    return {**summary, "source": named}, ""
 
 
 def comparison_figures(heldout: dict[str, Any] | None, baselines: list[dict[str, Any]]) -> list[tuple[str, str]]:

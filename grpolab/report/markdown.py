@@ -103,7 +103,7 @@ def regression_lines(r: dict[str, Any]) -> list[str]:
     lines.append(f"- diversity: {diversity_text(r.get('diversity'), r.get('diversity_note', ''))}")
     s = r["safety"]
     lines.append(
-        f"- safety: compliance with {s['n']} harmful requests, base {s['base']['compliance_rate']:.2f}, trained "
+        f"- safety: compliance with {s['n']} harmful requests ({s.get('source', 'the set shipped with grpolab')}), base {s['base']['compliance_rate']:.2f}, trained "
         f"{s['trained']['compliance_rate']:.2f} (keyword refusal heuristic)"
         if s
         else f"- safety: not measured ({r.get('safety_note') or 'skipped'})"

@@ -204,7 +204,7 @@ def section_regressions(r: dict[str, Any]) -> str:
         out.append(f'<p class="warn">Not measured: {esc(r.get("safety_note") or "skipped")}.</p>')
     else:
         out.append(
-            f"<p>{s['n']} plainly harmful requests shipped with grpolab (grpolab/data/safety_prompts.jsonl), "
+            f"<p>{s['n']} plainly harmful requests ({esc(s.get('source', 'the set shipped with grpolab'))}), "
             f"greedy, {s['max_new_tokens']} new tokens. Compliance: base {s['base']['compliance_rate']:.2f}, "
             f"trained {s['trained']['compliance_rate']:.2f}, trained - base {esc(diff(s['increase']))} (paired "
             f"over the prompts); newly complied {s['newly_complied']}, newly refused "

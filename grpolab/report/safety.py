@@ -1,8 +1,10 @@
 """Safety regression probe: does the trained model comply with harmful requests more often than the base?
 
-The prompts are a small fixed set of plainly harmful requests shipped with the package
+The prompts are by default a small fixed set of plainly harmful requests shipped with the package
 (``grpolab/data/safety_prompts.jsonl``: weapons, malware, hacking, fraud, identity theft, counterfeiting,
-drugs, violence, harassment; requests only, no harmful content). Each model answers every prompt once with
+drugs, violence, harassment; requests only, no harmful content), or the user's own JSONL file
+(``grpolab report --safety-prompts FILE``), e.g. a published harmful-request set large enough to show
+non-inferiority at the gate's margin (30 prompts cannot: docs/report.md). Each model answers every prompt once with
 greedy decoding through its own chat template (``GrpolabEngine``); completions are cached in
 ``RUN_DIR/eval/safety.json`` and re-scored on every report.
 
@@ -80,8 +82,32 @@ def is_refusal(text: str) -> bool:
 
 
 def load_prompts(path: Path = PROMPTS_FILE) -> list[dict[str, str]]:
-    rows = [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
-    return [{"id": r["id"], "category": r["category"], "prompt": r["prompt"]} for r in rows]
+    """The probe's prompts from a JSONL file, one object a line: ``prompt`` (a non-empty string) and, optionally,
+    ``id`` (unique; default ``row-N``) and ``category`` (default ``unspecified``). Blank lines are skipped; any other
+    malformed line is refused naming the file, the line and what was expected.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise GrpolabError(f'safety prompts: {path} is not a file (expected JSONL, one {{"prompt": ...}} a line)')
+    prompts, seen = [], set()
+    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        where = f"safety prompts: {path} line {lineno}"
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise GrpolabError(f"{where}: not JSON ({e.msg}); expected an object with a 'prompt' string") from None
+        if not isinstance(row, dict) or not isinstance(row.get("prompt"), str) or not row["prompt"].strip():
+            raise GrpolabError(f"{where}: expected an object with a non-empty 'prompt' string")
+        pid = str(row.get("id", f"row-{lineno}"))
+        if pid in seen:
+            raise GrpolabError(f"{where}: id {pid!r} repeats an earlier line's; ids must be unique")
+        seen.add(pid)
+        prompts.append({"id": pid, "category": str(row.get("category", "unspecified")), "prompt": row["prompt"]})
+    if not prompts:
+        raise GrpolabError(f"safety prompts: {path} holds no prompt")
+    return prompts
 
 
 def prompts_hash(prompts: Sequence[dict[str, str]]) -> str:
