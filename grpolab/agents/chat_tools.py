@@ -3,9 +3,11 @@ checking OpenAI ``tools`` schemas, the registry of tool-call formats (how a mode
 and grpolab's ChatML template with tools for models whose template has none (the bundled SmolLM2).
 
 - ``TOOL_FORMATS``: one entry per format, keyed by name; ``hermes`` is the Hermes / Qwen form, a call per
-  ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`` block after optional content. A format parses
-  a model's output into (content, tool calls, error) -- a malformed call is returned as content with the reason,
-  never raised.
+  ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`` block after optional content;
+  ``llama3_json`` is Llama 3.1 / 3.2 / 3.3's JSON form, the whole turn ``{"name": ..., "parameters": {...}}``
+  (several joined by ``;`` or in a JSON list, an optional ``<|python_tag|>`` first). A format parses a model's
+  output into (content, tool calls, error) -- a malformed call is returned as content with the reason, never
+  raised. ``tool_format("auto", template)`` reads the format from the chat template (``FORMAT_SIGNS``).
 - ``CHATML_TOOLS_TEMPLATE``: ChatML (``<|im_start|>role\\n...<|im_end|>\\n``) with the tools listed in the system
   message and calls and results in the Hermes form -- Qwen2.5's layout, so a model trained on it meets the
   common open format. ``chat_template`` picks the template of a session: the tokenizer's own when it renders
@@ -133,18 +135,77 @@ def _hermes_parse(text: str) -> Parsed:
     return Parsed(content or None, calls)
 
 
-TOOL_FORMATS: dict[str, Callable[[str], Parsed]] = {"hermes": _hermes_parse}  # the format of tool calls, by name
+PYTHON_TAG = "<|python_tag|>"
+
+
+def _json_values(text: str) -> list:
+    """The JSON values of `text` one after another, each optionally followed by ``;`` (ValueError otherwise).
+
+    >>> _json_values('{"a": 1}; {"b": 2}')
+    [{'a': 1}, {'b': 2}]
+    """
+    decoder, values, i = json.JSONDecoder(), [], 0
+    while i < len(text):
+        try:
+            value, i = decoder.raw_decode(text, i)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"text after the calls (character {i})" if values else f"not JSON ({exc.msg})") from None
+        values.append(value)
+        i = len(text) - len(text[i:].lstrip().removeprefix(";").lstrip())
+    return values
+
+
+def _llama3_parse(text: str) -> Parsed:
+    """Llama 3.1 / 3.2 / 3.3 JSON calls: the whole turn is ``{"name": ..., "parameters": {...}}`` (``arguments``
+    accepted too), several joined by ``;`` or in a JSON list, after an optional ``<|python_tag|>``. A turn that does
+    not open with ``{`` or ``[`` and name a ``"name"`` is plain content (no call was tried).
+
+    >>> _llama3_parse('{"name": "f", "parameters": {"x": 1}}').calls
+    [{'name': 'f', 'arguments': '{"x": 1}'}]
+    >>> _llama3_parse('The answer is 5.').content, _llama3_parse('{"name": "f", "parameters": 3}').error
+    ('The answer is 5.', 'tool call 1: parameters must be a JSON object')
+    """
+    body = text.strip().removeprefix(PYTHON_TAG).strip()
+    if not body.startswith(("{", "[")) or '"name"' not in body:
+        return Parsed(text, [])
+    try:
+        values = _json_values(body)
+    except ValueError as exc:
+        return Parsed(text, [], f"tool calls: {exc}")
+    objects = [v for value in values for v in (value if isinstance(value, list) else [value])]
+    calls = []
+    for k, call in enumerate(objects, 1):
+        if not isinstance(call, dict) or not isinstance(call.get("name"), str) or not call["name"]:
+            return Parsed(text, [], f'tool call {k}: expected {{"name": ..., "parameters": {{...}}}}')
+        args = call.get("parameters", call.get("arguments", {}))
+        if not isinstance(args, dict):
+            return Parsed(text, [], f"tool call {k}: parameters must be a JSON object")
+        calls.append({"name": call["name"], "arguments": json.dumps(args, ensure_ascii=False)})
+    return Parsed(None, calls) if calls else Parsed(text, [], "tool calls: an empty list")
+
+
+TOOL_FORMATS: dict[str, Callable[[str], Parsed]] = {  # the format of tool calls, by name
+    "hermes": _hermes_parse,
+    "llama3_json": _llama3_parse,
+}
+# how `auto` recognises a format in a chat template: every string of the entry occurs in it (first match wins)
+FORMAT_SIGNS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("hermes", ("<tool_call>",)),
+    ("llama3_json", ("<|start_header_id|>", '"parameters"')),
+)
 
 
 def tool_format(name: str, template: str) -> Callable[[str], Parsed]:
-    """The parser of format `name`; ``auto`` reads it from the chat template (``<tool_call>``: hermes)."""
+    """The parser of format `name`; ``auto`` reads it from the chat template (FORMAT_SIGNS: ``<tool_call>`` is
+    hermes, Llama 3's header tokens with ``"parameters"`` llama3_json)."""
     if name == "auto":
-        if "<tool_call>" not in template:
+        found = [f for f, signs in FORMAT_SIGNS if all(sign in template for sign in signs)]
+        if not found:
             raise ChatError(
                 "tool_format auto: the chat template shows no known tool-call form; name one of "
                 + ", ".join(sorted(TOOL_FORMATS))
             )
-        name = "hermes"
+        name = found[0]
     if name not in TOOL_FORMATS:
         raise ChatError(f"tool_format: expected auto or one of {', '.join(sorted(TOOL_FORMATS))}, got {name!r}")
     return TOOL_FORMATS[name]

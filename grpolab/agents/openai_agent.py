@@ -163,10 +163,15 @@ def _in_thread(fn: Callable, limit_s: float) -> Any:
 
 class OpenAIAgentRunner:
     """Plays episodes by running the configured agent against an endpoint in front of `engine` (started on the first
-    ``run``); the same ``run(problems, group_size, params, seeds) -> Episodes`` as grpolab.agents.episode.EpisodeRunner."""
+    ``run``); the same ``run(problems, group_size, params, seeds) -> Episodes`` as grpolab.agents.episode.EpisodeRunner.
 
-    def __init__(self, engine, tokenizer, model_id: str, stop_ids: list[int] | None = None):
-        self.engine, self.tokenizer, self.model_id = engine, tokenizer, model_id
+    ``held_out``: the runner of held-out evaluation (grpolab.evaluation.episodes): its endpoint answers every request
+    greedily whatever temperature the agent names, and an episode is judged by its environment (``reward: env``)
+    whatever the training reward is, so held-out success never depends on the agent's own verdict or a reward
+    function trained on."""
+
+    def __init__(self, engine, tokenizer, model_id: str, stop_ids: list[int] | None = None, held_out: bool = False):
+        self.engine, self.tokenizer, self.model_id, self.held_out = engine, tokenizer, model_id, held_out
         self.stop_ids = list(stop_ids if stop_ids is not None else engine.stop_ids)
         self.server: Server | None = None
 
@@ -177,6 +182,7 @@ class OpenAIAgentRunner:
                 params.temperature,
                 params.top_p,
                 params.top_k,
+                greedy=self.held_out,
                 max_prompt_tokens=options["max_prompt_tokens"],
                 tool_format=options["tool_format"],
             )
@@ -263,7 +269,7 @@ class OpenAIAgentRunner:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             session.reported = float(value)
         try:
-            reward = self._reward(session, problem, seed, options["reward"])
+            reward = self._reward(session, problem, seed, "env" if self.held_out else options["reward"])
             if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward):
                 raise TypeError(f"expected a finite number, got {reward!r:.40}")
             result.reward = float(reward)

@@ -47,14 +47,16 @@ INSTALL = "pip install 'grpolab[agents]'"
 @dataclass(frozen=True)
 class EndpointSettings:
     """model: the id served; temperature: the run's (a training endpoint refuses another one, since the update
-    scores tokens at the run's temperature); max_prompt_tokens: the longest first prompt; tool_format: auto (from the
-    template) or a name of grpolab.agents.chat_tools.TOOL_FORMATS."""
+    scores tokens at the run's temperature); greedy: every request answered greedily, whatever temperature it
+    names (held-out evaluation; n choices are n copies of the one greedy answer); max_prompt_tokens: the longest
+    first prompt; tool_format: auto (from the template) or a name of grpolab.agents.chat_tools.TOOL_FORMATS."""
 
     model: str
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
     fixed_temperature: bool = True
+    greedy: bool = False
     max_prompt_tokens: int = 1024
     tool_format: str = "auto"
     batch_window_s: float = 0.02  # requests arriving within it share one engine call
@@ -108,7 +110,7 @@ class Endpoint:
         t = body.get("temperature")
         if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 <= t <= 2):
             raise ApiError(400, f"temperature: expected a number in [0, 2], got {t!r}", "temperature")
-        if t is not None and s.fixed_temperature and abs(t - s.temperature) > 1e-9:
+        if t is not None and s.fixed_temperature and not s.greedy and abs(t - s.temperature) > 1e-9:
             raise ApiError(
                 400,
                 f"temperature: this endpoint samples for training at temperature {s.temperature} "
@@ -117,7 +119,7 @@ class Endpoint:
             )
         if body.get("top_logprobs"):
             raise ApiError(400, "top_logprobs: not supported (logprobs of the sampled tokens only)", "top_logprobs")
-        greedy = t == 0 and not s.fixed_temperature
+        greedy = s.greedy or (t == 0 and not s.fixed_temperature)
         temp = s.temperature if t is None or greedy else float(t)
         params = SamplingParams(group_size=n, temperature=temp, top_p=s.top_p, top_k=s.top_k, greedy=greedy)
         return params, max_tokens or 0, bool(body.get("logprobs"))
@@ -167,13 +169,16 @@ class Endpoint:
                 "session_diverged",
             )
         last = chosen[0]
+        delta: list[int] = []
+        if not last.bound and session.answered < lim.max_turns:  # rendered first: a template's refusal changes nothing
+            ended_with = last.ids[-1] if last.ids else None
+            history = session.messages + [last.message]
+            delta = delta_ids(self.tokenizer, self.template, history, new, tools, ended_with, self.stop_ids)
         session.commit(last)
         if not session.ended and session.answered >= lim.max_turns:
             session.end("max_turns")
         if session.ended:
             raise ApiError(400, f"the episode has ended ({session.ended})", None, "episode_ended")
-        ended_with = last.ids[-1] if last.ids else None
-        delta = delta_ids(self.tokenizer, self.template, session.messages, new, tools, ended_with, self.stop_ids)
         if len(ep.tokens) + len(delta) >= lim.max_total_tokens:
             session.end("max_total_tokens")
             raise ApiError(
@@ -213,7 +218,10 @@ class Endpoint:
             lim, ep = session.limits, session.episode
             left = lim.max_total_tokens - len(ep.tokens)
             budget = min(lim.max_turn_tokens, left, max_tokens or lim.max_turn_tokens)
-            drawn = self.batcher.generate(ep.prompt + ep.tokens, _with_max(params, budget))
+            ask = _with_max(params, budget, 1 if params.greedy else params.group_size)
+            drawn = self.batcher.generate(ep.prompt + ep.tokens, ask)
+            if params.greedy:  # one answer drawn: the n choices asked for are copies of it
+                drawn = [tuple(map(list, d[:3])) + (d[3],) for d in drawn for _ in range(params.group_size)]
             session.answered += 1
             session.pending = [self._choice(ids, lp, full, cut, budget, lim, left) for ids, lp, full, cut in drawn]
             session.log.append(
@@ -259,10 +267,10 @@ class Endpoint:
         return session
 
 
-def _with_max(params: SamplingParams, n: int) -> SamplingParams:
+def _with_max(params: SamplingParams, n: int, group_size: int) -> SamplingParams:
     from dataclasses import replace
 
-    return replace(params, max_new_tokens=n)
+    return replace(params, max_new_tokens=n, group_size=group_size)
 
 
 def make_app(endpoint: Endpoint, token: str | None):

@@ -113,13 +113,24 @@ def same_message(a: dict, b: dict) -> bool:
     return key(a) == key(b)
 
 
+def _render(tokenizer, messages: list[dict], **kw) -> str:
+    """apply_chat_template's text; a template that refuses the messages (its raise_exception, e.g. Llama 3.1's one
+    call per message) is an OpenAI-style 400, not a server error."""
+    from jinja2 import TemplateError
+
+    try:
+        return tokenizer.apply_chat_template(messages, tokenize=False, **kw)
+    except TemplateError as exc:
+        raise ApiError(400, f"messages: the chat template refuses them: {exc}", "messages", "template_error") from None
+
+
 def render_ids(tokenizer, template: str, messages: list[dict], tools: list[dict], generation: bool) -> list[int]:
     """Token ids of `messages` rendered by the chat template (tokenized once, no special tokens added)."""
-    text = tokenizer.apply_chat_template(
+    text = _render(
+        tokenizer,
         template_messages(messages),
         tools=tools or None,
         chat_template=template,
-        tokenize=False,
         add_generation_prompt=generation,
     )
     return tokenizer(text, add_special_tokens=False)["input_ids"]
@@ -139,9 +150,9 @@ def delta_ids(
     sentinel content. The model's own end-of-turn token (``ended_with``) is not repeated when the template closes
     the turn with it."""
     head = template_messages(history[:-1]) + [{"role": "assistant", "content": _SENTINEL}]
-    kw = dict(tools=tools or None, chat_template=template, tokenize=False)
-    closed = tokenizer.apply_chat_template(head, **kw)
-    full = tokenizer.apply_chat_template(head + template_messages(new), add_generation_prompt=True, **kw)
+    kw = dict(tools=tools or None, chat_template=template)
+    closed = _render(tokenizer, head, **kw)
+    full = _render(tokenizer, head + template_messages(new), add_generation_prompt=True, **kw)
     delta = full[full.index(_SENTINEL) + len(_SENTINEL) :]
     tail = closed[closed.index(_SENTINEL) + len(_SENTINEL) :]
     end = tokenizer.decode([ended_with]) if ended_with in stop_ids else ""

@@ -9,6 +9,11 @@ by grpolab.evaluation.result.summarise, i.e. mean with a 95% percentile-bootstra
 per slice, and compared between models by the paired bootstrap. ``length`` is the episode's model tokens;
 ``truncated`` = ended by a bound.
 
+Episodes of ``openai_agent`` problems are played by the agent program itself, unmodified, against an endpoint of the
+evaluation's own that serves the model under evaluation greedily (the agent's ``temperature`` is checked, not used)
+and judges each episode by its environment, whatever the training reward (`episode_runner`); its sessions are new
+ones, on the test split.
+
 Slices: the problem's own slice and, where the environment labels the tool calls an expert needs
 (``problem.data["expert_calls"]``), the horizon slice ``calls=0|1|2|3+`` (grpolab.agents.env.horizon_slice).
 
@@ -32,11 +37,13 @@ from typing import Any
 
 from ..agents.env import horizon_slice
 from ..agents.episode import BOUNDS, ENDINGS, EpisodeResult, EpisodeRunner
+from ..agents.openai_agent import OpenAIAgentRunner, is_openai_agent_problem
 from ..errors import GrpolabError
 from ..rollout.base import SamplingParams
 from ..tasks.base import Problem
 from .result import summarise
 
+EVAL_MODEL_ID = "grpolab-eval"  # the id an openai_agent evaluation serves when no model name is given
 FAILURES = ("invalid", "malformed_call", "tool_error", "bound_hit", "misused_tool_result", "wrong_answer")
 
 
@@ -118,20 +125,33 @@ def failures_by_turn(items: list[dict[str, Any]]) -> dict[str, dict[str, float]]
     return {key: {"mean": counts[key] / len(items)} for key in sorted(counts)}
 
 
+def episode_runner(engine, tokenizer, problems: list[Problem], model: str) -> Any:
+    """What plays the held-out episodes: grpolab's runner, or for ``openai_agent`` problems the agent itself against
+    an endpoint of its own that serves the model under evaluation greedily as `model` (grpolab.agents.openai_agent,
+    ``held_out``: judged by the environment)."""
+    if problems and is_openai_agent_problem(problems[0]):
+        return OpenAIAgentRunner(engine, tokenizer, model or EVAL_MODEL_ID, held_out=True)
+    return EpisodeRunner.from_engine(engine)
+
+
 def evaluate_episodes(engine, tokenizer, problems: list[Problem], settings, progress=None) -> Any:
     """EvalResult (grpolab.evaluation.result) of one greedy episode per problem, settings.batch_size episodes at a time;
     ``progress("episodes", done, total)`` after each batch (grpolab.evaluation.heldout.Progress)."""
     if settings.samples > 0:
         raise GrpolabError("agent tasks are evaluated with one greedy episode per problem; --samples is not supported")
-    runner = EpisodeRunner.from_engine(engine)
+    runner = episode_runner(engine, tokenizer, problems, settings.model)
     params = SamplingParams(group_size=1, greedy=True, logprobs=False)
     start, items = time.perf_counter(), []
-    for i in range(0, len(problems), settings.batch_size):
-        chunk = problems[i : i + settings.batch_size]
-        episodes = runner.run(chunk, 1, params)
-        items += [episode_item(p, r, t) for p, r, t in zip(chunk, episodes.results, episodes.rollout.texts)]
-        if progress:
-            progress("episodes", len(items), len(problems))
+    try:
+        for i in range(0, len(problems), settings.batch_size):
+            chunk = problems[i : i + settings.batch_size]
+            episodes = runner.run(chunk, 1, params)
+            items += [episode_item(p, r, t) for p, r, t in zip(chunk, episodes.results, episodes.rollout.texts)]
+            if progress:
+                progress("episodes", len(items), len(problems))
+    finally:
+        if isinstance(runner, OpenAIAgentRunner):
+            runner.close()  # its endpoint: one per evaluation
     result = summarise(items, time.perf_counter() - start)
     result.metrics.update(failures_by_turn(items))
     return result

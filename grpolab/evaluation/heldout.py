@@ -24,12 +24,14 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 
 from ..agents.env import is_agent_problem
+from ..agents.openai_agent import is_openai_agent_problem
 from ..rollout.base import RolloutEngine, SamplingParams
 from ..tasks.base import Problem
 from ..tasks.code import is_code_problem
@@ -179,7 +181,8 @@ def evaluate_model(
     ``progress`` is told after every batch (generate_all) and around the sandbox scoring of code."""
     import torch
 
-    if problems and all(is_agent_problem(p) for p in problems):  # one greedy episode each (grpolab.evaluation.episodes)
+    if problems and all(is_agent_problem(p) or is_openai_agent_problem(p) for p in problems):
+        # one greedy episode each (grpolab.evaluation.episodes)
         return evaluate_episodes(engine, tokenizer, problems, settings, progress)
     start = time.perf_counter()
     stop = stop_rule_for(problems)
@@ -222,10 +225,17 @@ def evaluate_model(
 
 
 def greedy_eval(
-    engine: RolloutEngine, tokenizer, problems: list[Problem], max_new_tokens: int, batch_size: int = 64, task: str = ""
+    engine: RolloutEngine,
+    tokenizer,
+    problems: list[Problem],
+    max_new_tokens: int,
+    batch_size: int = 64,
+    task: str = "",
+    model: str = "",
 ) -> EvalResult:
-    """Greedy completions for every problem, batched; accuracy with its 95% interval (t over problems)."""
-    return evaluate_model(engine, tokenizer, problems, EvalSettings(max_new_tokens, batch_size, task=task))
+    """Greedy completions for every problem, batched; accuracy with its 95% interval (t over problems). model: the
+    evaluated model's name (EvalSettings.model)."""
+    return evaluate_model(engine, tokenizer, problems, EvalSettings(max_new_tokens, batch_size, task=task, model=model))
 
 
 def in_slice(item: dict[str, Any], label: str) -> bool:
@@ -368,7 +378,8 @@ def run_eval(
         tokenizer = load_tokenizer(path)
         model = load_causal_lm(path, dtype)
         told = (lambda what, done, total, name=name: progress(f"{name} {what}", done, total)) if progress else None
-        result = evaluate_model(GrpolabEngine(model, tokenizer, DTYPES[dtype]), tokenizer, problems, settings, told)
+        engine = GrpolabEngine(model, tokenizer, DTYPES[dtype])
+        result = evaluate_model(engine, tokenizer, problems, replace(settings, model=name), told)
         rows.append(model_row(name, path, result, held_out, "sampled" if samples else "greedy"))
         del model
     add_paired(rows)

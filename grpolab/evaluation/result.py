@@ -18,7 +18,8 @@ from .intervals import score_interval
 
 @dataclass(frozen=True)
 class EvalSettings:
-    """How to decode. samples = 0: greedy only; k > 0: also k samples per problem at `temperature`."""
+    """How to decode. samples = 0: greedy only; k > 0: also k samples per problem at `temperature`. model: the name
+    of the model evaluated, the id an ``openai_agent`` evaluation's endpoint serves it as."""
 
     max_new_tokens: int = 64
     batch_size: int = 64  # sequences per generate call (prompts per call = batch_size // k when sampling)
@@ -27,6 +28,7 @@ class EvalSettings:
     top_p: float = 1.0
     task: str = ""
     seed: int = 0
+    model: str = ""
 
 
 @dataclass

@@ -100,8 +100,8 @@ class OpenAIAgentCollector(AgentCollector):
     """Episodes played by an OpenAI-client agent through the run's endpoint (grpolab.agents.openai_agent)."""
 
     def make_runner(self):
-        if self.cfg.eval.every_steps:
-            raise ConfigError("eval.every_steps: held-out evaluation of openai_agent tasks is not built; set it to 0")
+        """The training endpoint's runner; the periodic held-out eval runs the agent against an endpoint of its own
+        that serves greedily (grpolab.evaluation.episodes.episode_runner)."""
         return OpenAIAgentRunner(self.engine, self.tokenizer, self.cfg.model.name)
 
     def close(self) -> None:
