@@ -3,7 +3,8 @@ weight_transfer.py, the vLLM plugin in vllm_plugin/; docs/vllm.md).
 
 Two kinds of server. Stand-ins (tests/vllm_stand_in.py: torch only, on 127.0.0.1, opened by the test) answer the
 routes the engine uses and receive the weights over the same gloo group, so the engine's checks, its spreading of
-requests, its syncs to every server and its bounds are tested in every suite. The real ``vllm serve`` (grpolab's
+requests, its syncs to every server, its bounds and its faults (a server that dies or hangs mid-run: retried on
+another, or the run stopped with a checkpoint and resumed exactly) are tested in every suite. The real ``vllm serve`` (grpolab's
 own start of it from ``.venv-vllm``, with grpolab's plugin) is tested where that environment exists (``make
 test-vllm``; skipped with the reason elsewhere): tokens, logprobs and syncs against the trainer's weights, and a
 run. Models: test_vllm_engine's tiny Llama (head size 32, which the CPU build's attention kernels take).
@@ -12,19 +13,26 @@ run. Models: test_vllm_engine's tiny Llama (head size 32, which the CPU build's 
 from __future__ import annotations
 
 import json
+import logging
 import socket
+import time
+from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 from test_vllm_engine import HAS_VLLM, LOGP_ATOL, reference_logprobs, rows, tiny_llama
 from vllm_stand_in import StandIn
 
 from grpolab.config import from_dict
 from grpolab.errors import ConfigError, GrpolabError
+from grpolab.models import checkpoint as ckpt
 from grpolab.rollout.base import SamplingParams
 from grpolab.rollout.grpolab_engine import GrpolabEngine
 from grpolab.rollout.server_engine import VLLMServerEngine
-from grpolab.runs import check_server_version
+from grpolab.rollout.servers import ServerFault
+from grpolab.runs import check_server_version, resume_run, start_run
+from grpolab.training.sampler_faults import SamplerLost
 
 needs_vllm = pytest.mark.skipif(not HAS_VLLM, reason="vLLM's environment is absent: `make install-vllm` creates it")
 
@@ -218,6 +226,180 @@ def test_config_refuses_a_server_that_is_not_a_url():
         from_dict({"rollout": {"engine": "vllm_server", "servers": ["localhost:8000"]}})
     cfg = from_dict({"rollout": {"engine": "vllm_server", "servers": ["http://127.0.0.1:8000"], "num_servers": 2}})
     assert cfg.rollout.servers == ["http://127.0.0.1:8000"]
+
+
+# ---------------------------------------------------------------------------------------------- faults in a run
+
+VOLATILE = ("time/", "throughput/", "memory/", "sync/", "servers/")  # timings, and what differs with the servers
+
+
+def spread(completion: str, problem) -> float:
+    """A reward with variance on the tiny model's near-random completions (the share of distinct characters), so the
+    updates follow the samples and a wrong sample shows in the weights."""
+    return len(set(completion)) / (len(completion) + 1)
+
+
+@pytest.fixture(scope="module")
+def run_model(tok, tmp_path_factory) -> str:
+    """The runs' model on disk: the stand-ins' architecture (tiny_llama), seed 0."""
+    model_dir = tmp_path_factory.mktemp("server-run-model")
+    tiny_llama(tok, seed=0).save_pretrained(model_dir)
+    tok.save_pretrained(model_dir)
+    return str(model_dir)
+
+
+def server_run(model_dir: str, out: Path, name: str, servers: list[StandIn]):
+    """Three steps of 2 prompts x 4 on the stand-ins (top-k 2: each generation followed by a scoring pass), every
+    request and sync bounded by 6 s, no periodic checkpoint (a stop writes its own)."""
+    return from_dict({
+        "model": {"name": model_dir},
+        "task": {"name": "arithmetic", "options": {"num_train": 16, "num_test": 4}},
+        "reward": {"weights": {"spread": 1.0}},
+        "rollout": {"engine": "vllm_server", "servers": [s.url for s in servers], "group_size": 4, "top_k": 2,
+                    "temperature": 1.0, "max_new_tokens": 4, "dtype": "float32", "worker_call_timeout_s": 6.0},
+        "algorithm": {"beta": 0.0},
+        "train": {"steps": 3, "prompts_per_step": 2, "micro_batch_size": 8, "lr": 1e-2, "precision": "fp32",
+                  "samples_per_step": 8, "save_every": 0, "save_every_minutes": 0},
+        "eval": {"every_steps": 0},
+        "run": {"output_dir": str(out), "name": name},
+    })  # fmt: skip
+
+
+def train_on(cfg, on_step=None) -> Path:
+    trainer, _ = start_run(cfg, rewards={"spread": spread})
+    try:
+        trainer.fit(on_step)
+    finally:
+        trainer.close()
+    return trainer.run_dir
+
+
+def assert_same_run(run: Path, whole: Path) -> None:
+    """The two runs logged the same steps, metrics (timings aside), samples (completions, rewards, advantages, weight
+    versions) and final weights."""
+    stable = lambda r: {k: v for k, v in r.items() if not k.startswith(VOLATILE)}  # noqa: E731
+    assert [stable(r) for r in rows_of(run / "metrics.jsonl")] == [stable(r) for r in rows_of(whole / "metrics.jsonl")]
+    assert rows_of(run / "samples.jsonl") == rows_of(whole / "samples.jsonl")
+    a, b = (load_file(ckpt.latest_checkpoint(r) / "model.safetensors") for r in (run, whole))
+    assert a.keys() == b.keys() and all(torch.equal(a[n], b[n]) for n in a)
+
+
+def rows_of(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(run_model, tok, tmp_path_factory) -> Path:
+    """The three steps on one healthy stand-in."""
+    server = stand_in(tok)
+    try:
+        return train_on(server_run(run_model, tmp_path_factory.mktemp("whole"), "whole", [server]))
+    finally:
+        server.close()
+
+
+@pytest.mark.usefixtures("one_thread")
+@pytest.mark.parametrize("fault", ["killed", "hangs"])
+def test_a_lost_server_s_requests_are_retried_on_another(run_model, tok, tmp_path, caplog, uninterrupted, fault):
+    """Two servers, the second killed (or hung) after step 1: its request of step 2 is sent again to the first, which
+    serves everything after; the run ends with every sample answered, the same samples and weights as a run on one
+    healthy server, the lost server out of rotation (warned once, counted) and skipped by the syncs."""
+    servers = [stand_in(tok), stand_in(tok)]
+
+    def lose_server_1(step, metrics):
+        if step == 1 and fault == "killed":
+            servers[1].close()
+        elif step == 1:
+            servers[1].hang = 15.0
+
+    began = time.monotonic()
+    try:
+        with caplog.at_level(logging.WARNING, logger="grpolab"):
+            run = train_on(server_run(run_model, tmp_path, "failover", servers), lose_server_1)
+        assert servers[1].applied == 2, "the initial weights and step 1's: nothing once out of rotation"
+        assert servers[0].applied == 4
+    finally:
+        for s in servers:
+            s.close()
+    assert time.monotonic() - began < 60
+    assert_same_run(run, uninterrupted)
+    metrics = rows_of(run / "metrics.jsonl")
+    assert [m["servers/out_of_rotation"] for m in metrics] == [0, 1, 1]
+    assert [m["servers/retried_requests"] for m in metrics] == [0, 1, 1]
+    assert [sorted(k for k in m if k.startswith("sync/server/")) for m in metrics] == [
+        ["sync/server/0/bytes", "sync/server/0/s", "sync/server/1/bytes", "sync/server/1/s"],
+        ["sync/server/0/bytes", "sync/server/0/s"],
+        ["sync/server/0/bytes", "sync/server/0/s"],
+    ]
+    warned = [r.getMessage() for r in caplog.records if "out of rotation" in r.getMessage()]
+    assert len(warned) == 1 and f"vLLM server {servers[1].url} is out of rotation" in warned[0], warned
+
+
+@pytest.mark.usefixtures("one_thread")
+@pytest.mark.parametrize("where", ["rollout", "sync"])
+def test_the_last_server_lost_stops_with_a_checkpoint_and_the_resume_is_exact(
+    run_model, tok, tmp_path, uninterrupted, where
+):
+    """One server, lost after step 1: killed (step 2's rollout finds it gone: step 2 is rolled back, step 1
+    checkpointed) or refusing step 2's weight sync (step 2 is finished and checkpointed without it: a server left on
+    older weights is never sampled). The run stops in one line naming the cause and the resume command; a server
+    started again at the same address and `--resume` end with the uninterrupted run's metrics, samples and weights."""
+    server = stand_in(tok)
+
+    def refuse(version):
+        raise RuntimeError("the weights could not be loaded")
+
+    def lose_server(step, metrics):
+        if step == 1 and where == "rollout":
+            server.close()
+        elif step == 1:
+            server.finish = refuse
+
+    cfg = server_run(run_model, tmp_path, "cut", [server])
+    run = tmp_path / "cut"
+    try:
+        with pytest.raises(SamplerLost) as stopped:
+            train_on(cfg, lose_server)
+    finally:
+        server.close()
+    last = 1 if where == "rollout" else 2
+    cause = "POST /inference/v1/generate failed" if where == "rollout" else "POST /finish_weight_update answered 500"
+    message = str(stopped.value)
+    assert "\n" not in message and message.startswith("step 2: the sampler was lost (")
+    assert f"vLLM server {server.url}: {cause}" in message
+    assert message.endswith(f"checkpoint of the last completed step written to {run / 'checkpoints'}/step-{last}; "
+                            f"continue with: grpolab train --resume {run}")  # fmt: skip
+    assert [p.name for p in ckpt.checkpoints(run)] == [f"step-{last}"]
+    assert [m["step"] for m in rows_of(run / "metrics.jsonl")] == list(range(1, last + 1))
+    again = StandIn(tiny_llama(tok, seed=3), tok, port=int(server.url.rsplit(":", 1)[1]))  # restarted, other weights
+    try:
+        resumed, path = resume_run(run, [], allow_changes=False, rewards={"spread": spread})
+        try:
+            assert path.name == f"step-{last}"
+            resumed.fit()
+        finally:
+            resumed.close()
+    finally:
+        again.close()
+    assert_same_run(run, uninterrupted)
+
+
+def test_a_server_in_rotation_that_fails_a_sync_is_an_error_not_skipped(policy, tok, prompts):
+    """The second server answers the weight sync but keeps its old weights: the sync fails naming it (a server left
+    on older weights would serve them silently), it is not taken out of rotation, and nothing was sampled stale."""
+    servers = [stand_in(tok), stand_in(tok)]
+    engine = engine_on(policy, tok, servers)
+    servers[1].finish = lambda version: {}  # acknowledges, applies nothing
+    try:
+        with pytest.raises(ServerFault, match=rf"^vLLM server {servers[1].url}: serves weight version 1 after the "
+                                              r"sync of version 2 \(in the weight sync of version 2; a server in "
+                                              r"rotation that misses a sync would serve older weights\)$"):  # fmt: skip
+            engine.sync_weights(tiny_llama(tok, seed=1))
+        assert engine.pool.out == {} and engine.last_sync == {}
+    finally:
+        engine.close()
+        for s in servers:
+            s.close()
 
 
 # ---------------------------------------------------------------------------------------------- the real vllm serve

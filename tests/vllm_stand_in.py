@@ -4,8 +4,9 @@ receives them (rank 1 of the trainer's group, one broadcast per announced tensor
 
 Its knobs make the servers the engine must refuse: no RL API (``rl_api=False``: /weight_info is 404), no token-in
 route (``scale_out=False``: 403), another tokenizer (``token_offset``), another logprobs mode or backend, another
-vLLM version, a route that hangs (``hang``: seconds /inference/v1/generate sleeps). ``requests`` counts the
-generation requests it answered; ``applied`` the weight updates it loaded.
+vLLM version, a route that hangs (``hang``: seconds /inference/v1/generate sleeps). ``port``: where it listens (0:
+any free port; a server restarted at the URL of one that was closed). ``requests`` counts the generation requests
+it answered; ``applied`` the weight updates it loaded.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from grpolab.rollout.weight_transfer import gloo_group, tcp_uri
 
 class StandIn:
     def __init__(self, model, tokenizer, *, rl_api=True, scale_out=True, logprobs_mode="processed_logprobs",
-                 backend="gloo", token_offset=0, version="0.32.0", max_model_len=512, hang=0.0):  # fmt: skip
+                 backend="gloo", token_offset=0, version="0.32.0", max_model_len=512, hang=0.0, port=0):  # fmt: skip
         self.model, self.tokenizer, self.version = model.eval(), tokenizer, version
         self.rl_api, self.scale_out, self.token_offset, self.hang = rl_api, scale_out, token_offset, hang
         self.config = {
@@ -33,7 +34,7 @@ class StandIn:
         }
         self.weight_version, self.group, self.requests, self.applied = None, None, 0, 0
         self.lock = threading.Lock()
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", port), self._handler())
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
         threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
 

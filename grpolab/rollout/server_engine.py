@@ -9,6 +9,11 @@ sampled from (the servers run ``--logprobs-mode processed_logprobs``, as the off
 that sampled it (``Rollout.weight_versions``). Weights go in through vLLM's weight-transfer API (gloo on CPUs:
 grpolab.rollout.weight_transfer), to every server at once, each sync checked on every server by its weight version.
 
+Faults (grpolab.rollout.servers.ServerPool): a request whose server died or hung is sent again, unchanged, to another
+server in rotation, and that server is out for the rest of the run (a server started here is stopped, its log kept);
+syncs skip it. No server left, or one in rotation that fails a sync, is a ``ServerFault``: the trainer stops with a
+checkpoint (grpolab.training.sampler_faults).
+
 It shares the offline engine's results contract, stop rules and parameter checks (grpolab.rollout.worker_engine
 .WorkerEngine, grpolab.rollout.vllm_engine.VLLMEngine.check_params); what differs is the transport. Synchronous:
 no request stays in flight between calls (not a QueuedEngine).
@@ -20,6 +25,7 @@ import math
 import shutil
 import socket
 import tempfile
+import threading
 import time
 import urllib.parse
 import weakref
@@ -30,7 +36,17 @@ import torch
 
 from .base import Rollout, SamplingParams
 from .grpolab_engine import eos_ids
-from .servers import LocalServer, ServerClient, ServerError, check_server, free_port, generate_body, serve_command
+from .servers import (
+    LocalServer,
+    ServerClient,
+    ServerError,
+    ServerFault,
+    ServerPool,
+    check_server,
+    free_port,
+    generate_body,
+    serve_command,
+)
 from .vllm_engine import VLLMEngine, default_vllm_python
 from .weight_transfer import GlooSender
 from .worker_engine import DTYPES, PendingRollout, WorkerEngine, plain_model, policy_tensors
@@ -96,6 +112,7 @@ class VLLMServerEngine(WorkerEngine):
             if not servers:
                 servers = self._launch(policy, num_servers, python, max_model_len, seed, start_timeout, kv_cache_gib)
             self.clients = [ServerClient(url, call_timeout) for url in servers]
+            self.pool = ServerPool(self.clients, self._left_rotation)
             infos = [check_server(c, tokenizer, max_model_len, GlooSender.backend) for c in self.clients]
             self.version = self._one_version([i["version"] for i in infos])
             self.senders = [
@@ -111,8 +128,9 @@ class VLLMServerEngine(WorkerEngine):
     def first_sync(self, policy: torch.nn.Module) -> None:
         """The policy's weights into every server before training; a server that cannot load them (another model)
         is refused naming it."""
+        self._versions = 1
         try:
-            self.sync_weights(policy)
+            self._sync(policy, "1")
         except ServerError as e:
             model = plain_model(policy)
             raise ServerError(
@@ -156,31 +174,60 @@ class VLLMServerEngine(WorkerEngine):
         here = {s.url for s in self.local}
         return [{"url": u, "vllm": self.version, "started_here": u in here} for u in self.urls]
 
+    def _left_rotation(self, server: int) -> str:
+        """A server out of rotation (ServerPool.on_out): one started here is stopped (a hung one would hold its cores)
+        and its log kept; the words the warning adds."""
+        url = self.clients[server].url
+        for local in self.local:
+            if local.url == url:
+                threading.Thread(target=local.close, daemon=True).start()
+                return f"; stopped, its log kept as {local.log_path.name} in the run directory"
+        return ""
+
+    def fault_metrics(self) -> dict[str, float]:
+        """servers/out_of_rotation (servers lost so far) and servers/retried_requests (requests sent again to another
+        server so far), since the engine started."""
+        return {
+            "servers/out_of_rotation": float(len(self.pool.out)),
+            "servers/retried_requests": float(self.pool.retried),
+        }
+
     def close(self) -> None:
-        for sender in self.senders:
-            sender.close()
+        out = self.pool.out if hasattr(self, "pool") else {}  # a failed start may close before the pool exists
+        for i, sender in enumerate(self.senders):
+            sender.close(tell_server=i not in out)
         self.senders = []
         self._release()
 
     # ------------------------------------------------------------------------------------------ weights
 
-    def sync_weights(self, policy: torch.nn.Module, wait: bool = True) -> None:
-        """The policy's weights (LoRA merged, in the engine's dtype) into every server at once, as the next weight
-        version; each server's /weight_info must then report it. ``last_sync``: bytes sent over all servers, the
-        wall seconds, and per server ``server/<i>/s`` and ``server/<i>/bytes``."""
+    def sync_weights(self, policy: torch.nn.Module, wait: bool = True, version: int | None = None) -> None:
+        """The policy's weights (LoRA merged, in the engine's dtype) into every server in rotation at once, as the next
+        weight version (``version``: this one, so that a resumed run's versions continue the recorded ones); each
+        server's /weight_info must then report it. A server out of rotation is skipped; one in rotation that fails is
+        a ServerFault, never skipped (it would serve its older weights). ``last_sync``: bytes sent over all servers,
+        the wall seconds, and per server ``server/<i>/s`` and ``server/<i>/bytes``; {} after a failed sync."""
+        self.last_sync = {}
+        self._versions = self._versions + 1 if version is None else int(version)
+        try:
+            self._sync(policy, str(self._versions))
+        except ServerError as e:
+            raise ServerFault(f"{e} (in the weight sync of version {self._versions}; a server in rotation that "
+                              "misses a sync would serve older weights)") from None  # fmt: skip
+
+    def _sync(self, policy: torch.nn.Module, version: str) -> None:
         began = time.perf_counter()
         tensors = policy_tensors(policy, self.dtype)
-        self._versions += 1
-        version = str(self._versions)
-        with ThreadPoolExecutor(len(self.senders)) as pool:
-            sent = list(pool.map(lambda s: s.send(tensors, version), self.senders))
-        for client in self.clients:
-            served = (client.get("/weight_info") or {}).get("weight_version")
+        live = self.pool.live
+        with ThreadPoolExecutor(len(live)) as pool:
+            sent = list(pool.map(lambda i: self.senders[i].send(tensors, version), live))
+        for i in live:
+            served = (self.clients[i].get("/weight_info") or {}).get("weight_version")
             if served != version:
-                raise ServerError(f"vLLM server {client.url}: serves weight version {served} after the sync of "
-                                  f"version {version}")  # fmt: skip
+                raise ServerError(f"vLLM server {self.clients[i].url}: serves weight version {served} after the sync "
+                                  f"of version {version}")  # fmt: skip
         self.last_sync = {"bytes": sum(s["bytes"] for s in sent), "total_s": time.perf_counter() - began}
-        for i, s in enumerate(sent):
+        for i, s in zip(live, sent):
             self.last_sync.update({f"server/{i}/s": s["s"], f"server/{i}/bytes": s["bytes"]})
 
     @property
@@ -190,12 +237,21 @@ class VLLMServerEngine(WorkerEngine):
 
     # ------------------------------------------------------------------------------------------ sampling
 
-    def _post_all(self, bodies: list[dict], servers: list[int]) -> list[dict]:
-        """Each body to its server, at most MAX_CONCURRENT open at once; replies in the order of `bodies`."""
+    def _post_all(self, bodies: list[dict], servers: list[int], failover: bool = True) -> list[dict]:
+        """Each body to its server, at most MAX_CONCURRENT open at once; replies in the order of `bodies`. failover: a
+        request whose server is lost goes to another in rotation (ServerPool.post), and `servers` is updated to name
+        the server that answered each."""
+
+        def one(i: int) -> dict:
+            if not failover:
+                return self.clients[servers[i]].post(GENERATE, bodies[i])
+            reply, servers[i] = self.pool.post(servers[i], GENERATE, bodies[i])
+            return reply
+
         if not bodies:
             return []
         with ThreadPoolExecutor(min(MAX_CONCURRENT, len(bodies))) as pool:
-            return list(pool.map(lambda i: self.clients[servers[i]].post(GENERATE, bodies[i]), range(len(bodies))))
+            return list(pool.map(one, range(len(bodies))))
 
     def submit(self, prompts: list[list[int]], params: SamplingParams, seeds: list[int] | None = None):
         """Generate now (one request per prompt, spread over the servers) and return the collected generation."""
@@ -212,9 +268,9 @@ class VLLMServerEngine(WorkerEngine):
         }
         seeds = [None] * len(prompts) if seeds is None else [int(s) for s in seeds]
         bodies = [generate_body(p, {**sampling, "seed": s}) for p, s in zip(pending.prompts, seeds)]
-        servers = [i % len(self.clients) for i in range(len(prompts))]
+        servers = self.pool.assign(len(prompts))
         groups = [self._choices(r, want_logp) for r in self._post_all(bodies, servers)]
-        if want_logp and truncating:  # the trainer's untruncated ones: a scoring pass on the same server and weights
+        if want_logp and truncating:  # the trainer's untruncated ones: a scoring pass on the server that sampled
             self._add_untruncated(pending.prompts, groups, servers)
         pending.reply = {"groups": groups}
         return pending
@@ -254,9 +310,9 @@ class VLLMServerEngine(WorkerEngine):
                 row = next(scored)
                 c["logprobs_untruncated"] = row[len(row) - len(c["token_ids"]) :]
 
-    def _score(self, sequences: list[list[int]], servers: list[int]) -> list[list[float]]:
+    def _score(self, sequences: list[list[int]], servers: list[int], failover: bool = True) -> list[list[float]]:
         params = {"max_tokens": 1, "temperature": 0.0, "prompt_logprobs": 0}
-        replies = self._post_all([generate_body(s, params) for s in sequences], servers)
+        replies = self._post_all([generate_body(s, params) for s in sequences], servers, failover)
         out = []
         for seq, reply in zip(sequences, replies):
             entries = reply["prompt_logprobs"]  # position 0 has none
@@ -265,7 +321,8 @@ class VLLMServerEngine(WorkerEngine):
 
     def score(self, sequences: list[list[int]], server: int | None = None) -> list[torch.Tensor]:
         """Teacher-forced log softmax(logits)(token) of every token after the first (temperature 1), on server
-        `server` (None: spread over the servers)."""
+        `server` (None: spread over the servers in rotation; a server named is asked whether in rotation or not, with
+        no retry elsewhere)."""
         seqs = [list(map(int, s)) for s in sequences]
-        where = [i % len(self.clients) if server is None else server for i in range(len(seqs))]
-        return [torch.tensor(r, dtype=torch.float32) for r in self._score(seqs, where)]
+        where = self.pool.assign(len(seqs)) if server is None else [server] * len(seqs)
+        return [torch.tensor(r, dtype=torch.float32) for r in self._score(seqs, where, failover=server is None)]

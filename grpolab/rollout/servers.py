@@ -2,9 +2,11 @@
 grpolab starts itself, and the checks a server must pass before training.
 
 ``ServerClient`` speaks JSON to one OpenAI-compatible ``vllm serve`` with every wait bounded and every error naming
-the server. ``LocalServer`` starts ``vllm serve`` from vLLM's environment on this host (its log kept, then copied
-into the run directory). ``check_server`` refuses, in one line naming the server, what would fail or mislead later:
-an unreachable URL, a server without the RL API (``VLLM_SERVER_DEV_MODE=1``) or the token-in API
+the server. ``ServerPool`` holds the run's servers and which of them are in rotation: a request whose server died or
+hung is retried on another, that server out for the rest of the run; none left is a ``ServerFault``.
+``LocalServer`` starts ``vllm serve`` from vLLM's environment on this host (its log kept, then copied into the run
+directory). ``check_server`` refuses, in one line naming the server, what would fail or mislead later: an
+unreachable URL, a server without the RL API (``VLLM_SERVER_DEV_MODE=1``) or the token-in API
 (``--enable-scale-out``), another tokenizer, a logprobs mode other than the sampled distribution's, no weight-transfer
 backend, or a ``max_model_len`` shorter than the run needs.
 """
@@ -12,25 +14,30 @@ backend, or a ``max_model_len`` shorter than the run needs.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import signal
 import socket
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.request
 import weakref
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from ..errors import GrpolabError
-from .workers.process import LOG_TAIL_LINES, EngineUnavailable
+from .workers.process import LOG_TAIL_LINES, EngineDied, EngineUnavailable
 
 LOGPROBS_MODE = "processed_logprobs"
 """The sampled distribution's log-probabilities (logits / T after top-k / top-p), as the offline worker's."""
 PROBE_TEXT = "grpolab probe: 12 + 30 = 42, ÿ ☃ <|im_start|>assistant"
 """Tokenised by the server and by grpolab: the ids must match (specials, digits and bytes included)."""
+HEALTH_BOUND_S = 5.0
+"""The bound on the /health probe that tells a server that answered an error apart from one that died."""
+log = logging.getLogger("grpolab")
 
 
 class ServerError(GrpolabError):
@@ -78,6 +85,86 @@ class ServerClient:
 def status_of(error: ServerError) -> int | None:
     """The HTTP status a ServerError carries (None: no answer)."""
     return getattr(error, "status", None)
+
+
+class ServerFault(EngineDied):
+    """What the run cannot sample past: no server left in rotation, or a server in rotation that failed a weight
+    sync (left on older weights, it would serve them silently). The trainer stops with a checkpoint of the last
+    completed step (grpolab.training.sampler_faults)."""
+
+
+class ServerPool:
+    """The run's servers and which of them are in rotation. A request whose server gives no answer (it died, or hung
+    past the bound), or answers an error while its /health no longer answers, is retried on the next server in
+    rotation, the same request (prompt, seed, parameters); the lost server leaves the rotation for the rest of the
+    run, with one warning: it is asked nothing again, neither samples nor weights. An error from a server that is
+    still up (a refused request) is the request's own and is raised. ``on_out(i)``: called once when server i
+    leaves; it returns more words for the warning."""
+
+    def __init__(self, clients: list[ServerClient], on_out: Callable[[int], str] = lambda i: ""):
+        self.clients, self.on_out = clients, on_out
+        self.out: dict[int, str] = {}  # server index -> why it left the rotation
+        self.retried = 0  # requests sent again to another server
+        self._lock = threading.Lock()
+
+    @property
+    def live(self) -> list[int]:
+        """The indices of the servers in rotation; ServerFault naming each lost one's cause when none is left."""
+        live = [i for i in range(len(self.clients)) if i not in self.out]
+        if not live:
+            raise ServerFault("no vLLM server left in rotation: " + "; ".join(self.out.values()))
+        return live
+
+    def assign(self, count: int) -> list[int]:
+        """The server of each of `count` requests: request i to the (i mod n)-th of the n servers in rotation."""
+        live = self.live
+        return [live[i % len(live)] for i in range(count)]
+
+    def post(self, server: int, path: str, body: dict) -> tuple[Any, int]:
+        """POST `body` to `server` (the next one in rotation when it has left), again to the next while the one asked
+        is lost: (the reply, the index of the server that answered)."""
+        while True:
+            if server in self.out:
+                server = self.next_live(server)
+            try:
+                return self.clients[server].post(path, body), server
+            except ServerError as e:
+                if not self.lost(server, e):
+                    raise
+                self.take_out(server, str(e))
+            server = self.next_live(server)  # ServerFault when none is left
+            with self._lock:
+                self.retried += 1
+
+    def next_live(self, server: int) -> int:
+        """The first server in rotation after `server`, in the order of the list (wrapping round)."""
+        live = self.live
+        return next((i for i in live if i > server), live[0])
+
+    def lost(self, server: int, error: ServerError) -> bool:
+        """Whether `error` means the server is gone: no answer at all, or a 5xx while /health no longer answers."""
+        status = status_of(error)
+        if status is None:
+            return True
+        if status < 500:
+            return False
+        try:
+            self.clients[server].get("/health", timeout=min(self.clients[server].timeout, HEALTH_BOUND_S))
+        except ServerError:
+            return True
+        return False
+
+    def take_out(self, server: int, cause: str) -> None:
+        """Server `server` out of rotation for the rest of the run (once; a warning while others are left)."""
+        with self._lock:
+            if server in self.out:
+                return
+            self.out[server] = cause
+            left = len(self.clients) - len(self.out)
+        more, url = self.on_out(server), self.clients[server].url
+        if left:
+            log.warning("vLLM server %s is out of rotation for the rest of the run (%d of %d left%s): %s", url, left,
+                        len(self.clients), more, cause.removeprefix(f"vLLM server {url}: "))  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------- servers started here

@@ -96,9 +96,12 @@ class GlooSender:
         size = sum(t.numel() * t.element_size() for t in tensors.values())
         return {"s": time.perf_counter() - began, "bytes": float(size)}
 
-    def close(self) -> None:
+    def close(self, tell_server: bool = True) -> None:
+        """Leave the group; ``tell_server``: ask the server to leave it too (not a server out of rotation, which may
+        hang)."""
         try:
-            self.client.post("/shutdown_weight_transfer_engine", timeout=min(self.timeout, 30.0))
+            if tell_server:
+                self.client.post("/shutdown_weight_transfer_engine", timeout=min(self.timeout, 30.0))
         except ServerError:
             pass  # the server may be gone already
         group, self.group = getattr(self, "group", None), None

@@ -16,6 +16,7 @@
   ``cpu_memory``: freed memory kept (mallopt); ``process_settings``: both held for a run and put back after it;
   ``schedule``: the learning-rate schedule;
 - ``distributed``, ``sharding``: torchrun ranks (DDP / FSDP2); ``faults``: interrupts and non-finite steps;
+  ``sampler_faults``: a sampler lost mid-run (stopped with a checkpoint);
 - ``metrics``: metrics.jsonl / samples.jsonl and the metric names; ``trackers``: TensorBoard / W&B / MLflow beside
   them; ``progress_lines``: the one-line summary of a step printed by the CLI and the API; ``truncation``: most
   completions cut in the first steps (a warning, truncation.json);

@@ -168,7 +168,10 @@ class TrainerCheckpoints:
         else:
             load_weights(self.policy, path, self.cfg.model.dtype)  # the full model, or the LoRA adapter
             self.optimizer.load_state_dict(state["optimizer"])
-        self.engine.sync_weights(self.policy)
+        if self.cfg.rollout.engine == "vllm_server":  # the servers' weight versions continue the run's (step + 1)
+            self.engine.sync_weights(self.policy, version=state["step"] + 1)
+        else:
+            self.engine.sync_weights(self.policy)
         if self.pipeline is not None:  # rollout.max_staleness > 0: the steps generated ahead (training/pipeline.py)
             if "pipeline" not in state:
                 raise GrpolabError(f"{path} holds no rollout queue: it was written with rollout.max_staleness = 0")

@@ -6,13 +6,13 @@
       -> metrics -> [periodic held-out eval] -> log (JSONL, trackers) -> [checkpoint; the best by held-out]
 
 Checkpoint contents and exact resume: grpolab.models.checkpoint and grpolab.training.checkpointing (`state_dict`,
-`load`). Ctrl-C and SIGTERM:
-grpolab.training.faults. Experiment trackers (run.report_to) and completions tables: grpolab.training.trackers.
-Process-wide settings (deterministic algorithms, mallopt) are held for the run and put back after it:
-grpolab.training.process_settings. ``progress(message)``: one line before each phase that can take over ~20 s.
-On-policy distillation (algorithm.estimator = distill): grpolab.training.distill replaces the group advantages by
-the teacher's per-token ones before the update. The periodic reference reset (algorithm.ref_reset_every):
-grpolab.training.reference, after the update. Most completions cut in the first steps: grpolab.training.truncation.
+`load`). Ctrl-C and SIGTERM: grpolab.training.faults; a sampler lost mid-run: grpolab.training.sampler_faults.
+Experiment trackers (run.report_to) and completions tables: grpolab.training.trackers. Process-wide settings
+(deterministic algorithms, mallopt) are held for the run and put back after it: grpolab.training.process_settings.
+``progress(message)``: one line before each phase that can take over ~20 s. On-policy distillation (algorithm.estimator
+= distill): grpolab.training.distill replaces the group advantages by the teacher's per-token ones before the update.
+The periodic reference reset (algorithm.ref_reset_every): grpolab.training.reference, after the update. Most completions
+cut in the first steps: grpolab.training.truncation.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from ..models import checkpoint as ckpt
 from ..models.load import DTYPES, resolve_model_path
 from ..rewards.health import RewardFailureStreak
 from ..rollout.engines import EngineRequest, make_engine
+from ..rollout.workers.process import EngineDied
 from ..tasks.base import Problem
 from . import precision
 from .agent_batch import collector_class
@@ -54,6 +55,7 @@ from .reference import (
     reset_reference,
 )
 from .reproducibility import training_attention
+from .sampler_faults import SamplerFaults
 from .schedule import align_schedule
 from .sharding import Strategy, check_shardable, shard
 from .trackers import Trackers, check_installed, run_texts
@@ -69,7 +71,7 @@ def r_k(cfg: Config) -> int:
     return cfg.rollout.max_staleness
 
 
-class Trainer(TrainerCheckpoints):
+class Trainer(TrainerCheckpoints, SamplerFaults):
     """``rewards``: Python reward callables by name, beside the config's (grpolab.api); ``problems``: (train,
     held-out, data summary) given in memory instead of loaded from the config's task (grpolab.api).
 
@@ -328,10 +330,7 @@ class Trainer(TrainerCheckpoints):
         self.step += 1
         align_schedule(self.scheduler, self.step * t.mu * t.minibatches)
         self.reset_reference_if_due()
-        if self.pipeline is None:
-            self.engine.sync_weights(self.policy)
-        else:  # queued behind the generations in flight, which finish on the weights they started with
-            self.engine.sync_weights(self.policy, wait=False)
+        self.sync_sampler()  # a lost sampler: the step is finished without it, then the run stops
         t2 = time.perf_counter()
         if scores.invalid.any():
             first = next(e for e in scores.errors if e is not None)
@@ -359,6 +358,7 @@ class Trainer(TrainerCheckpoints):
             "memory/peak_rss_mb": peak_rss_mb(),
             **self.reference_metrics(),
             **sync_metrics(self.engine.last_sync),
+            **self.sampler_metrics(),
             **self.truncation.metrics(),
         }
         return metrics, self.samples(batch)
@@ -396,7 +396,8 @@ class Trainer(TrainerCheckpoints):
     def evaluate(self) -> EvalResult:
         max_new = self.cfg.eval.max_new_tokens or self.cfg.rollout.max_new_tokens
         self.tell(f"step {self.step}/{self.cfg.train.steps}: held-out eval on {len(self.eval_problems)} problems")
-        self.last_eval = greedy_eval(self.engine, self.tokenizer, self.eval_problems, max_new, self.cfg.eval.batch_size)
+        problems, size = self.eval_problems, self.cfg.eval.batch_size
+        self.last_eval = greedy_eval(self.engine, self.tokenizer, problems, max_new, size, model=self.cfg.model.name)
         return self.last_eval
 
     def eval_metrics(self) -> dict[str, float]:
@@ -415,9 +416,10 @@ class Trainer(TrainerCheckpoints):
     def fit(self, on_step: Callable[[int, dict[str, float]], None] | None = None) -> dict[str, float]:
         """Run to train.steps, logging every step, evaluating every eval.every_steps, checkpointing.
 
-        Ctrl-C: see grpolab.training.faults (raises TrainingInterrupted after writing a checkpoint). Non-finite steps are
-        skipped and stop the run after train.max_nonfinite_steps in a row (GrpolabError). The process-wide settings
-        are (re)applied for the loop and put back when it returns or raises."""
+        Ctrl-C: see grpolab.training.faults (raises TrainingInterrupted after writing a checkpoint); a lost sampler:
+        grpolab.training.sampler_faults (SamplerLost, likewise). Non-finite steps are skipped and stop the run after
+        train.max_nonfinite_steps in a row (GrpolabError). The process-wide settings are (re)applied for the loop and
+        put back when it returns or raises."""
         self.settings.apply()
         metrics: dict[str, float] = {}
         sinks = {name: JsonlSink(self.run_dir / name) if self.world.main else NullSink() for name in LOGS}
@@ -430,15 +432,12 @@ class Trainer(TrainerCheckpoints):
                     try:
                         batch = self.collect()
                     except KeyboardInterrupt:  # nothing trained yet: roll the step back and keep the last one
-                        if self.pipeline is not None:  # later steps were drawn too: the last checkpoint stands
-                            raise TrainingInterrupted(
-                                self.run_dir, ckpt.latest_checkpoint(self.run_dir), written=False
-                            ) from None
-                        self.sampler.load_state_dict(before["sampler"])
-                        ckpt.set_rng_state(before["rng"])
-                        raise self.interrupted() from None
+                        raise self.stop_before_update(before) from None
+                    except EngineDied as e:  # the sampler lost (grpolab.training.sampler_faults): the same
+                        raise self.stop_before_update(before, e) from None
                     with guard.critical_section():
                         metrics = self.end_step(*self.update_step(batch, t0), sinks, on_step)
+                        self.stop_if_sampler_lost()
                     if guard.requested:
                         raise self.interrupted()
                 with guard.critical_section():
@@ -465,7 +464,7 @@ class Trainer(TrainerCheckpoints):
         cfg, step = self.cfg, self.step
         evaluated = bool(cfg.eval.every_steps) and (step % cfg.eval.every_steps == 0 or step == cfg.train.steps)
         if evaluated and self.world.main:
-            metrics.update(self.eval_metrics())
+            metrics.update(self.eval_unless_lost())
             if self.last_eval is not None:  # each problem's right/wrong: the report pairs the periodic evals by them
                 right = {i["uid"]: int(bool(i["correct"])) for i in self.last_eval.items}
                 sinks["eval_items.jsonl"].log(step, {"correct": right})
