@@ -6,7 +6,7 @@ Its knobs make the servers the engine must refuse: no RL API (``rl_api=False``: 
 route (``scale_out=False``: 403), another tokenizer (``token_offset``), another logprobs mode or backend, another
 vLLM version, a route that hangs (``hang``: seconds /inference/v1/generate sleeps). ``port``: where it listens (0:
 any free port; a server restarted at the URL of one that was closed). ``requests`` counts the generation requests
-it answered; ``applied`` the weight updates it loaded.
+it answered; ``applied`` the weight updates it loaded; ``joins`` the weight-transfer groups it joined.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ class StandIn:
             "model_config": {"logprobs_mode": logprobs_mode, "max_model_len": max_model_len},
             "weight_transfer_config": {"backend": backend},
         }
-        self.weight_version, self.group, self.requests, self.applied = None, None, 0, 0
+        self.weight_version, self.group, self.requests, self.applied, self.joins = None, None, 0, 0, 0
         self.lock = threading.Lock()
         self.httpd = ThreadingHTTPServer(("127.0.0.1", port), self._handler())
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
@@ -79,6 +79,7 @@ class StandIn:
         store = TCPStore(info["master_address"], info["master_port"], info["world_size"], False, bound)
         prefix = PrefixStore(tcp_uri(info["master_address"], info["master_port"]), store)
         self.group = gloo_group(prefix, info["rank_offset"], info["world_size"], bound)
+        self.joins += 1
         return {}
 
     def receive(self, info: dict) -> dict:

@@ -5,7 +5,7 @@ grpolab.rollout.engines builds the engine of a run and says which engines are qu
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 import torch
 
@@ -20,6 +20,21 @@ class SamplingParams:
     greedy: bool = False
     logprobs: bool = True  # record the sampler's logprobs (training); evaluation sampling can skip them
     stop_rule: str = "none"  # what else ends a completion (rollout/stop.py): "none" | "code_block"
+
+
+def no_peer_error(error: str | None) -> str | None:
+    return error
+
+
+@dataclass(frozen=True)
+class Ranks:
+    """The trainer's data-parallel processes as an engine sees them (grpolab.training.distributed.engine_ranks): this
+    process's rank, how many there are, and ``first_error``, a collective every rank calls with its own error message
+    (None: none) and that returns the first rank's message, or None when no rank has one. One process: rank 0 of 1."""
+
+    rank: int = 0
+    size: int = 1
+    first_error: Callable[[str | None], str | None] = no_peer_error
 
 
 @dataclass

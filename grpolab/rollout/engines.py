@@ -26,7 +26,7 @@ from ..errors import ConfigError
 from ..models.load import DTYPES
 from ..tasks.base import Problem
 from ..tasks.prompting import prompt_ids
-from .base import RolloutEngine
+from .base import Ranks, RolloutEngine
 from .grpolab_engine import GrpolabEngine
 from .server_engine import VLLMServerEngine
 from .vllm_engine import VLLMEngine
@@ -46,6 +46,7 @@ class EngineRequest:
     sharded: bool
     problems: list[Problem]
     run_dir: Path | None = None  # where engines keep their logs (the servers grpolab starts)
+    ranks: Ranks = Ranks()  # the trainer's processes under torchrun (vllm_server: rank 0 alone syncs the servers)
 
 
 def longest_sequence(cfg: Config, tokenizer, problems: list[Problem]) -> int:
@@ -103,6 +104,12 @@ def vllm_engine(req: EngineRequest) -> VLLMEngine:
 
 def vllm_server_engine(req: EngineRequest) -> VLLMServerEngine:
     cfg, r = req.cfg, req.cfg.rollout
+    if req.ranks.size > 1 and not r.servers:
+        raise ConfigError(
+            f"rollout.servers: expected the URLs of running servers with {req.ranks.size} trainer processes "
+            "(torchrun): servers started here (rollout.num_servers) would be one set per process; start `vllm serve` "
+            "on the inference hosts and list them (docs/vllm.md)"
+        )
     return VLLMServerEngine(
         req.policy,
         req.tokenizer,
@@ -116,6 +123,7 @@ def vllm_server_engine(req: EngineRequest) -> VLLMServerEngine:
         call_timeout=r.worker_call_timeout_s,
         log_dir=req.run_dir,
         transfer_host=r.weight_transfer_host,
+        ranks=req.ranks,
     )
 
 

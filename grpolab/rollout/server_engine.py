@@ -14,6 +14,11 @@ server in rotation, and that server is out for the rest of the run (a server sta
 syncs skip it. No server left, or one in rotation that fails a sync, is a ``ServerFault``: the trainer stops with a
 checkpoint (grpolab.training.sampler_faults).
 
+Under torchrun every trainer process samples its own groups on the same servers (rank r's prompt i to server r + i
+mod their number) and rank 0 alone holds the weight-transfer groups and syncs; each sync ends with a collective, so
+no rank samples before the servers hold the new weights and every rank learns of a failed sync
+(``grpolab.rollout.base.Ranks``).
+
 It shares the offline engine's results contract, stop rules and parameter checks (grpolab.rollout.worker_engine
 .WorkerEngine, grpolab.rollout.vllm_engine.VLLMEngine.check_params); what differs is the transport. Synchronous:
 no request stays in flight between calls (not a QueuedEngine).
@@ -33,8 +38,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
+from torch.distributed.tensor import DTensor
 
-from .base import Rollout, SamplingParams
+from .base import Ranks, Rollout, SamplingParams
 from .grpolab_engine import eos_ids
 from .servers import (
     LocalServer,
@@ -64,6 +70,15 @@ def reach_address(url: str) -> str:
         return s.getsockname()[0]
 
 
+def join_gathers(policy: torch.nn.Module) -> None:
+    """The collectives policy_tensors takes on an FSDP2-sharded policy (each tensor's all-gather, in its order), for a
+    rank that sends nothing; nothing for a policy that is not sharded."""
+    with torch.no_grad():
+        for tensor in dict(policy.named_parameters(remove_duplicate=False)).values():
+            if isinstance(tensor, DTensor):
+                tensor.full_tensor()
+
+
 def release(local: list, log_dir, workdir: Path) -> None:
     """Stop the servers started here, copy their logs into `log_dir` (the run directory), remove `workdir`."""
     for server in local:
@@ -78,7 +93,8 @@ class VLLMServerEngine(WorkerEngine):
     ``num_servers`` here (``python``: vLLM's environment, ``kv_cache_gib``: each one's CPU KV cache), their logs copied
     into ``log_dir`` at close. ``start_timeout`` bounds a server's start, ``call_timeout`` each request and each
     sync; ``transfer_host``: the address servers reach this trainer at for the weights ("" = the one on the route to
-    each server). The policy's weights are synced to every server before the first rollout."""
+    each server); ``ranks``: the trainer's processes (torchrun: rank 0 alone syncs, module docstring). The policy's
+    weights are synced to every server before the first rollout."""
 
     name = "vLLM server"
     check_params = VLLMEngine.check_params
@@ -98,12 +114,13 @@ class VLLMServerEngine(WorkerEngine):
         log_dir: str | Path | None = None,
         transfer_host: str = "",
         kv_cache_gib: int = 1,
+        ranks: Ranks = Ranks(),
     ):
         if dtype not in DTYPES:
             raise ValueError(f"rollout.dtype: expected one of {sorted(DTYPES.values())} for {self.name}, got {dtype}")
         self.tokenizer, self.dtype, self.call_timeout = tokenizer, dtype, call_timeout
         self.stop_ids, self.pad_id, self._triggers = eos_ids(plain_model(policy), tokenizer), tokenizer.pad_token_id, {}
-        self.log_dir, self.local, self.senders, self._versions = log_dir, [], [], 0
+        self.log_dir, self.local, self.senders, self._versions, self.ranks = log_dir, [], [], 0, ranks
         self.last_sync: dict[str, float] = {}
         self.workdir = Path(tempfile.mkdtemp(prefix="grpolab-servers-", dir=shared_memory_dir()))
         # close(), or the process's exit: the servers started here stopped, their logs kept, the workdir removed
@@ -118,6 +135,7 @@ class VLLMServerEngine(WorkerEngine):
             self.senders = [
                 GlooSender(c, transfer_host or reach_address(c.url), i["world_size"], call_timeout)
                 for c, i in zip(self.clients, infos)
+                if ranks.rank == 0  # one weight-transfer group per server: rank 0's
             ]
             self.start_s = 0.0
             self.first_sync(policy)
@@ -216,6 +234,23 @@ class VLLMServerEngine(WorkerEngine):
                               "misses a sync would serve older weights)") from None  # fmt: skip
 
     def _sync(self, policy: torch.nn.Module, version: str) -> None:
+        """Rank 0 sends (another rank joins an FSDP2 policy's gathers, which sending takes); then every rank learns
+        of a failure on rank 0 (the same ServerError raised on each), so all stop at the same step."""
+        error = None
+        try:
+            if self.ranks.rank == 0:
+                self._send(policy, version)
+            else:
+                join_gathers(policy)
+        except ServerError as e:
+            error = e
+        first = self.ranks.first_error(str(error) if error is not None else None)  # a collective: no rank runs ahead
+        if error is not None:
+            raise error
+        if first is not None:
+            raise ServerError(first)
+
+    def _send(self, policy: torch.nn.Module, version: str) -> None:
         began = time.perf_counter()
         tensors = policy_tensors(policy, self.dtype)
         live = self.pool.live
@@ -268,7 +303,7 @@ class VLLMServerEngine(WorkerEngine):
         }
         seeds = [None] * len(prompts) if seeds is None else [int(s) for s in seeds]
         bodies = [generate_body(p, {**sampling, "seed": s}) for p, s in zip(pending.prompts, seeds)]
-        servers = self.pool.assign(len(prompts))
+        servers = self.pool.assign(len(prompts), first=self.ranks.rank)
         groups = [self._choices(r, want_logp) for r in self._post_all(bodies, servers)]
         if want_logp and truncating:  # the trainer's untruncated ones: a scoring pass on the server that sampled
             self._add_untruncated(pending.prompts, groups, servers)
@@ -324,5 +359,5 @@ class VLLMServerEngine(WorkerEngine):
         `server` (None: spread over the servers in rotation; a server named is asked whether in rotation or not, with
         no retry elsewhere)."""
         seqs = [list(map(int, s)) for s in sequences]
-        where = self.pool.assign(len(seqs)) if server is None else [server] * len(seqs)
+        where = self.pool.assign(len(seqs), first=self.ranks.rank) if server is None else [server] * len(seqs)
         return [torch.tensor(r, dtype=torch.float32) for r in self._score(seqs, where, failover=server is None)]

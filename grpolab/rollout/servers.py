@@ -115,10 +115,11 @@ class ServerPool:
             raise ServerFault("no vLLM server left in rotation: " + "; ".join(self.out.values()))
         return live
 
-    def assign(self, count: int) -> list[int]:
-        """The server of each of `count` requests: request i to the (i mod n)-th of the n servers in rotation."""
+    def assign(self, count: int, first: int = 0) -> list[int]:
+        """The server of each of `count` requests: request i to the ((first + i) mod n)-th of the n servers in rotation
+        (first: the trainer's rank, so that ranks with one prompt each do not all ask the first server)."""
         live = self.live
-        return [live[i % len(live)] for i in range(count)]
+        return [live[(first + i) % len(live)] for i in range(count)]
 
     def post(self, server: int, path: str, body: dict) -> tuple[Any, int]:
         """POST `body` to `server` (the next one in rotation when it has left), again to the next while the one asked

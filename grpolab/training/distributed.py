@@ -21,9 +21,12 @@ from __future__ import annotations
 import hashlib
 import os
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 import torch.distributed as dist
+
+from ..rollout.base import Ranks
 
 
 @dataclass(frozen=True)
@@ -123,6 +126,16 @@ def all_reduce_gradients(params: list[torch.nn.Parameter], world: World) -> None
 def barrier(world: World) -> None:
     if world.distributed:
         dist.barrier()
+
+
+def first_error(world: World, error: str | None) -> str | None:
+    """The first rank's error message among every rank's `error` (None: none has one); a collective."""
+    return next((e for e in gather_objects(error, world) if e is not None), None)
+
+
+def engine_ranks(world: World) -> Ranks:
+    """The world as the rollout engine sees it (grpolab.rollout.base.Ranks)."""
+    return Ranks(world.rank, world.size, partial(first_error, world))
 
 
 def resolve_device(setting: str) -> torch.device:

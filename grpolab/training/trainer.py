@@ -39,7 +39,7 @@ from .agent_batch import collector_class
 from .batch import Batch, BatchCollector
 from .builders import build_optimizer, build_reference, build_rewards, cpu_attention_note, load_policy, run_problems
 from .checkpointing import LOGS, TrainerCheckpoints
-from .distributed import World, all_reduce_sum, gather_objects, init_world, resolve_device
+from .distributed import World, all_reduce_sum, engine_ranks, gather_objects, init_world, resolve_device
 from .estimators import AdvantageContext, EstimatorModels, estimator_spec
 from .faults import InterruptGuard, NonFiniteTracker, TrainingInterrupted
 from .group_rules import GroupRule
@@ -174,9 +174,9 @@ class Trainer(TrainerCheckpoints, SamplerFaults):
         self.sharded = cfg.train.strategy == Strategy.FSDP2
         self.tell("preparing the sampler's copy of the model")
         agent = collector_class(self.train_problems) is not BatchCollector  # episodes for agent tasks
-        every = self.train_problems + self.eval_problems
+        every, ranks = self.train_problems + self.eval_problems, engine_ranks(self.world)  # ranks: vllm_server's syncs
         request = EngineRequest(
-            cfg, self.policy, self.tokenizer, self.sampling_dtype, self.sharded, every, self.run_dir
+            cfg, self.policy, self.tokenizer, self.sampling_dtype, self.sharded, every, self.run_dir, ranks
         )
         self.engine = make_engine(request, agent)
         fp32_inside = cfg.speed.attention_fp32 and self.update_precision == "bf16"
