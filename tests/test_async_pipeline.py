@@ -218,7 +218,9 @@ def test_the_settings_the_pipeline_cannot_honour_are_refused(tiny_model_dir, tmp
             raw[section][name] = value
         return from_dict(raw)
 
-    with pytest.raises(ConfigError, match=r"rollout.engine: expected grpolab_process or vllm .* got grpolab"):
+    with pytest.raises(
+        ConfigError, match=r"rollout.engine: expected grpolab_process, vllm or vllm_server .* got grpolab"
+    ):
         config(rollout__engine="grpolab")
     with pytest.raises(ConfigError, match=r"algorithm.max_extra_rounds: expected 0 with dynamic sampling"):
         config(algorithm__dynamic_sampling=True, algorithm__max_extra_rounds=2)

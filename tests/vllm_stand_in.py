@@ -7,6 +7,19 @@ route (``scale_out=False``: 403), another tokenizer (``token_offset``), another 
 vLLM version, a route that hangs (``hang``: seconds /inference/v1/generate sleeps). ``port``: where it listens (0:
 any free port; a server restarted at the URL of one that was closed). ``requests`` counts the generation requests
 it answered; ``applied`` the weight updates it loaded; ``joins`` the weight-transfer groups it joined.
+
+In-flight updates (vLLM's RL API, vllm/entrypoints/rl/online/api_router.py): a generation samples token by token,
+each token under the weights and version label of that moment, and reports vLLM's per-token version spans.
+``POST /pause?mode=`` ``keep`` freezes requests between tokens (they go on after ``/resume``), ``abort`` ends them at
+once (finish_reason ``abort``), ``wait`` waits until they finish; a weight update while requests run unpaused is
+refused (409), as grpolab relies on pausing. ``kv_cache``: requests keep a KV cache, computed under the weights of
+its tokens' time, reused after a weight change unless ``/reset_prefix_cache?reset_running_requests=true``
+recomputes it (vLLM's preemption). ``hold_after`` / ``hold_if``: a request whose sampling params satisfy ``hold_if``
+holds after ``hold_after`` tokens of its first completion until the weight version changes (so where a sync falls
+inside a completion does not depend on timing); a keep-pause waits until every such request has reached its hold
+point; ``hold_s`` bounds every such wait (then the request fails). ``label``: report this version for every token
+(a server whose labels lag its weights). ``pauses`` lists the pause modes asked for; ``generations`` counts the
+sampling requests received.
 """
 
 from __future__ import annotations
@@ -14,6 +27,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+import urllib.parse
 from datetime import timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -25,7 +39,8 @@ from grpolab.rollout.weight_transfer import gloo_group, tcp_uri
 
 class StandIn:
     def __init__(self, model, tokenizer, *, rl_api=True, scale_out=True, logprobs_mode="processed_logprobs",
-                 backend="gloo", token_offset=0, version="0.32.0", max_model_len=512, hang=0.0, port=0):  # fmt: skip
+                 backend="gloo", token_offset=0, version="0.32.0", max_model_len=512, hang=0.0, port=0,
+                 kv_cache=False, hold_after=0, hold_if=lambda sp: True, hold_s=20.0, label=None):  # fmt: skip
         self.model, self.tokenizer, self.version = model.eval(), tokenizer, version
         self.rl_api, self.scale_out, self.token_offset, self.hang = rl_api, scale_out, token_offset, hang
         self.config = {
@@ -33,7 +48,15 @@ class StandIn:
             "weight_transfer_config": {"backend": backend},
         }
         self.weight_version, self.group, self.requests, self.applied, self.joins = None, None, 0, 0, 0
-        self.lock = threading.Lock()
+        self.kv_cache, self.hold_after, self.hold_if, self.hold_s, self.label = (
+            kv_cache,
+            hold_after,
+            hold_if,
+            hold_s,
+            label,
+        )
+        self.paused, self.pauses, self.cache_epoch, self.active, self.generations = False, [], 0, [], 0
+        self.lock = threading.Condition()
         self.httpd = ThreadingHTTPServer(("127.0.0.1", port), self._handler())
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
         threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
@@ -45,7 +68,8 @@ class StandIn:
     # ------------------------------------------------------------------ routes
 
     def route(self, method: str, path: str, body: dict) -> tuple[int, dict]:
-        path = path.split("?")[0]
+        path, _, query = path.partition("?")
+        args = {k: v[-1] for k, v in urllib.parse.parse_qs(query).items()}
         if path in ("/weight_info", "/init_weight_transfer_engine", "/update_weights") and not self.rl_api:
             return 404, {"detail": "Not Found"}
         table = {
@@ -65,12 +89,60 @@ class StandIn:
             "/finish_weight_update": lambda: self.finish(body.get("weight_version")),
             "/shutdown_weight_transfer_engine": lambda: {},
             "/inference/v1/generate": lambda: self.generate(body),
+            "/pause": lambda: self.pause(args.get("mode", "abort")),
+            "/resume": lambda: self.resume(),
+            "/is_paused": lambda: {"is_paused": self.paused},
+            "/reset_prefix_cache": lambda: self.reset_cache(args.get("reset_running_requests") == "true"),
         }
         if path == "/inference/v1/generate" and not self.scale_out:
             return 403, {"error": "Scale-out endpoints are disabled"}
         if path not in table:
             return 404, {"detail": "Not Found"}
+        if path == "/start_weight_update" and self.running():
+            return 409, {"error": "a weight update while requests run unpaused: POST /pause first"}
         return 200, table[path]()
+
+    def running(self) -> bool:
+        """Generation requests in flight while the server is not paused."""
+        with self.lock:
+            return bool(self.active) and not self.paused
+
+    # ------------------------------------------------------------------ pause, resume, caches
+
+    def pause(self, mode: str) -> dict:
+        with self.lock:
+            self.pauses.append(mode)
+            if mode != "keep":  # keep: the held requests reach their hold points first, then all freeze
+                self.paused = True
+            for state in self.active:  # abort: they end now; wait: they run on to their end
+                state["aborted"], state["drain"] = mode == "abort", mode == "wait"
+            self.lock.notify_all()
+            deadline = time.monotonic() + self.hold_s
+            while not self._quiet(mode):
+                if not self.lock.wait(max(0.0, deadline - time.monotonic())):
+                    raise RuntimeError(f"pause ({mode}): requests still running after {self.hold_s} s")
+            self.paused = True
+        return {"status": "paused"}
+
+    def _quiet(self, mode: str) -> bool:
+        """Whether a pause of `mode` may return: keep -- every held request at its hold point; wait -- none left."""
+        if mode == "wait":
+            return not self.active
+        return mode == "abort" or all(not s["eligible"] or s["holding"] or s["held"] for s in self.active)
+
+    def resume(self) -> dict:
+        with self.lock:
+            self.paused = False
+            self.lock.notify_all()
+        return {"status": "resumed"}
+
+    def reset_cache(self, running: bool) -> dict:
+        """vLLM's reset: with running requests it succeeds only when told to recompute theirs (preemption)."""
+        with self.lock:
+            if self.active and not running:
+                return {"success": False}
+            self.cache_epoch += 1
+        return {"success": True}
 
     def join(self, info: dict) -> dict:
         from torch.distributed import PrefixStore, TCPStore
@@ -103,36 +175,82 @@ class StandIn:
         if self.hang:
             time.sleep(self.hang)
         sp, prompt = body["sampling_params"], list(body["token_ids"])
-        with self.lock, torch.no_grad():
-            self.requests += 1
+        with torch.no_grad():
             if sp.get("prompt_logprobs") is not None:
-                logits = self.model(torch.tensor([prompt])).logits[0, :-1].double()
+                with self.lock:
+                    self.requests += 1
+                    logits = self.model(torch.tensor([prompt])).logits[0, :-1].double()
                 lp = token_logprobs(logits, torch.tensor(prompt[1:])).tolist()
                 entries = [None] + [{str(t): {"logprob": v}} for t, v in zip(prompt[1:], lp)]
                 return {"choices": [{"index": 0, "token_ids": []}], "prompt_logprobs": entries}
-            gen = torch.Generator().manual_seed(sp.get("seed") or 0)
-            choices = [self._sample(prompt, sp, gen, i) for i in range(sp.get("n", 1))]
+            state = {"aborted": False, "holding": False, "held": False, "eligible": bool(self.hold_after)
+                     and self.hold_if(sp), "start": None, "drain": False}  # fmt: skip
+            with self.lock:
+                self.requests, self.generations = self.requests + 1, self.generations + 1
+                self.active.append(state)
+            try:
+                gen = torch.Generator().manual_seed(sp.get("seed") or 0)
+                choices = [self._sample(prompt, sp, gen, i, state) for i in range(sp.get("n", 1))]
+            finally:
+                with self.lock:
+                    self.active.remove(state)
+                    self.lock.notify_all()
         return {"choices": choices}
 
-    def _sample(self, prompt: list[int], sp: dict, gen: torch.Generator, index: int) -> dict:
-        ids, out, content = list(prompt), [], []
-        for _ in range(sp["max_tokens"]):
-            logits = self.model(torch.tensor([ids])).logits[0, -1].double()
-            temperature = sp.get("temperature", 1.0)
+    def _turn(self, state: dict, index: int, t: int) -> None:
+        """Wait (holding the lock) until the next token may be sampled: not paused, not held."""
+        if state["eligible"] and index == 0 and t == self.hold_after and not state["held"]:
+            state["holding"] = True
+            self.lock.notify_all()
+        deadline = time.monotonic() + self.hold_s
+        while not state["aborted"]:
+            paused = self.paused and not state["drain"]
+            if state["holding"] and not paused and self.weight_version != state["start"]:
+                state["holding"], state["held"] = False, True
+            if not paused and not state["holding"]:
+                return
+            if not self.lock.wait(max(0.0, deadline - time.monotonic())):
+                raise RuntimeError(f"a request waited {self.hold_s} s (paused or held) for a weight sync")
+
+    def _sample(self, prompt: list[int], sp: dict, gen: torch.Generator, index: int, state: dict) -> dict:
+        ids, out, content, starts, past, epoch = list(prompt), [], [], [], None, None
+        temperature, finish = sp.get("temperature", 1.0), "length"
+        for t in range(sp["max_tokens"]):
+            with self.lock:
+                self._turn(state, index, t)
+                if state["aborted"]:
+                    finish = "abort"
+                    break
+                state["start"] = self.weight_version if state["start"] is None else state["start"]
+                if self.kv_cache and past is not None and epoch == self.cache_epoch:
+                    step = self.model(torch.tensor([ids[-1:]]), cache=past, use_cache=True)
+                else:
+                    step = self.model(torch.tensor([ids]), use_cache=self.kv_cache)
+                past, epoch = (step.cache if self.kv_cache else None), self.cache_epoch
+                version = self.label or self.weight_version
+            logits = step.logits[0, -1].double()
             if temperature == 0:
                 tok = int(logits.argmax())
             else:
                 tok = int(torch.multinomial(torch.softmax(logits / temperature, -1), 1, generator=gen))
-            lp = float(torch.log_softmax(logits / (temperature or 1.0), -1)[tok])
+            if not starts or starts[-1][0] != version:
+                starts.append((version, len(out)))
             ids.append(tok)
             out.append(tok)
-            content.append({"token_id": tok, "logprob": lp})
+            content.append(
+                {"token_id": tok, "logprob": float(torch.log_softmax(logits / (temperature or 1.0), -1)[tok])}
+            )
             if tok in sp.get("stop_token_ids", []):
+                finish = "stop"
                 break
-        spans = [{"version": self.weight_version, "start": 0, "end": len(out)}]
+        with self.lock:  # the first completion has passed its hold point, or ended before it
+            state["held"] = state["held"] or index == 0
+            self.lock.notify_all()
+        ends = [start for _, start in starts[1:]] + [len(out)]
+        spans = [{"version": v, "start": a, "end": b} for (v, a), b in zip(starts, ends)]
         logprobs = {"content": content} if sp.get("logprobs") is not None else None
         return {"index": index, "token_ids": out, "logprobs": logprobs, "weight_versions": spans,
-                "finish_reason": "stop" if out and out[-1] in sp.get("stop_token_ids", []) else "length"}  # fmt: skip
+                "finish_reason": finish}  # fmt: skip
 
     def _handler(self):
         stand_in = self

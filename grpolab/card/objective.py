@@ -156,7 +156,11 @@ def _run_choices(cfg: Config) -> dict[str, Any]:
                 "max_staleness": cfg.rollout.max_staleness,
                 "schedule": f"fixed lag: the batch of step s is sampled with the weights after update "
                 f"max(0, s - {cfg.rollout.max_staleness}) while the trainer updates",
-                "in_flight_generations": "finish on the weights they started with (no partial rollouts)",
+                "in_flight_generations": (
+                    "kept across each sync: later tokens from the new weights, each token's version recorded"
+                    if cfg.rollout.engine == "vllm_server"
+                    else "finish on the weights they started with (no partial rollouts)"
+                ),
                 "behaviour_policy": "the sampler's log-probabilities; corrected by is_mode / is_reject / "
                 "offpolicy_mask_delta",
             }

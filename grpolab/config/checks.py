@@ -229,8 +229,16 @@ def validate_staleness(cfg: Config) -> None:
         return
     if r.engine == "grpolab":
         raise ConfigError(
-            "rollout.engine: expected grpolab_process or vllm with rollout.max_staleness > 0 (the next steps' "
-            "rollouts are generated in a process of their own while this one updates), got grpolab"
+            "rollout.engine: expected grpolab_process, vllm or vllm_server with rollout.max_staleness > 0 (the next "
+            "steps' rollouts are generated in a process of their own while this one updates), got grpolab"
+        )
+    if r.engine == "vllm_server" and (r.top_k > 0 or r.top_p < 1.0):
+        field, value = ("rollout.top_k", r.top_k) if r.top_k > 0 else ("rollout.top_p", r.top_p)
+        raise ConfigError(
+            f"{field}: expected {'0' if r.top_k > 0 else '1.0'} with rollout.engine vllm_server and "
+            f"rollout.max_staleness > 0, got {value}: under top-k / top-p the trainer's untruncated log-probabilities "
+            "come from a second scoring request, which a weight sync landing in flight would answer with other "
+            "weights than those that sampled"
         )
     if a.dynamic_sampling and a.max_extra_rounds > 0:
         raise ConfigError(

@@ -91,8 +91,10 @@ class RolloutConfig:
     num_servers: int = 1
     weight_transfer_host: str = ""  # vllm_server: the address servers reach this trainer at ("" = the route's own)
     # k >= 1: the batch of step s is sampled with the weights after update s - k (a fixed lag; the first k steps'
-    # with the initial ones) while the trainer updates: an engine in its own process (grpolab_process or vllm) keeps
-    # the next k steps' generations in flight (grpolab/training/pipeline.py; docs/async.md). 0 = synchronous
+    # with the initial ones) while the trainer updates: an engine in its own process (grpolab_process or vllm) or
+    # vLLM servers (vllm_server: a sync pauses them with requests kept, each token then carries the version that
+    # sampled it) keeps the next k steps' generations in flight (grpolab/training/pipeline.py; docs/async.md).
+    # 0 = synchronous
     max_staleness: int = 0
     worker_threads: int = 0  # grpolab_process: the worker's torch threads (0 = torch's default)
     vllm_python: str = (

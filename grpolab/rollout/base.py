@@ -58,8 +58,13 @@ class Rollout:
                                        a multi-turn episode (grpolab.agents), 0 on environment / tool tokens it
                                        only attends to; None = completion_mask (single-turn: every sampled token).
                                        Read it through `trained_mask()`
-    weight_versions:                   [N] the weight version of the server that sampled each row (rollout.engine
+    weight_versions:                   [N] the weight version(s) of the server that sampled each row, comma-joined
+                                       in order when a weight sync fell inside the completion (rollout.engine
                                        vllm_server: vLLM's weight_versions); None for the other engines
+    token_versions:                    [N, Lc] long, the policy version (updates applied) of the weights that
+                                       sampled each completion token, -1 after the completion (vllm_server: from
+                                       vLLM's per-token version spans, label - 1); None where one generation has one
+                                       version by construction (the worker engines: the pipeline's schedule)
     """
 
     prompt_ids: torch.Tensor
@@ -73,6 +78,7 @@ class Rollout:
     sampler_logprobs_untruncated: torch.Tensor | None = None
     loss_mask: torch.Tensor | None = None
     weight_versions: list[str] | None = None
+    token_versions: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return self.completion_ids.shape[0]
@@ -94,6 +100,7 @@ class Rollout:
             else self.sampler_logprobs_untruncated[idx],
             loss_mask=None if self.loss_mask is None else self.loss_mask[idx],
             weight_versions=None if self.weight_versions is None else [self.weight_versions[i] for i in idx.tolist()],
+            token_versions=None if self.token_versions is None else self.token_versions[idx],
         )
 
     def trained_mask(self) -> torch.Tensor:
@@ -177,6 +184,9 @@ def concat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
     versions = None
     if any(r.weight_versions is not None for r in parts):
         versions = [v for r in parts for v in (r.weight_versions or [""] * len(r))]
+    token_versions = None
+    if any(r.token_versions is not None for r in parts):
+        token_versions = torch.cat([pad(version_rows(r), lc, -1, False) for r in parts])
     return Rollout(
         prompt_ids=torch.cat([pad(r.prompt_ids, lp, pad_id, True) for r in parts]),
         prompt_mask=torch.cat([pad(r.prompt_mask, lp, 0, True) for r in parts]),
@@ -189,4 +199,12 @@ def concat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
         sampler_logprobs_untruncated=untruncated,
         loss_mask=loss_mask,
         weight_versions=versions,
+        token_versions=token_versions,
     )
+
+
+def version_rows(rollout: Rollout) -> torch.Tensor:
+    """[N, Lc] its token_versions, or -1 everywhere for a rollout without them (concat_rollouts)."""
+    if rollout.token_versions is not None:
+        return rollout.token_versions
+    return torch.full(rollout.completion_ids.shape, -1, dtype=torch.long)

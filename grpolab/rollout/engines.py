@@ -8,7 +8,7 @@
   through vLLM's weight-transfer API (grpolab.rollout.server_engine).
 
 Each keeps a sampler's copy of the weights that the trainer syncs after every update, and each samples the
-in-training held-out eval. The two in worker processes are QueuedEngines (rollout/base.py): they keep the next steps'
+in-training held-out eval. All but ``grpolab`` are QueuedEngines (rollout/base.py): they keep the next steps'
 generations in flight for rollout.max_staleness. Agent episodes run turn by turn on the policy's own KV cache, so
 they need the in-process engine.
 """
@@ -135,8 +135,9 @@ ENGINES: dict[str, Callable[[EngineRequest], RolloutEngine]] = {
 }
 """rollout.engine -> its builder (config.RolloutConfig.engine lists the same names)."""
 
-QUEUED_ENGINES = frozenset({"grpolab_process", "vllm"})
-"""The engines that are QueuedEngines: in a worker process, requests kept in flight (rollout.max_staleness > 0)."""
+QUEUED_ENGINES = frozenset({"grpolab_process", "vllm", "vllm_server"})
+"""The engines that are QueuedEngines, requests kept in flight (rollout.max_staleness > 0): the two in a worker process
+and the servers (whose syncs also keep them: per-token versions, grpolab.rollout.server_engine)."""
 
 IN_PROCESS_ENGINES = frozenset({"grpolab"})
 """The engines whose sampler is a model in this process (agent episodes continue on its KV cache)."""

@@ -20,8 +20,16 @@ no rank samples before the servers hold the new weights and every rank learns of
 (``grpolab.rollout.base.Ranks``).
 
 It shares the offline engine's results contract, stop rules and parameter checks (grpolab.rollout.worker_engine
-.WorkerEngine, grpolab.rollout.vllm_engine.VLLMEngine.check_params); what differs is the transport. Synchronous:
-no request stays in flight between calls (not a QueuedEngine).
+.WorkerEngine, grpolab.rollout.vllm_engine.VLLMEngine.check_params); what differs is the transport.
+
+Requests stay in flight (a QueuedEngine, for rollout.max_staleness): ``submit`` sends a generation's requests from
+background threads and returns, ``finish`` collects them. A weight sync does not wait for them: it pauses every
+server with requests kept, transfers, drops the old weights' KV and resumes (grpolab.rollout.weight_transfer
+.paused), so a completion may be sampled under two or more weight versions. vLLM reports each completion's
+per-token version spans; they become ``Rollout.token_versions`` (policy version = label - 1), and each token's
+log-probability is the one the server computed for it, so q is per token, from the weights that drew it. A
+completion without spans, or one the server aborted, is an error, never guessed; so is an untruncated scoring pass
+(top-k / top-p) with a sync since the generation was sent (it would score on other weights).
 """
 
 from __future__ import annotations
@@ -34,7 +42,8 @@ import threading
 import time
 import urllib.parse
 import weakref
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -54,12 +63,47 @@ from .servers import (
     serve_command,
 )
 from .vllm_engine import VLLMEngine, default_vllm_python
-from .weight_transfer import GlooSender
-from .worker_engine import DTYPES, PendingRollout, WorkerEngine, plain_model, policy_tensors
+from .weight_transfer import GlooSender, paused
+from .worker_engine import DTYPES, PendingRollout, WorkerEngine, plain_model, policy_tensors, right_pad
 from .workers.process import EngineUnavailable, shared_memory_dir
 
 GENERATE = "/inference/v1/generate"
-MAX_CONCURRENT = 64  # requests open at once, over all servers (each server batches what it has)
+MAX_CONCURRENT = 64  # requests open at once per generation, over all servers (each server batches what it has)
+GENERATIONS_IN_FLIGHT = 8  # generations collected at once in the background (rollout.max_staleness <= this is cheap)
+
+
+@dataclass
+class ServerPending(PendingRollout):
+    """A generation sent from background threads: its collection (``future``), the newest weight version and the
+    number of syncs completed when it was sent."""
+
+    future: Future | None = None
+    version_at_send: int = 0
+    syncs_at_send: int = 0
+
+
+def token_labels(spans: list[dict] | None, count: int) -> list[str] | None:
+    """vLLM's weight-version spans of a completion ([{version, start, end}], output-token indices [start, end)) as one
+    label per token; None when the server reported none. ServerError when they do not cover the tokens in order."""
+    if not spans:
+        return None if count else []
+    labels: list[str] = []
+    for span in spans:
+        if int(span["start"]) != len(labels) or int(span["end"]) < int(span["start"]):
+            raise ServerError(f"weight-version spans {spans} do not cover the {count} sampled tokens in order")
+        labels += [str(span["version"])] * (int(span["end"]) - int(span["start"]))
+    if len(labels) != count:
+        raise ServerError(f"weight-version spans {spans} do not cover the {count} sampled tokens in order")
+    return labels
+
+
+def policy_version(label: str) -> int:
+    """A server's weight-version label as grpolab sets it (str(updates + 1)) -> the policy version (updates)."""
+    try:
+        return int(label) - 1
+    except ValueError:
+        raise ServerError(f"weight version {label!r}: expected the number grpolab set (was the server synced by "
+                          "another trainer?)") from None  # fmt: skip
 
 
 def reach_address(url: str) -> str:
@@ -122,6 +166,9 @@ class VLLMServerEngine(WorkerEngine):
         self.stop_ids, self.pad_id, self._triggers = eos_ids(plain_model(policy), tokenizer), tokenizer.pad_token_id, {}
         self.log_dir, self.local, self.senders, self._versions, self.ranks = log_dir, [], [], 0, ranks
         self.last_sync: dict[str, float] = {}
+        self.syncs_done = 0  # syncs completed (an in-flight generation's scoring pass must see none after it was sent)
+        self._jobs = ThreadPoolExecutor(GENERATIONS_IN_FLIGHT, thread_name_prefix="grpolab-generation")
+        self._in_flight: set[Future] = set()
         self.workdir = Path(tempfile.mkdtemp(prefix="grpolab-servers-", dir=shared_memory_dir()))
         # close(), or the process's exit: the servers started here stopped, their logs kept, the workdir removed
         self._release = weakref.finalize(self, release, self.local, log_dir, self.workdir)
@@ -215,6 +262,8 @@ class VLLMServerEngine(WorkerEngine):
         for i, sender in enumerate(self.senders):
             sender.close(tell_server=i not in out)
         self.senders = []
+        if hasattr(self, "_jobs"):
+            self._jobs.shutdown(wait=False, cancel_futures=True)  # a request in flight ends within its bound
         self._release()
 
     # ------------------------------------------------------------------------------------------ weights
@@ -223,8 +272,10 @@ class VLLMServerEngine(WorkerEngine):
         """The policy's weights (LoRA merged, in the engine's dtype) into every server in rotation at once, as the next
         weight version (``version``: this one, so that a resumed run's versions continue the recorded ones); each
         server's /weight_info must then report it. A server out of rotation is skipped; one in rotation that fails is
-        a ServerFault, never skipped (it would serve its older weights). ``last_sync``: bytes sent over all servers,
-        the wall seconds, and per server ``server/<i>/s`` and ``server/<i>/bytes``; {} after a failed sync."""
+        a ServerFault, never skipped (it would serve its older weights). Generations in flight are kept across it
+        and go on with the new weights (``paused``); ``wait`` changes nothing: the sync has landed when this returns.
+        ``last_sync``: bytes sent over all servers, the wall seconds, and per server ``server/<i>/s`` and
+        ``server/<i>/bytes``; {} after a failed sync."""
         self.last_sync = {}
         self._versions = self._versions + 1 if version is None else int(version)
         try:
@@ -249,18 +300,19 @@ class VLLMServerEngine(WorkerEngine):
             raise error
         if first is not None:
             raise ServerError(first)
+        self.syncs_done += 1
 
     def _send(self, policy: torch.nn.Module, version: str) -> None:
         began = time.perf_counter()
         tensors = policy_tensors(policy, self.dtype)
         live = self.pool.live
-        with ThreadPoolExecutor(len(live)) as pool:
+        with paused([self.clients[i] for i in live]), ThreadPoolExecutor(len(live)) as pool:
             sent = list(pool.map(lambda i: self.senders[i].send(tensors, version), live))
-        for i in live:
-            served = (self.clients[i].get("/weight_info") or {}).get("weight_version")
-            if served != version:
-                raise ServerError(f"vLLM server {self.clients[i].url}: serves weight version {served} after the sync "
-                                  f"of version {version}")  # fmt: skip
+            for i in live:
+                served = (self.clients[i].get("/weight_info") or {}).get("weight_version")
+                if served != version:
+                    raise ServerError(f"vLLM server {self.clients[i].url}: serves weight version {served} after the "
+                                      f"sync of version {version}")  # fmt: skip
         self.last_sync = {"bytes": sum(s["bytes"] for s in sent), "total_s": time.perf_counter() - began}
         for i, s in zip(live, sent):
             self.last_sync.update({f"server/{i}/s": s["s"], f"server/{i}/bytes": s["bytes"]})
@@ -289,48 +341,78 @@ class VLLMServerEngine(WorkerEngine):
             return list(pool.map(one, range(len(bodies))))
 
     def submit(self, prompts: list[list[int]], params: SamplingParams, seeds: list[int] | None = None):
-        """Generate now (one request per prompt, spread over the servers) and return the collected generation."""
-        pending = self.pending(prompts, params, seeds)
-        g, want_logp, truncating = pending.group_size, pending.want_logp, pending.truncating
+        """Send a generation (one request per prompt, spread over the servers) from background threads and return
+        at once; ``finish`` collects it. Weight syncs meanwhile do not wait for it (module docstring)."""
+        base = self.pending(prompts, params, seeds)
+        pending = ServerPending(**vars(base), version_at_send=self._versions, syncs_at_send=self.syncs_done)
         sampling = {
-            "n": g,
+            "n": pending.group_size,
             "temperature": 0.0 if params.greedy else float(params.temperature),
             "top_p": 1.0 if params.greedy else float(params.top_p),
             "top_k": 0 if params.greedy else int(params.top_k),
             "max_tokens": int(params.max_new_tokens),
-            "logprobs": 0 if want_logp else None,
+            "logprobs": 0 if pending.want_logp else None,
             "stop_token_ids": list(self.stop_ids),
         }
         seeds = [None] * len(prompts) if seeds is None else [int(s) for s in seeds]
         bodies = [generate_body(p, {**sampling, "seed": s}) for p, s in zip(pending.prompts, seeds)]
         servers = self.pool.assign(len(prompts), first=self.ranks.rank)
-        groups = [self._choices(r, want_logp) for r in self._post_all(bodies, servers)]
-        if want_logp and truncating:  # the trainer's untruncated ones: a scoring pass on the server that sampled
-            self._add_untruncated(pending.prompts, groups, servers)
-        pending.reply = {"groups": groups}
+        pending.future = self._jobs.submit(self._collect, pending, bodies, servers)
+        self._in_flight.add(pending.future)
+        pending.future.add_done_callback(self._in_flight.discard)
         return pending
 
-    def finish(self, pending: PendingRollout) -> Rollout:
+    def _collect(self, pending: ServerPending, bodies: list[dict], servers: list[int]) -> dict:
+        """The replies of a generation's requests (in a background thread): one list of completions per prompt."""
+        groups = [self._choices(r, pending) for r in self._post_all(bodies, servers)]
+        if pending.want_logp and pending.truncating:  # the trainer's untruncated ones: a scoring pass where sampled
+            self._add_untruncated(pending.prompts, groups, servers)
+            if self.syncs_done != pending.syncs_at_send:
+                raise ServerError(f"{self.name}: a weight sync fell between a generation and its scoring pass (the "
+                                  "untruncated log-probabilities under top-k / top-p); expected none: rollout.top_k 0 "
+                                  "and rollout.top_p 1 with syncs in flight")  # fmt: skip
+        return {"groups": groups}
+
+    def finish(self, pending: ServerPending) -> Rollout:
+        """The rollout of a submitted generation (waiting for it; every request bounded by call_timeout): each row's
+        weight version(s) and each token's policy version (``Rollout.token_versions``)."""
+        if pending.reply is None:
+            pending.reply = pending.future.result()
         rollout = self._rollout(pending)
-        rollout.weight_versions = [c["weight_version"] for group in pending.reply["groups"] for c in group]
+        rows = [c for group in pending.reply["groups"] for c in group]
+        lengths = rollout.completion_mask.sum(-1).tolist()
+        labels = [c["labels"][:n] for c, n in zip(rows, lengths)]
+        rollout.weight_versions = [",".join(dict.fromkeys(row)) or c["weight_version"] for row, c in zip(labels, rows)]
+        versions = [[policy_version(v) for v in row] for row in labels]
+        rollout.token_versions = right_pad(versions, -1, torch.long)[:, : rollout.completion_ids.shape[1]]
         return rollout
 
     def wait_all(self) -> None:
-        """Nothing stays in flight between calls."""
+        """Wait for every generation in flight (its errors are raised by its ``finish``)."""
+        for future in list(self._in_flight):
+            future.exception()
 
-    def _choices(self, reply: dict, want_logp: bool) -> list[dict]:
-        """One dict per completion of a reply (token_ids, logprobs, finish_reason, weight_version), by index."""
-        out = []
+    def _choices(self, reply: dict, pending: ServerPending) -> list[dict]:
+        """One dict per completion of a reply (token_ids, logprobs, finish_reason, weight_version, labels: one
+        weight-version label per token), by index."""
+        out, want_logp = [], pending.want_logp
         for c in sorted(reply["choices"], key=lambda c: c["index"]):
             tokens = list(c.get("token_ids") or [])
+            if c.get("finish_reason") == "abort":
+                raise ServerError(f"{self.name}: a completion came back aborted after {len(tokens)} tokens (expected "
+                                  "none: grpolab pauses with requests kept; did another client abort it?)")  # fmt: skip
             content = ((c.get("logprobs") or {}).get("content") or []) if want_logp else []
             if want_logp and [e["token_id"] for e in content] != tokens:
                 raise ServerError(f"{self.name}: the logprobs returned do not follow the sampled tokens")
             logp = [float(e["logprob"]) for e in content] if want_logp else [math.nan] * len(tokens)
-            spans = c.get("weight_versions") or []
-            version = ",".join(dict.fromkeys(str(s["version"]) for s in spans)) or self.weight_version
+            labels = token_labels(c.get("weight_versions"), len(tokens))
+            if labels is None:  # no spans: only a generation that no sync overlapped has a known version
+                if self.syncs_done != pending.syncs_at_send:
+                    raise ServerError(f"{self.name}: a completion sampled while the weights changed came back "
+                                      "without weight-version spans")  # fmt: skip
+                labels = [str(pending.version_at_send)] * len(tokens)
             out.append({"token_ids": tokens, "logprobs": logp, "finish_reason": c.get("finish_reason"),
-                        "weight_version": version})  # fmt: skip
+                        "weight_version": str(pending.version_at_send), "labels": labels})  # fmt: skip
         return out
 
     def _add_untruncated(self, prompts: list[list[int]], groups: list[list[dict]], servers: list[int]) -> None:

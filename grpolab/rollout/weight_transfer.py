@@ -7,13 +7,23 @@ gloo over TCP, received inside the server by grpolab's vLLM plugin (vllm_plugin/
 vLLM's ``WeightTransferEngineFactory``). Its group is built as vLLM's ``stateless_init_torch_distributed_process_group``
 builds the worker's (a TCPStore held here, a PrefixStore named by the rendezvous address, a gloo backend with its
 sequence number set by rank 0), so the two join; every collective is bounded by the sender's timeout.
+
+``paused`` wraps a sync so that requests in flight survive it (docs/vllm.md, "In-flight updates"): every server is
+paused with vLLM's ``/pause?mode=keep`` (requests frozen between engine steps, kept; ``abort`` would end them and
+``wait`` would let them finish first, so no completion could span the sync), the weights move, then
+``/reset_prefix_cache?reset_running_requests=true`` drops every KV block computed with the old weights (the frozen
+requests are preempted and recomputed on the new ones, as vLLM's preemption does) and ``/resume`` lets them go on.
+A token sampled after the sync is therefore drawn from the new weights on a prefix recomputed with them: q(o_t) =
+pi_version(t)(o_t | o_<t), the version vLLM reports in the completion's per-token spans.
 """
 
 from __future__ import annotations
 
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from datetime import timedelta
+from typing import Iterator
 
 import torch
 
@@ -107,3 +117,32 @@ class GlooSender:
         group, self.group = getattr(self, "group", None), None
         if group is not None:
             group.shutdown()
+
+
+@contextmanager
+def paused(clients: list[ServerClient]) -> Iterator[None]:
+    """Every server paused (mode keep: requests in flight kept) for the body, then its stale KV dropped and resumed
+    (module docstring). The servers are resumed whatever happens in the body; a failed resume is a ServerError."""
+    with ThreadPoolExecutor(max(1, len(clients))) as pool:
+        try:
+            list(pool.map(lambda c: c.post("/pause?mode=keep"), clients))
+            yield
+            reset = list(pool.map(lambda c: c.post("/reset_prefix_cache?reset_running_requests=true"), clients))
+            for client, reply in zip(clients, reset):
+                if not (reply or {}).get("success"):
+                    raise ServerError(f"vLLM server {client.url}: kept its KV cache of the old weights after the sync "
+                                      f"(POST /reset_prefix_cache answered {reply})")  # fmt: skip
+        finally:
+            resumed = list(pool.map(lambda c: try_post(c, "/resume"), clients))
+    failed = [e for e in resumed if e is not None]
+    if failed:
+        raise failed[0]
+
+
+def try_post(client: ServerClient, path: str) -> ServerError | None:
+    """POST `path`; the ServerError instead of raising it (so every server is asked)."""
+    try:
+        client.post(path)
+    except ServerError as e:
+        return e
+    return None

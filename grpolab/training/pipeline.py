@@ -6,12 +6,16 @@ the first step, all with the initial weights) and takes step s's, generated whil
 queues the new weights behind the generations already in flight (QueuedEngine.sync_weights(wait=False)). The
 worker answers in order, so every generation samples from exactly the weights queued before it: a sample is at most
 k updates old (exactly k once s >= k), and which weights drew it never depends on timing. In-flight generations
-finish on the weights they started with (no partial rollouts).
+finish on the weights they started with (no partial rollouts). On vLLM servers (rollout.engine vllm_server) a sync
+lands inside the generations in flight instead (paused, updated, resumed: grpolab.rollout.server_engine): their
+later tokens come from newer weights, each token's version is reported (Rollout.token_versions), and the bound is
+checked on every token (``staleness_metrics``); where the sync falls then depends on timing.
 
 Every step's batch carries its policy version (the number of updates applied to the weights that drew it); the update
 treats the sampler's log-probabilities as the behaviour policy (the run's is_mode / is_reject /
 offpolicy_mask_delta correct for it; config.checks refuses none). Metrics per step: ``async/staleness`` (updates
-between the batch's weights and the trained ones), ``async/policy_version``, ``async/wait_s`` (how long the trainer
+between the batch's oldest token's weights and the trained ones; ``async/staleness_mean``, ``async/spanning_frac``),
+``async/policy_version`` (the newest weights when it was sent), ``async/wait_s`` (how long the trainer
 waited for the batch: 0 when generation kept ahead), ``async/queued`` (steps submitted and not yet trained).
 
 Exact resume: a checkpoint holds the queued steps' rollouts (waited for first: ``state_dict``) with their problems
@@ -24,6 +28,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, fields
 from typing import Any
+
+import torch
 
 from ..config import Config
 from ..errors import ConfigError, GrpolabError
@@ -45,6 +51,35 @@ class Queued:
     version: int
     pending: Any = None
     rollout: Rollout | None = None
+
+
+def staleness_metrics(step: int, rollout: Rollout, version: int, sent_version: int, k: int) -> dict[str, float]:
+    """The staleness of a step's batch, checked against the bound before it is trained on: ``version`` is the
+    trainer's (updates applied), ``sent_version`` the engine's newest weights when the generation was sent. With
+    per-token versions (Rollout.token_versions, vllm_server: a sync may land inside a completion) each sampled token
+    t has staleness version - v_t, else every sample has version - sent_version. GrpolabError unless every staleness
+    lies in [0, k]: older than the bound, or sampled by weights the trainer has not made. Metrics:
+    ``async/staleness`` the largest (the oldest token), ``async/staleness_mean`` the mean over sampled tokens and
+    ``async/spanning_frac`` the share of completions sampled under more than one version."""
+    tokens = rollout.token_versions
+    if tokens is None:
+        ages, spanning = torch.tensor([version - sent_version]), 0.0
+    else:
+        mask = rollout.completion_mask.bool()
+        ages = (version - tokens)[mask]
+        lo = torch.where(mask, tokens, torch.iinfo(tokens.dtype).max).min(-1).values
+        spanning = ((tokens.max(-1).values > lo) & mask.any(-1)).float().mean().item()
+    if len(ages) and not (0 <= int(ages.min()) and int(ages.max()) <= k):
+        raise GrpolabError(
+            f"step {step}: its batch holds tokens sampled {int(ages.max())} to {int(ages.min())} updates before the "
+            f"policy it trains (version {version}), outside [0, {k}] (rollout.max_staleness): the sampler served "
+            "weights the schedule does not allow"
+        )
+    return {
+        "async/staleness": float(ages.max()) if len(ages) else 0.0,
+        "async/staleness_mean": float(ages.float().mean()) if len(ages) else 0.0,
+        "async/spanning_frac": spanning,
+    }
 
 
 def rollout_state(rollout: Rollout) -> dict[str, Any]:
@@ -78,17 +113,12 @@ class RolloutPipeline:
         t0 = time.perf_counter()
         rollout = queued.rollout if queued.rollout is not None else self.engine.finish(queued.pending)
         waited = time.perf_counter() - t0
+        staleness = staleness_metrics(step, rollout, version, queued.version, self.k)  # before anything trains on it
         batch = self.collector.collect_rollout(queued.problems, queued.owned, rollout)
         self.collector.timing["rollout"] = waited
-        staleness = version - queued.version
-        if not 0 <= staleness <= self.k:
-            raise GrpolabError(
-                f"step {step}: its batch was sampled {staleness} updates ago, outside [0, {self.k}] "
-                "(rollout.max_staleness)"
-            )
         batch.metrics.update(
             {
-                "async/staleness": float(staleness),
+                **staleness,
                 "async/policy_version": float(queued.version),
                 "async/wait_s": waited,
                 "async/queued": float(len(self.queue)),
@@ -140,8 +170,8 @@ class RolloutPipeline:
 
 
 def make_pipeline(cfg: Config, collector: BatchCollector, engine: QueuedEngine, world: World) -> RolloutPipeline:
-    """The run's pipeline (rollout.max_staleness > 0, one process, a QueuedEngine: rollout.engine grpolab_process or
-    vllm; ConfigError naming the field otherwise)."""
+    """The run's pipeline (rollout.max_staleness > 0, one process, a QueuedEngine: rollout.engine grpolab_process,
+    vllm or vllm_server; ConfigError naming the field otherwise)."""
     r = cfg.rollout
     if r.engine not in QUEUED_ENGINES:
         raise ConfigError(
