@@ -11,6 +11,13 @@ DEMO_RUN ?= runs/quickstart
 EVAL_N ?= 300
 # capability on a task the demo never trains on: products up to 12 x 12 (it trains on sums and differences)
 CAPABILITY_N ?= 100
+# pass@8 on every held-out problem (266): 64 could not show non-inferiority at the 0.05 margin (the report asked for
+# about 667 with no true change); this recipe's rise in pass@8 shows it at 266 (README, "What make demo shows"),
+# about 6 min more than 64 on a 2-vCPU CPU
+DIVERSITY_N ?= 266
+# waived, named in the verdict line: the bundled model refuses 1 of the 30 harmful prompts, so it has no refusal to
+# lose, and 30 prompts cannot show the margin (docs/report.md); `grpolab report --safety-prompts FILE` measures yours
+DEMO_WAIVE ?= safety
 # the release bundle's serving check answers this many held-out problems (docs/release.md; about 2 min at 64)
 RELEASE_N ?= 64
 
@@ -58,7 +65,7 @@ demo: $(STAMP)
 	$(VENV)/bin/grpolab release $(DEMO_RUN) --n $(RELEASE_N)
 	$(VENV)/bin/grpolab report $(DEMO_RUN) --capability-task arithmetic --capability-n $(CAPABILITY_N) \
 		--capability-option operators='*' --capability-option max_operand=12 --capability-option terms=2 \
-		--capability-max-new-tokens 48
+		--capability-max-new-tokens 48 --diversity-n $(DIVERSITY_N) $(foreach w,$(DEMO_WAIVE),--waive $(w))
 	@echo "This run is one draw from the recipe's spread: over seeds 0-4 the quickstart gained +0.268 [+0.211, +0.329] held-out (bf16) and +0.256 [+0.176, +0.337] (fp32), one seed as little as +0.143 (docs/results.md, with the earlier bootstrap interval; benchmarks/seeds_precision.py)."
 
 # The code quickstart (docs/code.md): pyfunc on the bundled model, held-out pass rate base vs trained, HumanEval pass@1.

@@ -20,7 +20,8 @@ Binomial(8, q_i), q_i as above with the held-out base rate and gain), pass@1 = c
 outcomes; its paired interval is t over problems (the report's studentised bootstrap is close at 64 problems,
 docs/evaluation.md, and 30 times slower).
 
-Two sizes: the demo's (266 held-out problems, 50 capability problems, 30 safety prompts, 64 pass@8 problems), and
+Two sizes: make demo's report (266 held-out problems, 39 capability problems, pass@8 on 266 problems, safety waived:
+the bundled model refuses 1 of the 30 prompts), and
 "sized": each harm dimension at the n that grpolab.gate.noninferiority.problems_needed gives for 97% power at its
 margin under this model, and the held-out set at the n that detects +0.10 with 97% power (the same formula).
 
@@ -59,16 +60,20 @@ CONFIG = {"rollout": {"temperature": 1.0}, "weights": {"correct": 1.0}}  # the d
 
 @dataclass(frozen=True)
 class Sizes:
-    """Items per evaluation: held-out problems, capability problems (one task), safety prompts, pass@8 problems."""
+    """Items per evaluation: held-out problems, capability problems (one task), safety prompts, pass@8 problems; and
+    the harm dimensions a report at these sizes waives (make demo: safety)."""
 
     name: str
     heldout: int
     capability: int
     safety: int
     pass8: int
+    waived: tuple[str, ...] = ()
 
 
-DEMO = Sizes("demo", 266, 50, 30, 64)
+# make demo's report: every held-out problem, the 39 held-out products, pass@8 on all 266 held-out problems; safety
+# waived (the bundled model refuses 1 of the 30 prompts: no refusal behaviour to lose, and 30 cannot show 0.05)
+DEMO = Sizes("make demo", 266, 39, 30, 266, waived=("safety",))
 
 
 @dataclass(frozen=True)
@@ -83,6 +88,7 @@ class Scenario:
     safety_increase: float = 0.0
     waived: tuple[str, ...] = ()
     target: tuple[str, float] | None = None
+    harms: str = ""  # the harm dimension the scenario's bound is about, where it is one a report may waive
 
 
 def changed_share(p0: float, concentration: float) -> float:
@@ -170,7 +176,7 @@ def rates(s: Scenario, z: Sizes, sims: int, seed: int = 0, concentration: float 
     t, rng = Thresholds(), np.random.default_rng(seed)
     counts = {SHIP: 0, NOT_ESTABLISHED: 0, DONT_SHIP: 0}
     for _ in range(sims):
-        checks = judged(simulated_checks(rng, s, z, t, concentration), t, s.waived)
+        checks = judged(simulated_checks(rng, s, z, t, concentration), t, tuple(dict.fromkeys(s.waived + z.waived)))
         counts[verdict(checks)[0]] += 1
     return {k: v / sims for k, v in counts.items()}
 
@@ -183,7 +189,7 @@ def scenarios(t: Thresholds) -> list[Scenario]:
         Scenario("no true gain, all harm waived", 0.0, waived=ALL_HARM, target=("<=", 0.025)),
         Scenario("+0.10, capability -margin", 0.10, capability_gain=-t.capability_margin, target=("<=", 0.05)),
         Scenario("+0.10, pass@8 -margin", 0.10, pass8_gain=-t.diversity_margin, target=("<=", 0.05)),
-        Scenario("+0.10, safety +margin", 0.10, safety_increase=t.safety_margin, target=("<=", 0.05)),
+        Scenario("+0.10, safety +margin", 0.10, safety_increase=t.safety_margin, target=("<=", 0.05), harms="safety"),
         Scenario("+0.10, no harm", 0.10, target=(">=", 0.80)),
         Scenario("+0.10, no harm, all harm waived", 0.10, waived=ALL_HARM),
     ]
@@ -214,7 +220,9 @@ def table(sims: int, seed: int, concentration: float) -> list[str]:
         for s in scenarios(t):
             r = rates(s, z, sims, seed, concentration)
             bound, met = "-", "-"
-            if s.target:
+            if s.target and s.harms in z.waived:
+                bound, met = "waived", "-"  # the harm is accepted at these sizes: no bound on shipping it
+            elif s.target:
                 bound, met = f"{s.target[0]} {s.target[1]:g}", verdict_on_bound(r[SHIP], s.target, sims)
             lines.append(
                 f"{label} | {s.name} | {r[SHIP]:.3f} | {r[NOT_ESTABLISHED]:.3f} | {r[DONT_SHIP]:.3f} | "

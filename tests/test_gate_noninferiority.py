@@ -167,11 +167,12 @@ def test_error_rates_small_form():
     by_name = {s.name: s for s in bench.scenarios(t)}
     r = bench.rates(by_name["no true gain, all harm waived"], demo, sims, seed=1)
     assert r["ship"] <= upper(0.025, sims), r  # 0.052
-    for name in ("+0.10, capability -margin", "+0.10, safety +margin"):
+    for name in ("+0.10, capability -margin", "+0.10, pass@8 -margin"):
         r = bench.rates(by_name[name], demo, sims, seed=1)
         assert r["ship"] <= upper(0.05, sims), (name, r)  # 0.088
+    assert demo.waived == ("safety",)  # make demo waives safety (its bound is then not claimed: the table says so)
     r = bench.rates(by_name["+0.10, no harm"], demo, sims, seed=1)
-    assert r["ship"] <= 0.01, r  # the demo's sizes cannot show non-inferiority at 0.05: blocked under --strict
+    assert r["ship"] <= 0.05, r  # 39 capability problems cannot show non-inferiority at 0.05 with no capability change
     r = bench.rates(by_name["+0.10, no harm, all harm waived"], demo, sims, seed=1)
     assert r["ship"] >= 0.6, r  # a waiver counts: 0.765 over 2000 reports (0.6 is 6.7 SE below), ~0 unwaived
     r = bench.rates(by_name["+0.10, no harm"], sized, sims, seed=1)
