@@ -443,10 +443,6 @@ def release_report(
     run_path = Path(str(run_dir).removesuffix(":best"))
     if run_path.is_dir():
         writable_dir(run_path, "run_dir")
-    if opts.safety_prompts is not None and not skip_safety:
-        from .report.safety import load_prompts
-
-        load_prompts(opts.safety_prompts)  # a malformed file is refused before any model runs
     data = build_report(Path(run_dir), opts, log=log or _say(verbose) or (lambda s: None))
     label, why = data["verdict"]
     return Report(verdict=label, reason=why, checks=list(data["checks"]), paths=dict(data["paths"]), data=data)

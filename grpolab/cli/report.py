@@ -10,6 +10,15 @@ import typer
 
 from .app import app, console
 
+SAFETY_PROMPTS_HELP = (
+    'JSONL of harmful requests for the safety probe, one {"prompt": ...} a line (optional id, category); default: '
+    "the 30 shipped with grpolab, too few to show non-inferiority at 0.05"
+)
+WAIVE_HELP = (
+    "accept a harm dimension without shown non-inferiority: capability, capability:TASK, pass_at_k, safety; recorded "
+    "in the report and named in the verdict; repeatable"
+)
+
 
 @app.command()
 def report(
@@ -30,13 +39,7 @@ def report(
         typer.Option("--skip-safety", help="do not run the harmful-request probe (the check WARNs 'not measured')"),
     ] = False,
     safety_max_new_tokens: int = 64,
-    safety_prompts: Annotated[
-        Optional[Path],
-        typer.Option(
-            help='JSONL of harmful requests for the safety probe, one {"prompt": ...} a line (optional id, '
-            "category); default: the 30 shipped with grpolab, too few to show non-inferiority at 0.05"
-        ),
-    ] = None,
+    safety_prompts: Annotated[Optional[Path], typer.Option(help=SAFETY_PROMPTS_HELP)] = None,
     capability_task: Annotated[
         str, typer.Option(help="evaluate base and trained model on this untrained task, e.g. gsm8k")
     ] = "",
@@ -60,14 +63,7 @@ def report(
     ] = None,
     dtype: Annotated[str, typer.Option(help="float32 or bfloat16, for the models this command runs")] = "float32",
     strict: Annotated[bool, typer.Option("--strict", help="exit 1 unless the verdict is 'ship' (for CI)")] = False,
-    waive: Annotated[
-        list[str],
-        typer.Option(
-            "--waive",
-            help="accept a harm dimension without shown non-inferiority: capability, capability:TASK, pass_at_k, "
-            "safety; recorded in the report and named in the verdict; repeatable",
-        ),
-    ] = [],
+    waive: Annotated[list[str], typer.Option("--waive", help=WAIVE_HELP)] = [],
 ) -> None:
     """Release gate: checks (reward hacking, learning signal, drift, regressions, diversity, uncertainty) -> report.html +
     report.md. Several run directories (seeds of one recipe): every interval over runs and problems, one verdict."""
@@ -76,12 +72,9 @@ def report(
     from ..gate.thresholds import parse_thresholds
     from ..report import ReportOptions, build_report
     from ..report.diversity import DiversitySettings
-    from ..report.safety import load_prompts
 
     check_dtype(dtype)
     check_report_outputs(run_dirs, out)
-    if safety_prompts is not None and not skip_safety:
-        load_prompts(safety_prompts)  # a malformed file is refused before any model runs
     opts = ReportOptions(
         baselines=list(baseline),
         thresholds=parse_thresholds(threshold),

@@ -56,6 +56,12 @@ class ReportOptions:
     best: bool = False  # RUN:best: the report's own model runs (capability, safety, diversity) use the best checkpoint
     waived: tuple[str, ...] = ()  # harm dimensions the user waived (--waive: gate/noninferiority.py parse_waivers)
 
+    def __post_init__(self) -> None:
+        if self.safety_prompts is not None and not self.skip_safety:
+            from .safety import load_prompts
+
+            load_prompts(self.safety_prompts)  # a malformed file is refused here, before any model runs
+
 
 def split_best(paths: Sequence[str | Path]) -> tuple[list[Path], bool]:
     """Run directories named plainly or as RUN:best (every one alike), and whether :best was asked for.
