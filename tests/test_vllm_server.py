@@ -16,6 +16,7 @@ import json
 import logging
 import socket
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -403,6 +404,45 @@ def test_a_server_in_rotation_that_fails_a_sync_is_an_error_not_skipped(policy, 
 
 
 # ---------------------------------------------------------------------------------------------- the real vllm serve
+
+
+def finished_requests(url: str) -> float:
+    """Requests a real server has finished so far (its Prometheus counter vllm:request_success_total, all reasons;
+    a request with n completions counts n)."""
+    with urllib.request.urlopen(url + "/metrics", timeout=30) as reply:
+        lines = reply.read().decode().splitlines()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in lines if line.startswith("vllm:request_success_total{"))
+
+
+@needs_vllm
+def test_two_served_servers_each_follow_every_sync(policy, tok, prompts, tmp_path):
+    """Two `vllm serve` that grpolab starts (num_servers=2; first here, so that no other real server runs beside
+    them). After each sync (other weights, then the policy's again) each server scores as the synced model and not as
+    the one before; a generation's requests reach both (prompt i to server i mod 2: each server's own count of
+    finished requests grows by its 2 prompts x n = 2); every sample carries the new weight version and the synced
+    model's log-probabilities; both logs are kept."""
+    other = tiny_llama(tok, seed=1)
+    seq = prompts[1] + tok.encode(" four, I think")
+    params = SamplingParams(group_size=2, max_new_tokens=6, temperature=0.8)
+    engine = VLLMServerEngine(policy, tok, torch.float32, num_servers=2, max_model_len=256, log_dir=tmp_path)
+    try:
+        assert len(set(engine.urls)) == 2 and all(matches(engine, policy, seq, i) for i in range(2))
+        for version, old, new in (("2", policy, other), ("3", other, policy)):
+            engine.sync_weights(new)
+            assert engine.weight_version == version
+            for i in range(2):
+                assert matches(engine, new, seq, i), f"server {i} lacks version {version}"
+                assert not matches(engine, old, seq, i), f"server {i} still scores as before version {version}"
+            before = [finished_requests(u) for u in engine.urls]
+            r = engine.generate(prompts, params, seeds=[1, 2, 3, 4])
+            assert [finished_requests(u) - n for u, n in zip(engine.urls, before)] == [4, 4], version
+            assert r.weight_versions == [version] * 8
+            ref = [reference_logprobs(new, prompts[j // 2], c, 0.8) for j, c in enumerate(rows(r))]
+            worst = max((r.sampler_logprobs[j, : len(q)].double() - q).abs().max() for j, q in enumerate(ref))
+            assert worst < LOGP_ATOL, (version, worst)
+    finally:
+        engine.close()
+    assert sorted(p.name for p in tmp_path.glob("vllm_server_*.log")) == ["vllm_server_0.log", "vllm_server_1.log"]
 
 
 @pytest.fixture(scope="module")
