@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import socket
 import time
 import urllib.request
@@ -31,7 +32,7 @@ from grpolab.models import checkpoint as ckpt
 from grpolab.rollout.base import SamplingParams
 from grpolab.rollout.grpolab_engine import GrpolabEngine
 from grpolab.rollout.server_engine import VLLMServerEngine
-from grpolab.rollout.servers import ServerFault
+from grpolab.rollout.servers import ServerClient, ServerFault, device_env
 from grpolab.runs import check_server_version, resume_run, start_run
 from grpolab.training.sampler_faults import SamplerLost
 
@@ -229,6 +230,25 @@ def test_config_refuses_a_server_that_is_not_a_url():
     assert cfg.rollout.servers == ["http://127.0.0.1:8000"]
 
 
+@pytest.mark.parametrize(
+    "rollout, message",
+    [
+        ({"num_servers": 2, "server_devices": ["cpu:0"]}, "one entry per server (rollout.num_servers = 2), got 1"),
+        ({"server_devices": ["gpu:0"]}, "got 'gpu:0'"),
+        ({"server_devices": ["cpu:0-"]}, "got 'cpu:0-'"),
+        ({"servers": ["http://h:8000"], "server_devices": ["cpu:0"]}, "expected [] with rollout.servers listed"),
+    ],
+)
+def test_server_devices_are_checked_naming_the_field(rollout, message):
+    with pytest.raises(ConfigError, match=r"rollout.server_devices: .*" + re.escape(message)):
+        from_dict({"rollout": {"engine": "vllm_server", **rollout}})
+    ok = from_dict({"rollout": {"engine": "vllm_server", "num_servers": 2, "server_devices": ["cpu:0,2-3", "cuda:1"]}})
+    assert [device_env(d) for d in ok.rollout.server_devices] == [
+        {"VLLM_CPU_OMP_THREADS_BIND": "0,2-3"},
+        {"CUDA_VISIBLE_DEVICES": "1"},
+    ]
+
+
 # ---------------------------------------------------------------------------------------------- faults in a run
 
 VOLATILE = ("time/", "throughput/", "memory/", "sync/", "servers/")  # timings, and what differs with the servers
@@ -415,18 +435,33 @@ def finished_requests(url: str) -> float:
 
 
 @needs_vllm
+def served_env(url: str) -> dict:
+    """The VLLM_ environment a running server reports (GET /server_info)."""
+    return ServerClient(url, 30.0).get("/server_info?config_format=json").get("vllm_env") or {}
+
+
 def test_two_served_servers_each_follow_every_sync(policy, tok, prompts, tmp_path):
-    """Two `vllm serve` that grpolab starts (num_servers=2; first here, so that no other real server runs beside
-    them). After each sync (other weights, then the policy's again) each server scores as the synced model and not as
+    """Two `vllm serve` that grpolab starts (num_servers=2, each bound to its own core by rollout.server_devices;
+    first here, so that no other real server runs beside them). After each sync (other weights, then the policy's again) each server scores as the synced model and not as
     the one before; a generation's requests reach both (prompt i to server i mod 2: each server's own count of
     finished requests grows by its 2 prompts x n = 2); every sample carries the new weight version and the synced
     model's log-probabilities; both logs are kept."""
     other = tiny_llama(tok, seed=1)
     seq = prompts[1] + tok.encode(" four, I think")
     params = SamplingParams(group_size=2, max_new_tokens=6, temperature=0.8)
-    engine = VLLMServerEngine(policy, tok, torch.float32, num_servers=2, max_model_len=256, log_dir=tmp_path)
+    engine = VLLMServerEngine(
+        policy,
+        tok,
+        torch.float32,
+        num_servers=2,
+        max_model_len=256,
+        log_dir=tmp_path,
+        server_devices=["cpu:0", "cpu:1"],
+    )
     try:
         assert len(set(engine.urls)) == 2 and all(matches(engine, policy, seq, i) for i in range(2))
+        bound = [served_env(u).get("VLLM_CPU_OMP_THREADS_BIND") for u in engine.urls]
+        assert bound == ["0", "1"], bound  # rollout.server_devices: each server on its own core
         for version, old, new in (("2", policy, other), ("3", other, policy)):
             engine.sync_weights(new)
             assert engine.weight_version == version

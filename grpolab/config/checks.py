@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import fields
 from typing import Any
 
@@ -178,6 +179,7 @@ def validate(cfg: Config) -> None:
             f"algorithm.clip_cov_lb: expected < algorithm.clip_cov_ub ({a.clip_cov_ub}), got {a.clip_cov_lb}"
         )
     validate_staleness(cfg)
+    validate_server_devices(cfg)
     validate_fp16(cfg)
     validate_sampler_anchor(cfg)
     rollouts = cfg.train.prompts_per_step * cfg.rollout.group_size
@@ -220,6 +222,33 @@ def validate_fp16(cfg: Config) -> None:
         if (value == want[1:]) if want.startswith("!") else (value != want):
             expected = f"anything but {want[1:]}" if want.startswith("!") else want
             raise ConfigError(f"{path}: expected {expected} with train.precision fp16 ({why}), got {value}")
+
+
+DEVICE_FORM = re.compile(r"^(cpu|cuda):(\d+(-\d+)?(,\d+(-\d+)?)*)$")
+"""One server's devices (rollout.server_devices): cpu:<core list> or cuda:<GPU ids>, lists as in 0-3,8 or 0,1."""
+
+
+def validate_server_devices(cfg: Config) -> None:
+    """rollout.server_devices: one well-formed entry per server started here (none with servers listed)."""
+    r = cfg.rollout
+    if not r.server_devices:
+        return
+    if r.servers:
+        raise ConfigError(
+            "rollout.server_devices: expected [] with rollout.servers listed (it places servers grpolab starts; "
+            "place yours when you start them), got " + str(r.server_devices)
+        )
+    bad = [d for d in r.server_devices if not isinstance(d, str) or not DEVICE_FORM.match(d)]
+    if bad:
+        raise ConfigError(
+            f"rollout.server_devices: expected entries cpu:<cores> (e.g. cpu:0-3) or cuda:<GPU ids> (e.g. cuda:0), "
+            f"got {bad[0]!r}"
+        )
+    if len(r.server_devices) != r.num_servers:
+        raise ConfigError(
+            f"rollout.server_devices: expected one entry per server (rollout.num_servers = {r.num_servers}), got "
+            f"{len(r.server_devices)}"
+        )
 
 
 def validate_staleness(cfg: Config) -> None:

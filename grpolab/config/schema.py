@@ -89,6 +89,9 @@ class RolloutConfig:
     # vllm_server: URLs of running `vllm serve` servers (any host; docs/vllm.md); [] = start num_servers on this host
     servers: list = field(default_factory=list)
     num_servers: int = 1
+    # servers started here: each one's devices, one entry per server: cpu:<cores> (e.g. cpu:0-3; its OpenMP threads
+    # bound there) or cuda:<GPU ids> (e.g. cuda:1); [] = vLLM's default (on a CPU every server binds from core 0)
+    server_devices: list = field(default_factory=list)
     weight_transfer_host: str = ""  # vllm_server: the address servers reach this trainer at ("" = the route's own)
     # k >= 1: the batch of step s is sampled with the weights after update s - k (a fixed lag; the first k steps'
     # with the initial ones) while the trainer updates: an engine in its own process (grpolab_process or vllm) or

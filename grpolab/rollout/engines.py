@@ -116,6 +116,7 @@ def vllm_server_engine(req: EngineRequest) -> VLLMServerEngine:
         _worker_dtype(req.sampling_dtype),
         servers=list(r.servers),
         num_servers=r.num_servers,
+        server_devices=list(r.server_devices),
         python=r.vllm_python or None,
         max_model_len=longest_sequence(cfg, req.tokenizer, req.problems),
         seed=cfg.train.seed,

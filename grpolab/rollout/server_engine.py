@@ -58,6 +58,7 @@ from .servers import (
     ServerFault,
     ServerPool,
     check_server,
+    device_env,
     free_port,
     generate_body,
     serve_command,
@@ -134,7 +135,8 @@ def release(local: list, log_dir, workdir: Path) -> None:
 
 class VLLMServerEngine(WorkerEngine):
     """RolloutEngine on vLLM servers (module docstring). ``servers``: URLs of running servers; none: start
-    ``num_servers`` here (``python``: vLLM's environment, ``kv_cache_gib``: each one's CPU KV cache), their logs copied
+    ``num_servers`` here (``python``: vLLM's environment, ``kv_cache_gib``: each one's CPU KV cache,
+    ``server_devices``: each one's cores or GPUs, servers.device_env), their logs copied
     into ``log_dir`` at close. ``start_timeout`` bounds a server's start, ``call_timeout`` each request and each
     sync; ``transfer_host``: the address servers reach this trainer at for the weights ("" = the one on the route to
     each server); ``ranks``: the trainer's processes (torchrun: rank 0 alone syncs, module docstring). The policy's
@@ -159,6 +161,7 @@ class VLLMServerEngine(WorkerEngine):
         transfer_host: str = "",
         kv_cache_gib: int = 1,
         ranks: Ranks = Ranks(),
+        server_devices: list[str] | tuple[str, ...] = (),
     ):
         if dtype not in DTYPES:
             raise ValueError(f"rollout.dtype: expected one of {sorted(DTYPES.values())} for {self.name}, got {dtype}")
@@ -169,6 +172,7 @@ class VLLMServerEngine(WorkerEngine):
         self.syncs_done = 0  # syncs completed (an in-flight generation's scoring pass must see none after it was sent)
         self._jobs = ThreadPoolExecutor(GENERATIONS_IN_FLIGHT, thread_name_prefix="grpolab-generation")
         self._in_flight: set[Future] = set()
+        self.server_devices = list(server_devices)  # servers started here: each one's devices (servers.device_env)
         self.workdir = Path(tempfile.mkdtemp(prefix="grpolab-servers-", dir=shared_memory_dir()))
         # close(), or the process's exit: the servers started here stopped, their logs kept, the workdir removed
         self._release = weakref.finalize(self, release, self.local, log_dir, self.workdir)
@@ -212,12 +216,16 @@ class VLLMServerEngine(WorkerEngine):
         self._write_model_dir(policy, model_dir)
         self.tokenizer.save_pretrained(model_dir)  # the server's /tokenize answers the tokenizer check
         env = {"VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": str(kv_gib)}
+        devices = self.server_devices or [""] * count
+        if len(devices) != count:
+            raise ValueError(f"rollout.server_devices: expected one entry per server ({count}), got {devices}")
         began = time.perf_counter()
         for i in range(count):
             port = free_port()
             command = serve_command(python, model_dir, port, DTYPES[self.dtype], max_model_len, seed, "gloo")
             log = self.workdir / f"vllm_server_{i}.log"
-            self.local.append(LocalServer(command, log, env, f"http://127.0.0.1:{port}"))
+            placed = {**env, **device_env(devices[i])} if devices[i] else env
+            self.local.append(LocalServer(command, log, placed, f"http://127.0.0.1:{port}"))
         for server in self.local:
             server.wait_ready(max(1.0, timeout - (time.perf_counter() - began)))
         shutil.rmtree(model_dir, ignore_errors=True)  # loaded: each server holds its own copy

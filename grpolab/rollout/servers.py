@@ -28,6 +28,7 @@ import weakref
 from pathlib import Path
 from typing import Any, Callable
 
+from ..config.checks import DEVICE_FORM
 from ..errors import GrpolabError
 from .workers.process import LOG_TAIL_LINES, EngineDied, EngineUnavailable
 
@@ -169,6 +170,20 @@ class ServerPool:
 
 
 # ---------------------------------------------------------------------------------------------- servers started here
+
+
+def device_env(entry: str) -> dict[str, str]:
+    """The environment that puts one server started here on its devices: ``cpu:LIST`` binds its OpenMP threads to
+    those cores (vLLM's VLLM_CPU_OMP_THREADS_BIND), ``cuda:IDS`` shows it only those GPUs (CUDA_VISIBLE_DEVICES).
+
+    >>> device_env("cpu:0-3"), device_env("cuda:1,2")
+    ({'VLLM_CPU_OMP_THREADS_BIND': '0-3'}, {'CUDA_VISIBLE_DEVICES': '1,2'})
+    """
+    found = DEVICE_FORM.match(entry)
+    if not found:
+        raise ValueError(f"{entry!r}: expected cpu:<cores> (e.g. cpu:0-3) or cuda:<GPU ids> (e.g. cuda:0 or cuda:0,1)")
+    kind, ids = found.group(1), found.group(2)
+    return {"VLLM_CPU_OMP_THREADS_BIND": ids} if kind == "cpu" else {"CUDA_VISIBLE_DEVICES": ids}
 
 
 def free_port(host: str = "127.0.0.1") -> int:
