@@ -434,12 +434,12 @@ def finished_requests(url: str) -> float:
     return sum(float(line.rsplit(" ", 1)[1]) for line in lines if line.startswith("vllm:request_success_total{"))
 
 
-@needs_vllm
 def served_env(url: str) -> dict:
     """The VLLM_ environment a running server reports (GET /server_info)."""
     return ServerClient(url, 30.0).get("/server_info?config_format=json").get("vllm_env") or {}
 
 
+@needs_vllm
 def test_two_served_servers_each_follow_every_sync(policy, tok, prompts, tmp_path):
     """Two `vllm serve` that grpolab starts (num_servers=2, each bound to its own core by rollout.server_devices;
     first here, so that no other real server runs beside them). After each sync (other weights, then the policy's again) each server scores as the synced model and not as
