@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from test_vllm_engine import HAS_VLLM, LOGP_ATOL, reference_logprobs, rows, tiny_llama
+from test_vllm_engine import HAS_VLLM, LOGP_ATOL, needs_vllm, reference_logprobs, rows, tiny_llama
 from vllm_stand_in import StandIn
 
 from grpolab.config import from_dict
@@ -35,8 +35,6 @@ from grpolab.rollout.server_engine import VLLMServerEngine
 from grpolab.rollout.servers import ServerClient, ServerFault, device_env
 from grpolab.runs import check_server_version, resume_run, start_run
 from grpolab.training.sampler_faults import SamplerLost
-
-needs_vllm = pytest.mark.skipif(not HAS_VLLM, reason="vLLM's environment is absent: `make install-vllm` creates it")
 
 
 @pytest.fixture(scope="module")

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from test_vllm_engine import HAS_VLLM, LOGP_ATOL, reference_logprobs, rows, tiny_llama
+from test_vllm_engine import LOGP_ATOL, needs_vllm, reference_logprobs, rows, tiny_llama
 from vllm_stand_in import StandIn
 
 from grpolab.config import from_dict
@@ -285,7 +285,7 @@ def test_a_server_whose_tokens_are_older_than_the_bound_stops_the_run(run_model,
 # ---------------------------------------------------------------------------------------------- the real vllm serve
 
 
-@pytest.mark.skipif(not HAS_VLLM, reason="vLLM's environment is absent: `make install-vllm` creates it")
+@needs_vllm
 def test_real_vllm_keeps_requests_across_a_sync_with_each_tokens_version(policy, tok):
     """vLLM's own pause (keep), KV reset and per-token version spans: long generations in flight while other weights
     are synced; every completion is whole, some span the sync, and each token's log-probability is the one the
