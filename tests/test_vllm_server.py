@@ -32,7 +32,8 @@ from grpolab.models import checkpoint as ckpt
 from grpolab.rollout.base import SamplingParams
 from grpolab.rollout.grpolab_engine import GrpolabEngine
 from grpolab.rollout.server_engine import VLLMServerEngine
-from grpolab.rollout.servers import ServerClient, ServerFault, device_env
+from grpolab.rollout.servers import LocalServer, ServerClient, ServerFault, device_env, free_port, serve_command
+from grpolab.rollout.vllm_engine import default_vllm_python
 from grpolab.runs import check_server_version, resume_run, start_run
 from grpolab.training.sampler_faults import SamplerLost
 
@@ -132,6 +133,7 @@ def closed_port_url() -> str:
         ({"logprobs_mode": "raw_logprobs"}, r"returns raw_logprobs log-probabilities; start it with --logprobs-mode"),
         ({"backend": "nccl"}, r"has weight-transfer backend nccl; expected gloo"),
         ({"max_model_len": 64}, r"holds 64 tokens per sequence; the run needs 256"),
+        ({"tied": True}, r"serves a model whose lm_head is tied to its embeddings; .*examples/launch/serving_model.py"),
     ],
 )
 def test_a_server_that_would_fail_later_is_refused_in_one_line(policy, tok, knobs, message):
@@ -198,7 +200,6 @@ def test_a_server_start_is_bounded_and_names_the_server(tmp_path, code, message)
     nothing left running."""
     import sys
 
-    from grpolab.rollout.servers import LocalServer, free_port
     from grpolab.rollout.workers.process import EngineUnavailable
 
     url = f"http://127.0.0.1:{free_port()}"
@@ -476,6 +477,28 @@ def test_two_served_servers_each_follow_every_sync(policy, tok, prompts, tmp_pat
     finally:
         engine.close()
     assert sorted(p.name for p in tmp_path.glob("vllm_server_*.log")) == ["vllm_server_0.log", "vllm_server_1.log"]
+
+
+@needs_vllm
+def test_a_served_tied_model_is_refused_before_training(policy, tok, tmp_path):
+    """A `vllm serve` the user started from a tied model (as saved by transformers: no lm_head in the files) lists no
+    lm_head among its parameters; the run refuses it, before any sync, naming the server and the untied copy."""
+    tiny_llama(tok, seed=0).save_pretrained(tmp_path / "tied")
+    tok.save_pretrained(tmp_path / "tied")
+    port = free_port()
+    command = serve_command(default_vllm_python(), tmp_path / "tied", port, "float32", 256, 0, "gloo")
+    server = LocalServer(
+        command,
+        tmp_path / "server.log",
+        {"VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"},
+        f"http://127.0.0.1:{port}",
+    )
+    try:
+        server.wait_ready(600)
+        with pytest.raises(GrpolabError, match=rf"^rollout.servers: {server.url} serves a model whose lm_head is tied"):
+            engine_on(policy, tok, [server])
+    finally:
+        server.close()
 
 
 @pytest.fixture(scope="module")

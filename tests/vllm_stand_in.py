@@ -4,7 +4,8 @@ receives them (rank 1 of the trainer's group, one broadcast per announced tensor
 
 Its knobs make the servers the engine must refuse: no RL API (``rl_api=False``: /weight_info is 404), no token-in
 route (``scale_out=False``: 403), another tokenizer (``token_offset``), another logprobs mode or backend, another
-vLLM version, a route that hangs (``hang``: seconds /inference/v1/generate sleeps). ``port``: where it listens (0:
+vLLM version, a route that hangs (``hang``: seconds /inference/v1/generate sleeps), a tied model (``tied``: the
+per-parameter checksums of POST /weight_checker list no lm_head, as vLLM's of a tied model). ``port``: where it listens (0:
 any free port; a server restarted at the URL of one that was closed). ``requests`` counts the generation requests
 it answered; ``applied`` the weight updates it loaded; ``joins`` the weight-transfer groups it joined.
 
@@ -24,6 +25,7 @@ sampling requests received.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import threading
 import time
@@ -37,11 +39,15 @@ from grpolab.algo.logprobs import token_logprobs
 from grpolab.rollout.weight_transfer import gloo_group, tcp_uri
 
 
+def sha256_of(tensor: torch.Tensor) -> str:
+    return hashlib.sha256(tensor.contiguous().view(-1).view(torch.uint8).numpy()).hexdigest()
+
+
 class StandIn:
     def __init__(self, model, tokenizer, *, rl_api=True, scale_out=True, logprobs_mode="processed_logprobs",
                  backend="gloo", token_offset=0, version="0.32.0", max_model_len=512, hang=0.0, port=0,
-                 kv_cache=False, hold_after=0, hold_if=lambda sp: True, hold_s=20.0, label=None):  # fmt: skip
-        self.model, self.tokenizer, self.version = model.eval(), tokenizer, version
+                 kv_cache=False, hold_after=0, hold_if=lambda sp: True, hold_s=20.0, label=None, tied=False):  # fmt: skip
+        self.model, self.tokenizer, self.version, self.tied = model.eval(), tokenizer, version, tied
         self.rl_api, self.scale_out, self.token_offset, self.hang = rl_api, scale_out, token_offset, hang
         self.config = {
             "model_config": {"logprobs_mode": logprobs_mode, "max_model_len": max_model_len},
@@ -78,6 +84,7 @@ class StandIn:
             "/weight_info": lambda: {"weight_version": self.weight_version},
             "/server_info": lambda: {"vllm_config": self.config},
             "/get_world_size": lambda: {"world_size": 1},
+            "/weight_checker": lambda: {"checksums": self.checksums()},
             "/tokenize": lambda: {
                 "tokens": [
                     t + self.token_offset for t in self.tokenizer.encode(body["prompt"], add_special_tokens=False)
@@ -101,6 +108,14 @@ class StandIn:
         if path == "/start_weight_update" and self.running():
             return 409, {"error": "a weight update while requests run unpaused: POST /pause first"}
         return 200, table[path]()
+
+    def checksums(self) -> dict[str, str]:
+        """vLLM's names and SHA-256 digests of the served parameters: a tied lm_head shares the embedding's (not
+        listed); an untied server's lists it."""
+        tensors = {n: p.detach() for n, p in self.model.named_parameters()}
+        if not self.tied:
+            tensors.setdefault("lm_head.weight", self.model.get_output_embeddings().weight.detach())
+        return {f"dp0:pp0:pcp0:tp0:{n}": sha256_of(t) for n, t in tensors.items()}
 
     def running(self) -> bool:
         """Generation requests in flight while the server is not paused."""

@@ -8,7 +8,7 @@ hung is retried on another, that server out for the rest of the run; none left i
 directory). ``check_server`` refuses, in one line naming the server, what would fail or mislead later: an
 unreachable URL, a server without the RL API (``VLLM_SERVER_DEV_MODE=1``) or the token-in API
 (``--enable-scale-out``), another tokenizer, a logprobs mode other than the sampled distribution's, no weight-transfer
-backend, or a ``max_model_len`` shorter than the run needs.
+backend, a ``max_model_len`` shorter than the run needs, or a model whose output layer is tied to its embeddings.
 """
 
 from __future__ import annotations
@@ -316,6 +316,7 @@ def check_server(client: ServerClient, tokenizer, max_model_len: int, backend: s
     config = (client.get("/server_info?config_format=json") or {}).get("vllm_config") or {}
     check_config(where, config, max_model_len, backend)
     check_tokenizer(where, client, tokenizer)
+    check_untied(where, client)
     try:
         client.post("/inference/v1/generate", generate_body([tokenizer.eos_token_id or 0], {"max_tokens": 1}))
     except ServerError as e:
@@ -361,6 +362,25 @@ def check_tokenizer(where: str, client: ServerClient, tokenizer) -> None:
     if got is not None and list(got) != list(want):
         raise ServerError(f"{where} serves another tokenizer (it reads {PROBE_TEXT!r} as {len(got)} tokens "
                           f"{got[:6]}..., the run's as {len(want)} tokens {want[:6]}...); serve the run's model")  # fmt: skip
+
+
+def check_untied(where: str, client: ServerClient) -> None:
+    """The served model holds an lm_head of its own. vLLM 0.32 reloads weights in place and leaves a tied lm_head with
+    its old values (docs/vllm.md), so a server of a tied model (SmolLM2, Qwen2.5-0.5B, Qwen3-0.6B) would sample with a
+    stale output layer after every sync. Read from the RL API's per-parameter checksums (POST /weight_checker), whose
+    names are the served model's parameters, a tied lm_head sharing the embedding's and so not listed; a server
+    without that route cannot tell and passes."""
+    try:
+        names = list(((client.post("/weight_checker", {"action": "checksum"}) or {}).get("checksums") or {}))
+    except ServerError as e:
+        if status_of(e) in (404, 405):
+            return
+        raise
+    embedding = any(n.endswith("embed_tokens.weight") for n in names)
+    if embedding and not any(n.endswith("lm_head.weight") for n in names):
+        raise ServerError(f"{where} serves a model whose lm_head is tied to its embeddings; a weight sync would leave "
+                          "that output layer stale in vLLM 0.32: serve the untied copy that `python "
+                          "examples/launch/serving_model.py MODEL DIR` writes (docs/vllm.md)")  # fmt: skip
 
 
 def generate_body(prompt: list[int], params: dict[str, Any]) -> dict[str, Any]:
