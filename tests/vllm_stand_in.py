@@ -5,7 +5,10 @@ receives them (rank 1 of the trainer's group, one broadcast per announced tensor
 Its knobs make the servers the engine must refuse: no RL API (``rl_api=False``: /weight_info is 404), no token-in
 route (``scale_out=False``: 403), another tokenizer (``token_offset``), another logprobs mode or backend, another
 vLLM version, a route that hangs (``hang``: seconds /inference/v1/generate sleeps), a tied model (``tied``: the
-per-parameter checksums of POST /weight_checker list no lm_head, as vLLM's of a tied model). ``port``: where it listens (0:
+per-parameter checksums of POST /weight_checker list no lm_head, as vLLM's of a tied model). ``lora_rank``: LoRA
+adapters up to that rank loaded at run time from peft files (/v1/load_lora_adapter: the merged copy W + alpha / r B A
+of its model, a name loaded twice refused; /v1/unload_lora_adapter; /v1/models), a request naming one (``model``)
+sampled by it; ``adapter_loads`` lists the names loaded. ``port``: where it listens (0:
 any free port; a server restarted at the URL of one that was closed). ``requests`` counts the generation requests
 it answered; ``applied`` the weight updates it loaded; ``joins`` the weight-transfer groups it joined.
 
@@ -25,6 +28,7 @@ sampling requests received.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import threading
@@ -32,6 +36,7 @@ import time
 import urllib.parse
 from datetime import timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import torch
 
@@ -46,13 +51,16 @@ def sha256_of(tensor: torch.Tensor) -> str:
 class StandIn:
     def __init__(self, model, tokenizer, *, rl_api=True, scale_out=True, logprobs_mode="processed_logprobs",
                  backend="gloo", token_offset=0, version="0.32.0", max_model_len=512, hang=0.0, port=0,
-                 kv_cache=False, hold_after=0, hold_if=lambda sp: True, hold_s=20.0, label=None, tied=False):  # fmt: skip
+                 kv_cache=False, hold_after=0, hold_if=lambda sp: True, hold_s=20.0, label=None, tied=False,
+                 lora_rank=0):  # fmt: skip
         self.model, self.tokenizer, self.version, self.tied = model.eval(), tokenizer, version, tied
         self.rl_api, self.scale_out, self.token_offset, self.hang = rl_api, scale_out, token_offset, hang
         self.config = {
             "model_config": {"logprobs_mode": logprobs_mode, "max_model_len": max_model_len},
             "weight_transfer_config": {"backend": backend},
+            "lora_config": {"max_lora_rank": lora_rank} if lora_rank else None,
         }
+        self.adapters, self.adapter_loads = {}, []
         self.weight_version, self.group, self.requests, self.applied, self.joins = None, None, 0, 0, 0
         self.kv_cache, self.hold_after, self.hold_if, self.hold_s, self.label = (
             kv_cache,
@@ -100,7 +108,12 @@ class StandIn:
             "/resume": lambda: self.resume(),
             "/is_paused": lambda: {"is_paused": self.paused},
             "/reset_prefix_cache": lambda: self.reset_cache(args.get("reset_running_requests") == "true"),
+            "/v1/models": lambda: {"data": [{"id": n} for n in ["base", *self.adapters]]},
         }
+        if path in ("/v1/load_lora_adapter", "/v1/unload_lora_adapter") and self.config["lora_config"]:
+            return self.load_adapter(body) if path == "/v1/load_lora_adapter" else self.unload_adapter(body)
+        if path == "/inference/v1/generate" and body.get("model") not in (None, *self.adapters):
+            return 404, {"error": f"The model `{body['model']}` does not exist."}
         if path == "/inference/v1/generate" and not self.scale_out:
             return 403, {"error": "Scale-out endpoints are disabled"}
         if path not in table:
@@ -116,6 +129,34 @@ class StandIn:
         if not self.tied:
             tensors.setdefault("lm_head.weight", self.model.get_output_embeddings().weight.detach())
         return {f"dp0:pp0:pcp0:tp0:{n}": sha256_of(t) for n, t in tensors.items()}
+
+    def load_adapter(self, body: dict) -> tuple[int, str | dict]:
+        """A peft adapter directory as the merged copy of the model (vLLM's reply: text)."""
+        from safetensors.torch import load_file
+
+        name, path = body["lora_name"], Path(body["lora_path"])
+        if name in self.adapters:
+            return 400, {"error": f"The lora adapter '{name}' has already been loaded."}
+        config = json.loads((path / "adapter_config.json").read_text())
+        merged = copy.deepcopy(self.model)
+        modules = dict(merged.named_modules())
+        tensors = load_file(str(path / "adapter_model.safetensors"))
+        with torch.no_grad():
+            for key, a in tensors.items():
+                if key.endswith(".lora_A.weight"):
+                    module = key.removeprefix("base_model.model.").removesuffix(".lora_A.weight")
+                    b = tensors[key.replace(".lora_A.", ".lora_B.")]
+                    modules[module].weight += (config["lora_alpha"] / config["r"]) * (b @ a)
+        with self.lock:
+            self.adapters[name] = merged
+            self.adapter_loads.append(name)
+        return 200, f"Success: LoRA adapter '{name}' added successfully."
+
+    def unload_adapter(self, body: dict) -> tuple[int, str | dict]:
+        with self.lock:
+            if self.adapters.pop(body["lora_name"], None) is None:
+                return 404, {"error": f"The lora adapter '{body['lora_name']}' cannot be found."}
+        return 200, f"Success: LoRA adapter '{body['lora_name']}' removed successfully."
 
     def running(self) -> bool:
         """Generation requests in flight while the server is not paused."""
@@ -190,16 +231,17 @@ class StandIn:
         if self.hang:
             time.sleep(self.hang)
         sp, prompt = body["sampling_params"], list(body["token_ids"])
+        model = self.adapters[body["model"]] if body.get("model") else self.model
         with torch.no_grad():
             if sp.get("prompt_logprobs") is not None:
                 with self.lock:
                     self.requests += 1
-                    logits = self.model(torch.tensor([prompt])).logits[0, :-1].double()
+                    logits = model(torch.tensor([prompt])).logits[0, :-1].double()
                 lp = token_logprobs(logits, torch.tensor(prompt[1:])).tolist()
                 entries = [None] + [{str(t): {"logprob": v}} for t, v in zip(prompt[1:], lp)]
                 return {"choices": [{"index": 0, "token_ids": []}], "prompt_logprobs": entries}
             state = {"aborted": False, "holding": False, "held": False, "eligible": bool(self.hold_after)
-                     and self.hold_if(sp), "start": None, "drain": False}  # fmt: skip
+                     and self.hold_if(sp), "start": None, "drain": False, "model": model}  # fmt: skip
             with self.lock:
                 self.requests, self.generations = self.requests + 1, self.generations + 1
                 self.active.append(state)
@@ -210,7 +252,7 @@ class StandIn:
                 with self.lock:
                     self.active.remove(state)
                     self.lock.notify_all()
-        return {"choices": choices}
+        return {"choices": choices, **({"model": body["model"]} if body.get("model") else {})}
 
     def _turn(self, state: dict, index: int, t: int) -> None:
         """Wait (holding the lock) until the next token may be sampled: not paused, not held."""
@@ -238,9 +280,9 @@ class StandIn:
                     break
                 state["start"] = self.weight_version if state["start"] is None else state["start"]
                 if self.kv_cache and past is not None and epoch == self.cache_epoch:
-                    step = self.model(torch.tensor([ids[-1:]]), cache=past, use_cache=True)
+                    step = state["model"](torch.tensor([ids[-1:]]), cache=past, use_cache=True)
                 else:
-                    step = self.model(torch.tensor([ids]), use_cache=self.kv_cache)
+                    step = state["model"](torch.tensor([ids]), use_cache=self.kv_cache)
                 past, epoch = (step.cache if self.kv_cache else None), self.cache_epoch
                 version = self.label or self.weight_version
             logits = step.logits[0, -1].double()
@@ -278,9 +320,10 @@ class StandIn:
                     status, reply = stand_in.route(method, self.path, body)
                 except Exception as e:  # noqa: BLE001 -- a stand-in's failure goes back as vLLM's would
                     status, reply = 500, {"error": f"{type(e).__name__}: {e}"}
-                data = json.dumps(reply).encode()
+                text = isinstance(reply, str)  # vLLM's LoRA routes answer text
+                data = reply.encode() if text else json.dumps(reply).encode()
                 self.send_response(status)
-                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Type", "text/plain" if text else "application/json")
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import fields
+from pathlib import Path
 from typing import Any
 
 from ..algo.surrogate import PolicyLossParams
@@ -229,8 +230,12 @@ DEVICE_FORM = re.compile(r"^(cpu|cuda):(\d+(-\d+)?(,\d+(-\d+)?)*)$")
 
 
 def validate_server_devices(cfg: Config) -> None:
-    """rollout.server_devices: one well-formed entry per server started here (none with servers listed)."""
+    """rollout.server_devices: one well-formed entry per server started here (none with servers listed);
+    rollout.adapter_dir: a directory (the adapters of rollout.lora_sync: adapter go there)."""
     r = cfg.rollout
+    if r.adapter_dir and not Path(r.adapter_dir).is_dir():
+        raise ConfigError(f"rollout.adapter_dir: expected an existing directory that the servers read too, got "
+                          f"{r.adapter_dir!r}")  # fmt: skip
     if not r.server_devices:
         return
     if r.servers:

@@ -93,6 +93,12 @@ class RolloutConfig:
     # bound there) or cuda:<GPU ids> (e.g. cuda:1); [] = vLLM's default (on a CPU every server binds from core 0)
     server_devices: list = field(default_factory=list)
     weight_transfer_host: str = ""  # vllm_server: the address servers reach this trainer at ("" = the route's own)
+    # vllm_server with LoRA (model.lora.rank > 0): merged = the whole model W + (alpha / r) B A through the weight
+    # transfer; adapter = each sync writes only the adapter, which the servers load as a LoRA adapter of its own per
+    # version (grpolab/rollout/server_adapters.py): 0.03x the bytes and seconds of a sync, but on a CPU vLLM decodes
+    # with adapters 3.6x slower (benchmarks/lora_sync.py, docs/vllm.md), hence merged by default
+    lora_sync: Literal["adapter", "merged"] = "merged"
+    adapter_dir: str = ""  # lora_sync adapter: where adapters are written for the servers ("" = this host's /dev/shm)
     # k >= 1: the batch of step s is sampled with the weights after update s - k (a fixed lag; the first k steps'
     # with the initial ones) while the trainer updates: an engine in its own process (grpolab_process or vllm) or
     # vLLM servers (vllm_server: a sync pauses them with requests kept, each token then carries the version that

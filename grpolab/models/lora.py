@@ -142,9 +142,10 @@ class MergedWeights(Mapping):
         any other parameter (and buffer)   ->  the model's own tensor (tied names map to the same object)
 
     Adapter tensors (lora_A, lora_B, ...) have no plain name and are left out. Merged values are computed on
-    access under no_grad, one at a time, and never written into the peft model."""
+    access under no_grad, one at a time, and never written into the peft model. ``merge=False``: the base model's
+    tensors, W, under the same names (what a server that loads the adapter itself holds)."""
 
-    def __init__(self, peft_model, buffers: bool = False):
+    def __init__(self, peft_model, buffers: bool = False, merge: bool = True):
         base = peft_model.get_base_model()
         self._layers = _adapted_layers(peft_model)
         if any(getattr(m, "merged", False) for m in self._layers.values()):
@@ -160,7 +161,7 @@ class MergedWeights(Mapping):
                 continue
             self._tensors[plain] = t
             layer = plain.removesuffix(".weight")
-            if plain.endswith(".weight") and layer in self._layers:
+            if merge and plain.endswith(".weight") and layer in self._layers:
                 self._delta[plain] = self._layers[layer]
 
     def _plain_name(self, name: str) -> str | None:

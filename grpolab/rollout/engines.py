@@ -110,6 +110,11 @@ def vllm_server_engine(req: EngineRequest) -> VLLMServerEngine:
             "(torchrun): servers started here (rollout.num_servers) would be one set per process; start `vllm serve` "
             "on the inference hosts and list them (docs/vllm.md)"
         )
+    if req.ranks.size > 1 and cfg.model.lora.rank > 0 and r.lora_sync == "adapter":
+        raise ConfigError(
+            f"rollout.lora_sync: adapter syncs from one trainer process; with {req.ranks.size} (torchrun) set "
+            "rollout.lora_sync: merged"
+        )
     return VLLMServerEngine(
         req.policy,
         req.tokenizer,
@@ -125,6 +130,9 @@ def vllm_server_engine(req: EngineRequest) -> VLLMServerEngine:
         log_dir=req.run_dir,
         transfer_host=r.weight_transfer_host,
         ranks=req.ranks,
+        lora_sync=r.lora_sync,
+        adapter_dir=r.adapter_dir,
+        adapter_slots=r.max_staleness + 2,  # the newest version, those still sampling, the one being loaded
     )
 
 

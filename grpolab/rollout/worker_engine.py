@@ -44,12 +44,13 @@ DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "
 GRPOLAB_WORKER_SCRIPT = Path(__file__).parent / "workers" / "grpolab_worker.py"
 
 
-def policy_tensors(policy: torch.nn.Module, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+def policy_tensors(policy: torch.nn.Module, dtype: torch.dtype, merge: bool = True) -> dict[str, torch.Tensor]:
     """The policy's weights by their plain HF names, in `dtype`, on the CPU, contiguous: a LoRA policy's merged
-    W + (alpha / r) B A (grpolab.models.lora.MergedWeights), an FSDP2-sharded policy's gathered. A tensor tied under
-    several names (the embeddings and lm_head) is given under each name, as its own copy: the engine holds the
-    model untied (see `engine_config`)."""
-    named = MergedWeights(policy) if is_lora(policy) else dict(policy.named_parameters(remove_duplicate=False))
+    W + (alpha / r) B A (grpolab.models.lora.MergedWeights; ``merge=False``: its base W), an FSDP2-sharded policy's
+    gathered. A tensor tied under several names (the embeddings and lm_head) is given under each name, as its own
+    copy: the engine holds the model untied (see `engine_config`)."""
+    plain = dict(policy.named_parameters(remove_duplicate=False))
+    named = MergedWeights(policy, merge=merge) if is_lora(policy) else plain
     out: dict[str, torch.Tensor] = {}
     seen: set[int] = set()
     with torch.no_grad():
