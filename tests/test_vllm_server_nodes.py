@@ -15,6 +15,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -24,6 +25,8 @@ from safetensors.torch import load_file
 from test_vllm_engine import tiny_llama
 from vllm_stand_in import StandIn
 
+from grpolab.rollout.base import Ranks, SamplingParams
+from grpolab.rollout.server_engine import VLLMServerEngine
 from grpolab.rollout.servers import free_port
 
 HERE = Path(__file__).resolve().parent
@@ -197,3 +200,68 @@ def test_servers_started_here_are_refused_under_torchrun():
     request = EngineRequest(cfg, None, None, "float32", False, [], None, Ranks(0, 2))
     with pytest.raises(ConfigError, match=r"^rollout.servers: expected the URLs of running servers with 2 trainer"):
         vllm_server_engine(request)
+
+
+def thread_ranks(size: int) -> list[Ranks]:
+    """`size` trainer ranks as threads of this process: their gather an all-gather through a barrier."""
+    slots, barrier = [None] * size, threading.Barrier(size, timeout=60)
+
+    def gather_of(rank: int):
+        def gather(obj) -> list:
+            slots[rank] = obj
+            barrier.wait()
+            out = list(slots)
+            barrier.wait()  # nobody writes the next round's slot before all have read this one
+            return out
+
+        return gather
+
+    return [Ranks(r, size, gather_of(r)) for r in range(size)]
+
+
+def on_ranks(fn, size: int = 2) -> list:
+    """fn(rank) on `size` threads at once (the engines' collectives need every rank); each result, or its error."""
+    results: list = [None] * size
+
+    def run(rank: int) -> None:
+        try:
+            results[rank] = fn(rank)
+        except Exception as e:  # noqa: BLE001 -- returned to the test
+            results[rank] = e
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(size)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    return results
+
+
+def test_a_server_lost_by_one_rank_leaves_every_rank_s_rotation(tok):
+    """Rank 1's request finds server 1 dead (retried on server 0) while rank 0 has not asked it since: at the next
+    sync every rank takes it out of rotation and rank 0 syncs server 0 alone, instead of failing on server 1 and
+    stopping every rank."""
+    servers, ranks = servers_of(tok), thread_ranks(2)
+    policies = [tiny_llama(tok, seed=0), tiny_llama(tok, seed=0)]
+
+    def start(rank: int) -> VLLMServerEngine:
+        return VLLMServerEngine(policies[rank], tok, torch.float32, servers=[s.url for s in servers],
+                                max_model_len=256, call_timeout=20.0, ranks=ranks[rank])  # fmt: skip
+
+    engines = on_ranks(start)
+    try:
+        assert all(isinstance(e, VLLMServerEngine) for e in engines), engines
+        servers[1].close()
+        prompts = [tok.encode("Hello there"), tok.encode("x")]
+        r = engines[1].generate(prompts, SamplingParams(group_size=2, max_new_tokens=3, temperature=1.0), seeds=[1, 2])
+        assert r.completion_ids.shape[0] == 4
+        assert list(engines[1].pool.out) == [1] and not engines[0].pool.out
+        assert on_ranks(lambda rank: engines[rank].sync_weights(policies[rank])) == [None, None]
+        assert [list(e.pool.out) for e in engines] == [[1], [1]]
+        assert servers[0].applied == 2 and servers[0].weight_version == "2"
+        assert "server/1/s" not in engines[0].last_sync and engines[0].last_sync["server/0/bytes"] > 0
+    finally:
+        for e in engines:
+            if isinstance(e, VLLMServerEngine):
+                e.close()
+        servers[0].close()

@@ -22,19 +22,23 @@ class SamplingParams:
     stop_rule: str = "none"  # what else ends a completion (rollout/stop.py): "none" | "code_block"
 
 
-def no_peer_error(error: str | None) -> str | None:
-    return error
+def alone(obj) -> list:
+    return [obj]
 
 
 @dataclass(frozen=True)
 class Ranks:
     """The trainer's data-parallel processes as an engine sees them (grpolab.training.distributed.engine_ranks): this
-    process's rank, how many there are, and ``first_error``, a collective every rank calls with its own error message
-    (None: none) and that returns the first rank's message, or None when no rank has one. One process: rank 0 of 1."""
+    process's rank, how many there are, and ``gather``, a collective every rank calls with an object of its own and
+    that returns every rank's, in rank order. One process: rank 0 of 1."""
 
     rank: int = 0
     size: int = 1
-    first_error: Callable[[str | None], str | None] = no_peer_error
+    gather: Callable[[Any], list] = alone
+
+    def first_error(self, error: str | None) -> str | None:
+        """The first rank's error message among every rank's `error` (None: none has one); a collective."""
+        return next((e for e in self.gather(error) if e is not None), None)
 
 
 @dataclass

@@ -50,7 +50,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from torch.distributed.tensor import DTensor
 
 from ..models.lora import is_lora
 from .base import Ranks, Rollout, SamplingParams
@@ -72,7 +71,15 @@ from .servers import (
 )
 from .vllm_engine import VLLMEngine, default_vllm_python
 from .weight_transfer import GlooSender, paused
-from .worker_engine import DTYPES, PendingRollout, WorkerEngine, plain_model, policy_tensors, right_pad
+from .worker_engine import (
+    DTYPES,
+    PendingRollout,
+    WorkerEngine,
+    join_gathers,
+    plain_model,
+    policy_tensors,
+    right_pad,
+)
 from .workers.process import EngineUnavailable, shared_memory_dir
 
 GENERATE = "/inference/v1/generate"
@@ -96,15 +103,6 @@ def reach_address(url: str) -> str:
     with socket.socket(socket.AF_INET6 if ":" in (parts.hostname or "") else socket.AF_INET, socket.SOCK_DGRAM) as s:
         s.connect((parts.hostname or "127.0.0.1", parts.port or 80))  # UDP: no packet is sent
         return s.getsockname()[0]
-
-
-def join_gathers(policy: torch.nn.Module) -> None:
-    """The collectives policy_tensors takes on an FSDP2-sharded policy (each tensor's all-gather, in its order), for a
-    rank that sends nothing; nothing for a policy that is not sharded."""
-    with torch.no_grad():
-        for tensor in dict(policy.named_parameters(remove_duplicate=False)).values():
-            if isinstance(tensor, DTensor):
-                tensor.full_tensor()
 
 
 def release(local: list, log_dir, workdirs: list[Path]) -> None:
@@ -302,14 +300,16 @@ class VLLMServerEngine(WorkerEngine):
 
     def _sync(self, policy: torch.nn.Module, version: str) -> None:
         """Rank 0 sends (another rank joins an FSDP2 policy's gathers, which sending takes); then every rank learns
-        of a failure on rank 0 (the same ServerError raised on each), so all stop at the same step."""
+        of a failure on rank 0 (the same ServerError raised on each), so all stop at the same step. First, every
+        rank's lost servers are out on every rank (``_share_lost``)."""
+        self._share_lost()
         error = None
         try:
             if self.ranks.rank == 0:
                 self._send(policy, version)
             else:
                 join_gathers(policy)
-        except ServerError as e:
+        except (ServerError, ServerFault) as e:
             error = e
         first = self.ranks.first_error(str(error) if error is not None else None)  # a collective: no rank runs ahead
         if error is not None:
@@ -317,6 +317,16 @@ class VLLMServerEngine(WorkerEngine):
         if first is not None:
             raise ServerError(first)
         self.syncs_done += 1
+
+    def _share_lost(self) -> None:
+        """A server any rank lost leaves the rotation of every rank (a collective): rank 0 then syncs none that
+        another rank lost, and no rank samples on it again."""
+        if self.ranks.size == 1:
+            return
+        for rank, out in enumerate(self.ranks.gather(dict(self.pool.out))):
+            for server, cause in out.items():
+                if rank != self.ranks.rank:
+                    self.pool.take_out(server, f"lost by trainer rank {rank}: {cause}")
 
     def _send(self, policy: torch.nn.Module, version: str) -> None:
         if self.adapters is None:

@@ -63,6 +63,15 @@ def policy_tensors(policy: torch.nn.Module, dtype: torch.dtype, merge: bool = Tr
     return out
 
 
+def join_gathers(policy: torch.nn.Module) -> None:
+    """The collectives policy_tensors takes on an FSDP2-sharded policy (each tensor's all-gather, in its order), for a
+    rank that sends nothing; nothing for a policy that is not sharded."""
+    with torch.no_grad():
+        for tensor in dict(policy.named_parameters(remove_duplicate=False)).values():
+            if isinstance(tensor, DTensor):
+                tensor.full_tensor()
+
+
 def engine_config(policy: torch.nn.Module):
     """The policy's config as the engine gets it: word embeddings untied. vLLM 0.32's in-place weight reload leaves
     a tied lm_head with its old values (it restores the kernel tensors of a layer the checkpoint names no weight

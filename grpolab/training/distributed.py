@@ -21,7 +21,6 @@ from __future__ import annotations
 import hashlib
 import os
 from dataclasses import dataclass
-from functools import partial
 
 import torch
 import torch.distributed as dist
@@ -128,14 +127,9 @@ def barrier(world: World) -> None:
         dist.barrier()
 
 
-def first_error(world: World, error: str | None) -> str | None:
-    """The first rank's error message among every rank's `error` (None: none has one); a collective."""
-    return next((e for e in gather_objects(error, world) if e is not None), None)
-
-
 def engine_ranks(world: World) -> Ranks:
     """The world as the rollout engine sees it (grpolab.rollout.base.Ranks)."""
-    return Ranks(world.rank, world.size, partial(first_error, world))
+    return Ranks(world.rank, world.size, lambda obj: gather_objects(obj, world))
 
 
 def resolve_device(setting: str) -> torch.device:
