@@ -102,7 +102,7 @@ install-vllm: $(VLLM_STAMP) $(VLLM_PLUGIN_STAMP)
 
 # The engine's tests with its environment installed (`make test` skips them, with the reason, where it is absent).
 test-vllm: $(STAMP) $(VLLM_STAMP) $(VLLM_PLUGIN_STAMP)
-	$(PY) -m pytest tests/test_vllm_engine.py tests/test_vllm_server.py
+	$(PY) -m pytest tests/test_vllm_engine.py tests/test_vllm_server.py tests/test_vllm_server_async.py tests/test_vllm_server_lora.py
 
 # grpolab's vLLM plugin (vllm_plugin/: the gloo weight-transfer backend of rollout.engine vllm_server, docs/vllm.md),
 # registered through vLLM's vllm.general_plugins entry point; reinstalled when its sources change.

@@ -71,19 +71,15 @@ def test_each_sync_loads_the_adapter_only_and_requests_sample_with_it(tok, promp
     servers = [stand_in(tok, seed=5, lora_rank=RANK), stand_in(tok, seed=6, lora_rank=RANK)]
     engine = adapter_engine(policy, tok, servers)
     seq = prompts[1] + tok.encode(" four, I think")
-    base = merged(policy)
+    base, v1, v2 = merged(policy), engine.adapters.name(1), engine.adapters.name(2)
     try:
-        assert [s.applied for s in servers] == [1, 1] and [s.adapter_loads for s in servers] == [["grpolab-v1"]] * 2
+        assert [s.applied for s in servers] == [1, 1] and [s.adapter_loads for s in servers] == [[v1]] * 2
         assert all(matches(engine, base, seq, i) for i in range(2))
         train_adapter(policy, seed=1)
         engine.sync_weights(policy)
         trained = merged(policy)
         for s in servers:
-            assert (
-                s.applied == 1
-                and s.adapter_loads == ["grpolab-v1", "grpolab-v2"]
-                and list(s.adapters) == ["grpolab-v2"]
-            )
+            assert s.applied == 1 and s.adapter_loads == [v1, v2] and list(s.adapters) == [v2]
         for i in range(2):
             assert matches(engine, trained, seq, i) and not matches(engine, base, seq, i), f"server {i}"
         lora_bytes = sum(p.numel() * 4 for n, p in policy.named_parameters() if "lora_" in n)
@@ -102,10 +98,11 @@ def test_each_sync_loads_the_adapter_only_and_requests_sample_with_it(tok, promp
             s.close()
 
 
-def matches_sampled(model, prompt, completion, logprobs) -> bool:
+def matches_sampled(model, prompt, completion, logprobs, temperature: float = 0.8) -> bool:
     from test_vllm_engine import LOGP_ATOL, reference_logprobs
 
-    return (logprobs.double() - reference_logprobs(model, prompt, completion, 0.8)).abs().max().item() < LOGP_ATOL
+    diff = logprobs.double() - reference_logprobs(model, prompt, completion, temperature)
+    return diff.abs().max().item() < LOGP_ATOL
 
 
 def test_a_generation_in_flight_keeps_its_adapter_across_a_sync(tok, prompts):
@@ -119,14 +116,55 @@ def test_a_generation_in_flight_keeps_its_adapter_across_a_sync(tok, prompts):
         pending = engine.submit(prompts[:2], SamplingParams(group_size=2, max_new_tokens=4, temperature=0.8), [1, 2])
         train_adapter(policy, seed=1)
         engine.sync_weights(policy)
-        assert list(server.adapters) == ["grpolab-v1", "grpolab-v2"]  # v1 still samples
+        assert list(server.adapters) == [engine.adapters.name(1), engine.adapters.name(2)]  # v1 still samples
         r = engine.finish(pending)
         assert r.weight_versions == ["1"] * 4 and (r.token_versions[r.completion_mask.bool()] == 0).all()
         server.hang = 0.0
         engine.sync_weights(policy)
-        assert list(server.adapters) == ["grpolab-v3"]
+        assert list(server.adapters) == [engine.adapters.name(3)]
     finally:
         engine.close()
+        server.close()
+
+
+def test_truncated_sampling_scores_with_the_version_s_adapter(tok, prompts):
+    """Top-k sampling: the untruncated log-probabilities (a second, scoring request) come from the same adapter as
+    the samples, the merged model's and not the base's."""
+    policy = lora_policy(tok)
+    server = stand_in(tok, seed=5, lora_rank=RANK)
+    engine = adapter_engine(policy, tok, [server])
+    try:
+        base = merged(policy)
+        train_adapter(policy, seed=1)
+        engine.sync_weights(policy)
+        trained = merged(policy)
+        r = engine.generate(
+            prompts[:2], SamplingParams(group_size=2, max_new_tokens=5, temperature=1.0, top_k=2), [1, 2]
+        )
+        for j in range(4):
+            ids = r.completion_ids[j][r.completion_mask[j].bool()].tolist()
+            untruncated = r.sampler_logprobs_untruncated[j, : len(ids)]
+            assert matches_sampled(trained, prompts[j // 2], ids, untruncated, temperature=1.0)
+            assert not matches_sampled(base, prompts[j // 2], ids, untruncated, temperature=1.0)
+    finally:
+        engine.close()
+        server.close()
+
+
+def test_a_second_run_on_the_same_server_loads_its_own_names(tok):
+    """Closing an engine unloads its adapters; a later engine on the same server (a resume, another run) names its
+    versions apart, so vLLM's refusal of a name loaded twice never meets it."""
+    server = stand_in(tok, seed=5, lora_rank=RANK)
+    try:
+        first = adapter_engine(lora_policy(tok), tok, [server])
+        names = [first.adapters.name(1)]
+        first.close()
+        assert server.adapters == {}
+        second = adapter_engine(lora_policy(tok), tok, [server])
+        names.append(second.adapters.name(1))
+        second.close()
+        assert names[0] != names[1] and server.adapter_loads == names and server.adapters == {}
+    finally:
         server.close()
 
 
@@ -183,7 +221,7 @@ def test_a_served_adapter_follows_the_trainer(tok, prompts, tmp_path):
         trained = merged(policy)
         assert matches(engine, trained, seq, 0) and not matches(engine, base, seq, 0)
         served = [m["id"] for m in engine.clients[0].get("/v1/models")["data"]]
-        assert "grpolab-v2" in served and "grpolab-v1" not in served, served
+        assert engine.adapters.name(2) in served and engine.adapters.name(1) not in served, served
     finally:
         engine.close()
 

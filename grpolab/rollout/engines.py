@@ -110,11 +110,6 @@ def vllm_server_engine(req: EngineRequest) -> VLLMServerEngine:
             "(torchrun): servers started here (rollout.num_servers) would be one set per process; start `vllm serve` "
             "on the inference hosts and list them (docs/vllm.md)"
         )
-    if req.ranks.size > 1 and cfg.model.lora.rank > 0 and r.lora_sync == "adapter":
-        raise ConfigError(
-            f"rollout.lora_sync: adapter syncs from one trainer process; with {req.ranks.size} (torchrun) set "
-            "rollout.lora_sync: merged"
-        )
     return VLLMServerEngine(
         req.policy,
         req.tokenizer,

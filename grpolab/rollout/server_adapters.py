@@ -4,9 +4,10 @@ The servers hold the base model W (sent once, by the weight transfer, at the fir
 adapter (A, B of every adapted module) as a LoRA adapter of its own, loaded by vLLM's runtime adapter loading
 (``POST /v1/load_lora_adapter``, servers run with ``--enable-lora`` and ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=1``) from
 the peft files grpolab writes for it (``<adapter_dir>/v<version>``). A request names the version it samples with
-(``"model": "grpolab-v<version>"``), so a completion is sampled wholly by the version it was sent with: syncs need no
+(``"model": "grpolab-<engine>-v<version>"``, the engine's token keeping two runs, or a run and its resume, on one
+server apart), so a completion is sampled wholly by the version it was sent with: syncs need no
 pause, in-flight requests go on with their own adapter, and each token's version is its request's. A version no
-generation in flight uses any more is unloaded and its files removed.
+generation in flight uses any more is unloaded and its files removed; closing the engine unloads the rest.
 
 Why a new name per version: vLLM refuses to load a name twice, reloads an in-place adapter from disk on every step,
 and keys the prefix cache by name and path (vllm/entrypoints/openai/models/serving.py, vllm/lora/worker_manager.py).
@@ -25,17 +26,16 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from ..errors import ConfigError
-from ..models.lora import ADAPTER, ADAPTER_WEIGHTS
-from .servers import ServerClient, ServerError, status_of
+from ..models.lora import ADAPTER, ADAPTER_WEIGHTS, is_lora
+from .servers import ServerClient, ServerError, log, status_of
 
 SERVED_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 """The ranks vLLM 0.32's ``--max-lora-rank`` takes (vllm/config/lora.py)."""
-PREFIX = "grpolab-v"
 
 
-def adapter_name(version: int | str) -> str:
-    """The served name of a weight version's adapter."""
-    return f"{PREFIX}{version}"
+def lora_rank(policy) -> int:
+    """The LoRA rank of a peft policy; 0 for a plain one."""
+    return int(policy.peft_config[ADAPTER].r) if is_lora(policy) else 0
 
 
 def served_rank(rank: int) -> int:
@@ -91,25 +91,30 @@ def check_lora_server(where: str, config: dict, rank: int) -> None:
 class AdapterVersions:
     """The adapters on the servers: each sync's written once and loaded on every live server; ``acquire`` /
     ``release`` count the generations in flight that sample with a version, and a version with none that is not the
-    newest is unloaded from every server and its files removed."""
+    newest is unloaded from every server and its files removed. Served names are ``grpolab-<token>-v<version>``,
+    the token the name of `directory` (made for this engine), so no two engines' names meet on a server."""
 
     def __init__(self, clients: list[ServerClient], directory: Path):
         self.clients, self.directory = clients, directory
+        self.prefix = f"grpolab-{directory.name.rsplit('-', 1)[-1]}-v"
         self.users: Counter[int] = Counter()
         self.loaded: list[int] = []
         self.lock = threading.Lock()
+
+    def name(self, version: int) -> str:
+        """The served name of weight version `version`'s adapter."""
+        return f"{self.prefix}{version}"
 
     def load(self, policy, tensors: dict[str, torch.Tensor], version: int, live: list[int]) -> dict[str, float]:
         """Write version `version`'s adapter and load it on every server in `live` (ServerError naming the server that
         refused); returns last_sync's figures (bytes over all servers, seconds, per server)."""
         began = time.perf_counter()
         path = self.directory / f"v{version}"
-        shutil.rmtree(path, ignore_errors=True)  # a resumed run writes its versions again
         size = write_adapter(policy, tensors, path)
         figures: dict[str, float] = {}
         for i in live:
             t = time.perf_counter()
-            self._load_on(self.clients[i], adapter_name(version), path)
+            self._load_on(self.clients[i], self.name(version), path)
             figures.update({f"server/{i}/s": time.perf_counter() - t, f"server/{i}/bytes": float(size)})
         with self.lock:
             self.loaded.append(version)
@@ -117,37 +122,56 @@ class AdapterVersions:
         return {"bytes": float(size * len(live)), "total_s": time.perf_counter() - began, **figures}
 
     def _load_on(self, client: ServerClient, name: str, path: Path) -> None:
+        """Adapter `name` from `path` into one server, then checked among its models; ServerError naming the cause."""
         try:
             client.post("/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(path)})
         except ServerError as e:
+            if "No adapter found" in str(e):  # vLLM's LoRAAdapterNotFoundError: the server cannot read the path
+                raise ServerError(f"{e} (a server on another host needs rollout.adapter_dir on a filesystem both "
+                                  "read)") from None  # fmt: skip
             if status_of(e) in (404, 405):
                 raise ServerError(f"vLLM server {client.url} does not load adapters at run time (POST "
                                   "/v1/load_lora_adapter: 404); start it with VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 "
                                   "and --enable-lora") from None  # fmt: skip
-            raise ServerError(f"{e} (loading {path}: a server on another host needs rollout.adapter_dir on a "
-                              "filesystem both read)") from None  # fmt: skip
+            raise
         served = [m.get("id") for m in (client.get("/v1/models") or {}).get("data", [])]
         if name not in served:
             raise ServerError(f"vLLM server {client.url}: {name} is not among its models {served} after loading it")
 
     def acquire(self, version: int) -> None:
+        """A generation that samples with `version` is in flight."""
         with self.lock:
             self.users[version] += 1
 
     def release(self, version: int) -> None:
+        """A generation that sampled with `version` has ended."""
         with self.lock:
             self.users[version] -= 1
+            if self.users[version] <= 0:
+                del self.users[version]
 
     def unload_unused(self, live: list[int]) -> None:
         """Unload (every server in `live`) and delete each version older than the newest that no generation uses."""
         with self.lock:
-            unused = [v for v in self.loaded[:-1] if self.users[v] <= 0]
+            unused = [v for v in self.loaded[:-1] if v not in self.users]
             self.loaded = [v for v in self.loaded if v not in unused]
-        for v in unused:
-            for i in live:
+        self._unload(unused, live)
+
+    def _unload(self, versions: list[int], servers: list[int]) -> None:
+        for v in versions:
+            for i in servers:
                 try:
-                    self.clients[i].post("/v1/unload_lora_adapter", {"lora_name": adapter_name(v)})
+                    self.clients[i].post("/v1/unload_lora_adapter", {"lora_name": self.name(v)})
                 except ServerError as e:
                     if status_of(e) != 404:  # already gone (a restarted server): nothing to free
                         raise
             shutil.rmtree(self.directory / f"v{v}", ignore_errors=True)
+
+    def close(self, servers: list[int]) -> None:
+        """Every version still loaded unloaded from `servers` (the ones in rotation), as far as they answer."""
+        with self.lock:
+            versions, self.loaded = self.loaded, []
+        try:
+            self._unload(versions, servers)
+        except ServerError as e:
+            log.warning("closing: an adapter could not be unloaded: %s", e)

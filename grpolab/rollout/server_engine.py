@@ -39,11 +39,9 @@ from __future__ import annotations
 
 import math
 import shutil
-import socket
 import tempfile
 import threading
 import time
-import urllib.parse
 import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -51,10 +49,10 @@ from pathlib import Path
 
 import torch
 
-from ..models.lora import is_lora
+from ..errors import ConfigError
 from .base import Ranks, Rollout, SamplingParams
 from .grpolab_engine import eos_ids
-from .server_adapters import AdapterVersions, adapter_name, adapter_tensors, check_lora_server, lora_serve_flags
+from .server_adapters import AdapterVersions, adapter_tensors, check_lora_server, lora_rank, lora_serve_flags
 from .servers import (
     LocalServer,
     ServerClient,
@@ -70,7 +68,7 @@ from .servers import (
     token_labels,
 )
 from .vllm_engine import VLLMEngine, default_vllm_python
-from .weight_transfer import GlooSender, paused
+from .weight_transfer import GlooSender, paused, reach_address
 from .worker_engine import (
     DTYPES,
     PendingRollout,
@@ -97,14 +95,6 @@ class ServerPending(PendingRollout):
     syncs_at_send: int = 0
 
 
-def reach_address(url: str) -> str:
-    """This host's address on the route to the server of `url` (where the server's workers can reach it)."""
-    parts = urllib.parse.urlsplit(url)
-    with socket.socket(socket.AF_INET6 if ":" in (parts.hostname or "") else socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.connect((parts.hostname or "127.0.0.1", parts.port or 80))  # UDP: no packet is sent
-        return s.getsockname()[0]
-
-
 def release(local: list, log_dir, workdirs: list[Path]) -> None:
     """Stop the servers started here, copy their logs into `log_dir` (the run directory), remove `workdirs`."""
     for server in local:
@@ -113,11 +103,6 @@ def release(local: list, log_dir, workdirs: list[Path]) -> None:
     local.clear()
     for workdir in workdirs:
         shutil.rmtree(workdir, ignore_errors=True)
-
-
-def lora_rank(policy: torch.nn.Module) -> int:
-    """The LoRA rank of a peft policy; 0 for a plain one."""
-    return int(policy.peft_config["default"].r) if is_lora(policy) else 0
 
 
 class VLLMServerEngine(WorkerEngine):
@@ -167,6 +152,9 @@ class VLLMServerEngine(WorkerEngine):
         self.server_devices = list(server_devices)  # servers started here: each one's devices (servers.device_env)
         self.workdir = Path(tempfile.mkdtemp(prefix="grpolab-servers-", dir=shared_memory_dir()))
         self.lora_rank, self.adapters = lora_rank(policy) if lora_sync == "adapter" else 0, None
+        if self.lora_rank and ranks.size > 1:
+            raise ConfigError(f"rollout.lora_sync: adapter syncs from one trainer process; with {ranks.size} (torchrun) "
+                              "set rollout.lora_sync: merged")  # fmt: skip
         adapters = Path(
             tempfile.mkdtemp(prefix="grpolab-adapters-", dir=(self.lora_rank and adapter_dir) or self.workdir)
         )
@@ -180,7 +168,8 @@ class VLLMServerEngine(WorkerEngine):
             self.clients = [ServerClient(url, call_timeout) for url in servers]
             self.pool = ServerPool(self.clients, self._left_rotation)
             self.adapters = AdapterVersions(self.clients, adapters) if self.lora_rank else None
-            infos = [check_server(c, tokenizer, max_model_len, GlooSender.backend) for c in self.clients]
+            lead = ranks.rank == 0
+            infos = [check_server(c, tokenizer, max_model_len, GlooSender.backend, lead) for c in self.clients]
             for c, info in zip(self.clients, infos) if self.lora_rank else ():
                 check_lora_server(f"rollout.servers: {c.url}", info["config"], self.lora_rank)
             self.version = self._one_version([i["version"] for i in infos])
@@ -272,6 +261,8 @@ class VLLMServerEngine(WorkerEngine):
 
     def close(self) -> None:
         out = self.pool.out if hasattr(self, "pool") else {}  # a failed start may close before the pool exists
+        if self.adapters is not None:
+            self.adapters.close([i for i in range(len(self.clients)) if i not in out])
         for i, sender in enumerate(self.senders):
             sender.close(tell_server=i not in out)
         self.senders = []
@@ -329,6 +320,7 @@ class VLLMServerEngine(WorkerEngine):
                     self.pool.take_out(server, f"lost by trainer rank {rank}: {cause}")
 
     def _send(self, policy: torch.nn.Module, version: str) -> None:
+        """Rank 0's part of a sync: the merged model, or the adapter (the base first, once)."""
         if self.adapters is None:
             return self._send_weights(policy_tensors(policy, self.dtype), version)
         if not self.adapters.loaded:  # the first sync: the base model W, once, through the weight transfer
@@ -400,7 +392,7 @@ class VLLMServerEngine(WorkerEngine):
 
     def _served_model(self, version: int) -> str | None:
         """The model a request of weight version `version` names: its adapter with adapters, else the served one."""
-        return adapter_name(version) if self.adapters is not None else None
+        return self.adapters.name(version) if self.adapters is not None else None
 
     def _collect(self, pending: ServerPending, bodies: list[dict], servers: list[int]) -> dict:
         """The replies of a generation's requests (in a background thread): one list of completions per prompt."""
@@ -411,6 +403,7 @@ class VLLMServerEngine(WorkerEngine):
                 self.adapters.release(pending.version_at_send)
 
     def _collect_groups(self, pending: ServerPending, bodies: list[dict], servers: list[int]) -> dict:
+        """_collect's work: each reply's completions, the untruncated log-probabilities where sampling truncated."""
         groups = [self._choices(r, pending) for r in self._post_all(bodies, servers)]
         if pending.want_logp and pending.truncating:  # the trainer's untruncated ones: a scoring pass where sampled
             self._add_untruncated(pending.prompts, groups, servers, self._served_model(pending.version_at_send))
@@ -455,10 +448,12 @@ class VLLMServerEngine(WorkerEngine):
                 raise ServerError(f"{self.name}: the logprobs returned do not follow the sampled tokens")
             logp = [float(e["logprob"]) for e in content] if want_logp else [math.nan] * len(tokens)
             # with adapters the request's version sampled every token; else vLLM's spans say which did
-            labels = None if model else token_labels(c.get("weight_versions"), len(tokens))
-            if labels is None and model:
-                labels = [str(pending.version_at_send)] * len(tokens)
-            elif labels is None:  # no spans: only a generation that no sync overlapped has a known version
+            labels = (
+                [str(pending.version_at_send)] * len(tokens)
+                if model
+                else token_labels(c.get("weight_versions"), len(tokens))
+            )
+            if labels is None:  # no spans: only a generation that no sync overlapped has a known version
                 if self.syncs_done != pending.syncs_at_send:
                     raise ServerError(f"{self.name}: a completion sampled while the weights changed came back "
                                       "without weight-version spans")  # fmt: skip

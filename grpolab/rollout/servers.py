@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
 import signal
 import socket
@@ -302,9 +303,12 @@ def stop_session(proc: subprocess.Popen, grace: float = 20.0) -> None:
 # ---------------------------------------------------------------------------------------------- checks before training
 
 
-def check_server(client: ServerClient, tokenizer, max_model_len: int, backend: str) -> dict[str, Any]:
+def check_server(
+    client: ServerClient, tokenizer, max_model_len: int, backend: str, lead: bool = True
+) -> dict[str, Any]:
     """What the run needs of one server, each refusal one line naming it and the fix; returns {"version",
-    "world_size", "config": GET /server_info's vllm_config}."""
+    "world_size", "config": GET /server_info's vllm_config}. ``lead``: also the check that makes the server hash its
+    whole model (check_untied; under torchrun rank 0's alone)."""
     where = f"rollout.servers: {client.url}"
     try:
         client.get("/health", timeout=min(client.timeout, 10.0))
@@ -320,7 +324,8 @@ def check_server(client: ServerClient, tokenizer, max_model_len: int, backend: s
     config = (client.get("/server_info?config_format=json") or {}).get("vllm_config") or {}
     check_config(where, config, max_model_len, backend)
     check_tokenizer(where, client, tokenizer)
-    check_untied(where, client)
+    if lead:
+        check_untied(where, client)
     try:
         client.post("/inference/v1/generate", generate_body([tokenizer.eos_token_id or 0], {"max_tokens": 1}))
     except ServerError as e:
@@ -380,11 +385,24 @@ def check_untied(where: str, client: ServerClient) -> None:
         if status_of(e) in (404, 405):
             return
         raise
-    embedding = any(n.endswith("embed_tokens.weight") for n in names)
-    if embedding and not any(n.endswith("lm_head.weight") for n in names):
+    if tied_embeddings(names):
         raise ServerError(f"{where} serves a model whose lm_head is tied to its embeddings; a weight sync would leave "
                           "that output layer stale in vLLM 0.32: serve the untied copy that `python "
                           "examples/launch/serving_model.py MODEL DIR` writes (docs/vllm.md)")  # fmt: skip
+
+
+def tied_embeddings(names: list[str]) -> bool:
+    """Whether a served model's parameter names (vLLM's, e.g. ``dp0:pp0:pcp0:tp0:model.embed_tokens.weight``; with
+    --enable-lora ``...embed_tokens.base_layer.weight``) show an input embedding and no output layer of its own.
+
+    >>> tied_embeddings(["tp0:model.embed_tokens.base_layer.weight", "tp0:model.norm.weight"])
+    True
+    >>> tied_embeddings(["tp0:model.embed_tokens.weight", "tp0:lm_head.qweight"])
+    False
+    """
+    plain = [n.replace(".base_layer.", ".") for n in names]
+    embedding = any(n.endswith("embed_tokens.weight") for n in plain)
+    return embedding and not any(re.search(r"(^|[.:])lm_head\.", n) for n in plain)
 
 
 def token_labels(spans: list[dict] | None, count: int) -> list[str] | None:

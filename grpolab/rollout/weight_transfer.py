@@ -19,7 +19,9 @@ pi_version(t)(o_t | o_<t), the version vLLM reports in the completion's per-toke
 
 from __future__ import annotations
 
+import socket
 import time
+import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from datetime import timedelta
@@ -146,3 +148,11 @@ def try_post(client: ServerClient, path: str) -> ServerError | None:
     except ServerError as e:
         return e
     return None
+
+
+def reach_address(url: str) -> str:
+    """This host's address on the route to the server of `url` (where the server's workers can reach it)."""
+    parts = urllib.parse.urlsplit(url)
+    with socket.socket(socket.AF_INET6 if ":" in (parts.hostname or "") else socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect((parts.hostname or "127.0.0.1", parts.port or 80))  # UDP: no packet is sent
+        return s.getsockname()[0]
