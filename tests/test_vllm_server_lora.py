@@ -10,6 +10,7 @@ its log-probabilities follow the merged LoRA model and not the base.
 from __future__ import annotations
 
 import copy
+import logging
 
 import pytest
 import torch
@@ -237,3 +238,18 @@ def test_lora_sync_settings_are_checked_naming_the_field(rollout, message):
     with pytest.raises(ConfigError, match=message):
         from_dict({"rollout": {"engine": "vllm_server", **rollout}})
     assert from_dict({"rollout": {"engine": "vllm_server"}}).rollout.lora_sync == "merged"
+
+
+@pytest.mark.parametrize("max_loras, warned", [(1, True), (3, False)])
+def test_a_server_batching_too_few_adapters_is_warned_of(tok, caplog, max_loras, warned):
+    """With rollout.max_staleness 2 up to 3 versions sample at once: a server that batches fewer adapters is slower,
+    not wrong, so a warning names --max-loras, and none when it holds enough."""
+    server = stand_in(tok, lora_rank=RANK, max_loras=max_loras)
+    try:
+        with caplog.at_level(logging.WARNING, logger="grpolab"):
+            adapter_engine(lora_policy(tok), tok, [server], adapter_slots=4).close()
+        found = [r.getMessage() for r in caplog.records if "--max-loras" in r.getMessage()]
+        assert found == ([f"rollout.servers: {server.url} batches 1 LoRA adapter(s) at once; up to 3 versions sample "
+                          "together here (rollout.max_staleness + 1): start it with --max-loras 4"] if warned else [])  # fmt: skip
+    finally:
+        server.close()

@@ -8,7 +8,7 @@ vLLM version, a route that hangs (``hang``: seconds /inference/v1/generate sleep
 per-parameter checksums of POST /weight_checker list no lm_head, as vLLM's of a tied model). ``lora_rank``: LoRA
 adapters up to that rank loaded at run time from peft files (/v1/load_lora_adapter: the merged copy W + alpha / r B A
 of its model, a name loaded twice refused; /v1/unload_lora_adapter; /v1/models), a request naming one (``model``)
-sampled by it; ``adapter_loads`` lists the names loaded. ``port``: where it listens (0:
+sampled by it (``max_loras``: what its /server_info reports); ``adapter_loads`` lists the names loaded. ``port``: where it listens (0:
 any free port; a server restarted at the URL of one that was closed). ``requests`` counts the generation requests
 it answered; ``applied`` the weight updates it loaded; ``joins`` the weight-transfer groups it joined.
 
@@ -52,13 +52,13 @@ class StandIn:
     def __init__(self, model, tokenizer, *, rl_api=True, scale_out=True, logprobs_mode="processed_logprobs",
                  backend="gloo", token_offset=0, version="0.32.0", max_model_len=512, hang=0.0, port=0,
                  kv_cache=False, hold_after=0, hold_if=lambda sp: True, hold_s=20.0, label=None, tied=False,
-                 lora_rank=0):  # fmt: skip
+                 lora_rank=0, max_loras=1):  # fmt: skip
         self.model, self.tokenizer, self.version, self.tied = model.eval(), tokenizer, version, tied
         self.rl_api, self.scale_out, self.token_offset, self.hang = rl_api, scale_out, token_offset, hang
         self.config = {
             "model_config": {"logprobs_mode": logprobs_mode, "max_model_len": max_model_len},
             "weight_transfer_config": {"backend": backend},
-            "lora_config": {"max_lora_rank": lora_rank} if lora_rank else None,
+            "lora_config": {"max_lora_rank": lora_rank, "max_loras": max_loras} if lora_rank else None,
         }
         self.adapters, self.adapter_loads = {}, []
         self.weight_version, self.group, self.requests, self.applied, self.joins = None, None, 0, 0, 0

@@ -76,8 +76,10 @@ def write_adapter(policy, tensors: dict[str, torch.Tensor], directory: Path) -> 
     return (directory / ADAPTER_WEIGHTS).stat().st_size
 
 
-def check_lora_server(where: str, config: dict, rank: int) -> None:
-    """A server the adapters go to serves LoRA adapters of the run's rank (GET /server_info's lora_config)."""
+def check_lora_server(where: str, config: dict, rank: int, slots: int) -> None:
+    """A server the adapters go to serves LoRA adapters of the run's rank (GET /server_info's lora_config); a warning
+    when it batches fewer adapters than `slots` - 1, the versions that can sample at once (vLLM then runs the
+    requests of the others later: slower, not wrong)."""
     lora = config.get("lora_config")
     if not isinstance(lora, dict):
         raise ServerError(f"{where} serves no LoRA adapters; start it with --enable-lora --max-lora-rank "
@@ -86,6 +88,10 @@ def check_lora_server(where: str, config: dict, rank: int) -> None:
     if int(lora.get("max_lora_rank") or 0) < rank:
         raise ServerError(f"{where} serves LoRA ranks up to {lora.get('max_lora_rank')}; the run's is {rank}: start "
                           f"it with --max-lora-rank {served_rank(rank)}")  # fmt: skip
+    if int(lora.get("max_loras") or 1) < slots - 1:
+        log.warning("%s batches %s LoRA adapter(s) at once; up to %d versions sample together here "
+                    "(rollout.max_staleness + 1): start it with --max-loras %d", where, lora.get("max_loras"),
+                    slots - 1, slots)  # fmt: skip
 
 
 class AdapterVersions:

@@ -171,7 +171,7 @@ class VLLMServerEngine(WorkerEngine):
             lead = ranks.rank == 0
             infos = [check_server(c, tokenizer, max_model_len, GlooSender.backend, lead) for c in self.clients]
             for c, info in zip(self.clients, infos) if self.lora_rank else ():
-                check_lora_server(f"rollout.servers: {c.url}", info["config"], self.lora_rank)
+                check_lora_server(f"rollout.servers: {c.url}", info["config"], self.lora_rank, adapter_slots)
             self.version = self._one_version([i["version"] for i in infos])
             self.senders = [
                 GlooSender(c, transfer_host or reach_address(c.url), i["world_size"], call_timeout)
