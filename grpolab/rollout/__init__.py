@@ -12,7 +12,8 @@
   weight syncs, generations kept in flight for rollout.max_staleness); ``vllm_engine``: vLLM's trainer-side half
   (docs/vllm.md);
 - ``server_engine``: vLLM servers as the engine over HTTP; ``servers``: their client, the servers started here and
-  the checks before training; ``weight_transfer``: the trainer's side of vLLM's weight-transfer API (gloo);
+  the checks before training; ``server_adapters``: LoRA adapters synced to them alone (rollout.lora_sync);
+  ``weight_transfer``: the trainer's side of vLLM's weight-transfer API (gloo);
 - ``workers``: the worker processes (grpolab.rollout.workers).
 
 May import: algo, models. Imported by: rewards (stop rules, the code blocks they read), agents, evaluation,
