@@ -14,7 +14,7 @@ import logging
 
 import pytest
 import torch
-from test_vllm_engine import HAS_VLLM, needs_vllm, tiny_llama
+from test_vllm_engine import needs_vllm, tiny_llama
 from test_vllm_server import engine_on, matches, stand_in
 
 from grpolab.config import from_dict
@@ -208,8 +208,6 @@ def test_merged_sync_still_sends_the_whole_model(tok, prompts):
 def test_a_served_adapter_follows_the_trainer(tok, prompts, tmp_path):
     """A real `vllm serve` started for adapters: after the adapter changes and syncs, its teacher-forced
     log-probabilities equal the merged model's and not the base's; the next sync unloads the old version."""
-    if not HAS_VLLM:
-        pytest.skip("vLLM's environment is absent")
     policy = lora_policy(tok)
     seq = prompts[1] + tok.encode(" four, I think")
     engine = VLLMServerEngine(policy, tok, torch.float32, num_servers=1, max_model_len=256, log_dir=tmp_path,
