@@ -4,6 +4,8 @@ no process of a sandbox uid is left."""
 from __future__ import annotations
 
 import os
+import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -11,6 +13,8 @@ import pytest
 from grpolab.rewards.code import CodeRunner
 from grpolab.sandbox import SandboxLimits
 from grpolab.tasks.code import code_problem
+
+COLLECTED_AT = time.time()  # before this session's first test: older sandbox directories are another run's
 
 
 def assert_normal_programs_score_exactly(limits: SandboxLimits) -> None:
@@ -43,3 +47,18 @@ def sandbox_processes(uids) -> list[int]:
             if any(int(u) in uids for u in uid.split()[1:]):
                 pids.append(int(entry))
     return pids
+
+
+def sandbox_workdirs(uids) -> dict[str, list[str]]:
+    """The sandbox working directories of `uids` made since this session was collected, each with what it holds
+    (one left by a run of an earlier session, killed before it could clean up, is not this session's)."""
+    tmp, out = tempfile.gettempdir(), {}
+    for name in os.listdir(tmp):
+        path = os.path.join(tmp, name)
+        try:
+            st = os.stat(path)
+            if name.startswith("grpolab-sbx-") and st.st_uid in uids and st.st_ctime >= COLLECTED_AT:
+                out[name] = sorted(os.listdir(path))
+        except OSError:  # removed meanwhile
+            continue
+    return out

@@ -234,3 +234,32 @@ def test_working_directories_are_removed(pool):
     pool.run_many([Job("open('a', 'w').write('x' * 100)\n", ("assert True",)) for _ in range(4)])
     after = {d for d in os.listdir(tempfile.gettempdir()) if d.startswith("grpolab-sbx-")}
     assert after <= before
+
+
+def test_a_working_directory_that_resists_removal_is_retried_then_warned_of(tmp_path, monkeypatch):
+    """A removal that fails once (a file written while it was removed) is retried and succeeds; one that keeps
+    failing leaves a warning naming the directory and the error, never a silent leftover."""
+    import shutil
+
+    from grpolab.sandbox import runner
+
+    workdir = tmp_path / "grpolab-sbx-x"
+    workdir.mkdir()
+    (workdir / "late").write_text("x")
+    calls, rmtree = [], shutil.rmtree
+
+    def racing_rmtree(path):
+        calls.append(path)
+        if len(calls) == 1:
+            raise OSError(39, "Directory not empty", path)
+        rmtree(path)
+
+    monkeypatch.setattr(runner.shutil, "rmtree", racing_rmtree)
+    runner.remove_workdir(str(workdir), delays=(0.0, 0.0))
+    assert not workdir.exists() and len(calls) == 2
+
+    workdir.mkdir()
+    monkeypatch.setattr(runner.shutil, "rmtree", lambda path: (_ for _ in ()).throw(OSError(16, "busy", path)))
+    with pytest.warns(RuntimeWarning, match=f"could not remove its working directory {workdir}: .*busy"):
+        runner.remove_workdir(str(workdir), delays=(0.0, 0.0))
+    assert workdir.exists()

@@ -19,13 +19,12 @@ import mmap
 import os
 import random
 import sysconfig
-import tempfile
 import threading
 import time
 from pathlib import Path
 
 import pytest
-from sandbox_normal import assert_normal_programs_score_exactly, sandbox_processes
+from sandbox_normal import assert_normal_programs_score_exactly, sandbox_processes, sandbox_workdirs
 
 from grpolab.sandbox import Job, SandboxLimits, SandboxPool, detect, run_job
 from grpolab.sandbox.runner import JUDGE_UID_OFFSET
@@ -311,11 +310,7 @@ def test_zz_nothing_left_and_normal_programs_score_right(dentries_before):
         "processes": pids,
         "locks": locks,
         "sentinel_resident": _resident(SENTINEL),
-        "workdirs": [
-            d
-            for d in os.listdir(tempfile.gettempdir())
-            if d.startswith("grpolab-sbx-") and os.stat(os.path.join(tempfile.gettempdir(), d)).st_uid in SANDBOX_UIDS
-        ],
+        "workdirs": sandbox_workdirs(SANDBOX_UIDS),
     }
-    assert left == {"processes": [], "locks": [], "sentinel_resident": 1.0, "workdirs": []}
+    assert left == {"processes": [], "locks": [], "sentinel_resident": 1.0, "workdirs": {}}
     assert _dentry_state()[1] - dentries_before[1] < 40000

@@ -14,12 +14,11 @@ import ctypes.util
 import os
 import platform
 import subprocess
-import tempfile
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from sandbox_normal import assert_normal_programs_score_exactly, sandbox_processes
+from sandbox_normal import assert_normal_programs_score_exactly, sandbox_processes, sandbox_workdirs
 
 from grpolab.sandbox import Job, SandboxLimits, detect, run_job
 
@@ -232,11 +231,7 @@ def test_zz_nothing_left_on_the_host_and_normal_programs_score_right(key_baselin
         "keys": _new_keys(key_baseline),
         "processes": _sandbox_processes(),
         "sockets": _sandbox_listeners(),
-        "workdirs": [
-            d
-            for d in os.listdir(tempfile.gettempdir())
-            if d.startswith("grpolab-sbx-") and os.stat(os.path.join(tempfile.gettempdir(), d)).st_uid in SANDBOX_UIDS
-        ],
+        "workdirs": sandbox_workdirs(SANDBOX_UIDS),
     }
     assert left == {
         "files": [],
@@ -245,6 +240,6 @@ def test_zz_nothing_left_on_the_host_and_normal_programs_score_right(key_baselin
         "keys": [],
         "processes": [],
         "sockets": [],
-        "workdirs": [],
+        "workdirs": {},
     }
     assert_normal_programs_score_exactly(LIMITS)

@@ -23,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -455,4 +456,21 @@ def _cleanup(
             kill_uid(uid)
     for fd in fds:
         os.close(fd)
-    shutil.rmtree(workdir, ignore_errors=True)
+    remove_workdir(workdir)
+
+
+def remove_workdir(workdir: str, delays: tuple[float, ...] = (0.0, 0.05, 0.2, 0.5)) -> None:
+    """Remove a run's host working directory, retried after each of `delays` (a straggler's last write racing the
+    removal, a mount not yet gone); one still there after the last is warned of by path and error, never left
+    silently."""
+    error: OSError | None = None
+    for delay in delays:
+        time.sleep(delay)
+        try:
+            shutil.rmtree(workdir)
+            return
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            error = exc
+    warnings.warn(f"the sandbox could not remove its working directory {workdir}: {error}", RuntimeWarning)
