@@ -4,6 +4,7 @@
     python benchmarks/async_steps.py                                    # the quickstart, 6 steps per variant, CPU
     python benchmarks/async_steps.py --config configs/reasoning_gym.yaml --steps 10 --json-out async.json
     python benchmarks/async_steps.py --engine vllm --device cuda --threads 0   # a GPU machine with vLLM installed
+    python benchmarks/async_steps.py --compare engines --threads 0      # the sampling paths side by side (make install-vllm)
 
 Each variant is one `grpolab train` of the config (its own process, a fresh run directory, the held-out eval off),
 measured from its metrics.jsonl: the median and total of `time/step_s` (step 1 left out of the median: it warms the
@@ -21,6 +22,10 @@ Cores (--threads N, default 1): the trainer process runs N torch threads (OMP_NU
 (rollout.worker_threads), so on a 2-core machine each gets one core; k0-here runs with 2N threads, all of them in
 one process, as the synchronous loop would. 0 leaves torch's defaults (a GPU machine). The printed ratios are
 each variant's median step time over k0-here's, measured in the same run; run it on an idle machine.
+
+--compare engines runs, synchronous, each sampling path instead: own-loop (rollout.engine grpolab), vllm-offline (the
+offline vLLM engine in its worker), server-1 and server-2 (rollout.engine vllm_server, one or two `vllm serve` started
+here; two each bound to a core of their own), with the median weight sync's seconds and bytes; ratios over own-loop.
 """
 
 from __future__ import annotations
@@ -50,6 +55,20 @@ def variants(engine: str) -> list[tuple[str, dict[str, str]]]:
     ]
 
 
+def engine_variants(engine: str) -> list[tuple[str, dict[str, str]]]:
+    """--compare engines: every sampling path of the trainer, synchronous (is one vLLM server started here as fast as
+    the offline worker?). `engine` is unused: the variants name their own."""
+    return [
+        ("own-loop", {"rollout.engine": "grpolab"}),
+        ("vllm-offline", {"rollout.engine": "vllm"}),
+        ("server-1", {"rollout.engine": "vllm_server", "rollout.num_servers": "1"}),
+        (
+            "server-2",
+            {"rollout.engine": "vllm_server", "rollout.num_servers": "2", "rollout.server_devices": "[cpu:0, cpu:1]"},
+        ),
+    ]
+
+
 def run_variant(name: str, sets: dict[str, str], args: argparse.Namespace, out: Path) -> dict:
     threads = args.threads * (2 if name == "k0-here" else 1)
     sets = {
@@ -76,8 +95,11 @@ def run_variant(name: str, sets: dict[str, str], args: argparse.Namespace, out: 
         )
     rows = [json.loads(line) for line in (out / name / "metrics.jsonl").read_text().splitlines()]
     steps = [r["time/step_s"] for r in rows]
+    syncs = [r["time/weight_sync_s"] for r in rows[1:] if "time/weight_sync_s" in r]
     return {
         "variant": name,
+        "median_sync_s": statistics.median(syncs) if syncs else None,
+        "sync_bytes": next((r["sync/bytes"] for r in rows if "sync/bytes" in r), None),
         "threads_trainer": threads,
         "threads_worker": 0 if name == "k0-here" else args.threads,
         "median_step_s": statistics.median(steps[1:] or steps),
@@ -97,6 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--engine", default="grpolab_process", choices=["grpolab_process", "vllm"])
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=1, help="torch threads of the trainer and of the worker")
+    parser.add_argument("--compare", default="staleness", choices=["staleness", "engines"],
+                        help="staleness: k = 0, 1, 2 on --engine; engines: own loop, offline vLLM, 1 and 2 servers")  # fmt: skip
     parser.add_argument("--only", nargs="*", help="run these variants only")
     parser.add_argument("--json-out")
     args = parser.parse_args(argv)
@@ -106,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     results = []
     with tempfile.TemporaryDirectory(prefix="grpolab-async-") as tmp:
-        for name, sets in variants(args.engine):
+        for name, sets in (engine_variants if args.compare == "engines" else variants)(args.engine):
             if args.only and name not in args.only:
                 continue
             results.append(run_variant(name, sets, args, Path(tmp)))
@@ -117,11 +141,11 @@ def main(argv: list[str] | None = None) -> int:
                 f"process {r['process_wall_s']:6.1f} s",
                 flush=True,
             )
-    base = next((r for r in results if r["variant"] == "k0-here"), None)
-    if base:
-        for r in results:
-            r["ratio_vs_k0_here"] = r["median_step_s"] / base["median_step_s"]
-            print(f"{r['variant']:10s} median step time / k0-here: {r['ratio_vs_k0_here']:.2f}")
+    base = results[0] if results else None
+    for r in results:
+        r["ratio_vs_" + base["variant"]] = ratio = r["median_step_s"] / base["median_step_s"]
+        sync = f"  weight sync {r['median_sync_s']:.2f} s, {r['sync_bytes'] / 1e6:.0f} MB" if r["median_sync_s"] else ""
+        print(f"{r['variant']:12s} median step time / {base['variant']}: {ratio:.2f}{sync}")
     if args.json_out:
         Path(args.json_out).write_text(json.dumps({"args": vars(args), "results": results}, indent=2))
     return 0

@@ -238,9 +238,9 @@ def on_ranks(fn, size: int = 2) -> list:
 
 
 def test_a_server_lost_by_one_rank_leaves_every_rank_s_rotation(tok):
-    """Rank 1's request finds server 1 dead (retried on server 0) while rank 0 has not asked it since: at the next
-    sync every rank takes it out of rotation and rank 0 syncs server 0 alone, instead of failing on server 1 and
-    stopping every rank."""
+    """Rank 1's request finds server 1 dead (retried on server 0) while rank 0 has not asked it since: the fault
+    metrics every rank logs count rank 1's loss and retries; at the next sync every rank takes it out of rotation
+    and rank 0 syncs server 0 alone, instead of failing on server 1 and stopping every rank."""
     servers, ranks = servers_of(tok), thread_ranks(2)
     policies = [tiny_llama(tok, seed=0), tiny_llama(tok, seed=0)]
 
@@ -256,6 +256,10 @@ def test_a_server_lost_by_one_rank_leaves_every_rank_s_rotation(tok):
         r = engines[1].generate(prompts, SamplingParams(group_size=2, max_new_tokens=3, temperature=1.0), seeds=[1, 2])
         assert r.completion_ids.shape[0] == 4
         assert list(engines[1].pool.out) == [1] and not engines[0].pool.out
+        retried = engines[1].pool.retried
+        assert retried > 0 and engines[0].pool.retried == 0
+        counted = {"servers/out_of_rotation": 1.0, "servers/retried_requests": float(retried)}
+        assert on_ranks(lambda rank: engines[rank].fault_metrics()) == [counted, counted]  # rank 0 logs them
         assert on_ranks(lambda rank: engines[rank].sync_weights(policies[rank])) == [None, None]
         assert [list(e.pool.out) for e in engines] == [[1], [1]]
         assert servers[0].applied == 2 and servers[0].weight_version == "2"

@@ -252,11 +252,13 @@ class VLLMServerEngine(WorkerEngine):
         return ""
 
     def fault_metrics(self) -> dict[str, float]:
-        """servers/out_of_rotation (servers lost so far) and servers/retried_requests (requests sent again to another
-        server so far), since the engine started."""
+        """servers/out_of_rotation (servers lost so far by any trainer rank) and servers/retried_requests (requests
+        sent again to another server so far, summed over the ranks), since the engine started. A collective: every
+        rank calls it at the same point of its step."""
+        every = self.ranks.gather((sorted(self.pool.out), self.pool.retried))
         return {
-            "servers/out_of_rotation": float(len(self.pool.out)),
-            "servers/retried_requests": float(self.pool.retried),
+            "servers/out_of_rotation": float(len({server for out, _ in every for server in out})),
+            "servers/retried_requests": float(sum(retried for _, retried in every)),
         }
 
     def close(self) -> None:
