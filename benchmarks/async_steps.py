@@ -21,7 +21,8 @@ Variants, in this order (every one with algorithm.is_mode token_truncate, so tha
 Cores (--threads N, default 1): the trainer process runs N torch threads (OMP_NUM_THREADS) and the worker N
 (rollout.worker_threads), so on a 2-core machine each gets one core; k0-here runs with 2N threads, all of them in
 one process, as the synchronous loop would. 0 leaves torch's defaults (a GPU machine). The printed ratios are
-each variant's median step time over k0-here's, measured in the same run; run it on an idle machine.
+each variant's median step time over the first variant's (k0-here unless --only leaves it out), measured in the same
+run; run it on an idle machine.
 
 --compare engines runs, synchronous, each sampling path instead: own-loop (rollout.engine grpolab), vllm-offline (the
 offline vLLM engine in its worker), server-1 and server-2 (rollout.engine vllm_server, one or two `vllm serve` started
@@ -55,18 +56,17 @@ def variants(engine: str) -> list[tuple[str, dict[str, str]]]:
     ]
 
 
-def engine_variants(engine: str) -> list[tuple[str, dict[str, str]]]:
-    """--compare engines: every sampling path of the trainer, synchronous (is one vLLM server started here as fast as
-    the offline worker?). `engine` is unused: the variants name their own."""
-    return [
-        ("own-loop", {"rollout.engine": "grpolab"}),
-        ("vllm-offline", {"rollout.engine": "vllm"}),
-        ("server-1", {"rollout.engine": "vllm_server", "rollout.num_servers": "1"}),
-        (
-            "server-2",
-            {"rollout.engine": "vllm_server", "rollout.num_servers": "2", "rollout.server_devices": "[cpu:0, cpu:1]"},
-        ),
-    ]
+# --compare engines: every sampling path of the trainer, synchronous (is one vLLM server started here as fast as the
+# offline worker?)
+ENGINE_VARIANTS = [
+    ("own-loop", {"rollout.engine": "grpolab"}),
+    ("vllm-offline", {"rollout.engine": "vllm"}),
+    ("server-1", {"rollout.engine": "vllm_server", "rollout.num_servers": "1"}),
+    (
+        "server-2",
+        {"rollout.engine": "vllm_server", "rollout.num_servers": "2", "rollout.server_devices": "[cpu:0, cpu:1]"},
+    ),
+]
 
 
 def run_variant(name: str, sets: dict[str, str], args: argparse.Namespace, out: Path) -> dict:
@@ -119,8 +119,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--engine", default="grpolab_process", choices=["grpolab_process", "vllm"])
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=1, help="torch threads of the trainer and of the worker")
-    parser.add_argument("--compare", default="staleness", choices=["staleness", "engines"],
-                        help="staleness: k = 0, 1, 2 on --engine; engines: own loop, offline vLLM, 1 and 2 servers")  # fmt: skip
+    parser.add_argument(
+        "--compare",
+        default="staleness",
+        choices=["staleness", "engines"],
+        help="staleness: k = 0, 1, 2 on --engine; engines: own loop, offline vLLM, 1 and 2 servers",
+    )
     parser.add_argument("--only", nargs="*", help="run these variants only")
     parser.add_argument("--json-out")
     args = parser.parse_args(argv)
@@ -130,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     results = []
     with tempfile.TemporaryDirectory(prefix="grpolab-async-") as tmp:
-        for name, sets in (engine_variants if args.compare == "engines" else variants)(args.engine):
+        for name, sets in ENGINE_VARIANTS if args.compare == "engines" else variants(args.engine):
             if args.only and name not in args.only:
                 continue
             results.append(run_variant(name, sets, args, Path(tmp)))
@@ -144,7 +148,11 @@ def main(argv: list[str] | None = None) -> int:
     base = results[0] if results else None
     for r in results:
         r["ratio_vs_" + base["variant"]] = ratio = r["median_step_s"] / base["median_step_s"]
-        sync = f"  weight sync {r['median_sync_s']:.2f} s, {r['sync_bytes'] / 1e6:.0f} MB" if r["median_sync_s"] else ""
+        sync = (
+            f"  weight sync {r['median_sync_s']:.2f} s, {r['sync_bytes'] / 1e6:.0f} MB"
+            if r["median_sync_s"] is not None
+            else ""
+        )
         print(f"{r['variant']:12s} median step time / {base['variant']}: {ratio:.2f}{sync}")
     if args.json_out:
         Path(args.json_out).write_text(json.dumps({"args": vars(args), "results": results}, indent=2))
