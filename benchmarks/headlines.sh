@@ -10,8 +10,9 @@
 #
 # Periodic held-out evaluation is off in training (it changes no update; the evaluation after training is the one
 # reported). Capability is products up to 12 x 12 (a task none of the recipes trains on); safety is skipped and
-# waived where the base already complies (docs/release.md); pass@8 is sampled on DIVERSITY_N held-out problems.
-# A finished step (a run with its report) is not redone: delete its directory to redo it.
+# waived (the bundled base complies with 29 of 30 harmful prompts: nothing to lose); pass@8 is sampled on DIVERSITY_N
+# held-out problems. Finished work is not redone: a trained run (marked $RUNS/.NAME.trained) is not retrained, an
+# evaluated one not re-evaluated, a reported one not re-reported; delete the run's directory to redo it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 WHAT="${1:?usage: headlines.sh math|code|agents|rg \"SEEDS\"}"
@@ -20,7 +21,7 @@ RUNS="${RUNS:-runs/headlines}"
 G="${GRPOLAB:-.venv/bin/grpolab}"
 BASE=bundled:smollm2-135m-instruct
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-2}"
-CAPABILITY=(--capability-task arithmetic --capability-n 100 --capability-option 'operators=*'
+REPORT_OPTS=(--capability-task arithmetic --capability-n 100 --capability-option 'operators=*'
   --capability-option max_operand=12 --capability-option terms=2 --capability-max-new-tokens 48
   --skip-safety --waive safety)
 
@@ -52,14 +53,18 @@ for s in $SEEDS; do
   RUN="$RUNS/$WHAT-seed$s"
   DIRS+=("$RUN")
   if [ -f "$RUN/report.md" ]; then echo "== $RUN: reported already"; continue; fi
-  if [ ! -f "$RUN/eval/base_vs_trained.json" ]; then
+  TRAINED="$RUNS/.$WHAT-seed$s.trained"
+  if [ ! -f "$TRAINED" ] || [ ! -d "$RUN" ]; then  # a run whose training was cut short is trained again
     rm -rf "$RUN"
     /usr/bin/time -f "== $RUN: trained in %e s, peak %M KB" "$G" train "$CONFIG" --set train.seed="$s" \
       --set eval.every_steps=0 --set rollout.engine=grpolab --set run.output_dir="$RUNS" --set run.name="$WHAT-seed$s"
+    touch "$TRAINED"
+  fi
+  if [ ! -f "$RUN/eval/base_vs_trained.json" ]; then
     "$G" eval "$BASE" "$RUN" "${EVAL[@]}" --out "$RUN/eval/base_vs_trained.json"
   fi
-  /usr/bin/time -f "== $RUN: reported in %e s" "$G" report "$RUN" "${CAPABILITY[@]}" --diversity-n "$DIVERSITY_N"
+  /usr/bin/time -f "== $RUN: reported in %e s" "$G" report "$RUN" "${REPORT_OPTS[@]}" --diversity-n "$DIVERSITY_N"
 done
 if [ "${#DIRS[@]}" -gt 1 ]; then
-  "$G" report "${DIRS[@]}" "${CAPABILITY[@]}" --diversity-n "$DIVERSITY_N" --out "$RUNS/$WHAT-set"
+  "$G" report "${DIRS[@]}" "${REPORT_OPTS[@]}" --diversity-n "$DIVERSITY_N" --out "$RUNS/$WHAT-set"
 fi
