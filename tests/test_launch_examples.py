@@ -79,14 +79,16 @@ def check_trainer(argv: list[str], nnodes: int, head: str, servers: list[str]) -
 @pytest.fixture
 def stand_in_commands(tmp_path) -> Path:
     """A folder of srun, scontrol and curl stand-ins: srun records its argv (one JSON line each), scontrol expands a
-    comma-separated node list, curl succeeds."""
+    comma-separated node list, curl answers healthy once the srun that starts the URL's node has recorded itself (the
+    servers start in the background; without this wait the script's closing kill could end one before it records)."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     scripts = {
         "srun": f"#!{sys.executable}\nimport json, os, sys\n"
         "with open(os.environ['LAUNCH_LOG'], 'a') as f:\n    f.write(json.dumps(sys.argv[1:]) + '\\n')\n",
         "scontrol": "#!/usr/bin/env bash\necho \"$3\" | tr ',' '\\n'\n",
-        "curl": "#!/usr/bin/env bash\nexit 0\n",
+        "curl": '#!/usr/bin/env bash\nurl="${@: -1}"; host="${url#http://}"; host="${host%%:*}"\n'
+        'grep -q -- "--nodelist=$host\\"" "$LAUNCH_LOG" 2> /dev/null\n',
     }
     for name, text in scripts.items():
         (bin_dir / name).write_text(text)
