@@ -66,7 +66,7 @@ demo: $(STAMP)
 	$(VENV)/bin/grpolab report $(DEMO_RUN) --capability-task arithmetic --capability-n $(CAPABILITY_N) \
 		--capability-option operators='*' --capability-option max_operand=12 --capability-option terms=2 \
 		--capability-max-new-tokens 48 --diversity-n $(DIVERSITY_N) $(foreach w,$(DEMO_WAIVE),--waive $(w))
-	@echo "This run is one draw from the recipe's spread: over seeds 0-4 the quickstart gained +0.268 [+0.211, +0.329] held-out (bf16) and +0.256 [+0.176, +0.337] (fp32), one seed as little as +0.143 (docs/results.md, with the earlier bootstrap interval; benchmarks/seeds_precision.py)."
+	@echo "This run is one draw from the recipe's spread: over seeds 0-4 the quickstart gained +0.281 [+0.219, +0.343] held-out, +0.256 to +0.320 a seed (fp32, 2-vCPU AMD EPYC with AVX2; docs/results.md, benchmarks/headlines.sh math)."
 
 # The code quickstart (docs/code.md): pyfunc on the bundled model, held-out pass rate base vs trained, HumanEval pass@1.
 # HUMANEVAL: a directory with HumanEval.jsonl; left empty, the HumanEval step loads the hub data set and needs the
