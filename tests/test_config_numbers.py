@@ -86,3 +86,14 @@ def test_the_python_api_refuses_the_same(tmp_path):
     path.write_bytes(b"\xff\xfe")
     with pytest.raises(ConfigError, match="not a UTF-8 text file"):
         grpolab.load_config(path)
+
+
+def test_an_unquoted_off_in_yaml_is_the_choice_off_not_a_boolean(tmp_path):
+    """YAML 1.1 reads `memory_fit: off` as False; a field whose choices include "off" takes it as "off", and a
+    boolean where no choice is on/off is still refused, naming the field."""
+    path = tmp_path / "c.yaml"
+    path.write_text("train: {memory_fit: off}\n")
+    assert load_config(path).train.memory_fit == "off"
+    assert load_config(None, ["train.memory_fit=off"]).train.memory_fit == "off"
+    with pytest.raises(ConfigError, match="train.memory_fit: expected one of 'check', 'off', got True"):
+        from_dict({"train": {"memory_fit": True}})

@@ -20,11 +20,13 @@ from grpolab.rollout.base import SamplingParams
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = f"{ROOT / 'examples' / 'openai_calc_agent.py'}:solve"
+LOOKUP = f"{ROOT / 'examples' / 'openai_lookup_agent.py'}:solve"
 
 
-def test_the_example_agent_trains_through_the_endpoint(tiny_model_dir, tmp_path, one_thread):
-    """Two GRPO steps of 2 initial states x 4 agents: every episode valid and played through the endpoint, rewards
-    that differ within a group, and an update that moved the weights."""
+@pytest.mark.parametrize(("env", "agent"), [("calc", EXAMPLE), ("lookup", LOOKUP)])
+def test_the_example_agent_trains_through_the_endpoint(env, agent, tiny_model_dir, tmp_path, one_thread):
+    """Two GRPO steps of 2 initial states x 4 agents, for each example agent: every episode valid and played through
+    the endpoint, rewards that differ within a group, and an update that moved the weights."""
     from safetensors.torch import load_file
 
     from grpolab.config import from_dict as build
@@ -36,8 +38,8 @@ def test_the_example_agent_trains_through_the_endpoint(tiny_model_dir, tmp_path,
         "task": {
             "name": "openai_agent",
             "options": {
-                "env": "calc",
-                "agent": EXAMPLE,
+                "env": env,
+                "agent": agent,
                 "reward": earnable.REFERENCE,
                 "num_train": 8,
                 "num_test": 2,

@@ -241,6 +241,10 @@ class SessionStore:
         with self._lock:
             return self._sessions.pop(key, None)
 
+    def live(self) -> list[Session]:
+        with self._lock:
+            return list(self._sessions.values())
+
 
 class EngineBatcher:
     """Runs every generation on one thread, batching requests that arrive within ``window_s`` with the same

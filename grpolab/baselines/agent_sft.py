@@ -32,7 +32,10 @@ from ..agents.env import AgentTask
 from ..agents.episode import EpisodeRunner
 from ..agents.expert import ExpertEpisode, end_of_turn_id, expert_episode
 from ..errors import GrpolabError
+from .openai_expert import openai_expert_data
 from .sft_bon import BASELINE_MANIFEST, collate, sft_loss, train_on_encoded
+
+TASKS = ("agent", "openai_agent")
 
 
 @dataclass(frozen=True)
@@ -79,6 +82,17 @@ def masked_loss(model, encoded: list[tuple[list[int], list[int]]], pad_id: int, 
     return total / max(tokens, 1)
 
 
+def task_class(task: str) -> type[AgentTask]:
+    """The agent task class of `task` (one of TASKS)."""
+    if task not in TASKS:
+        raise GrpolabError(f"agent sft: task {task!r}: expected one of {', '.join(TASKS)}")
+    if task == "openai_agent":
+        from ..agents.openai_agent import OpenAIAgentTask
+
+        return OpenAIAgentTask
+    return AgentTask
+
+
 def expert_summary(solved: list[Any]) -> dict[str, float]:
     """Means over the expert's solved episodes: turns, tool calls, trained tokens and episode tokens."""
     n = len(solved)
@@ -97,9 +111,12 @@ def run_agent_sft(
     out_dir: Path,
     limit: int = 0,
     log: Callable[[str], None] = lambda line: None,
+    task: str = "agent",
 ) -> dict[str, Any]:
     """Expert episodes of the agent task's training states, fine-tune, write the checkpoint + manifest to out_dir;
-    ``log`` gets a progress line per stage and every 10 steps."""
+    ``log`` gets a progress line per stage and every 10 steps. ``task``: ``agent`` (grpolab's runner and tool
+    syntax) or ``openai_agent`` (the task's own agent through the endpoint, the model's tool-call format:
+    grpolab.baselines.openai_expert)."""
     from ..manifest import data_hash, problem_hashes, versions, write_json_atomic
     from ..models.load import load_causal_lm, load_tokenizer, resolve_model_path
     from ..rollout.grpolab_engine import eos_ids
@@ -111,13 +128,17 @@ def run_agent_sft(
         raise GrpolabError(f"{out_dir}: exists and is not empty; choose another --out")
     if s.steps < 1 or s.batch_size < 1:
         raise GrpolabError(f"agent sft: steps and batch_size must be >= 1, got {s.steps} and {s.batch_size}")
-    problems = AgentTask(**options).problems("train")
+    problems = task_class(task)(**options).problems("train")
     problems = problems[:limit] if limit > 0 else problems
     path = resolve_model_path(model_name)
     tokenizer, model = load_tokenizer(path), load_causal_lm(path, "float32")
     start = time.perf_counter()
     log(f"playing the expert on {len(problems)} training states")
-    solved, unsolved = expert_data(EpisodeRunner(model, tokenizer, eos_ids(model, tokenizer)), problems)
+    runner = EpisodeRunner(model, tokenizer, eos_ids(model, tokenizer))
+    if task == "agent":
+        solved, unsolved = expert_data(runner, problems)
+    else:
+        solved, unsolved = openai_expert_data(tokenizer, runner.stop_ids, end_of_turn_id(runner), problems)
     if not solved:
         raise GrpolabError(
             f"agent sft: the expert solved none of the {len(problems)} training states; are the task's "
@@ -146,7 +167,7 @@ def run_agent_sft(
         "base_path": path,
         "config": {
             "model": {"name": model_name},
-            "task": {"name": "agent", "options": options, "split": "train", "limit": limit},
+            "task": {"name": task, "options": options, "split": "train", "limit": limit},
             "train": asdict(s),
         },
         "num_problems": len(problems),

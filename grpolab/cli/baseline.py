@@ -137,6 +137,9 @@ def agent_sft(
     seed: int = 0,
     limit: Annotated[int, typer.Option(help="use the first N training states (0 = all num_train)")] = 0,
     precision: Annotated[str, typer.Option(help="fp32, bf16 or auto (measured, as train.precision)")] = "fp32",
+    task: Annotated[
+        str, typer.Option(help="agent (grpolab's tool syntax) or openai_agent (the task's agent, the model's format)")
+    ] = "agent",
 ) -> None:
     """Supervised warm start of an agent task: fine-tune on the environment's expert episodes (training states
     only), the loss on the expert's tokens only (the episode loss mask); grpolab.baselines.agent_sft."""
@@ -147,7 +150,9 @@ def agent_sft(
     if "env" not in options:
         raise GrpolabError("baseline agent-sft: give the environment, e.g. --task-option env=lookup")
     s = AgentSFTSettings(steps=steps, batch_size=batch_size, lr=lr, seed=seed, precision=precision)
-    m = run_agent_sft(model, options, s, out, limit=limit, log=lambda line: console.print(line, highlight=False))
+    m = run_agent_sft(
+        model, options, s, out, limit=limit, log=lambda line: console.print(line, highlight=False), task=task
+    )
     console.print(
         f"{m['method']}: {m['num_examples']} expert episodes ({m['unsolved_by_expert']} unsolved left out) "
         f"from {m['num_problems']} training states, {steps} steps, loss {m['loss_before']:.3f} -> "

@@ -49,7 +49,10 @@ def _yaml_float(value: Any) -> Any:
 def _coerce(path: str, tp: Any, value: Any) -> Any:
     origin = typing.get_origin(tp)
     if origin is Literal:
-        ok = value in typing.get_args(tp)
+        choices = typing.get_args(tp)
+        if isinstance(value, bool) and {True: "on", False: "off"}[value] in choices:
+            value = {True: "on", False: "off"}[value]  # YAML 1.1 reads an unquoted off / on as a boolean
+        ok = value in choices
     elif isinstance(tp, type) and issubclass(tp, str) and tp is not str:
         ok = isinstance(value, str) and value in {m.value for m in tp}
         value = tp(value) if ok else value
