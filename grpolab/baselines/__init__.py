@@ -4,7 +4,8 @@
 - ``dpo``: DPO on pairs of the base model's own samples;
 - ``ppo``: PPO (GAE with a learned critic) as the GRPO trainer with its advantage step replaced; ``critic``: the
   value model; ``ppo_card``: PPO's lines of the objective card;
-- ``agent_sft``: the supervised warm start of agent tasks on expert episodes.
+- ``agent_sft``: the supervised warm start of agent tasks on expert episodes; ``openai_expert``: those of an
+  ``openai_agent`` task (the solver behind the endpoint, the agent driving).
 
 May import: training (PPO and DPO reuse its loop and passes), evaluation, and everything below them.
 Imported by: card, report, runs, the CLI and API.
