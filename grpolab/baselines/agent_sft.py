@@ -60,9 +60,14 @@ def encode_episode(ep: ExpertEpisode) -> tuple[list[int], list[int]]:
     return ep.prompt + ep.tokens, labels
 
 
-def expert_data(runner: EpisodeRunner, problems: list) -> tuple[list[ExpertEpisode], list[ExpertEpisode]]:
-    """(solved, unsolved) expert episodes, one per problem."""
+def expert_data(
+    runner: EpisodeRunner, problems: list, task: str = "agent"
+) -> tuple[list[ExpertEpisode], list[ExpertEpisode]]:
+    """(solved, unsolved) expert episodes, one per problem: played by grpolab's runner (``agent``) or by the task's
+    own agent through the endpoint (``openai_agent``: grpolab.baselines.openai_expert)."""
     eot = end_of_turn_id(runner)
+    if task == "openai_agent":
+        return openai_expert_data(runner.tokenizer, runner.stop_ids, eot, problems)
     episodes = [expert_episode(runner, p, eot) for p in problems]
     return [e for e in episodes if e.result.reward >= 1.0], [e for e in episodes if not e.result.reward >= 1.0]
 
@@ -134,11 +139,7 @@ def run_agent_sft(
     tokenizer, model = load_tokenizer(path), load_causal_lm(path, "float32")
     start = time.perf_counter()
     log(f"playing the expert on {len(problems)} training states")
-    runner = EpisodeRunner(model, tokenizer, eos_ids(model, tokenizer))
-    if task == "agent":
-        solved, unsolved = expert_data(runner, problems)
-    else:
-        solved, unsolved = openai_expert_data(tokenizer, runner.stop_ids, end_of_turn_id(runner), problems)
+    solved, unsolved = expert_data(EpisodeRunner(model, tokenizer, eos_ids(model, tokenizer)), problems, task)
     if not solved:
         raise GrpolabError(
             f"agent sft: the expert solved none of the {len(problems)} training states; are the task's "
